@@ -1,0 +1,226 @@
+"""Tokenizer files, shared by the reference and the Rust-backed Tokenizer.
+
+A tokenizer directory holds:
+
+* ``vocab.json``: ``{token: id}`` with each token's bytes in GPT-2's byte-to-unicode form;
+* ``merges.txt``: ``#version: 0.2`` then one merge per line, ``a b`` in the same form,
+  in merge order;
+* ``tokenizer.json``: ferrolm's own record: special tokens, the pattern, the fingerprint.
+
+HF tokenizers (ByteLevel BPE) and tiktoken (after inverting the byte map) read the first two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ferrolm import patterns
+
+VOCAB_FILE = "vocab.json"
+MERGES_FILE = "merges.txt"
+CONFIG_FILE = "tokenizer.json"
+FORMAT_VERSION = 1
+
+class TokenizerFileError(ValueError):
+    """A tokenizer file is missing or malformed; the message names the file and the problem."""
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from each byte to a printable unicode character.
+
+    Printable latin-1 bytes map to themselves; the other 68 bytes map, in byte order,
+    to U+0100 onwards, so no token string contains whitespace or control characters.
+    """
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+@lru_cache(maxsize=1)
+def unicode_to_bytes() -> dict[str, int]:
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_to_str(token: bytes) -> str:
+    table = bytes_to_unicode()
+    return "".join(table[b] for b in token)
+
+
+def str_to_token(text: str, *, where: str = "token") -> bytes:
+    table = unicode_to_bytes()
+    try:
+        return bytes(table[c] for c in text)
+    except KeyError as e:
+        raise TokenizerFileError(f"{where}: {text!r} contains {e.args[0]!r}, which is not in GPT-2's byte-to-unicode alphabet") from None
+
+
+def fingerprint(vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str], pattern: str) -> str:
+    """sha256 over vocab, merges, special tokens and pattern source, in a fixed text form.
+
+    Shards and checkpoints record it, so a model is never fed ids from another tokenizer.
+    """
+    h = hashlib.sha256()
+    h.update(b"ferrolm-tokenizer-v1\nvocab\n")
+    for i in sorted(vocab):
+        h.update(f"{i} {vocab[i].hex()}\n".encode())
+    h.update(b"merges\n")
+    for a, b in merges:
+        h.update(f"{a.hex()} {b.hex()}\n".encode())
+    h.update(b"specials\n")
+    for s in special_tokens:
+        h.update(s.encode("utf-8").hex().encode() + b"\n")
+    h.update(b"pattern\n" + patterns.resolve(pattern).encode("utf-8"))
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` so that `path` is either absent/old or complete: temp file, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_merges(path: str | os.PathLike, merges: Iterable[tuple[bytes, bytes]]) -> None:
+    lines = ["#version: 0.2"] + [f"{token_to_str(a)} {token_to_str(b)}" for a, b in merges]
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))
+
+
+def read_vocab(path: str | os.PathLike, special_tokens: Sequence[str] = ()) -> dict[int, bytes]:
+    """Read a GPT-2-style vocab.json. Entries equal to a special token are read as its UTF-8 bytes."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"vocab file not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise TokenizerFileError(f"{path}: expected a JSON object {{token: id}}, got {type(raw).__name__}")
+    specials = set(special_tokens)
+    vocab: dict[int, bytes] = {}
+    for token, i in raw.items():
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise TokenizerFileError(f"{path}: id of {token!r} must be a non-negative integer, got {i!r}")
+        if i in vocab:
+            raise TokenizerFileError(f"{path}: id {i} is used twice")
+        if token in specials:
+            vocab[i] = token.encode("utf-8")
+        else:
+            vocab[i] = str_to_token(token, where=f"{path}: token")
+    return vocab
+
+
+def read_merges(path: str | os.PathLike) -> list[tuple[bytes, bytes]]:
+    """Read a GPT-2-style merges.txt (an optional ``#version`` line, then ``a b`` per line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"merges file not found: {path}") from None
+    except UnicodeDecodeError as e:
+        raise TokenizerFileError(f"{path}: not UTF-8: {e}") from None
+    merges = []
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
+        if not line or (lineno == 1 and line.startswith("#version")):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise TokenizerFileError(f"{path}:{lineno}: expected two tokens separated by one space, got {line!r}")
+        where = f"{path}:{lineno}"
+        merges.append((str_to_token(parts[0], where=where), str_to_token(parts[1], where=where)))
+    return merges
+
+
+def write_config(path: str | os.PathLike, special_tokens: Sequence[str], pattern: str, fp: str, extra: dict | None = None) -> None:
+    record = {
+        "format": "ferrolm-tokenizer",
+        "format_version": FORMAT_VERSION,
+        "special_tokens": list(special_tokens),
+        "pattern": patterns.name_of(pattern),
+        "fingerprint": fp,
+    }
+    if extra:
+        record.update(extra)
+    atomic_write_bytes(path, (json.dumps(record, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"tokenizer config not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(record, dict) or record.get("format") != "ferrolm-tokenizer":
+        raise TokenizerFileError(f"{path}: not a ferrolm tokenizer.json (missing \"format\": \"ferrolm-tokenizer\")")
+    specials = record.get("special_tokens", [])
+    if not isinstance(specials, list) or not all(isinstance(s, str) for s in specials):
+        raise TokenizerFileError(f"{path}: special_tokens must be a list of strings")
+    if not isinstance(record.get("pattern", "gpt2"), str):
+        raise TokenizerFileError(f"{path}: pattern must be a string")
+    return record
+
+
+def save_dir(directory: str | os.PathLike, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str], pattern: str) -> Path:
+    """Write vocab.json, merges.txt and tokenizer.json into `directory` (created if needed)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    specials = list(special_tokens)
+    # vocab.json stores special tokens as their literal text, as GPT-2's does with <|endoftext|>.
+    special_bytes = {s.encode("utf-8") for s in specials}
+    items: dict[str, int] = {}
+    for i in sorted(vocab):
+        b = vocab[i]
+        key = b.decode("utf-8") if b in special_bytes else token_to_str(b)
+        if key in items:
+            raise TokenizerFileError(f"{directory}: two ids map to the token {key!r}")
+        items[key] = i
+    atomic_write_bytes(directory / VOCAB_FILE, json.dumps(items, ensure_ascii=False).encode("utf-8"))
+    write_merges(directory / MERGES_FILE, merges)
+    write_config(directory / CONFIG_FILE, specials, pattern, fingerprint(vocab, merges, specials, pattern))
+    return directory
+
+
+def load_dir(directory: str | os.PathLike) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], list[str], str]:
+    """Read a tokenizer directory: (vocab, merges, special_tokens, pattern).
+
+    Without tokenizer.json (a bare GPT-2-style pair of files) the specials default to
+    none and the pattern to "gpt2".
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"tokenizer directory not found: {directory}")
+    config_path = directory / CONFIG_FILE
+    if config_path.exists():
+        config = read_config(config_path)
+        specials, pattern = list(config.get("special_tokens", [])), config.get("pattern", "gpt2")
+    else:
+        specials, pattern = [], "gpt2"
+    vocab = read_vocab(directory / VOCAB_FILE, specials)
+    merges = read_merges(directory / MERGES_FILE)
+    return vocab, merges, specials, patterns.resolve(pattern)

@@ -1,0 +1,12 @@
+//! ferrolm's Rust core: everything whose cost grows with the corpus.
+//!
+//! The core has no PyO3 types; `python.rs` (behind the `python` feature) only
+//! converts types and releases the GIL, so `cargo test` needs no Python.
+
+pub mod pretokenize;
+
+#[cfg(feature = "python")]
+mod python;
+
+/// The crate version, shared with the Python package (maturin reads Cargo.toml).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
