@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
         return Tokenizer
     if name == "train_bpe":
-        from ferrolm.tokenizer import train_bpe
+        from ferrolm.bpe_trainer import train_bpe
 
         return train_bpe
     raise AttributeError(f"module 'ferrolm' has no attribute {name!r}")
