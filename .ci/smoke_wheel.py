@@ -1,0 +1,38 @@
+"""Smoke test of an installed ferrolm wheel, run by .ci/run in a virtualenv without cargo.
+
+Trains a small tokenizer, encodes and decodes, builds the model and runs a step.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import ferrolm
+
+assert shutil.which("cargo") is None, "the smoke test must run without a Rust toolchain on PATH"
+print("ferrolm", ferrolm.__version__, "from", Path(ferrolm.__file__).parent)
+
+text = "\n<|endoftext|>\n".join(f"Story {i}: the cat sat on the mat and looked at the {i % 7} birds." for i in range(300))
+tok = ferrolm.Tokenizer.train([text], vocab_size=300, special_tokens=["<|endoftext|>"], progress=False)
+ids = tok.encode("the cat sat<|endoftext|>")
+assert tok.decode(ids) == "the cat sat<|endoftext|>", ids
+with tempfile.TemporaryDirectory() as d:
+    tok.save(d)
+    again = ferrolm.Tokenizer.load(d)
+    assert again.encode("the cat sat") == tok.encode("the cat sat")
+
+import torch  # noqa: E402
+
+from ferrolm.model import TransformerLM  # noqa: E402
+
+model = TransformerLM(vocab_size=tok.vocab_size, context_length=16, d_model=32, num_layers=1, num_heads=2, d_ff=64, rope_theta=10000.0)
+logits = model(torch.tensor([ids[:8]]))
+assert logits.shape == (1, min(8, len(ids)), tok.vocab_size)
+
+out = subprocess.run(["ferrolm", "--version"], capture_output=True, text=True, check=True)
+assert ferrolm.__version__ in out.stdout, out.stdout
+print("wheel smoke test: ok")
