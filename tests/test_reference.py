@@ -302,6 +302,16 @@ def test_decode_replaces_invalid_utf8(gpt2):
     assert gpt2.decode([]) == ""
 
 
+def test_tokenizer_train_and_encode_batch():
+    path = shared_file("fixtures/corpus.en")
+    tok = Tokenizer.train(path, 300)
+    vocab, merges = train_bpe(path, 300, [EOT])
+    assert tok.vocab == vocab and tok.merges == merges and tok.special_tokens == [EOT]
+    texts = ["iron cement", EOT, "", "the mould edges"]
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+    assert tok.encode_batch(texts)[1] == [299]
+
+
 def test_fresh_tokenizer_roundtrips_and_compresses(tinystories_tokenizer, corpus_samples):
     for name, text in corpus_samples.items():
         text = text[:20_000]

@@ -466,7 +466,19 @@ class Tokenizer:
         self._special_re = _special_regex(self._special_tokens)
         self._cache: dict[str, list[int]] = {}
 
-    # ---- construction from and to files ----------------------------------------------
+    # ---- construction ------------------------------------------------------------------
+
+    @classmethod
+    def train(cls, input, vocab_size: int, special_tokens: Sequence[str] = ("<|endoftext|>",), *, pattern: str = "gpt2", num_threads: int | None = None, progress: bool = False) -> "Tokenizer":
+        """Train on `input` (see train_bpe) and return the Tokenizer.
+
+        Same signature as the Rust-backed ``ferrolm.Tokenizer.train``; the reference runs in
+        one thread and prints no progress, so `num_threads` and `progress` are ignored.
+        """
+        specials = _check_special_tokens(special_tokens)
+        vocab, merges = train_bpe(input, vocab_size, specials, pattern)
+        return cls(vocab, merges, specials, pattern)
+
 
     @classmethod
     def from_files(cls, vocab_path: PathInput, merges_path: PathInput, special_tokens: Sequence[str] | None = None, pattern: str = "gpt2") -> "Tokenizer":
@@ -528,6 +540,12 @@ class Tokenizer:
                 pos = m.end()
         self._encode_pieces(self._findall(text[pos:]), ids)
         return ids
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """Encode each text (one thread in the reference; `num_threads` is ignored)."""
+        if isinstance(texts, str):
+            raise TypeError("encode_batch expects a list of str; use encode() for a single str")
+        return [self.encode(t) for t in texts]
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """Lazily encode a stream of str chunks (e.g. an open text file).
