@@ -51,11 +51,9 @@ pub const O200K_PATTERN: &str = concat!(
 
 /// Resolve a pattern name to its regex source; other strings are returned as given.
 pub fn resolve_pattern(name_or_regex: &str) -> &str {
-    match name_or_regex {
-        "gpt2" | "r50k" | "p50k" => GPT2_PATTERN,
-        "cl100k" | "cl100k_base" => CL100K_PATTERN,
-        "o200k" | "o200k_base" => O200K_PATTERN,
-        other => other,
+    match Builtin::by_name(name_or_regex) {
+        Some(b) => b.source(),
+        None => name_or_regex,
     }
 }
 
@@ -89,6 +87,17 @@ impl Builtin {
             Some(Builtin::O200k)
         } else {
             None
+        }
+    }
+
+    /// The built-in of a pattern name ("gpt2", "r50k", "p50k", "cl100k", "cl100k_base",
+    /// "o200k", "o200k_base").
+    pub fn by_name(name: &str) -> Option<Builtin> {
+        match name {
+            "gpt2" | "r50k" | "p50k" => Some(Builtin::Gpt2),
+            "cl100k" | "cl100k_base" => Some(Builtin::Cl100k),
+            "o200k" | "o200k_base" => Some(Builtin::O200k),
+            _ => None,
         }
     }
 
