@@ -25,6 +25,23 @@ use std::fmt;
 
 use crate::unicode_tables::{BLOCK_MASK, BLOCK_SHIFT, STAGE1, STAGE2};
 
+/// Run a scanner's `next_end(bytes, start) -> end` from the start of `b` to its end,
+/// reporting each piece to `f(start, end)`. (A macro, so that the scanner is inlined
+/// into the loop rather than called through a function pointer.)
+macro_rules! drive {
+    ($b:expr, $next_end:ident, $f:expr) => {{
+        let b: &[u8] = $b;
+        let mut f = $f;
+        let mut i = 0;
+        while i < b.len() {
+            let e = $next_end(b, i);
+            debug_assert!(e > i && e <= b.len());
+            f(i, e);
+            i = e;
+        }
+    }};
+}
+
 /// GPT-2's pattern (also r50k/p50k).
 pub const GPT2_PATTERN: &str =
     r"'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
@@ -165,9 +182,9 @@ impl PreTokenizer {
     #[inline]
     pub fn for_each_piece_range(&self, text: &str, mut f: impl FnMut(usize, usize)) {
         match &self.engine {
-            Engine::Scanner(Builtin::Gpt2) => drive(text.as_bytes(), gpt2_end, f),
-            Engine::Scanner(Builtin::Cl100k) => drive(text.as_bytes(), cl100k_end, f),
-            Engine::Scanner(Builtin::O200k) => drive(text.as_bytes(), o200k_end, f),
+            Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
+            Engine::Scanner(Builtin::Cl100k) => drive!(text.as_bytes(), cl100k_next, f),
+            Engine::Scanner(Builtin::O200k) => drive!(text.as_bytes(), o200k_next, f),
             Engine::Regex(regex) => {
                 for m in regex.find_iter(text) {
                     match m {
@@ -350,10 +367,90 @@ fn scan(b: &[u8], mut j: usize, set: u8) -> usize {
     j
 }
 
-/// End of the run of ASCII letters and non-ASCII `\p{L}` starting at `j` (the hot loop).
+/// Bit k set when byte k of the 16 at `b[j..j + 16]` is not an ASCII letter
+/// (`lower_only`: not an ASCII lowercase letter). Requires `j + 16 <= b.len()`.
 #[inline(always)]
-fn scan_letters(b: &[u8], j: usize) -> usize {
-    scan(b, j, SET_L)
+fn non_letter_mask16(b: &[u8], j: usize, lower_only: bool) -> u32 {
+    debug_assert!(j + 16 <= b.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of x86_64; the 16 bytes are in bounds (checked by callers).
+        unsafe {
+            let v = _mm_loadu_si128(b.as_ptr().add(j) as *const __m128i);
+            // Folding case with | 0x20 keeps bytes >= 0x80 negative, i.e. below 'a'.
+            let y = if lower_only { v } else { _mm_or_si128(v, _mm_set1_epi8(0x20)) };
+            let ge_a = _mm_cmpgt_epi8(y, _mm_set1_epi8(0x60));
+            let le_z = _mm_cmpgt_epi8(_mm_set1_epi8(0x7b), y);
+            !(_mm_movemask_epi8(_mm_and_si128(ge_a, le_z)) as u32) & 0xffff
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        const HI: u64 = 0x8080_8080_8080_8080;
+        // Per byte: y = the low 7 bits (lowercased); y + 0x1f has bit 7 iff y >= 'a';
+        // y + 0x05 has bit 7 iff y > 'z'. No byte carries into the next.
+        let half = |w: u64| {
+            let y = if lower_only { w & !HI } else { (w | 0x2020_2020_2020_2020) & !HI };
+            let bad = !((y + 0x1f1f_1f1f_1f1f_1f1f) & !(y + 0x0505_0505_0505_0505) & !w) & HI;
+            // Gather the high bits into 8 bits.
+            ((bad >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
+        };
+        let lo = half(u64::from_le_bytes(b[j..j + 8].try_into().unwrap()));
+        let hi = half(u64::from_le_bytes(b[j + 8..j + 16].try_into().unwrap()));
+        lo | (hi << 8)
+    }
+}
+
+/// End of the run of `\p{L}` starting at `j` (the hot loop): sixteen ASCII bytes at a
+/// time, non-ASCII chars through the class table.
+#[inline(always)]
+fn scan_letters(b: &[u8], mut j: usize) -> usize {
+    let n = b.len();
+    loop {
+        if j + 16 <= n {
+            let m = non_letter_mask16(b, j, false);
+            if m == 0 {
+                j += 16;
+                continue;
+            }
+            j += m.trailing_zeros() as usize;
+        } else {
+            while j < n && b[j].is_ascii_alphabetic() {
+                j += 1;
+            }
+            if j == n {
+                return j;
+            }
+        }
+        // SAFETY: j < n here (the mask had a bit set within the 16 bytes, or checked).
+        let x = unsafe { *b.get_unchecked(j) };
+        if x < 0x80 {
+            return j;
+        }
+        let (c, l) = decode_class(b, j);
+        if !in_set(c, SET_L) {
+            return j;
+        }
+        j += l;
+    }
+}
+
+/// End of the run of ASCII lowercase letters at `j`.
+#[inline(always)]
+fn scan_ascii_lower(b: &[u8], mut j: usize) -> usize {
+    let n = b.len();
+    while j + 16 <= n {
+        let m = non_letter_mask16(b, j, true);
+        if m != 0 {
+            return j + m.trailing_zeros() as usize;
+        }
+        j += 16;
+    }
+    while j < n && b[j].is_ascii_lowercase() {
+        j += 1;
+    }
+    j
 }
 
 /// End of the run of bytes in `[\r\n]` (and `/` when `slash`) starting at `j`.
@@ -448,16 +545,56 @@ fn ws_run(b: &[u8], i: usize, l: usize) -> WsRun {
     WsRun { end: j, last, newline_end }
 }
 
-/// Run `next_end` from the start of `b` to its end, reporting each piece.
+// ---------------------------------------------------------------------------------
+// Fast paths for the most common pieces of ASCII text (an ASCII word, with or without
+// a leading space); everything else goes to the general scanners below.
+
+/// gpt2 and cl100k: `( ?|[^\r\n\p{L}\p{N}]?)\p{L}+` for a word starting with an ASCII letter.
 #[inline(always)]
-fn drive(b: &[u8], next_end: impl Fn(&[u8], usize) -> usize, mut f: impl FnMut(usize, usize)) {
-    let mut i = 0;
-    while i < b.len() {
-        let e = next_end(b, i);
-        debug_assert!(e > i && e <= b.len());
-        f(i, e);
-        i = e;
+fn ascii_word_end(b: &[u8], i: usize) -> Option<usize> {
+    // One branch for both "word" and " word".
+    let s = i + (b[i] == b' ') as usize;
+    match b.get(s) {
+        Some(y) if y.is_ascii_alphabetic() => Some(scan_letters(b, s + 1)),
+        _ => None,
     }
+}
+
+#[inline(always)]
+fn gpt2_next(b: &[u8], i: usize) -> usize {
+    match ascii_word_end(b, i) {
+        Some(e) => e,
+        None => gpt2_end(b, i),
+    }
+}
+
+#[inline(always)]
+fn cl100k_next(b: &[u8], i: usize) -> usize {
+    // A contraction starts with an apostrophe, never with a space or a letter.
+    match ascii_word_end(b, i) {
+        Some(e) => e,
+        None => cl100k_end(b, i),
+    }
+}
+
+#[inline(always)]
+fn o200k_next(b: &[u8], i: usize) -> usize {
+    let n = b.len();
+    let s = i + (b[i] == b' ') as usize;
+    if !b.get(s).is_some_and(u8::is_ascii_alphabetic) {
+        return o200k_end(b, i);
+    }
+    // `[A-Z]*[a-z]+` (alternative 1) or else `[A-Z]+` (alternative 2), as long as the
+    // runs end at an ASCII char; otherwise the general scanner decides.
+    let mut j = s;
+    while j < n && b[j].is_ascii_uppercase() {
+        j += 1;
+    }
+    let j = scan_ascii_lower(b, j);
+    if j < n && b[j] >= 0x80 {
+        return o200k_end(b, i);
+    }
+    o200k_suffix(b, j)
 }
 
 // ---------------------------------------------------------------------------------
