@@ -182,7 +182,7 @@ impl PreTokenizer {
     #[inline]
     pub fn for_each_piece_range(&self, text: &str, mut f: impl FnMut(usize, usize)) {
         match &self.engine {
-            Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
+            Engine::Scanner(Builtin::Gpt2) => gpt2_drive(text.as_bytes(), f),
             Engine::Scanner(Builtin::Cl100k) => drive!(text.as_bytes(), cl100k_next, f),
             Engine::Scanner(Builtin::O200k) => drive!(text.as_bytes(), o200k_next, f),
             Engine::Regex(regex) => {
@@ -598,6 +598,119 @@ fn o200k_next(b: &[u8], i: usize) -> usize {
 }
 
 // ---------------------------------------------------------------------------------
+// GPT-2 on ASCII text, 64 bytes at a time.
+//
+// A window starts at a piece start. For its ASCII prefix, where a piece starts follows
+// from the classes of neighbouring bytes alone (L letter, N digit, W whitespace, P
+// other), as bit masks (bit k = byte k):
+//   - a piece starts where the class changes;
+//   - except before a non-space preceded by ' ' (the space opens ` ?\p{L}+` etc.);
+//   - and at the last char of a whitespace run followed by a non-space (`\s+(?!\S)`
+//     gives it back; the text end is never inside a window);
+//   - an apostrophe at a piece start followed by s, d, m, t, ll, ve or re is a piece of
+//     its own (those are rare; the scalar `contraction` decides each one).
+// So a start at k depends only on bytes k-4..=k+1: the starts before the last ASCII
+// byte but one are certain. The pieces between them are reported and the next window
+// begins at the last certain start; where no piece completes (a non-ASCII char, a
+// very long piece) the scalar scanner takes one piece.
+
+/// Class masks of the 64 bytes at `b[i..i + 64]`.
+struct Window {
+    letter: u64,
+    digit: u64,
+    space: u64,
+    white: u64,
+    apostrophe: u64,
+    non_ascii: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn window_masks(b: &[u8], i: usize) -> Window {
+    use std::arch::x86_64::*;
+    assert!(i + 64 <= b.len());
+    let mut w = Window { letter: 0, digit: 0, space: 0, white: 0, apostrophe: 0, non_ascii: 0 };
+    // SAFETY: SSE2 is part of x86_64; the 64 bytes are in bounds (asserted).
+    unsafe {
+        let set = |x: u8| _mm_set1_epi8(x as i8);
+        for k in 0..4 {
+            let v = _mm_loadu_si128(b.as_ptr().add(i + 16 * k) as *const __m128i);
+            let mask = |m: __m128i| (_mm_movemask_epi8(m) as u32 as u64) << (16 * k);
+            let folded = _mm_or_si128(v, set(0x20));
+            let letter = _mm_and_si128(_mm_cmpgt_epi8(folded, set(b'a' - 1)), _mm_cmpgt_epi8(set(b'z' + 1), folded));
+            let digit = _mm_and_si128(_mm_cmpgt_epi8(v, set(b'0' - 1)), _mm_cmpgt_epi8(set(b'9' + 1), v));
+            let space = _mm_cmpeq_epi8(v, set(b' '));
+            // \t \n \v \f \r
+            let ctl = _mm_and_si128(_mm_cmpgt_epi8(v, set(0x08)), _mm_cmpgt_epi8(set(0x0e), v));
+            w.letter |= mask(letter);
+            w.digit |= mask(digit);
+            w.space |= mask(space);
+            w.white |= mask(_mm_or_si128(space, ctl));
+            w.apostrophe |= mask(_mm_cmpeq_epi8(v, set(b'\'')));
+            w.non_ascii |= mask(v);
+        }
+    }
+    w
+}
+
+/// Report the GPT-2 pieces of `b` to `f(start, end)`.
+#[inline(always)]
+fn gpt2_drive(b: &[u8], mut f: impl FnMut(usize, usize)) {
+    let n = b.len();
+    let mut i = 0;
+    // Where to try a window again after one made no progress.
+    let mut retry_at = 0;
+    while i < n {
+        #[cfg(target_arch = "x86_64")]
+        if i + 64 <= n && i >= retry_at {
+            let w = window_masks(b, i);
+            // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
+            let limit = w.non_ascii.trailing_zeros();
+            if limit >= 8 {
+                let valid = (1u64 << (limit - 1)) - 1;
+                let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+                let change = (w.letter ^ (w.letter << 1))
+                    | (w.digit ^ (w.digit << 1))
+                    | (w.white ^ (w.white << 1))
+                    | (punct ^ (punct << 1));
+                let joined = (w.space << 1) & !w.white;
+                let ws_last = w.white & !(w.white >> 1);
+                let mut starts = (change & !joined) | ws_last;
+                let mut contractions = w.apostrophe & starts & valid;
+                while contractions != 0 {
+                    let k = contractions.trailing_zeros() as usize;
+                    contractions &= contractions - 1;
+                    if let Some(e) = contraction(b, i + k + 1) {
+                        let len = e - i - k;
+                        // Starts inside the contraction go; one follows it.
+                        starts &= !(((1u64 << len) - 2) << k);
+                        if k + len < 64 {
+                            starts |= 1u64 << (k + len);
+                        }
+                    }
+                }
+                let mut m = starts & valid & !1;
+                if m != 0 {
+                    let mut s = 0;
+                    while m != 0 {
+                        let e = m.trailing_zeros() as usize;
+                        m &= m - 1;
+                        f(i + s, i + e);
+                        s = e;
+                    }
+                    i += s;
+                    continue;
+                }
+            }
+            retry_at = i + 64;
+        }
+        let e = gpt2_next(b, i);
+        f(i, e);
+        i = e;
+    }
+}
+
+// ---------------------------------------------------------------------------------
 // GPT-2: '(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 
 /// End of the GPT-2 piece starting at `i` (< len).
@@ -909,6 +1022,13 @@ mod tests {
         '\u{200d}', '\u{1f3fb}', '\u{fe0f}', '\u{10400}', '\u{10428}', '\u{1d400}',
     ];
 
+    /// ASCII chars, weighted like prose.
+    const ASCII_ALPHABET: &[char] = &[
+        ' ', ' ', ' ', ' ', '\n', '\n', '\t', '\r', '\'', '\'', 's', 't', 'l', 'v', 'e', 'r', 'd', 'm',
+        'a', 'b', 'x', 'S', 'L', 'E', 'T', 'R', 'A', '0', '1', '9', '.', ',', '!', '/', '-', '"', '(',
+        '\u{b}', '\u{c}',
+    ];
+
     struct Rng(u64);
     impl Rng {
         fn next(&mut self) -> u64 {
@@ -929,11 +1049,21 @@ mod tests {
         let scanners: Vec<_> = names.iter().map(|n| PreTokenizer::new(n).unwrap()).collect();
         let regexes: Vec<_> = names.iter().map(|n| PreTokenizer::new_regex(n).unwrap()).collect();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        for round in 0..3000 {
-            // A small sub-alphabet makes runs and repeated structures likely.
+        for round in 0..4000 {
+            // A small sub-alphabet makes runs and repeated structures likely; long,
+            // mostly ASCII texts exercise the 64-byte windows.
+            let long = round % 2 == 1;
             let k = 2 + rng.below(8);
-            let sub: Vec<char> = (0..k).map(|_| ALPHABET[rng.below(ALPHABET.len())]).collect();
-            let len = rng.below(24);
+            let sub: Vec<char> = (0..k)
+                .map(|_| {
+                    if long && rng.below(4) != 0 {
+                        ASCII_ALPHABET[rng.below(ASCII_ALPHABET.len())]
+                    } else {
+                        ALPHABET[rng.below(ALPHABET.len())]
+                    }
+                })
+                .collect();
+            let len = if long { 60 + rng.below(200) } else { rng.below(24) };
             let text: String = (0..len).map(|_| sub[rng.below(sub.len())]).collect();
             for ((name, s), r) in names.iter().zip(&scanners).zip(&regexes) {
                 assert_eq!(s.pieces(&text), r.pieces(&text), "round {round}, {name} on {text:?}");

@@ -177,6 +177,16 @@ FRAGMENTS = [
 ]
 FRAGMENT_TEXT = st.lists(st.one_of(st.sampled_from(FRAGMENTS), CHAR), max_size=20).map("".join)
 
+# Long, mostly ASCII text: the Rust scanners work on 64-byte windows of ASCII there.
+ASCII_PROSE = list("     \n\n\t\r\x0b\x0c''stlverdmabxSLETRA019.,!/-\"(")
+PROSE_CHAR = st.one_of(st.sampled_from(ASCII_PROSE), st.sampled_from(ASCII_PROSE), st.sampled_from(ASCII_PROSE), CHAR)
+LONG_TEXT = st.one_of(
+    st.text(PROSE_CHAR, min_size=50, max_size=300),
+    st.lists(PROSE_CHAR, min_size=1, max_size=6).flatmap(
+        lambda alphabet: st.text(st.sampled_from(alphabet), min_size=50, max_size=300)
+    ),
+)
+
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -198,6 +208,13 @@ def test_small_alphabet_text_matches_regex(name, text):
 @FUZZ
 @given(text=FRAGMENT_TEXT)
 def test_fragment_text_matches_regex(name, text):
+    check(name, text)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@FUZZ
+@given(text=LONG_TEXT)
+def test_long_mostly_ascii_text_matches_regex(name, text):
     check(name, text)
 
 
