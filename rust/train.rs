@@ -30,6 +30,7 @@ use std::time::Instant;
 use crate::pretokenize::{PatternError, PreTokenizer, CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN};
 
 pub use count::Utf8Errors;
+pub use count::PieceCounts;
 use count::{Counter, Segment};
 use merge::{learn_merges, MergeTimes, Words};
 use read::SpecialSplitter;
@@ -257,17 +258,34 @@ impl Trainer {
         r
     }
 
-    /// Learn up to `num_merges` merges from everything counted so far (stops early when
-    /// no pair is left). Consumes the counts: a trainer learns once.
-    pub fn learn(&mut self, num_merges: usize, ctl: &Control) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+    /// The unique pre-tokens counted so far, with their counts (merging the workers'
+    /// tables). Consumes the counts: a trainer learns once.
+    pub fn take_counts(&mut self) -> Result<PieceCounts, TrainError> {
         self.counter()?;
         let counter = self.counter.take().unwrap();
-        ctl.set_total(num_merges as u64);
-        ctl.set_done(0);
         let t = Instant::now();
         let counts = self.pool.install(|| counter.into_counts());
         self.stats.merge_tables_s = t.elapsed().as_secs_f64();
         self.stats.unique_pretokens = counts.len() as u64;
+        Ok(counts)
+    }
+
+    /// Learn up to `num_merges` merges from everything counted so far (stops early when
+    /// no pair is left). Consumes the counts: a trainer learns once.
+    pub fn learn(&mut self, num_merges: usize, ctl: &Control) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+        let counts = self.take_counts()?;
+        self.learn_from_counts(counts, num_merges, ctl)
+    }
+
+    /// Learn merges from a table of pre-token counts.
+    pub fn learn_from_counts(
+        &mut self,
+        counts: PieceCounts,
+        num_merges: usize,
+        ctl: &Control,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+        ctl.set_total(num_merges as u64);
+        ctl.set_done(0);
         if counts.is_empty() {
             return Err(TrainError::InvalidInput(
                 "the corpus is empty: no text to train on (only empty input or special tokens)".into(),
@@ -277,12 +295,12 @@ impl Trainer {
         let total_bytes: usize = counts.keys().map(|k| k.len()).sum();
         let mut words = Words::with_capacity(counts.len(), total_bytes);
         for (piece, n) in counts {
-            words.push(&piece, n);
+            words.push(&piece, n)?;
         }
         self.stats.words = words.len() as u64;
         let words_s = t.elapsed().as_secs_f64();
         let mut times = MergeTimes::default();
-        let merges = learn_merges(words, num_merges, ctl, &mut times)?;
+        let merges = self.pool.install(|| learn_merges(words, num_merges, ctl, &mut times))?;
         self.stats.build_s = words_s + times.build_s;
         self.stats.merge_s = times.merge_s;
         self.stats.merges = merges.len() as u64;

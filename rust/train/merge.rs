@@ -20,6 +20,9 @@ use super::{Control, TrainError};
 
 type FxMap<K, V> = HashMap<K, V, FxBuildHasher>;
 
+/// How many words ahead of the one being rewritten to prefetch.
+const PREFETCH: usize = 8;
+
 #[inline]
 fn pack(a: u32, b: u32) -> u64 {
     ((a as u64) << 32) | b as u64
@@ -32,51 +35,132 @@ fn unpack(p: u64) -> (u32, u32) {
 
 /// The unique pre-tokens of a corpus as symbol sequences, with their counts.
 /// Pre-tokens of a single byte have no pair and are not stored.
+///
+/// One flat array of records `[len, count_lo, count_hi, sym_0, .., sym_len-1, (spare)]`;
+/// a word's id is the offset of its record, so visiting a word touches one place in
+/// memory. A merge shrinks `len` and leaves the spare slots at the end.
 #[derive(Default)]
 pub struct Words {
-    syms: Vec<u32>,
-    start: Vec<usize>,
-    len: Vec<u32>,
-    count: Vec<i64>,
+    data: Vec<u32>,
+    n: usize,
 }
+
+const HEADER: usize = 3;
 
 impl Words {
     pub fn with_capacity(words: usize, bytes: usize) -> Self {
-        Words {
-            syms: Vec::with_capacity(bytes),
-            start: Vec::with_capacity(words),
-            len: Vec::with_capacity(words),
-            count: Vec::with_capacity(words),
-        }
+        Words { data: Vec::with_capacity(words * HEADER + bytes), n: 0 }
     }
 
-    pub fn push(&mut self, bytes: &[u8], count: u64) {
+    /// Add a pre-token. Fails only when the table outgrows 32-bit word ids (16 GiB).
+    pub fn push(&mut self, bytes: &[u8], count: u64) -> Result<(), TrainError> {
         if bytes.len() < 2 || count == 0 {
-            return;
+            return Ok(());
         }
-        self.start.push(self.syms.len());
-        self.len.push(bytes.len() as u32);
-        self.count.push(count as i64);
-        self.syms.extend(bytes.iter().map(|&b| b as u32));
+        if self.data.len() + HEADER + bytes.len() > u32::MAX as usize {
+            return Err(TrainError::InvalidInput(
+                "too many distinct pre-tokens for one training run (over 4 G symbols)".into(),
+            ));
+        }
+        self.data.push(bytes.len() as u32);
+        self.data.push(count as u32);
+        self.data.push((count >> 32) as u32);
+        self.data.extend(bytes.iter().map(|&b| b as u32));
+        self.n += 1;
+        Ok(())
     }
 
     pub fn len(&self) -> usize {
-        self.start.len()
+        self.n
     }
 
     pub fn is_empty(&self) -> bool {
-        self.start.is_empty()
+        self.n == 0
+    }
+
+    /// Ids of all words, in order.
+    fn ids(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.n);
+        let mut at = 0;
+        while at < self.data.len() {
+            out.push(at as u32);
+            at += HEADER + self.data[at] as usize;
+        }
+        out
+    }
+
+    #[inline]
+    fn count(&self, w: u32) -> i64 {
+        let w = w as usize;
+        (self.data[w + 1] as u64 | (self.data[w + 2] as u64) << 32) as i64
     }
 
     /// Symbols of word `w`.
-    pub fn symbols(&self, w: usize) -> &[u32] {
-        &self.syms[self.start[w]..self.start[w] + self.len[w] as usize]
+    #[inline]
+    fn symbols(&self, w: u32) -> &[u32] {
+        let w = w as usize;
+        &self.data[w + HEADER..w + HEADER + self.data[w] as usize]
+    }
+
+    #[inline]
+    fn prefetch(&self, w: u32) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch(self.data.as_ptr().wrapping_add(w as usize) as *const i8, _MM_HINT_T0);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = w;
     }
 }
 
 struct PairStats {
     count: i64,
     words: Vec<u32>,
+}
+
+/// The bytes of every symbol, with an 8-byte big-endian prefix of each for fast comparison.
+struct Tokens {
+    bytes: Vec<Box<[u8]>>,
+    prefix: Vec<u64>,
+}
+
+impl Tokens {
+    fn new() -> Self {
+        let mut t = Tokens { bytes: Vec::new(), prefix: Vec::new() };
+        for b in 0..=255u8 {
+            t.push(vec![b].into_boxed_slice());
+        }
+        t
+    }
+
+    fn push(&mut self, bytes: Box<[u8]>) -> u32 {
+        let mut p = [0u8; 8];
+        let n = bytes.len().min(8);
+        p[..n].copy_from_slice(&bytes[..n]);
+        self.prefix.push(u64::from_be_bytes(p));
+        self.bytes.push(bytes);
+        (self.bytes.len() - 1) as u32
+    }
+
+    #[inline]
+    fn get(&self, t: u32) -> &[u8] {
+        &self.bytes[t as usize]
+    }
+
+    /// Compare two symbols by their bytes. Differing prefixes order the byte strings the
+    /// same way (zero padding only ties a string with its extension by zero bytes).
+    #[inline]
+    fn cmp(&self, x: u32, y: u32) -> std::cmp::Ordering {
+        if x == y {
+            return std::cmp::Ordering::Equal;
+        }
+        match self.prefix[x as usize].cmp(&self.prefix[y as usize]) {
+            std::cmp::Ordering::Equal => self.bytes[x as usize].cmp(&self.bytes[y as usize]),
+            o => o,
+        }
+    }
 }
 
 /// A binary max-heap of (count, pair) whose order breaks count ties by the pairs' bytes.
@@ -86,25 +170,22 @@ struct PairHeap {
 
 impl PairHeap {
     #[inline]
-    fn greater(tokens: &[Box<[u8]>], x: (i64, u64), y: (i64, u64)) -> bool {
+    fn greater(tokens: &Tokens, x: (i64, u64), y: (i64, u64)) -> bool {
         if x.0 != y.0 {
             return x.0 > y.0;
         }
         let (xa, xb) = unpack(x.1);
         let (ya, yb) = unpack(y.1);
-        match tokens[xa as usize].cmp(&tokens[ya as usize]) {
-            std::cmp::Ordering::Equal => tokens[xb as usize] > tokens[yb as usize],
-            o => o == std::cmp::Ordering::Greater,
-        }
+        tokens.cmp(xa, ya).then_with(|| tokens.cmp(xb, yb)) == std::cmp::Ordering::Greater
     }
 
-    fn heapify(&mut self, tokens: &[Box<[u8]>]) {
+    fn heapify(&mut self, tokens: &Tokens) {
         for i in (0..self.v.len() / 2).rev() {
             self.sift_down(tokens, i);
         }
     }
 
-    fn push(&mut self, tokens: &[Box<[u8]>], e: (i64, u64)) {
+    fn push(&mut self, tokens: &Tokens, e: (i64, u64)) {
         self.v.push(e);
         let mut i = self.v.len() - 1;
         while i > 0 {
@@ -118,7 +199,7 @@ impl PairHeap {
         }
     }
 
-    fn pop(&mut self, tokens: &[Box<[u8]>]) -> Option<(i64, u64)> {
+    fn pop(&mut self, tokens: &Tokens) -> Option<(i64, u64)> {
         if self.v.is_empty() {
             return None;
         }
@@ -129,7 +210,7 @@ impl PairHeap {
         Some(top)
     }
 
-    fn sift_down(&mut self, tokens: &[Box<[u8]>], mut i: usize) {
+    fn sift_down(&mut self, tokens: &Tokens, mut i: usize) {
         let n = self.v.len();
         loop {
             let l = 2 * i + 1;
@@ -155,6 +236,15 @@ struct Delta {
     words: Vec<u32>,
 }
 
+/// Keep a small emptied vector for reuse.
+#[inline]
+fn recycle(spare: &mut Vec<Vec<u32>>, mut v: Vec<u32>) {
+    if spare.len() < 4096 && v.capacity() > 0 && v.capacity() <= 4096 {
+        v.clear();
+        spare.push(v);
+    }
+}
+
 /// Timings of the merge stages, in seconds.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MergeTimes {
@@ -175,19 +265,19 @@ pub fn learn_merges(
     if num_merges == 0 || words.is_empty() {
         return Ok(merges);
     }
-    let mut tokens: Vec<Box<[u8]>> = (0..=255u8).map(|b| vec![b].into_boxed_slice()).collect();
+    let mut tokens = Tokens::new();
     let mut sym_of: FxMap<Box<[u8]>, u32> = FxMap::default();
 
     // Pair counts and the pair -> words index.
     let mut pairs: FxMap<u64, PairStats> = FxMap::default();
-    for w in 0..words.len() {
-        let c = words.count[w];
+    for w in words.ids() {
+        let c = words.count(w);
         let s = words.symbols(w);
         for i in 0..s.len() - 1 {
             let e = pairs.entry(pack(s[i], s[i + 1])).or_insert_with(|| PairStats { count: 0, words: Vec::new() });
             e.count += c;
-            if e.words.last() != Some(&(w as u32)) {
-                e.words.push(w as u32);
+            if e.words.last() != Some(&w) {
+                e.words.push(w);
             }
         }
     }
@@ -197,6 +287,8 @@ pub fn learn_merges(
     let t1 = std::time::Instant::now();
 
     let mut delta: FxMap<u64, Delta> = FxMap::default();
+    // Emptied word lists, reused to spare the allocator.
+    let mut spare: Vec<Vec<u32>> = Vec::new();
     while merges.len() < num_merges {
         if ctl.is_cancelled() {
             return Err(TrainError::Cancelled);
@@ -214,17 +306,17 @@ pub fn learn_merges(
         let (a, b) = unpack(best);
         let stats = pairs.remove(&best).expect("popped pair is present");
 
-        let mut joined = Vec::with_capacity(tokens[a as usize].len() + tokens[b as usize].len());
-        joined.extend_from_slice(&tokens[a as usize]);
-        joined.extend_from_slice(&tokens[b as usize]);
-        merges.push((tokens[a as usize].to_vec(), tokens[b as usize].to_vec()));
+        let (ta, tb) = (tokens.get(a), tokens.get(b));
+        let mut joined = Vec::with_capacity(ta.len() + tb.len());
+        joined.extend_from_slice(ta);
+        joined.extend_from_slice(tb);
+        merges.push((ta.to_vec(), tb.to_vec()));
         let x = match sym_of.get(joined.as_slice()) {
             Some(&x) => x,
             None => {
-                let x = tokens.len() as u32;
                 let boxed = joined.into_boxed_slice();
-                sym_of.insert(boxed.clone(), x);
-                tokens.push(boxed);
+                let x = tokens.push(boxed.clone());
+                sym_of.insert(boxed, x);
                 x
             }
         };
@@ -234,7 +326,7 @@ pub fn learn_merges(
             if key == best {
                 return;
             }
-            let e = delta.entry(key).or_default();
+            let e = delta.entry(key).or_insert_with(|| Delta { count: 0, words: spare.pop().unwrap_or_default() });
             e.count += d;
             if let Some(w) = w {
                 if e.words.last() != Some(&w) {
@@ -243,16 +335,20 @@ pub fn learn_merges(
             }
         };
         let mut last_w = u32::MAX;
-        for &w in &stats.words {
+        let list = &stats.words;
+        for k in 0..list.len() {
+            if let Some(&ahead) = list.get(k + PREFETCH) {
+                words.prefetch(ahead);
+            }
+            let w = list[k];
             if w == last_w {
                 continue;
             }
             last_w = w;
+            let c = words.count(w);
             let wi = w as usize;
-            let c = words.count[wi];
-            let st = words.start[wi];
-            let n = words.len[wi] as usize;
-            let s = &mut words.syms[st..st + n];
+            let n = words.data[wi] as usize;
+            let s = &mut words.data[wi + HEADER..wi + HEADER + n];
             let mut i = 0;
             let mut j = 0;
             while i < n {
@@ -276,9 +372,9 @@ pub fn learn_merges(
                     i += 1;
                 }
             }
-            words.len[wi] = j as u32;
+            words.data[wi] = j as u32;
         }
-        drop(stats);
+        recycle(&mut spare, stats.words);
 
         // Apply the changes; pairs whose count rose get a fresh heap entry.
         for (key, d) in delta.drain() {
@@ -288,12 +384,14 @@ pub fn learn_merges(
                     p.count += d.count;
                     debug_assert!(p.count >= 0);
                     if p.count <= 0 {
-                        e.remove();
+                        recycle(&mut spare, e.remove().words);
+                        recycle(&mut spare, d.words);
                     } else {
                         if p.words.is_empty() {
-                            p.words = d.words;
+                            recycle(&mut spare, std::mem::replace(&mut p.words, d.words));
                         } else {
                             p.words.extend_from_slice(&d.words);
+                            recycle(&mut spare, d.words);
                         }
                         if d.count > 0 {
                             heap.push(&tokens, (p.count, key));
@@ -305,6 +403,8 @@ pub fn learn_merges(
                     if d.count > 0 {
                         v.insert(PairStats { count: d.count, words: d.words });
                         heap.push(&tokens, (d.count, key));
+                    } else {
+                        recycle(&mut spare, d.words);
                     }
                 }
             }
@@ -322,7 +422,7 @@ mod tests {
     fn train(corpus: &[(&str, u64)], n: usize) -> Vec<(String, String)> {
         let mut words = Words::default();
         for (w, c) in corpus {
-            words.push(w.as_bytes(), *c);
+            words.push(w.as_bytes(), *c).unwrap();
         }
         let ctl = Control::default();
         let mut t = MergeTimes::default();
