@@ -5,6 +5,7 @@
 
 pub mod pretokenize;
 pub mod train;
+mod unicode_tables;
 
 #[cfg(feature = "python")]
 mod python;
