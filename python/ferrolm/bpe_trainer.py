@@ -22,6 +22,10 @@ __all__ = ["train", "train_bpe"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+# Bytes the core reads from a file at a time (None: the core's default, 16 MiB). Tests
+# set it small to exercise chunk boundaries.
+_CHUNK_SIZE: int | None = None
+
 # Strings from an iterable are handed to the core in batches of about this many characters.
 _TEXT_BATCH_CHARS = 4 << 20
 
@@ -166,7 +170,7 @@ def train(
     specials = _check_special_tokens(special_tokens)
     if vocab_size < 256 + len(specials):
         raise ValueError(
-            f"vocab_size={vocab_size} is too small: it must be at least 256 (the bytes) + {len(specials)} (special tokens) = {256 + len(specials)}"
+            f"vocab_size={vocab_size} is too small: it must be at least {256 + len(specials)} (256 bytes + {len(specials)} special tokens)"
         )
     if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
         raise ValueError(f"num_threads must be None or a positive int, got {num_threads!r}")
@@ -178,7 +182,7 @@ def train(
     paths = _as_paths(input)
     if paths is not None and not paths:
         raise ValueError("the corpus is empty: no input files given")
-    trainer = _core.BpeTrainer(specials, pattern, num_threads, errors)
+    trainer = _core.BpeTrainer(specials, pattern, num_threads, errors, _CHUNK_SIZE)
     bars = _Progress(progress)
     try:
         if paths is not None:
