@@ -252,6 +252,17 @@ class SiLUFFN(nn.Module):
 # --------------------------------------------------------------------------------------
 
 
+def _rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The same rotation in real arithmetic: (x_2k cos - x_2k+1 sin, x_2k sin + x_2k+1 cos)."""
+    x_even, x_odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1).flatten(-2)
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE: rotate each pair (x[2k], x[2k+1]) by the angle  position * theta^(-2k/d_head).
 
@@ -296,6 +307,8 @@ class RotaryEmbedding(nn.Module):
                 token_positions = token_positions.unsqueeze(-2)  # (batch, 1, seq): over heads
             cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., seq, d/2)
         work = x.to(torch.promote_types(x.dtype, torch.float32))
+        if _compiling():  # inductor cannot generate code for complex ops; it fuses this form
+            return _rotate_pairs_real(work, cos, sin).to(x.dtype)
         if work.stride(-1) != 1 or work.storage_offset() % 2 or any(st % 2 for st in work.stride()[:-1]):
             work = work.contiguous()  # view_as_complex needs (re, im) adjacent and aligned
         pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))  # x_2k + i x_2k+1
