@@ -386,10 +386,11 @@ class CausalSelfAttention(nn.Module):
         """x: (batch, seq, d_model) -> (batch, seq, d_model).
 
         ``mask``: optional bool mask broadcastable to (batch, heads, seq, keys), True =
-        may attend; None means the plain causal mask. ``kv_cache``: this layer's (k, v)
-        buffers of shape (batch, heads, max_len, d_head); the new keys (already rotated)
-        and values are written at [start_pos, start_pos + seq) and the queries attend
-        over [0, start_pos + seq).
+        may attend; None means causal (query i, at position start_pos + i, sees keys
+        0 .. start_pos + i). ``kv_cache``: this layer's (k, v) buffers of shape
+        (batch, heads, max_len, d_head); the new keys (already rotated) and values are
+        written at [start_pos, start_pos + seq) and the queries attend over
+        [0, start_pos + seq). Use the cache under ``torch.no_grad()`` (generation).
         """
         batch, seq, _ = x.shape
         heads, d_head = self.num_heads, self.d_head
@@ -412,17 +413,19 @@ class CausalSelfAttention(nn.Module):
             v_cache[:, :, start_pos:end] = v
             k = k_cache[:, :, :end].to(q.dtype)
             v = v_cache[:, :, :end].to(q.dtype)
-            if mask is None and start_pos > 0:
-                mask = causal_mask(seq, end, device=x.device)
+
+        # Which mask: given; plain causal (square); none (one new query sees the whole
+        # cache); or causal with the queries at the end of a longer key range.
+        num_keys = k.shape[-2]
+        is_causal = mask is None and num_keys == seq
+        if mask is None and seq > 1 and num_keys > seq:
+            mask = causal_mask(seq, num_keys, device=x.device)
 
         if self.attention == "fast":
-            if mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         else:
-            if mask is None:
-                mask = causal_mask(seq, k.shape[-2], device=x.device)
+            if is_causal:
+                mask = causal_mask(seq, num_keys, device=x.device)
             out = functional.scaled_dot_product_attention(q, k, v, mask)
 
         out = out.transpose(1, 2).reshape(batch, seq, self.d_model)  # concat heads
@@ -576,15 +579,13 @@ class TransformerLM(nn.Module):
         if token_positions is None and cfg.positions == "rope" and end > cfg.context_length:
             raise ValueError(f"sequence reaches position {end}, beyond context_length {cfg.context_length}")
 
-        mask = None  # None = the plain causal mask over [0, seq)
+        mask = None  # None: causal, built by each attention layer as needed
         if attention_mask is not None:
             if attention_mask.shape != (batch, end):
                 raise ValueError(f"attention_mask must be (batch, {end}), got {tuple(attention_mask.shape)}")
             mask = causal_mask(seq, end, device=ids.device) & attention_mask.bool()[:, None, None, :]
             # every query may see itself, so a row of padding never becomes all -inf (NaN)
             mask = mask | (torch.arange(end, device=ids.device) == torch.arange(start, end, device=ids.device)[:, None])
-        elif start > 0:
-            mask = causal_mask(seq, end, device=ids.device)
 
         x = self.token_embeddings(ids)
         for i, layer in enumerate(self.layers):
