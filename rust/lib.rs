@@ -4,6 +4,7 @@
 //! converts types and releases the GIL, so `cargo test` needs no Python.
 
 pub mod pretokenize;
+pub mod shards;
 
 #[cfg(feature = "python")]
 mod python;
