@@ -99,10 +99,7 @@ mod tests {
     #[test]
     fn gpt2_splits_contractions_and_spaces() {
         let p = PreTokenizer::new("gpt2").unwrap();
-        assert_eq!(
-            p.pieces("I'll  go!\n\n x"),
-            vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]
-        );
+        assert_eq!(p.pieces("I'll  go!\n\n x"), vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]);
     }
 
     #[test]
