@@ -26,7 +26,7 @@ mod stream;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::pretokenize::{PatternError, PreTokenizer};
 
@@ -98,12 +98,10 @@ pub struct Encoder {
     len: Vec<u32>,
     /// The id of each single byte.
     byte_ids: [u32; 256],
-    /// (left << 32 | right) -> (priority << 32 | merged id). Priority is the lowest
-    /// rank among merges that produce the same id (for vocabs in which several
-    /// merges produce one token this is tiktoken's rule: rank of the merged token).
+    /// (left << 32 | right) -> (rank << 32 | merged id).
     pairs: FxHashMap<u64, u64>,
-    /// Bytes -> id for every token BPE can produce (the 256 bytes and merge results):
-    /// a pre-token found here is that single token.
+    /// Bytes -> id for every ordinary token: a pre-token found here is that single
+    /// token.
     whole: cache::BytesMap,
     specials: Specials,
     pretok: PreTokenizer,
@@ -128,8 +126,10 @@ impl Encoder {
     ///   elsewhere, e.g. GPT-2's, keeps its own ids). Every single byte must be a token.
     /// * `merges`: (left, right) in rank order; both sides and their concatenation
     ///   must be tokens.
-    /// * `specials`: looked up by their UTF-8 bytes in the vocab (the highest id when
-    ///   several carry those bytes); appended after the largest id when absent.
+    /// * `specials`: looked up by their UTF-8 bytes in the vocab; appended after the
+    ///   largest id when absent.
+    ///
+    /// When several ids carry the same bytes, the smallest is the one encoding produces.
     /// * `pattern`: "gpt2", "cl100k", "o200k" or a regex.
     pub fn new(
         vocab: Vec<(u64, Vec<u8>)>,
@@ -183,16 +183,18 @@ impl Encoder {
         let mut pairs: FxHashMap<u64, u64> = FxHashMap::default();
         let mut whole_map = cache::BytesMap::default();
 
-        // Bytes -> ids (ascending) for every token.
-        let mut by_bytes: FxHashMap<&[u8], Vec<u32>> = FxHashMap::default();
+        // Bytes -> id; when several ids carry the same bytes the smallest wins (as in
+        // the reference tokenizer).
+        let mut by_bytes: FxHashMap<&[u8], u32> = FxHashMap::default();
+        by_bytes.reserve(vocab.len());
         for id in 0..size {
             if len[id] != u32::MAX {
                 let s = start[id] as usize;
-                by_bytes.entry(&arena[s..s + len[id] as usize]).or_default().push(id as u32);
+                by_bytes.entry(&arena[s..s + len[id] as usize]).or_insert(id as u32);
             }
         }
 
-        // Special tokens: by their bytes, else appended.
+        // Special tokens: by their bytes, else appended after the largest id.
         let mut special_ids: Vec<(String, u32)> = Vec::with_capacity(specials.len());
         let mut next_id = size as u32;
         let mut appended: Vec<(String, u32)> = Vec::new();
@@ -201,10 +203,10 @@ impl Encoder {
                 return Err(EncodeError::Specials("a special token is the empty string".into()));
             }
             if special_ids.iter().any(|(t, _)| t == s) {
-                return Err(EncodeError::Specials(format!("{s:?} is given twice")));
+                return Err(EncodeError::Specials(format!("{s:?} is listed twice")));
             }
             let id = match by_bytes.get(s.as_bytes()) {
-                Some(ids) => *ids.last().unwrap(),
+                Some(&id) => id,
                 None => {
                     let id = next_id;
                     next_id += 1;
@@ -214,26 +216,14 @@ impl Encoder {
             };
             special_ids.push((s.clone(), id));
         }
-        // Ids a special token takes away from ordinary text (when its bytes are
-        // carried by several ids, the others stay ordinary tokens).
-        let mut claimed: rustc_hash::FxHashSet<u32> = Default::default();
-        for (s, id) in &special_ids {
-            if let Some(ids) = by_bytes.get(s.as_bytes()) {
-                if ids.len() > 1 {
-                    claimed.insert(*id);
-                }
-            }
-        }
-        let ordinary = |ids: &Vec<u32>| -> Vec<u32> { ids.iter().copied().filter(|i| !claimed.contains(i)).collect() };
 
         // Single bytes.
-        let mut whole: Vec<(Vec<u8>, u32)> = Vec::new();
+        let mut produced: FxHashSet<u32> = FxHashSet::default();
         for b in 0..256usize {
-            let ids = by_bytes.get(&[b as u8][..]).map(ordinary).unwrap_or_default();
-            match ids.first() {
+            match by_bytes.get(&[b as u8][..]) {
                 Some(&id) => {
                     byte_ids[b] = id;
-                    whole.push((vec![b as u8], id));
+                    produced.insert(id);
                 }
                 None => {
                     return Err(EncodeError::Vocab(format!(
@@ -243,76 +233,46 @@ impl Encoder {
             }
         }
 
-        // Merges, pass 1: each claims the next unclaimed id carrying its bytes (so a
-        // vocab with duplicate tokens, which BPE training can produce, maps merge k to
-        // its own id); when all are claimed it reuses the last (several merges, one token).
-        let mut n_claimed: FxHashMap<&[u8], usize> = FxHashMap::default();
-        let mut produced: FxHashMap<Vec<u8>, u32> = FxHashMap::default();
-        for (b, id) in &whole {
-            produced.insert(b.clone(), *id);
-        }
+        // Merges: (left id, right id) -> (rank, merged id); a repeated merge keeps its
+        // first rank.
         if merges.len() >= u32::MAX as usize - 1 {
             return Err(EncodeError::Merges("more than 2^32 merges".into()));
         }
-        let mut merged_ids: Vec<u32> = Vec::with_capacity(merges.len());
-        for (rank, (a, b)) in merges.iter().enumerate() {
-            if a.is_empty() || b.is_empty() {
-                return Err(EncodeError::Merges(format!("merge {rank} ({} {}) has an empty side", show(a), show(b))));
-            }
-            let mut joined = Vec::with_capacity(a.len() + b.len());
-            joined.extend_from_slice(a);
-            joined.extend_from_slice(b);
-            let (key, candidates) = match by_bytes.get_key_value(&joined[..]) {
-                Some((k, ids)) => (*k, ordinary(ids)),
-                None => (&[][..], Vec::new()),
-            };
-            if candidates.is_empty() {
-                return Err(EncodeError::Merges(format!(
-                    "merge {rank} ({} {}): the merged token {} is not in the vocab",
-                    show(a),
-                    show(b),
-                    show(&joined)
-                )));
-            }
-            let n = n_claimed.entry(key).or_insert(0);
-            let merged = if *n < candidates.len() {
-                *n += 1;
-                candidates[*n - 1]
-            } else {
-                *candidates.last().unwrap()
-            };
-            produced.entry(joined).or_insert(merged);
-            merged_ids.push(merged);
-        }
-        // Pass 2: the pair table.
-        let mut id_prio: FxHashMap<u32, u32> = FxHashMap::default();
         pairs.reserve(merges.len());
-        for (rank, ((a, b), &merged)) in merges.iter().zip(&merged_ids).enumerate() {
+        let mut joined = Vec::new();
+        for (rank, (a, b)) in merges.iter().enumerate() {
             let lookup = |t: &[u8], what: &str| -> Result<u32, EncodeError> {
-                if let Some(&id) = produced.get(t) {
-                    return Ok(id);
-                }
-                match by_bytes.get(t).map(ordinary).and_then(|ids| ids.first().copied()) {
-                    Some(id) => Ok(id),
-                    None => Err(EncodeError::Merges(format!(
-                        "merge {rank} ({} {}): the {what} token {} is not in the vocab",
+                by_bytes.get(t).copied().ok_or_else(|| {
+                    EncodeError::Merges(format!(
+                        "merge {rank} ({} {}): the {what} {} is not in the vocab",
                         show(a),
                         show(b),
                         show(t)
-                    ))),
-                }
+                    ))
+                })
             };
-            let left = lookup(a, "left")?;
-            let right = lookup(b, "right")?;
+            let left = lookup(a, "left token")?;
+            let right = lookup(b, "right token")?;
+            joined.clear();
+            joined.extend_from_slice(a);
+            joined.extend_from_slice(b);
+            let merged = lookup(&joined, "merged token")?;
             let key = ((left as u64) << 32) | right as u64;
-            if pairs.contains_key(&key) {
-                continue; // a repeated merge: the first rank wins
+            if let std::collections::hash_map::Entry::Vacant(v) = pairs.entry(key) {
+                v.insert(((rank as u64) << 32) | merged as u64);
             }
-            let prio = *id_prio.entry(merged).or_insert(rank as u32);
-            pairs.insert(key, ((prio as u64) << 32) | merged as u64);
+            produced.insert(merged);
         }
-        for (bytes, id) in &produced {
-            whole_map.insert(bytes, *id);
+        // "The vocab is the cache": every token except the special tokens (unless a
+        // byte or a merge also produces them), as tiktoken looks a piece up among its
+        // mergeable ranks. For a trained vocab these are exactly the bytes and the
+        // merge results.
+        let special_only: FxHashSet<u32> =
+            special_ids.iter().map(|&(_, id)| id).filter(|id| !produced.contains(id)).collect();
+        for (bytes, &id) in &by_bytes {
+            if !special_only.contains(&id) {
+                whole_map.insert(bytes, id);
+            }
         }
         drop(by_bytes);
 

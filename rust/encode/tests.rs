@@ -173,8 +173,10 @@ fn bad_inputs_are_errors() {
 
 #[test]
 fn duplicate_token_bytes_from_training() {
-    // merges (b,c) -> "bc", (a,bc) -> "abc", (a,b) -> "ab", (ab,c) -> "abc" again (its own id).
+    // merges (b,c) -> "bc", (a,bc) -> "abc", (a,b) -> "ab", (ab,c) -> "abc" again: the
+    // smallest id with those bytes is the one produced.
     let e = trained(&[("b", "c"), ("a", "bc"), ("a", "b"), ("ab", "c")], &[], "gpt2");
     assert_eq!(e.encode("abc", false), vec![257]);
+    assert_eq!(e.encode("xabcab", false), vec![b'x' as u32, 257, 258]);
     assert_eq!(e.token_bytes(259), Some(&b"abc"[..]));
 }
