@@ -51,6 +51,7 @@ from ferrolm.checkpoint import (
 )
 from ferrolm.data import ShardError, TokenShards, sample_starts
 from ferrolm.train_config import (  # noqa: F401  (re-exported: the config is part of this module's API)
+    CONFIG_NAME,
     ConfigError,
     DataSection,
     ModelSection,
@@ -81,7 +82,6 @@ __all__ = [
     "PEAK_FLOPS_BF16",
 ]
 
-CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 BEST_FILE = "best.pt"
@@ -549,7 +549,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
         run_dir.mkdir(parents=True, exist_ok=True)
         from ferrolm.tokenizer_files import atomic_write_bytes
 
-        atomic_write_bytes(run_dir / CONFIG_FILE, to_toml(cfg).encode("utf-8"))
+        atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = _Loggers(run_dir, cfg, main, start_step if resume is not None else None)
 
     def evaluate() -> float:

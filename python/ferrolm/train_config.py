@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+CONFIG_NAME = "config.toml"  # the resolved config inside a run directory
 
 
 class ConfigError(ValueError):
