@@ -15,6 +15,8 @@ from ferrolm.checkpoint import CheckpointError, get_rng_state, load_checkpoint, 
 from ferrolm.model import TransformerLM
 from ferrolm.optim import AdamW
 
+torch.set_num_threads(1)  # tiny models: threads only add overhead
+
 
 def tiny(seed=0, d_model=16):
     torch.manual_seed(seed)

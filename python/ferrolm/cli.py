@@ -79,7 +79,9 @@ def _run_train(args) -> int:
     from ferrolm.train import train
 
     summary = train(cfg, resume=args.resume)
-    if summary.status in ("done", "time") and summary.final_val_loss is not None:
+    import os
+
+    if summary.status in ("done", "time") and summary.final_val_loss is not None and os.environ.get("RANK", "0") == "0":
         print(f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}")
     return {"done": 0, "time": 0, "interrupted": 130, "nan": 3}.get(summary.status, 1)
 

@@ -445,6 +445,8 @@ def train(
 
 def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
     main = dist_.is_main
+    if cfg.run.num_threads > 0:
+        torch.set_num_threads(cfg.run.num_threads)
     device = resolve_device(cfg.run.device, dist_.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -510,6 +512,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
     sampler.manual_seed(_sampler_seed(cfg.run.seed, dist_.rank))
     start_step, time_s, wall_s = 0, 0.0, 0.0
     best_val: Optional[float] = None
+    log_state: dict = {}
     if ckpt is not None:
         if ckpt.get("tokenizer_fingerprint") not in (None, train_data.fingerprint):
             raise CheckpointError(f"{ckpt_path} was trained on shards of another tokenizer than data.train {train_data.paths[0]}")
@@ -517,6 +520,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
         time_s = float(ckpt.get("time_s", 0.0))
         wall_s = float(ckpt.get("wall_s", 0.0))
         best_val = ckpt.get("best_val_loss")
+        log_state = ckpt.get("log_state") or {}
         if "rng" in ckpt:
             set_rng_state(ckpt["rng"])
         states = ckpt.get("sampler_states") or []
@@ -571,6 +575,12 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
         return float(total[0] / total[1])
 
     def checkpoint_payload(step: int) -> dict:
+        acc = train_loss_acc.clone()
+        if dist_.enabled:  # every process resumes from the mean of the running sums
+            import torch.distributed as dist
+
+            dist.all_reduce(acc)
+            acc /= dist_.world
         return dict(
             config=cfg.to_dict(),
             rng=get_rng_state(),
@@ -581,6 +591,8 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
             wall_s=wall_s,
             tokens=step * tokens_per_step,
             best_val_loss=best_val,
+            # the running train-loss average since the last log record, so resumed logs match
+            log_state={"loss_sum": float(acc), "count": loss_count, "last_step": last_log[0], "last_time": last_log[1]},
             ferrolm_version=_version(),
         )
 
@@ -631,9 +643,9 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
     status, message = "done", ""
     step = start_step
     final_val: Optional[float] = None
-    last_log = (step, time_s)
-    train_loss_acc = torch.zeros((), dtype=torch.float64, device=device)
-    loss_count = 0
+    last_log = (int(log_state.get("last_step", step)), float(log_state.get("last_time", time_s)))
+    train_loss_acc = torch.tensor(float(log_state.get("loss_sum", 0.0)), dtype=torch.float64, device=device)
+    loss_count = int(log_state.get("count", 0))
     max_time = cfg.schedule.max_time_s
 
     def log_record(step: int, lr: float, grad_norm: float, val_loss: Optional[float]) -> dict:
@@ -735,7 +747,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                 last = step >= cfg.schedule.max_steps or out_of_time or bool(stop_req)
                 do_eval = (cfg.run.eval_every and step % cfg.run.eval_every == 0) or (last and not stop_req)
                 rec = None
-                if do_eval or step % cfg.run.log_every == 0 or last:
+                if do_eval or step % cfg.run.log_every == 0 or (last and not stop_req):
                     val_loss = evaluate() if do_eval else None
                     rec = log_record(step, lr, grad_norm_f, val_loss)
                     loggers.log(rec)

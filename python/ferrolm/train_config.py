@@ -98,6 +98,7 @@ class RunSection:
     out_dir: str = "runs/ferrolm"
     seed: int = 1337
     device: str = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps
+    num_threads: int = 0  # torch CPU threads (0: torch's default, one per core)
     autocast_bf16: bool = True  # bf16 autocast for the forward pass (CUDA; CPU too when true)
     compile: bool = False  # torch.compile the model
     tf32: bool = True  # allow TF32 matmuls on CUDA
