@@ -213,9 +213,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         in_dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(in_dtype, torch.float32))  # bf16/fp16 -> fp32; fp64 stays
         inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x * inv_rms * self.weight.float()).to(in_dtype)
+        return (x * inv_rms * self.weight.to(x.dtype)).to(in_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
@@ -293,6 +293,15 @@ class RotaryEmbedding(nn.Module):
         rotated_even = x_even * cos - x_odd * sin
         rotated_odd = x_even * sin + x_odd * cos
         return torch.stack((rotated_even, rotated_odd), dim=-1).flatten(-2).to(x.dtype)
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() / .bfloat16() on the model must not round the tables:
+        # follow device moves but keep them float32.
+        cos, sin = self.cos, self.sin
+        super()._apply(fn, recurse)
+        self.cos = cos.to(self.cos.device)
+        self.sin = sin.to(self.sin.device)
+        return self
 
     def extra_repr(self) -> str:
         return f"theta={self.theta}, d_head={self.d_head}, max_seq_len={self.max_seq_len}"
