@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ferrolm.generate import Decoder, generate, sample, sampling_probs, top_k_mask, top_p_mask
+from ferrolm.generate import Decoder, _nucleus_candidates, generate, sample, sampling_probs, top_k_mask, top_p_mask
 from ferrolm.model import TransformerLM
 
 VOCAB, CTX = 64, 16
@@ -125,10 +125,15 @@ CHI2_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7:
 
 
 def _chi2_critical(df: int) -> float:
+    """The 0.999 quantile of chi-square(df): scipy when installed, else the table, else
+    the Wilson-Hilferty approximation (within 1 % for df >= 10)."""
     try:
         from scipy.stats import chi2  # type: ignore
     except ImportError:
-        return CHI2_999[df]
+        if df in CHI2_999:
+            return CHI2_999[df]
+        z = 3.0902  # standard normal 0.999 quantile
+        return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
     return float(chi2.ppf(0.999, df))
 
 
@@ -170,6 +175,55 @@ def test_sampled_frequencies_match_the_renormalized_probabilities():
     # at temperature 1 (i.e. had the temperature been ignored).
     wrong = [base[i] / sum(base[j] for j in kept_ids) for i in kept_ids]
     assert _chi2_statistic([counts[i] for i in kept_ids], wrong) > 10 * crit
+
+
+def test_top_p_shortlist_gives_the_same_kept_set_as_ranking_the_vocabulary():
+    g = torch.Generator().manual_seed(8)
+    used = 0
+    for trial in range(60):
+        scale = [0.5, 3.0, 8.0][trial % 3]
+        logits = torch.randn(3, 2000, generator=g) * scale
+        if trial % 5 == 0:  # ties, including across the shortlist boundary
+            logits = (logits * 2).round() / 2
+        probs = torch.softmax(logits, dim=-1)
+        p = [0.3, 0.9, 0.99][trial % 3]
+        shortlist = _nucleus_candidates(probs, p)
+        if shortlist is None:
+            continue
+        used += 1
+        full = top_p_mask(probs, p)
+        short = torch.zeros_like(full).scatter(1, shortlist, top_p_mask(probs.gather(1, shortlist), p))
+        assert torch.equal(short, full)
+    assert used >= 20  # the shortlist path was exercised
+
+
+def test_sample_draws_from_sampling_probs_on_a_large_peaked_vocabulary():
+    g = torch.Generator().manual_seed(31)
+    logits = torch.randn(1000, generator=g) * 2.5  # peaked: the shortlist path of top-p
+    for kwargs in ({"top_p": 0.5}, {"top_k": 9}, {"top_k": 40, "top_p": 0.6, "temperature": 1.3}, {"temperature": 0.5}):
+        probs = sampling_probs(logits, **kwargs)
+        support = torch.nonzero(probs > 0).flatten().tolist()
+        if "top_p" in kwargs and "top_k" not in kwargs:
+            assert _nucleus_candidates(torch.softmax(logits, -1).unsqueeze(0), kwargs["top_p"]) is not None
+        n = 20_000
+        draws = sample(logits.expand(n, -1), generator=g, **kwargs)
+        counts = torch.bincount(draws, minlength=logits.numel())
+        assert set(torch.nonzero(counts).flatten().tolist()) <= set(support)
+        # pool the rare tokens so every cell expects >= 20 draws
+        order = sorted(support, key=lambda i: -float(probs[i]))
+        cells, rest_c, rest_q = [], 0, 0.0
+        for i in order:
+            q = float(probs[i])
+            if n * q >= 20:
+                cells.append((int(counts[i]), q))
+            else:
+                rest_c, rest_q = rest_c + int(counts[i]), rest_q + q
+        if rest_q > 0:
+            cells.append((rest_c, rest_q))
+        df = len(cells) - 1
+        assert df >= 1
+        stat = _chi2_statistic([c for c, _ in cells], [q for _, q in cells])
+        assert stat < _chi2_critical(df), (kwargs, stat, cells)
 
 
 def test_temperature_to_zero_is_argmax():

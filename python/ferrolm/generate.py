@@ -7,7 +7,7 @@ The pieces, in the order they act on one step's logits:
     softmax       p = softmax(x over the kept tokens)
     top-p         keep the smallest set of most probable tokens whose mass reaches p
     renormalize   p = p / sum(p over the kept tokens)
-    draw          torch.multinomial(p, 1, generator=...)
+    draw          one uniform u from the generator; the id where the cumulative p passes u
 
 Exact definitions (the tests hold the code to them):
 
@@ -48,8 +48,10 @@ RoPE), then feeds one position per new token. Details:
 
 from __future__ import annotations
 
+import codecs
 import math
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
 
 import torch
@@ -63,6 +65,9 @@ __all__ = [
     "check_sampling_args",
     "Decoder",
     "generate",
+    "iter_text",
+    "resolve_device",
+    "load_model",
 ]
 
 TOP_P_SLACK = 1e-6  # mass within this of p counts as reaching p (float32 rounding)
@@ -136,6 +141,39 @@ def sampling_probs(logits: Tensor, temperature: float = 1.0, top_k: Optional[int
     return probs
 
 
+def _nucleus_candidates(probs: Tensor, p: float) -> Optional[Tensor]:
+    """(rows, m) ids, ascending in each row, that surely contain every row's top-p set;
+    None when the whole vocabulary must be ranked.
+
+    The m most probable tokens of a row (m = 64, 128, ... while below half the vocab)
+    are the first m of the full ranking when no token outside them ties with the m-th;
+    if they hold mass >= p - slack (with a 1e-9 margin for summation order), the top-p
+    prefix ends among them. Ranking them instead of the vocabulary gives the same set.
+    """
+    vocab = probs.shape[-1]
+    m = 64
+    while m <= vocab // 2:
+        values, ids = torch.topk(probs, m, dim=-1)
+        no_boundary_ties = bool(((probs >= values[:, -1:]).sum(dim=-1) == m).all())
+        if no_boundary_ties and bool((values.double().sum(dim=-1) >= p - TOP_P_SLACK + 1e-9).all()):
+            return ids.sort(dim=-1).values
+        m *= 4
+    return None
+
+
+def _draw(weights: Tensor, generator: Optional[torch.Generator]) -> Tensor:
+    """One index per row of non-negative ``weights`` (rows, n), with probability
+    weight / row sum: inverse-CDF sampling (one uniform per row, a float64 cumulative sum,
+    a binary search). Zero-weight entries are never drawn."""
+    cumulative = weights.double().cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    device = generator.device if generator is not None else weights.device
+    u = torch.rand(weights.shape[0], 1, dtype=torch.float64, generator=generator, device=device).to(weights.device)
+    # u < 1, but u * total may round up to total: stay strictly below it.
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, target, right=True)  # first entry whose cumulative sum exceeds target
+
+
 def sample(
     logits: Tensor,
     temperature: float = 1.0,
@@ -143,20 +181,36 @@ def sample(
     top_p: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
 ) -> Tensor:
-    """Draw one id per row of ``logits`` (..., vocab) -> LongTensor (...).
+    """Draw one id per row of ``logits`` (..., vocab) -> LongTensor (...), from the
+    distribution ``sampling_probs`` describes.
 
-    Draws use ``generator`` (a seeded ``torch.Generator`` reproduces them); the draw
-    happens on the generator's device. Temperature 0 is the argmax and draws nothing.
+    Draws use ``generator`` (a seeded ``torch.Generator`` reproduces them): one uniform
+    number per row, drawn on the generator's device. Temperature 0 is the argmax and
+    draws nothing. For speed, top-k and top-p rank only a shortlist of candidates
+    instead of sorting the vocabulary; the kept sets are the same (tested).
     """
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = sampling_probs(logits, temperature, top_k, top_p)
-    flat = probs.reshape(-1, probs.shape[-1])
-    if generator is not None and flat.device != generator.device:
-        flat = flat.to(generator.device)
-    ids = torch.multinomial(flat, 1, generator=generator)
-    return ids.to(logits.device).reshape(probs.shape[:-1])
+    vocab = logits.shape[-1]
+    x = logits.float().reshape(-1, vocab)
+    candidates = None
+    if top_k is not None and top_k < vocab:
+        # The k kept ids in ascending order, so the stable sort inside top-p still
+        # breaks ties by lowest id.
+        candidates = top_k_mask(x, top_k).nonzero()[:, 1].view(-1, top_k)
+        x = x.gather(1, candidates)
+    probs = torch.softmax((x - x.amax(dim=-1, keepdim=True)) / temperature, dim=-1)
+    if top_p is not None and top_p < 1.0:
+        if candidates is None:
+            shortlist = _nucleus_candidates(probs, top_p)
+            if shortlist is not None:
+                candidates, probs = shortlist, probs.gather(1, shortlist)
+        probs = probs * top_p_mask(probs, top_p)  # _draw renormalizes
+    drawn = _draw(probs, generator)
+    if candidates is not None:
+        drawn = candidates.gather(1, drawn)
+    return drawn.reshape(logits.shape[:-1])
 
 
 # --------------------------------------------------------------------------------------
@@ -350,3 +404,91 @@ def _generate(model, rows, batched, max_new_tokens, temperature, top_k, top_p, e
         if all(finished) or step == max_new_tokens - 1:
             return
         decoder.push(next_ids)
+
+
+# --------------------------------------------------------------------------------------
+# Text out, models in: what the CLI needs
+# --------------------------------------------------------------------------------------
+
+
+def iter_text(ids: Iterable[int], token_bytes: Callable[[int], bytes]) -> Iterator[str]:
+    """Decode a stream of ids to text pieces, emitting only whole UTF-8 characters.
+
+    A character split across tokens is held back until its last byte arrives; invalid
+    bytes become U+FFFD exactly as in ``Tokenizer.decode`` (``bytes.decode("utf-8",
+    "replace")``), so ``"".join(iter_text(ids, f)) == b"".join(map(f, ids)).decode("utf-8",
+    "replace")``. Empty pieces are not yielded.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for t in ids:
+        piece = decoder.decode(token_bytes(t))
+        if piece:
+            yield piece
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``"auto"``: CUDA when available, then Apple MPS, else the CPU; otherwise torch's name."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"invalid device {name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def _model_config_from_checkpoint(ckpt: dict, name: str) -> dict:
+    cfg = ckpt.get("config")
+    if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict):
+        cfg = cfg["model"]  # a training config: {"model": {...}, "optimizer": {...}, ...}
+    if not isinstance(cfg, dict) or "vocab_size" not in cfg:
+        raise ValueError(f"{name} stores no model config (needed to build the model); was it saved by `ferrolm train`?")
+    return dict(cfg)
+
+
+def load_model(checkpoint: Union[str, "os.PathLike[str]"], device: Union[str, torch.device] = "cpu", tokenizer: Any = None):
+    """Build a TransformerLM from a ``ferrolm train`` checkpoint: (model in eval mode, checkpoint dict).
+
+    The model's shape comes from the checkpoint's config. With ``tokenizer`` given, its
+    fingerprint must equal the one the checkpoint was trained with (when it recorded
+    one), and its ids must fit the model's vocabulary.
+    """
+    from ferrolm.checkpoint import CheckpointError, apply_checkpoint, read_checkpoint
+    from ferrolm.model import TransformerLM
+
+    name = os.fspath(checkpoint)
+    ckpt = read_checkpoint(checkpoint)
+    if tokenizer is not None:
+        want = ckpt.get("tokenizer_fingerprint")
+        have = getattr(tokenizer, "fingerprint", None)
+        if want is not None and have != want:
+            raise CheckpointError(
+                f"tokenizer and checkpoint do not belong together: {name} was trained with tokenizer "
+                f"fingerprint {str(want)[:16]}..., the tokenizer given has {str(have)[:16]}..."
+            )
+    cfg = _model_config_from_checkpoint(ckpt, name)
+    try:
+        model = TransformerLM(**cfg)
+    except TypeError as e:
+        raise CheckpointError(f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})") from None
+    apply_checkpoint(ckpt, model, None, name=name)
+    if tokenizer is not None:
+        n = len(tokenizer.vocab)
+        if n > model.config.vocab_size:
+            raise CheckpointError(
+                f"the tokenizer has {n} tokens but the model in {name} only {model.config.vocab_size}: "
+                "they do not belong together"
+            )
+    model.to(resolve_device(device) if isinstance(device, str) else device)
+    model.eval()
+    return model, ckpt
