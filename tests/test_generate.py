@@ -408,3 +408,30 @@ def test_generate_rejects_bad_input_before_the_first_token(model, kwargs, match)
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         generate(model, **args)  # raises on the call itself, not on the first next()
+
+
+# ------------------------------------------------------------- streaming text ---------
+
+
+def test_iter_text_emits_only_whole_utf8_characters_as_soon_as_complete():
+    from ferrolm.generate import iter_text
+
+    tokens = {0: "你".encode()[:1], 1: "你".encode()[1:], 2: b"a", 3: "é".encode()[:1], 4: "é".encode()[1:] + b"b", 5: b"\xff", 6: b"\xe4"}
+    consumed = []
+
+    def ids(seq):
+        for t in seq:
+            consumed.append(t)
+            yield t
+
+    seq = [0, 1, 2, 3, 4]
+    it = iter_text(ids(seq), tokens.__getitem__)
+    assert next(it) == "你" and consumed == [0, 1]  # held back after token 0, out right after token 1
+    assert next(it) == "a" and consumed == [0, 1, 2]
+    assert next(it) == "éb" and consumed == [0, 1, 2, 3, 4]
+    assert list(it) == []
+    # invalid and truncated bytes: exactly bytes.decode("utf-8", "replace")
+    for seq in ([5, 2], [0, 2, 1], [2, 6], [0], [3, 5, 4]):
+        whole = b"".join(tokens[t] for t in seq).decode("utf-8", "replace")
+        pieces = list(iter_text(seq, tokens.__getitem__))
+        assert "".join(pieces) == whole and all(pieces)
