@@ -199,6 +199,14 @@ def test_rope_against_rotation_matrices():
     torch.testing.assert_close(rope(x), _rope_by_rotation_matrices(x, list(range(5)), 10000.0), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(rope(x)[0], x[0])
     assert rope(x.float()).dtype == torch.float32
+    # any memory layout: a slice at an odd offset, a transposed view
+    wide = torch.randn(5, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(rope(wide[:, 1:9]), _rope_by_rotation_matrices(wide[:, 1:9], list(range(5)), 10000.0))
+    torch.testing.assert_close(rope(x.T.contiguous().T), rope(x))
+    # offset shifts the default positions; the table's end is enforced
+    torch.testing.assert_close(rope(x, offset=3), rope(x, torch.arange(3, 8)))
+    with pytest.raises(ValueError, match="RoPE table"):
+        rope(x, offset=28)
     # a hand example: d=2, theta irrelevant for k=0 (angle = pos): rotate (1, 0) by 1 radian
     r2 = RotaryEmbedding(10000.0, 2, 4)
     assert r2(torch.tensor([[1.0, 0.0]]), torch.tensor([1])).tolist()[0] == pytest.approx([math.cos(1), math.sin(1)], abs=1e-6)
