@@ -3,6 +3,7 @@
 //! The core has no PyO3 types; `python.rs` (behind the `python` feature) only
 //! converts types and releases the GIL, so `cargo test` needs no Python.
 
+pub mod encode;
 pub mod pretokenize;
 
 #[cfg(feature = "python")]
