@@ -113,6 +113,97 @@ COMMANDS.extend([add_train_command, add_plot_command])
 # --- end train / plot ------------------------------------------------------------------------
 
 
+# --- generate (sampling from a trained model; ferrolm.generate) -----------------------------
+
+
+def add_generate_command(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="sample text from a trained model",
+        description="Sample from a checkpoint written by `ferrolm train`, printing the text as it is "
+        "generated. Each sample echoes the prompt and stops at the tokenizer's end-of-text token "
+        "or after --max-new-tokens tokens.",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
+    p.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer directory the model was trained with")
+    p.add_argument(
+        "--prompt", required=True, metavar="TEXT",
+        help="text to continue; '-' reads it from stdin (one trailing newline dropped); '' starts a new document "
+        "(from the end-of-text token)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="tokens to generate per sample (default 256)")
+    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="softmax temperature, >= 0; 0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most probable tokens only")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: the smallest most-probable set with mass >= P, P in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: a fresh one, printed on stderr)")
+    p.add_argument("--num-samples", type=int, default=1, metavar="M", help="samples to draw, one after the other (default 1)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args) -> int:
+    import torch
+
+    from ferrolm.generate import check_sampling_args, generate, iter_text, load_model, resolve_device
+    from ferrolm.tokenizer import Tokenizer
+
+    check_sampling_args(args.temperature, args.top_k, args.top_p)  # before any loading
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+        prompt = prompt[:-2] if prompt.endswith("\r\n") else prompt[:-1] if prompt.endswith("\n") else prompt
+    tok = Tokenizer.load(args.tokenizer)
+    device = resolve_device(args.device)
+    model, _ = load_model(args.checkpoint, device, tokenizer=tok)
+    eos = tok.eos_id
+    ids = tok.encode(prompt)
+    if not ids and eos is None:
+        raise ValueError("an empty prompt starts from the end-of-text token, but this tokenizer has none")
+    seed = args.seed
+    if seed is None:
+        seed = torch.Generator().seed() % (2**63)
+        print(f"seed {seed}", file=sys.stderr)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    token_bytes = tok.decode_bytes if hasattr(tok, "decode_bytes") else None
+    vocab = tok.vocab
+
+    def piece_of(t: int) -> bytes:
+        return token_bytes([t]) if token_bytes is not None else vocab[t]
+
+    out = getattr(sys.stdout, "buffer", None)
+
+    def emit(text: str) -> None:
+        # UTF-8 bytes whatever the locale; flushed so the text appears as it is generated
+        if out is not None:
+            sys.stdout.flush()
+            out.write(text.encode("utf-8"))
+            out.flush()
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    for i in range(args.num_samples):
+        if args.num_samples > 1:
+            emit(f"--- sample {i + 1}/{args.num_samples} ---\n")
+        emit(prompt)
+        stream = generate(
+            model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, eos_id=eos, generator=generator
+        )
+        for piece in iter_text((t for t in stream if t != eos), piece_of):
+            emit(piece)
+        emit("\n")
+    return 0
+
+
+COMMANDS.append(add_generate_command)
+
+# --- end generate ---------------------------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
