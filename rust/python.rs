@@ -340,6 +340,13 @@ mod encoder_bindings {
         }
     }
 
+    // For the shards section: the shard writer encodes with this same compiled encoder.
+    impl PyEncoder {
+        pub(crate) fn shared(&self) -> Arc<Encoder> {
+            self.inner.clone()
+        }
+    }
+
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<PyEncoder>()?;
         m.add_class::<PyStreamEncoder>()?;
@@ -348,10 +355,201 @@ mod encoder_bindings {
 }
 // ====================== end of the encoder section ==========================
 
+// ============================================================================
+// Shard writer: `ferrolm encode` (issue 5; branch `shards`).
+// Type conversion, GIL release and Ctrl-C only; the pipeline lives in rust/shards*.
+// ============================================================================
+
+mod shards_bindings {
+    use std::path::PathBuf;
+    use std::time::{Duration, Instant};
+
+    use pyo3::exceptions::{PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyValueError};
+    use pyo3::prelude::*;
+    use pyo3::types::{PyDict, PyList};
+
+    use super::encoder_bindings::PyEncoder;
+    use crate::shards::{self, Dtype, EncodeJob, Format, InputSpec, ShardError, Utf8Errors};
+
+    fn shard_err(e: ShardError) -> PyErr {
+        let msg = e.to_string();
+        match &e {
+            ShardError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                PyFileNotFoundError::new_err(msg)
+            }
+            ShardError::Io { source, .. } => match source.raw_os_error() {
+                Some(errno) => PyOSError::new_err((errno, msg)),
+                None => PyOSError::new_err(msg),
+            },
+            ShardError::Interrupted => PyKeyboardInterrupt::new_err(msg),
+            _ => PyValueError::new_err(msg),
+        }
+    }
+
+    /// Encode input files into `out_bin` (written as `out_bin + ".partial"`, resumable
+    /// through `P.progress.json`). Returns a dict describing the result; the caller
+    /// renames the partial file and writes the sidecar. `progress(raw_done, raw_total,
+    /// tokens, documents)` is called with the GIL held after each written chunk (at most
+    /// every `progress_interval` seconds), and Ctrl-C stops the job cleanly.
+    #[pyfunction]
+    #[pyo3(signature = (
+        encoder, inputs, out_bin, *, dtype, eos = None, jsonl_field = "text", input_format = None,
+        errors = "strict", chunk_size = 4 << 20, threads = 0, window = 0, part = None,
+        newline_cuts = true, params = String::new(), commit_interval = 5.0, progress = None,
+        progress_interval = 0.1
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_shard<'py>(
+        py: Python<'py>,
+        encoder: &Bound<'py, PyEncoder>,
+        inputs: Vec<PathBuf>,
+        out_bin: PathBuf,
+        dtype: &str,
+        eos: Option<(String, u32)>,
+        jsonl_field: &str,
+        input_format: Option<&str>,
+        errors: &str,
+        chunk_size: usize,
+        threads: usize,
+        window: usize,
+        part: Option<(u64, u64)>,
+        newline_cuts: bool,
+        params: String,
+        commit_interval: f64,
+        progress: Option<Py<PyAny>>,
+        progress_interval: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let dtype = Dtype::parse(dtype)
+            .ok_or_else(|| PyValueError::new_err(format!("dtype must be uint16 or uint32, got {dtype:?}")))?;
+        let format = match input_format {
+            None | Some("auto") => None,
+            Some("text") => Some(Format::Text),
+            Some("jsonl") => Some(Format::Jsonl),
+            Some(other) => {
+                return Err(PyValueError::new_err(format!("input format must be auto, text or jsonl, got {other:?}")))
+            }
+        };
+        let errors = match errors {
+            "strict" => Utf8Errors::Strict,
+            "replace" => Utf8Errors::Replace,
+            other => return Err(PyValueError::new_err(format!("errors must be strict or replace, got {other:?}"))),
+        };
+        if !(commit_interval >= 0.0 && commit_interval.is_finite()) {
+            return Err(PyValueError::new_err("commit_interval must be a non-negative number of seconds"));
+        }
+        let job = EncodeJob {
+            inputs: inputs.into_iter().map(|p| InputSpec::detect(p, format)).collect(),
+            out_bin,
+            dtype,
+            eos,
+            jsonl_field: jsonl_field.to_string(),
+            errors,
+            chunk_size,
+            threads,
+            window,
+            part,
+            newline_cuts,
+            params,
+            commit_interval: Duration::from_secs_f64(commit_interval),
+        };
+        let enc = encoder.get().shared();
+        let interval = Duration::from_secs_f64(progress_interval.max(0.0));
+        let mut last = Instant::now() - interval;
+        let mut stopped: Option<PyErr> = None;
+        let result = py.detach(|| {
+            shards::encode_to_shard(&job, &*enc, |p| {
+                let done = p.raw_done >= p.raw_total;
+                if last.elapsed() < interval && !done {
+                    return true;
+                }
+                last = Instant::now();
+                Python::attach(|py| {
+                    if let Some(cb) = &progress {
+                        if let Err(e) = cb.call1(py, (p.raw_done, p.raw_total, p.tokens, p.documents)) {
+                            stopped = Some(e);
+                            return false;
+                        }
+                    }
+                    if let Err(e) = py.check_signals() {
+                        stopped = Some(e);
+                        return false;
+                    }
+                    true
+                })
+            })
+        });
+        let summary = match result {
+            Ok(s) => s,
+            Err(ShardError::Interrupted) if stopped.is_some() => return Err(stopped.unwrap()),
+            Err(e) => return Err(shard_err(e)),
+        };
+        let d = PyDict::new(py);
+        d.set_item("num_tokens", summary.num_tokens)?;
+        d.set_item("num_documents", summary.num_documents)?;
+        d.set_item("dtype", summary.dtype.name())?;
+        d.set_item("byte_range", (summary.byte_range.0, summary.byte_range.1))?;
+        d.set_item("resumed_tokens", summary.resumed_tokens)?;
+        d.set_item("restart_reason", summary.restart_reason)?;
+        d.set_item("partial_path", summary.partial_path)?;
+        let records = PyList::empty(py);
+        for r in summary.inputs {
+            let rd = PyDict::new(py);
+            rd.set_item("path", r.path)?;
+            rd.set_item("bytes", r.bytes)?;
+            rd.set_item("sha256", r.sha256)?;
+            rd.set_item("range", (r.range.0, r.range.1))?;
+            rd.set_item("uncompressed_bytes", r.uncompressed_bytes)?;
+            records.append(rd)?;
+        }
+        d.set_item("inputs", records)?;
+        Ok(d)
+    }
+
+    /// The byte range `(start, end)` of the concatenated inputs that part `i` of `n` covers.
+    #[pyfunction]
+    #[pyo3(signature = (inputs, i, n, *, eos = None, input_format = None, newline_cuts = true))]
+    fn shard_part_range(
+        py: Python<'_>,
+        inputs: Vec<PathBuf>,
+        i: u64,
+        n: u64,
+        eos: Option<String>,
+        input_format: Option<&str>,
+        newline_cuts: bool,
+    ) -> PyResult<(u64, u64)> {
+        let format = match input_format {
+            Some("jsonl") => Some(Format::Jsonl),
+            Some("text") => Some(Format::Text),
+            _ => None,
+        };
+        if n == 0 || i >= n {
+            return Err(PyValueError::new_err(format!("part {i}/{n}: need 0 <= I < N")));
+        }
+        let specs: Vec<InputSpec> = inputs.into_iter().map(|p| InputSpec::detect(p, format)).collect();
+        py.detach(|| {
+            let sizes = specs
+                .iter()
+                .map(|s| std::fs::metadata(&s.path).map(|m| m.len()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ShardError::Invalid(e.to_string()))?;
+            shards::part_range(&specs, &sizes, i, n, eos.as_deref(), newline_cuts)
+        })
+        .map_err(shard_err)
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_function(wrap_pyfunction!(encode_shard, m)?)?;
+        m.add_function(wrap_pyfunction!(shard_part_range, m)?)?;
+        Ok(())
+    }
+}
+// ====================== end of the shards section ===========================
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(pretokenize, m)?)?;
     encoder_bindings::register(m)?; // encoder section
+    shards_bindings::register(m)?; // shards section
     Ok(())
 }
