@@ -6,6 +6,7 @@
 pub mod encode;
 pub mod pretokenize;
 pub mod shards;
+mod unicode_tables;
 
 #[cfg(feature = "python")]
 mod python;
