@@ -47,11 +47,11 @@ fn main() {
 
 fn write_counts(p: &PathBuf, counts: &PieceCounts) {
     let mut f = std::io::BufWriter::new(std::fs::File::create(p).unwrap());
-    for (k, v) in counts {
+    counts.for_each(|k, v| {
         f.write_all(&(k.len() as u32).to_le_bytes()).unwrap();
         f.write_all(k).unwrap();
         f.write_all(&v.to_le_bytes()).unwrap();
-    }
+    });
 }
 
 fn read_counts(p: &PathBuf) -> PieceCounts {
@@ -63,7 +63,7 @@ fn read_counts(p: &PathBuf) -> PieceCounts {
         let n = u32::from_le_bytes(data[i..i + 4].try_into().unwrap()) as usize;
         let k = &data[i + 4..i + 4 + n];
         let v = u64::from_le_bytes(data[i + 4 + n..i + 12 + n].try_into().unwrap());
-        counts.insert(k.into(), v);
+        counts.add(k, v);
         i += 12 + n;
     }
     counts

@@ -51,6 +51,16 @@ pub trait TextEncoder: Sync {
     }
 }
 
+/// The real BPE encoder: special tokens allowed in plain text, ordinary in JSON Lines.
+impl TextEncoder for crate::encode::Encoder {
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode_into(text, true, out)
+    }
+    fn encode_ordinary(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode_into(text, false, out)
+    }
+}
+
 impl<F: Fn(&str, &mut Vec<u32>) + Sync> TextEncoder for F {
     fn encode(&self, text: &str, out: &mut Vec<u32>) {
         self(text, out)
@@ -489,7 +499,7 @@ where
     let mut resume: Option<Journal> = None;
     match Journal::read(&journal_path) {
         Ok(None) => {}
-        Ok(Some(j)) => match j.check(&job.params, &partial_path, itemsize) {
+        Ok(Some(j)) => match j.check(&job.params, &partial_path, &job.out_bin, itemsize) {
             Ok(()) => resume = Some(j),
             Err(why) => restart_reason = Some(why),
         },
@@ -497,7 +507,9 @@ where
     }
     if let Some(j) = &resume {
         if j.complete {
-            if let Some(summary) = j.summary(job, &partial_path) {
+            // The caller may already have renamed the partial file before it was killed.
+            let done = if partial_path.exists() { &partial_path } else { &job.out_bin };
+            if let Some(summary) = j.summary(job, done) {
                 return Ok(summary);
             }
             restart_reason = Some("the journal of the completed run is unreadable".into());

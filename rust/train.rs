@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::pretokenize::{PatternError, PreTokenizer, CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN};
+use crate::pretokenize::{PatternError, PreTokenizer};
 
 pub use count::Utf8Errors;
 pub use count::PieceCounts;
@@ -152,8 +152,7 @@ impl Trainer {
             return Err(TrainError::InvalidInput("num_threads must be at least 1".into()));
         }
         let pre = PreTokenizer::new(pattern)?;
-        let src = pre.pattern();
-        let builtin = src == GPT2_PATTERN || src == CL100K_PATTERN || src == O200K_PATTERN;
+        let builtin = pre.is_builtin();
         let mut b = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("ferrolm-train-{i}"));
         if let Some(n) = num_threads {
             b = b.num_threads(n);
@@ -292,11 +291,7 @@ impl Trainer {
             ));
         }
         let t = Instant::now();
-        let total_bytes: usize = counts.keys().map(|k| k.len()).sum();
-        let mut words = Words::with_capacity(counts.len(), total_bytes);
-        for (piece, n) in counts {
-            words.push(&piece, n)?;
-        }
+        let words = self.pool.install(|| Words::from_counts(counts))?;
         self.stats.words = words.len() as u64;
         let words_s = t.elapsed().as_secs_f64();
         let mut times = MergeTimes::default();

@@ -134,13 +134,21 @@ impl Journal {
     }
 
     /// Whether this journal can be resumed by a job with these parameters.
-    pub fn check(&self, params: &str, partial: &Path, itemsize: u64) -> Result<(), String> {
+    pub fn check(
+        &self,
+        params: &str,
+        partial: &Path,
+        out_bin: &Path,
+        itemsize: u64,
+    ) -> Result<(), String> {
         if self.params != params {
             return Err(
                 "the command's options, tokenizer or inputs differ from the interrupted run's"
                     .into(),
             );
         }
+        // A completed run whose partial file was already renamed to the final name.
+        let partial = if self.complete && !partial.exists() { out_bin } else { partial };
         let len = match std::fs::metadata(partial) {
             Ok(m) => m.len(),
             Err(_) => {

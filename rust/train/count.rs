@@ -7,16 +7,13 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashTable};
 use rustc_hash::FxBuildHasher;
 
 use crate::pretokenize::PreTokenizer;
 
 use super::read::safe_text_cut;
 use super::{Control, TrainError};
-
-/// Unique pre-tokens (their bytes) and how often each occurs.
-pub type PieceCounts = HashMap<Box<[u8]>, u64, FxBuildHasher>;
 
 /// What to do with bytes that are not UTF-8.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,20 +22,272 @@ pub enum Utf8Errors {
     Replace,
 }
 
-/// Add one piece to a table.
+/// Pieces of up to this many bytes are keyed by a 128-bit integer (bytes + length).
+const SHORT: usize = 15;
+
 #[inline]
-pub fn add_piece(map: &mut PieceCounts, piece: &[u8], n: u64) {
-    if let Some(c) = map.get_mut(piece) {
-        *c += n;
+fn mix(key: u128) -> u64 {
+    // Folded multiply of the two halves with odd constants (the mixer of foldhash/ahash).
+    let lo = (key as u64) ^ 0x243f_6a88_85a3_08d3;
+    let hi = ((key >> 64) as u64) ^ 0x1319_8a2e_0370_7344;
+    let p = (lo as u128).wrapping_mul(hi as u128);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// The key of a short piece: its bytes little-endian in bits 0..120, its length on top.
+#[inline]
+fn short_key(piece: &[u8]) -> u128 {
+    debug_assert!(piece.len() <= SHORT);
+    let mut buf = [0u8; 16];
+    buf[..piece.len()].copy_from_slice(piece);
+    buf[15] = piece.len() as u8;
+    u128::from_le_bytes(buf)
+}
+
+/// The key of the short piece `text[s..e]`, reading 16 bytes at once when the text
+/// extends at least that far.
+#[inline]
+fn short_key_at(text: &[u8], s: usize, e: usize) -> u128 {
+    let len = e - s;
+    debug_assert!(len <= SHORT && e <= text.len());
+    if s + 16 <= text.len() {
+        let word = u128::from_le_bytes(text[s..s + 16].try_into().unwrap());
+        let mask = (1u128 << (8 * len)) - 1;
+        (word & mask) | ((len as u128) << 120)
     } else {
-        map.insert(piece.into(), n);
+        short_key(&text[s..e])
+    }
+}
+
+fn short_bytes(key: u128) -> ([u8; 16], usize) {
+    let b = key.to_le_bytes();
+    (b, b[15] as usize)
+}
+
+/// Number of shards of a count table (a power of two). Shards are merged and turned
+/// into words in parallel.
+pub const SHARDS: usize = 16;
+
+#[inline]
+fn shard_of(h: u64) -> usize {
+    // Bits hashbrown does not use for tables under 2^40 buckets, nor for its tags.
+    ((h >> 40) as usize) & (SHARDS - 1)
+}
+
+#[inline]
+fn long_hash(piece: &[u8]) -> u64 {
+    mix(short_key(&piece[..SHORT.min(piece.len())]))
+}
+
+/// One shard of a count table.
+#[derive(Default)]
+pub struct Shard {
+    short: HashTable<(u128, u64)>,
+    long: HashMap<Box<[u8]>, u64, FxBuildHasher>,
+}
+
+impl Shard {
+    #[inline]
+    fn add_short_hashed(&mut self, h: u64, key: u128, n: u64) {
+        match self.short.find_mut(h, |e| e.0 == key) {
+            Some(e) => e.1 += n,
+            None => {
+                self.short.insert_unique(h, (key, n), |e| mix(e.0));
+            }
+        }
+    }
+
+    #[inline]
+    fn add_long(&mut self, piece: &[u8], n: u64) {
+        if let Some(c) = self.long.get_mut(piece) {
+            *c += n;
+        } else {
+            self.long.insert(piece.into(), n);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.short.len() + self.long.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Total bytes of the unique pieces.
+    pub fn total_bytes(&self) -> usize {
+        self.short.iter().map(|e| short_bytes(e.0).1).sum::<usize>() + self.long.keys().map(|k| k.len()).sum::<usize>()
+    }
+
+    /// Visit each unique piece and its count.
+    pub fn for_each(&self, mut f: impl FnMut(&[u8], u64)) {
+        for &(k, n) in self.short.iter() {
+            let (b, len) = short_bytes(k);
+            f(&b[..len], n);
+        }
+        for (k, &n) in self.long.iter() {
+            f(k, n);
+        }
+    }
+
+    /// Add all of `other`'s counts to `self`.
+    fn absorb(&mut self, other: Shard) {
+        self.short.reserve(other.short.len() / 2, |e| mix(e.0));
+        for (k, n) in other.short {
+            self.add_short_hashed(mix(k), k, n);
+        }
+        for (k, n) in other.long {
+            *self.long.entry(k).or_insert(0) += n;
+        }
+    }
+}
+
+/// Unique pre-tokens (their bytes) and how often each occurs, in `SHARDS` shards by hash.
+/// Short pieces (the vast majority) are keyed by a 128-bit integer, so a lookup is a
+/// multiply, a probe and one integer compare; longer ones by their bytes.
+///
+/// In front sits a small direct-mapped cache of counts: frequent pieces are counted
+/// there without touching the big tables, whose lookups are cache misses once they
+/// hold a few hundred thousand pieces. A slot holding a piece seen fewer than
+/// `CACHE_KEEP` times gives way to the next piece that maps to it (its count moves to
+/// the table). `flush` empties the cache; only then are the shards complete.
+pub struct PieceCounts {
+    cache: Box<[CacheSlot]>,
+    pub shards: Vec<Shard>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct CacheSlot {
+    key: [u64; 2],
+    count: u64,
+}
+
+const CACHE_BITS: u32 = 16;
+const CACHE_KEEP: u64 = 4;
+
+impl Default for PieceCounts {
+    fn default() -> Self {
+        PieceCounts { cache: Box::new([]), shards: (0..SHARDS).map(|_| Shard::default()).collect() }
+    }
+}
+
+impl PieceCounts {
+    /// A table with a count cache, for a counting worker.
+    pub fn with_cache() -> Self {
+        PieceCounts { cache: vec![CacheSlot::default(); 1 << CACHE_BITS].into_boxed_slice(), ..Default::default() }
+    }
+
+    /// Count one occurrence of a short piece, through the cache.
+    #[inline]
+    fn add_short_cached(&mut self, key: u128) {
+        let h = mix(key);
+        if self.cache.is_empty() {
+            return self.shards[shard_of(h)].add_short_hashed(h, key, 1);
+        }
+        let slot = &mut self.cache[(h >> (64 - CACHE_BITS)) as usize];
+        let k = [key as u64, (key >> 64) as u64];
+        if slot.key == k {
+            slot.count += 1;
+        } else if slot.count < CACHE_KEEP {
+            let old = *slot;
+            *slot = CacheSlot { key: k, count: 1 };
+            if old.count > 0 {
+                self.add_short(old.key[0] as u128 | (old.key[1] as u128) << 64, old.count);
+            }
+        } else {
+            self.shards[shard_of(h)].add_short_hashed(h, key, 1);
+        }
+    }
+
+    /// Move the cache's counts into the shards.
+    pub fn flush(&mut self) {
+        for i in 0..self.cache.len() {
+            let slot = std::mem::take(&mut self.cache[i]);
+            if slot.count > 0 {
+                self.add_short(slot.key[0] as u128 | (slot.key[1] as u128) << 64, slot.count);
+            }
+        }
+    }
+
+    #[inline]
+    fn add_short(&mut self, key: u128, n: u64) {
+        let h = mix(key);
+        self.shards[shard_of(h)].add_short_hashed(h, key, n)
+    }
+
+    #[inline]
+    fn add_long(&mut self, piece: &[u8], n: u64) {
+        self.shards[shard_of(long_hash(piece))].add_long(piece, n)
+    }
+
+    /// Add `n` occurrences of `piece`.
+    #[inline]
+    pub fn add(&mut self, piece: &[u8], n: u64) {
+        if piece.len() <= SHORT {
+            self.add_short(short_key(piece), n);
+        } else {
+            self.add_long(piece, n);
+        }
+    }
+
+    /// Add one occurrence of the piece `text[s..e]`.
+    #[inline]
+    pub fn add_at(&mut self, text: &[u8], s: usize, e: usize) {
+        if e - s <= SHORT {
+            self.add_short_cached(short_key_at(text, s, e));
+        } else {
+            self.add_long(&text[s..e], 1);
+        }
+    }
+
+    /// Number of unique pieces (after `flush`).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Visit each unique piece and its count (after `flush`).
+    pub fn for_each(&self, mut f: impl FnMut(&[u8], u64)) {
+        for s in &self.shards {
+            s.for_each(&mut f);
+        }
+    }
+
+    /// Merge several tables shard by shard, in parallel (on the current rayon pool).
+    pub fn merge(tables: Vec<PieceCounts>) -> PieceCounts {
+        use rayon::prelude::*;
+        let mut tables = tables;
+        tables.par_iter_mut().for_each(|t| t.flush());
+        let mut columns: Vec<Vec<Shard>> = (0..SHARDS).map(|_| Vec::with_capacity(tables.len())).collect();
+        for t in tables {
+            for (i, s) in t.shards.into_iter().enumerate() {
+                columns[i].push(s);
+            }
+        }
+        let shards = columns
+            .into_par_iter()
+            .map(|mut col| {
+                col.sort_by_key(|s| std::cmp::Reverse(s.len()));
+                let mut it = col.into_iter();
+                let mut total = it.next().unwrap_or_default();
+                for s in it {
+                    total.absorb(s);
+                }
+                total
+            })
+            .collect();
+        PieceCounts { cache: Box::new([]), shards }
     }
 }
 
 /// Pre-tokenize one span of text (no special tokens inside) into `map`.
 #[inline]
 pub fn count_text(pre: &PreTokenizer, text: &str, map: &mut PieceCounts) {
-    pre.for_each_piece(text, |p| add_piece(map, p.as_bytes(), 1));
+    let bytes = text.as_bytes();
+    pre.for_each_piece_range(text, |s, e| map.add_at(bytes, s, e));
 }
 
 /// A span of text free of special tokens, with its offset in its source (for errors).
@@ -79,7 +328,7 @@ pub struct Counter {
 
 impl Counter {
     pub fn new(workers: usize) -> Self {
-        Counter { tables: (0..workers.max(1)).map(|_| Mutex::new(PieceCounts::default())).collect() }
+        Counter { tables: (0..workers.max(1)).map(|_| Mutex::new(PieceCounts::with_cache())).collect() }
     }
 
     /// Pre-tokenize and count `segs` on the pool's workers.
@@ -167,18 +416,8 @@ impl Counter {
         Ok(())
     }
 
-    /// Merge the workers' tables into one (the largest absorbs the others).
+    /// Merge the workers' tables into one (in parallel on the current rayon pool).
     pub fn into_counts(self) -> PieceCounts {
-        let mut tables: Vec<PieceCounts> = self.tables.into_iter().map(|m| m.into_inner().unwrap()).collect();
-        tables.sort_by_key(|t| std::cmp::Reverse(t.len()));
-        let mut it = tables.into_iter();
-        let mut total = it.next().unwrap_or_default();
-        for t in it {
-            total.reserve(t.len() / 2);
-            for (k, v) in t {
-                *total.entry(k).or_insert(0) += v;
-            }
-        }
-        total
+        PieceCounts::merge(self.tables.into_iter().map(|m| m.into_inner().unwrap()).collect())
     }
 }

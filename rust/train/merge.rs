@@ -16,6 +16,7 @@ use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 
+use super::count::PieceCounts;
 use super::{Control, TrainError};
 
 type FxMap<K, V> = HashMap<K, V, FxBuildHasher>;
@@ -74,6 +75,40 @@ impl Words {
         self.n
     }
 
+    /// Words from a table of pre-token counts, built shard by shard in parallel
+    /// (on the current rayon pool). Frees the table as it goes.
+    pub fn from_counts(counts: PieceCounts) -> Result<Words, TrainError> {
+        use rayon::prelude::*;
+        let parts: Vec<Result<Words, TrainError>> = counts
+            .shards
+            .into_par_iter()
+            .map(|shard| {
+                let mut w = Words::with_capacity(shard.len(), shard.total_bytes());
+                let mut res = Ok(());
+                shard.for_each(|piece, n| {
+                    if res.is_ok() {
+                        res = w.push(piece, n);
+                    }
+                });
+                res.map(|_| w)
+            })
+            .collect();
+        let mut parts = parts.into_iter().collect::<Result<Vec<Words>, TrainError>>()?;
+        let total: usize = parts.iter().map(|p| p.data.len()).sum();
+        if total > u32::MAX as usize {
+            return Err(TrainError::InvalidInput(
+                "too many distinct pre-tokens for one training run (over 4 G symbols)".into(),
+            ));
+        }
+        let mut out = Words { data: Vec::with_capacity(total), n: 0 };
+        for p in parts.iter_mut() {
+            out.data.extend_from_slice(&p.data);
+            out.n += p.n;
+            p.data = Vec::new();
+        }
+        Ok(out)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
@@ -118,6 +153,62 @@ impl Words {
 struct PairStats {
     count: i64,
     words: Vec<u32>,
+}
+
+/// Pair statistics in shards by a hash of the pair, so that they can be built in
+/// parallel without a final merge.
+struct Pairs {
+    shards: Vec<FxMap<u64, PairStats>>,
+}
+
+impl Pairs {
+    #[inline]
+    fn shard_index(key: u64, n: usize) -> usize {
+        // Multiply-shift range reduction of a mixed key.
+        let h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+        ((h * n as u64) >> 32) as usize
+    }
+
+    #[inline]
+    fn shard(&mut self, key: u64) -> &mut FxMap<u64, PairStats> {
+        let i = Self::shard_index(key, self.shards.len());
+        &mut self.shards[i]
+    }
+
+    #[inline]
+    fn get(&self, key: u64) -> Option<&PairStats> {
+        self.shards[Self::shard_index(key, self.shards.len())].get(&key)
+    }
+
+    /// Count all adjacent pairs of all words, `n` shards in parallel (each worker scans
+    /// every word and keeps the pairs of its shard).
+    fn build(words: &Words, n: usize) -> Pairs {
+        use rayon::prelude::*;
+        let ids = words.ids();
+        let shards = (0..n.max(1))
+            .into_par_iter()
+            .map(|shard| {
+                let mut m: FxMap<u64, PairStats> = FxMap::default();
+                for &w in &ids {
+                    let c = words.count(w);
+                    let s = words.symbols(w);
+                    for i in 0..s.len() - 1 {
+                        let key = pack(s[i], s[i + 1]);
+                        if Self::shard_index(key, n) != shard {
+                            continue;
+                        }
+                        let e = m.entry(key).or_insert_with(|| PairStats { count: 0, words: Vec::new() });
+                        e.count += c;
+                        if e.words.last() != Some(&w) {
+                            e.words.push(w);
+                        }
+                    }
+                }
+                m
+            })
+            .collect();
+        Pairs { shards }
+    }
 }
 
 /// The bytes of every symbol, with an 8-byte big-endian prefix of each for fast comparison.
@@ -269,19 +360,9 @@ pub fn learn_merges(
     let mut sym_of: FxMap<Box<[u8]>, u32> = FxMap::default();
 
     // Pair counts and the pair -> words index.
-    let mut pairs: FxMap<u64, PairStats> = FxMap::default();
-    for w in words.ids() {
-        let c = words.count(w);
-        let s = words.symbols(w);
-        for i in 0..s.len() - 1 {
-            let e = pairs.entry(pack(s[i], s[i + 1])).or_insert_with(|| PairStats { count: 0, words: Vec::new() });
-            e.count += c;
-            if e.words.last() != Some(&w) {
-                e.words.push(w);
-            }
-        }
-    }
-    let mut heap = PairHeap { v: pairs.iter().map(|(&k, p)| (p.count, k)).collect() };
+    let mut pairs = Pairs::build(&words, rayon::current_num_threads());
+    let mut heap =
+        PairHeap { v: pairs.shards.iter().flat_map(|m| m.iter().map(|(&k, p)| (p.count, k))).collect() };
     heap.heapify(&tokens);
     times.build_s = t0.elapsed().as_secs_f64();
     let t1 = std::time::Instant::now();
@@ -296,7 +377,7 @@ pub fn learn_merges(
         // The best pair: pop until an entry matches the pair's current count.
         let best = loop {
             let Some((cnt, key)) = heap.pop(&tokens) else { break None };
-            match pairs.get(&key) {
+            match pairs.get(key) {
                 Some(p) if p.count == cnt => break Some(key),
                 Some(p) if p.count < cnt => heap.push(&tokens, (p.count, key)),
                 _ => {}
@@ -304,7 +385,7 @@ pub fn learn_merges(
         };
         let Some(best) = best else { break };
         let (a, b) = unpack(best);
-        let stats = pairs.remove(&best).expect("popped pair is present");
+        let stats = pairs.shard(best).remove(&best).expect("popped pair is present");
 
         let (ta, tb) = (tokens.get(a), tokens.get(b));
         let mut joined = Vec::with_capacity(ta.len() + tb.len());
@@ -378,7 +459,7 @@ pub fn learn_merges(
 
         // Apply the changes; pairs whose count rose get a fresh heap entry.
         for (key, d) in delta.drain() {
-            match pairs.entry(key) {
+            match pairs.shard(key).entry(key) {
                 Entry::Occupied(mut e) => {
                     let p = e.get_mut();
                     p.count += d.count;

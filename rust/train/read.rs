@@ -214,8 +214,11 @@ mod tests {
     fn text_cut_is_exact_for_builtin_patterns() {
         let text = "Hello world.\nThe end  \nx\n\nYes!\nok 12\nZ\n  a\tb\nc";
         let bytes = text.as_bytes();
-        for pat in ["gpt2", "cl100k", "o200k"] {
-            let pre = PreTokenizer::new(pat).unwrap();
+        let pres = ["gpt2", "cl100k", "o200k"]
+            .iter()
+            .flat_map(|p| [PreTokenizer::new(p).unwrap(), PreTokenizer::new_regex(p).unwrap()]);
+        for pre in pres {
+            let pat = pre.pattern().to_string();
             let whole: Vec<&str> = pre.pieces(text);
             let mut hi = bytes.len() - 1;
             let mut cuts = 0;
