@@ -483,7 +483,7 @@ def load_model(checkpoint: Union[str, "os.PathLike[str]"], device: Union[str, to
         raise CheckpointError(f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})") from None
     apply_checkpoint(ckpt, model, None, name=name)
     if tokenizer is not None:
-        n = len(tokenizer.vocab)
+        n = int(tokenizer.vocab_size)
         if n > model.config.vocab_size:
             raise CheckpointError(
                 f"the tokenizer has {n} tokens but the model in {name} only {model.config.vocab_size}: "
