@@ -324,9 +324,17 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(model):
         assert len(steps) == n and all(len(s) == 3 for s in steps)
         for b, p in enumerate(prompts):
             assert [s[b] for s in steps] == list(generate(model, p, n, temperature=0, window_keep=keep))
-    # a 2-D tensor is a batch too
-    as_tensor = list(generate(model, torch.tensor([[1, 2], [3, 4]]), 4, temperature=0))
-    assert as_tensor == list(generate(model, [[1, 2], [3, 4]], 4, temperature=0))
+    # a 2-D tensor or array is a batch too; 1-D ones and numpy ints are one prompt
+    import numpy as np
+
+    as_lists = list(generate(model, [[1, 2], [3, 4]], 4, temperature=0))
+    assert list(generate(model, torch.tensor([[1, 2], [3, 4]]), 4, temperature=0)) == as_lists
+    assert list(generate(model, np.array([[1, 2], [3, 4]]), 4, temperature=0)) == as_lists
+    assert list(generate(model, [np.array([1, 2]), torch.tensor([3, 4])], 4, temperature=0)) == as_lists
+    single = list(generate(model, [1, 2], 4, temperature=0))
+    assert single == [s[0] for s in as_lists]
+    assert list(generate(model, torch.tensor([1, 2]), 4, temperature=0)) == single
+    assert list(generate(model, [np.int64(1), np.int32(2)], 4, temperature=0)) == single
 
 
 def test_seed_reproduces_and_different_seeds_differ(model):
@@ -396,6 +404,8 @@ def test_empty_prompt_starts_from_eos_as_bos(model):
         ({"prompt_ids": [-1]}, "out of range"),
         ({"prompt_ids": [[1], [2, VOCAB + 5]]}, "out of range"),
         ({"prompt_ids": [1.5]}, "ints"),
+        ({"prompt_ids": [True]}, "ints"),
+        ({"prompt_ids": torch.zeros(1, 1, 2, dtype=torch.long)}, "2-D"),
         ({"prompt_ids": "hello"}, "encode"),
         ({"max_new_tokens": -1}, "max_new_tokens"),
         ({"eos_id": VOCAB}, "eos_id"),
