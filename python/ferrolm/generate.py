@@ -41,9 +41,14 @@ RoPE), then feeds one position per new token. Details:
   position 0 into the cache, and decoding continues one position per token.
   ``window_keep=context_length`` gives exactly the logits of running the model on the
   last ``context_length`` tokens at every step (as a cache-free sampler does), at the
-  price of a full forward pass per token once the context is full.
+  price of a full forward pass per token once the context is full. In a batch the
+  rows share one window: it slides when the longest row fills it (each row then keeps
+  its own last ``window_keep`` tokens), so past the context a shorter row may be
+  conditioned differently than it would be alone, unless ``window_keep=context_length``.
 - ``use_cache=False`` recomputes the whole window (the last ``context_length`` tokens)
   for every token: the slow reference the cache is tested and benchmarked against.
+- Streaming text: ``iter_text`` turns ids into text pieces at UTF-8 character
+  boundaries (a character split across tokens waits for its last byte).
 """
 
 from __future__ import annotations
