@@ -324,9 +324,17 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(model):
         assert len(steps) == n and all(len(s) == 3 for s in steps)
         for b, p in enumerate(prompts):
             assert [s[b] for s in steps] == list(generate(model, p, n, temperature=0, window_keep=keep))
-    # a 2-D tensor is a batch too
-    as_tensor = list(generate(model, torch.tensor([[1, 2], [3, 4]]), 4, temperature=0))
-    assert as_tensor == list(generate(model, [[1, 2], [3, 4]], 4, temperature=0))
+    # a 2-D tensor or array is a batch too; 1-D ones and numpy ints are one prompt
+    import numpy as np
+
+    as_lists = list(generate(model, [[1, 2], [3, 4]], 4, temperature=0))
+    assert list(generate(model, torch.tensor([[1, 2], [3, 4]]), 4, temperature=0)) == as_lists
+    assert list(generate(model, np.array([[1, 2], [3, 4]]), 4, temperature=0)) == as_lists
+    assert list(generate(model, [np.array([1, 2]), torch.tensor([3, 4])], 4, temperature=0)) == as_lists
+    single = list(generate(model, [1, 2], 4, temperature=0))
+    assert single == [s[0] for s in as_lists]
+    assert list(generate(model, torch.tensor([1, 2]), 4, temperature=0)) == single
+    assert list(generate(model, [np.int64(1), np.int32(2)], 4, temperature=0)) == single
 
 
 def test_seed_reproduces_and_different_seeds_differ(model):
@@ -396,6 +404,8 @@ def test_empty_prompt_starts_from_eos_as_bos(model):
         ({"prompt_ids": [-1]}, "out of range"),
         ({"prompt_ids": [[1], [2, VOCAB + 5]]}, "out of range"),
         ({"prompt_ids": [1.5]}, "ints"),
+        ({"prompt_ids": [True]}, "ints"),
+        ({"prompt_ids": torch.zeros(1, 1, 2, dtype=torch.long)}, "2-D"),
         ({"prompt_ids": "hello"}, "encode"),
         ({"max_new_tokens": -1}, "max_new_tokens"),
         ({"eos_id": VOCAB}, "eos_id"),
@@ -435,3 +445,106 @@ def test_iter_text_emits_only_whole_utf8_characters_as_soon_as_complete():
         whole = b"".join(tokens[t] for t in seq).decode("utf-8", "replace")
         pieces = list(iter_text(seq, tokens.__getitem__))
         assert "".join(pieces) == whole and all(pieces)
+
+
+# ------------------------------------------------------------------------ CLI ---------
+
+
+def _tiny_tokenizer():
+    from ferrolm.tokenizer import Tokenizer
+
+    vocab = {i: bytes([i]) for i in range(256)}
+    merges = [(b"t", b"h"), (b"th", b"e"), (b" ", b"the")]
+    for i, (a, b) in enumerate(merges):
+        vocab[256 + i] = a + b
+    return Tokenizer(vocab, merges, ["<|endoftext|>"])
+
+
+@pytest.fixture(scope="module")
+def cli_files(tmp_path_factory):
+    """A tokenizer dir and a checkpoint of a fresh tiny model trained on nothing."""
+    from ferrolm.checkpoint import save_checkpoint
+
+    tmp = tmp_path_factory.mktemp("cli")
+    tok = _tiny_tokenizer()
+    tok.save(tmp / "tok")
+    assert tok.eos_id == 259 and tok.vocab_size == 260
+    torch.manual_seed(99)
+    m = TransformerLM(tok.vocab_size + 4, 24, d_model=32, num_layers=2, num_heads=4, d_ff=64)  # 4 ids the tokenizer lacks
+    save_checkpoint(m, None, 7, tmp / "model.pt", config={"model": m.config.to_dict()}, tokenizer_fingerprint=tok.fingerprint)
+    other = _tiny_tokenizer().fingerprint[::-1]
+    save_checkpoint(m, None, 7, tmp / "other.pt", config={"model": m.config.to_dict()}, tokenizer_fingerprint=other)
+    small = TransformerLM(100, 24, d_model=32, num_layers=1, num_heads=4, d_ff=64)
+    small_cfg = {k: v for k, v in small.config.to_dict().items() if k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")}
+    save_checkpoint(small, None, 1, tmp / "small.pt", config={"model": small_cfg})  # no fingerprint recorded
+    return {"dir": tmp, "tok": tmp / "tok", "ckpt": tmp / "model.pt", "other": tmp / "other.pt", "small": tmp / "small.pt", "model": m, "tokenizer": tok}
+
+
+def _cli(capsys, *argv):
+    from ferrolm.cli import main
+
+    rc = main(["generate", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _expected_text(files, prompt, n, seed, **kw):
+    tok, m = files["tokenizer"], files["model"]
+    g = torch.Generator().manual_seed(seed)
+    ids = [t for t in generate(m, tok.encode(prompt), n, generator=g, eos_id=tok.eos_id, **kw) if t != tok.eos_id]
+    text = b"".join(tok.token_bytes(t) if t < tok.vocab_size else "\ufffd".encode() for t in ids).decode("utf-8", "replace")
+    return prompt + text + "\n"
+
+
+def test_cli_generate_prints_what_generate_samples(cli_files, capsys):
+    f = cli_files
+    base = ["--checkpoint", f["ckpt"], "--tokenizer", f["tok"], "--device", "cpu"]
+    rc, out, err = _cli(capsys, *base, "--prompt", "the theme", "--max-new-tokens", 40, "--seed", 5, "--temperature", 0.9, "--top-k", 30, "--top-p", 0.95)
+    assert rc == 0, err
+    assert out == _expected_text(f, "the theme", 40, 5, temperature=0.9, top_k=30, top_p=0.95)
+    # same seed, same text; the default seed is fresh and reported on stderr
+    assert _cli(capsys, *base, "--prompt", "the theme", "--max-new-tokens", 40, "--seed", 5, "--temperature", 0.9, "--top-k", 30, "--top-p", 0.95)[1] == out
+    rc, out2, err = _cli(capsys, *base, "--prompt", "the theme", "--max-new-tokens", 5)
+    assert rc == 0 and err.startswith("seed ")
+    # greedy, an empty prompt (starts from <|endoftext|>), several samples
+    rc, out, _ = _cli(capsys, *base, "--prompt", "", "--max-new-tokens", 10, "--temperature", 0, "--seed", 1)
+    assert rc == 0 and out == _expected_text(f, "", 10, 1, temperature=0)
+    rc, out, _ = _cli(capsys, *base, "--prompt", "x", "--max-new-tokens", 8, "--num-samples", 3, "--seed", 2)
+    assert rc == 0 and [line for line in out.splitlines() if line.startswith("--- sample")] == [f"--- sample {i}/3 ---" for i in (1, 2, 3)]
+
+
+def test_cli_generate_reads_the_prompt_from_stdin(cli_files, capsys):
+    import os
+    import subprocess
+    import sys
+
+    f = cli_files
+    args = ["--checkpoint", f["ckpt"], "--tokenizer", f["tok"], "--device", "cpu", "--max-new-tokens", 30, "--seed", 3]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ferrolm", "generate", *map(str, args), "--prompt", "-"],
+        input="the thé\n".encode(), capture_output=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode("utf-8") == _expected_text(f, "the thé", 30, 3)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"--checkpoint": "other"}, "do not belong together"),
+        ({"--checkpoint": "small"}, "do not belong together"),  # tokenizer ids beyond the model's vocab
+        ({"--checkpoint": "missing"}, "not found"),
+        ({"--top-p": 0}, "top_p"),
+        ({"--top-p": 1.5}, "top_p"),
+        ({"--temperature": -1}, "temperature"),
+        ({"--top-k": 0}, "top_k"),
+        ({"--num-samples": 0}, "num-samples"),
+    ],
+)
+def test_cli_generate_bad_input_is_a_clear_error(cli_files, capsys, change, message):
+    f = cli_files
+    opts = {"--checkpoint": f["ckpt"], "--tokenizer": f["tok"], "--prompt": "the", "--device": "cpu", "--max-new-tokens": 3}
+    for k, v in change.items():
+        opts[k] = f["dir"] / f"{v}.pt" if k == "--checkpoint" else v
+    rc, out, err = _cli(capsys, *[x for kv in opts.items() for x in kv])
+    assert rc == 2 and message in err and out == ""

@@ -168,11 +168,12 @@ def _run_generate(args) -> int:
         seed = torch.Generator().seed() % (2**63)
         print(f"seed {seed}", file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(seed)
-    token_bytes = tok.decode_bytes if hasattr(tok, "decode_bytes") else None
-    vocab = tok.vocab
+    known = tok.vocab_size
 
     def piece_of(t: int) -> bytes:
-        return token_bytes([t]) if token_bytes is not None else vocab[t]
+        # A model may have more ids than its tokenizer (a rounded-up vocab_size): such an
+        # id has no text; it shows as U+FFFD.
+        return tok.token_bytes(t) if t < known else "\ufffd".encode()
 
     out = getattr(sys.stdout, "buffer", None)
 

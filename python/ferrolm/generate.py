@@ -41,15 +41,21 @@ RoPE), then feeds one position per new token. Details:
   position 0 into the cache, and decoding continues one position per token.
   ``window_keep=context_length`` gives exactly the logits of running the model on the
   last ``context_length`` tokens at every step (as a cache-free sampler does), at the
-  price of a full forward pass per token once the context is full.
+  price of a full forward pass per token once the context is full. In a batch the
+  rows share one window: it slides when the longest row fills it (each row then keeps
+  its own last ``window_keep`` tokens), so past the context a shorter row may be
+  conditioned differently than it would be alone, unless ``window_keep=context_length``.
 - ``use_cache=False`` recomputes the whole window (the last ``context_length`` tokens)
   for every token: the slow reference the cache is tested and benchmarked against.
+- Streaming text: ``iter_text`` turns ids into text pieces at UTF-8 character
+  boundaries (a character split across tokens waits for its last byte).
 """
 
 from __future__ import annotations
 
 import codecs
 import math
+import operator
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
@@ -314,31 +320,40 @@ class Decoder:
 
 
 def _as_prompts(prompt_ids: Any) -> tuple[list[list[int]], bool]:
-    """(rows, batched) from a list of ints, a 1-D tensor, a list of lists/tensors, a 2-D tensor."""
-    if isinstance(prompt_ids, Tensor):
-        if prompt_ids.dim() == 1:
-            return [prompt_ids.tolist()], False
-        if prompt_ids.dim() == 2:
-            return prompt_ids.tolist(), True
-        raise ValueError(f"prompt_ids tensor must be 1-D or 2-D, got shape {tuple(prompt_ids.shape)}")
+    """(rows, batched) from a list of ints, a 1-D tensor/array, a list of lists, a 2-D tensor/array."""
     if isinstance(prompt_ids, (str, bytes)):
         raise ValueError("prompt_ids must be token ids; encode the text with the tokenizer first")
+    if hasattr(prompt_ids, "tolist") and hasattr(prompt_ids, "ndim"):  # torch tensor or numpy array
+        if prompt_ids.ndim not in (1, 2):
+            raise ValueError(f"prompt_ids must be 1-D (one prompt) or 2-D (a batch), got shape {tuple(prompt_ids.shape)}")
+        batched = prompt_ids.ndim == 2
+        prompt_ids = prompt_ids.tolist()
+        return (prompt_ids if batched else [prompt_ids]), batched
     try:
         items = list(prompt_ids)
     except TypeError:
         raise ValueError(f"prompt_ids must be a sequence of ints or of sequences of ints, got {type(prompt_ids).__name__}") from None
-    if items and all(isinstance(x, (Sequence, Tensor)) and not isinstance(x, (str, bytes)) for x in items):
-        return [x.tolist() if isinstance(x, Tensor) else list(x) for x in items], True
+    if items and all(hasattr(x, "__len__") and not isinstance(x, (str, bytes)) for x in items):
+        return [x.tolist() if hasattr(x, "tolist") else list(x) for x in items], True
     return [items], False
 
 
-def _check_ids(rows: list[list[int]], vocab_size: int) -> None:
+def _check_ids(rows: list[list[Any]], vocab_size: int) -> list[list[int]]:
+    out = []
     for b, row in enumerate(rows):
+        ints = []
         for i, t in enumerate(row):
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise ValueError(f"prompt ids must be ints; row {b} position {i} is {t!r}")
+            try:
+                if isinstance(t, bool):
+                    raise TypeError
+                t = operator.index(t)  # int, numpy integers, integer 0-d tensors
+            except TypeError:
+                raise ValueError(f"prompt ids must be ints; row {b} position {i} is {t!r}") from None
             if not (0 <= t < vocab_size):
                 raise ValueError(f"prompt id {t} (row {b}, position {i}) is out of range for the model's vocab_size {vocab_size}")
+            ints.append(t)
+        out.append(ints)
+    return out
 
 
 def generate(
@@ -374,7 +389,7 @@ def generate(
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not (0 <= eos_id < vocab_size)):
         raise ValueError(f"eos_id must be an id in [0, {vocab_size}), got {eos_id!r}")
     rows, batched = _as_prompts(prompt_ids)
-    _check_ids(rows, vocab_size)
+    rows = _check_ids(rows, vocab_size)
     if any(len(r) == 0 for r in rows):
         if eos_id is None:
             raise ValueError("an empty prompt starts from eos_id as beginning-of-sequence; pass eos_id")
@@ -483,7 +498,7 @@ def load_model(checkpoint: Union[str, "os.PathLike[str]"], device: Union[str, to
         raise CheckpointError(f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})") from None
     apply_checkpoint(ckpt, model, None, name=name)
     if tokenizer is not None:
-        n = len(tokenizer.vocab)
+        n = int(tokenizer.vocab_size)
         if n > model.config.vocab_size:
             raise CheckpointError(
                 f"the tokenizer has {n} tokens but the model in {name} only {model.config.vocab_size}: "
