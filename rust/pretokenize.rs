@@ -28,6 +28,7 @@ use crate::unicode_tables::{BLOCK_MASK, BLOCK_SHIFT, STAGE1, STAGE2};
 /// Run a scanner's `next_end(bytes, start) -> end` from the start of `b` to its end,
 /// reporting each piece to `f(start, end)`. (A macro, so that the scanner is inlined
 /// into the loop rather than called through a function pointer.)
+#[allow(unused_macros)]
 macro_rules! drive {
     ($b:expr, $next_end:ident, $f:expr) => {{
         let b: &[u8] = $b;
@@ -182,8 +183,17 @@ impl PreTokenizer {
     #[inline]
     pub fn for_each_piece_range(&self, text: &str, mut f: impl FnMut(usize, usize)) {
         match &self.engine {
-            Engine::Scanner(Builtin::Gpt2) => gpt2_drive(text.as_bytes(), f),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::Gpt2) => drive_windows(text.as_bytes(), f, gpt2_window, gpt2_next),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::Cl100k) => drive_windows(text.as_bytes(), f, cl100k_window, cl100k_next),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::O200k) => drive_windows(text.as_bytes(), f, o200k_window, o200k_next),
+            #[cfg(not(target_arch = "x86_64"))]
+            Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
+            #[cfg(not(target_arch = "x86_64"))]
             Engine::Scanner(Builtin::Cl100k) => drive!(text.as_bytes(), cl100k_next, f),
+            #[cfg(not(target_arch = "x86_64"))]
             Engine::Scanner(Builtin::O200k) => drive!(text.as_bytes(), o200k_next, f),
             Engine::Regex(regex) => {
                 for m in regex.find_iter(text) {
@@ -284,12 +294,20 @@ const fn ascii_table() -> [u8; 128] {
 
 static ASCII: [u8; 128] = ascii_table();
 
+// The tables cover every code point, and every STAGE1 entry names a whole STAGE2 block
+// (the generator writes them so; `class_of_cp` relies on it, `table_shapes` tests it).
+const _: () = assert!(STAGE1.len() << BLOCK_SHIFT == 0x110000);
+
 /// The class of a code point, as the `regex` module classifies it.
 #[inline(always)]
 fn class_of_cp(cp: u32) -> u8 {
     debug_assert!(cp < 0x110000);
-    let block = STAGE1[(cp >> BLOCK_SHIFT) as usize] as usize;
-    STAGE2[(block << BLOCK_SHIFT) | (cp & BLOCK_MASK) as usize]
+    // SAFETY: cp < 0x110000 (it was decoded from valid UTF-8), so cp >> BLOCK_SHIFT is
+    // within STAGE1, whose entries index whole blocks of STAGE2.
+    unsafe {
+        let block = *STAGE1.get_unchecked((cp >> BLOCK_SHIFT) as usize) as usize;
+        *STAGE2.get_unchecked((block << BLOCK_SHIFT) | (cp & BLOCK_MASK) as usize)
+    }
 }
 
 /// The class of a `char` (exposed for tests of the tables).
@@ -408,6 +426,7 @@ fn non_letter_mask16(b: &[u8], j: usize, lower_only: bool) -> u32 {
 fn scan_letters(b: &[u8], mut j: usize) -> usize {
     let n = b.len();
     loop {
+        // ASCII letters, sixteen at a time.
         if j + 16 <= n {
             let m = non_letter_mask16(b, j, false);
             if m == 0 {
@@ -423,16 +442,26 @@ fn scan_letters(b: &[u8], mut j: usize) -> usize {
                 return j;
             }
         }
-        // SAFETY: j < n here (the mask had a bit set within the 16 bytes, or checked).
-        let x = unsafe { *b.get_unchecked(j) };
-        if x < 0x80 {
-            return j;
+        // b[j] is not an ASCII letter: non-ASCII letters one by one, until an ASCII
+        // letter (back to the loop above) or a non-letter (the end).
+        loop {
+            // SAFETY: j < n (the mask had a bit set within the 16 bytes, or checked).
+            let x = unsafe { *b.get_unchecked(j) };
+            if x < 0x80 {
+                if x.is_ascii_alphabetic() {
+                    break;
+                }
+                return j;
+            }
+            let (c, l) = decode_class(b, j);
+            if !in_set(c, SET_L) {
+                return j;
+            }
+            j += l;
+            if j == n {
+                return j;
+            }
         }
-        let (c, l) = decode_class(b, j);
-        if !in_set(c, SET_L) {
-            return j;
-        }
-        j += l;
     }
 }
 
@@ -617,6 +646,7 @@ fn o200k_next(b: &[u8], i: usize) -> usize {
 /// Class masks of the 64 bytes at `b[i..i + 64]`.
 struct Window {
     letter: u64,
+    upper: u64,
     digit: u64,
     space: u64,
     white: u64,
@@ -629,7 +659,7 @@ struct Window {
 fn window_masks(b: &[u8], i: usize) -> Window {
     use std::arch::x86_64::*;
     assert!(i + 64 <= b.len());
-    let mut w = Window { letter: 0, digit: 0, space: 0, white: 0, apostrophe: 0, non_ascii: 0 };
+    let mut w = Window { letter: 0, upper: 0, digit: 0, space: 0, white: 0, apostrophe: 0, non_ascii: 0 };
     // SAFETY: SSE2 is part of x86_64; the 64 bytes are in bounds (asserted).
     unsafe {
         let set = |x: u8| _mm_set1_epi8(x as i8);
@@ -643,6 +673,7 @@ fn window_masks(b: &[u8], i: usize) -> Window {
             // \t \n \v \f \r
             let ctl = _mm_and_si128(_mm_cmpgt_epi8(v, set(0x08)), _mm_cmpgt_epi8(set(0x0e), v));
             w.letter |= mask(letter);
+            w.upper |= mask(_mm_and_si128(_mm_cmpgt_epi8(v, set(b'A' - 1)), _mm_cmpgt_epi8(set(b'Z' + 1), v)));
             w.digit |= mask(digit);
             w.space |= mask(space);
             w.white |= mask(_mm_or_si128(space, ctl));
@@ -653,61 +684,198 @@ fn window_masks(b: &[u8], i: usize) -> Window {
     w
 }
 
-/// Report the GPT-2 pieces of `b` to `f(start, end)`.
+/// Report the pieces between the start bits of `starts` that are in `valid`; returns
+/// the last of those starts (where the unfinished piece begins), 0 if none finished.
 #[inline(always)]
-fn gpt2_drive(b: &[u8], mut f: impl FnMut(usize, usize)) {
+fn emit_window(i: usize, starts: u64, valid: u64, f: &mut impl FnMut(usize, usize)) -> usize {
+    let mut m = starts & valid & !1;
+    let mut s = 0;
+    while m != 0 {
+        let e = m.trailing_zeros() as usize;
+        m &= m - 1;
+        f(i + s, i + e);
+        s = e;
+    }
+    s
+}
+
+/// Remove the starts inside the piece `[k, k + len)` of a window and start one after it.
+#[inline(always)]
+fn make_piece(starts: u64, k: usize, len: usize) -> u64 {
+    let inside = ((1u64 << len) - 2) << k;
+    let after = if k + len < 64 { 1u64 << (k + len) } else { 0 };
+    (starts & !inside) | after
+}
+
+/// Digit pieces of cl100k and o200k: `\p{N}{1,3}`, i.e. a start at each run of digits
+/// and every three digits along it.
+#[inline(always)]
+fn digit_group_starts(digit: u64) -> u64 {
+    let three = digit & (digit << 1) & (digit << 2);
+    let mut g = digit & !(digit << 1);
+    loop {
+        let next = g | ((g << 3) & three);
+        if next == g {
+            return g;
+        }
+        g = next;
+    }
+}
+
+/// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
+/// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
+/// `limit` are simple), the scalar `next_end` elsewhere.
+#[inline(always)]
+fn drive_windows(
+    b: &[u8],
+    mut f: impl FnMut(usize, usize),
+    window: impl Fn(&[u8], usize) -> Result<(u64, u64), usize>,
+    next_end: impl Fn(&[u8], usize) -> usize,
+) {
     let n = b.len();
     let mut i = 0;
-    // Where to try a window again after one made no progress.
+    // Where to try a window again after one made no progress, and how many failed in
+    // a row (text that is mostly not ASCII should not pay for windows).
     let mut retry_at = 0;
+    let mut failures = 0u32;
     while i < n {
-        #[cfg(target_arch = "x86_64")]
         if i + 64 <= n && i >= retry_at {
-            let w = window_masks(b, i);
-            // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
-            let limit = w.non_ascii.trailing_zeros();
-            if limit >= 8 {
-                let valid = (1u64 << (limit - 1)) - 1;
-                let punct = !(w.letter | w.digit | w.white | w.non_ascii);
-                let change = (w.letter ^ (w.letter << 1))
-                    | (w.digit ^ (w.digit << 1))
-                    | (w.white ^ (w.white << 1))
-                    | (punct ^ (punct << 1));
-                let joined = (w.space << 1) & !w.white;
-                let ws_last = w.white & !(w.white >> 1);
-                let mut starts = (change & !joined) | ws_last;
-                let mut contractions = w.apostrophe & starts & valid;
-                while contractions != 0 {
-                    let k = contractions.trailing_zeros() as usize;
-                    contractions &= contractions - 1;
-                    if let Some(e) = contraction(b, i + k + 1) {
-                        let len = e - i - k;
-                        // Starts inside the contraction go; one follows it.
-                        starts &= !(((1u64 << len) - 2) << k);
-                        if k + len < 64 {
-                            starts |= 1u64 << (k + len);
-                        }
+            let limit = match window(b, i) {
+                Ok((starts, valid)) => {
+                    let s = emit_window(i, starts, valid, &mut f);
+                    if s != 0 {
+                        i += s;
+                        failures = 0;
+                        continue;
                     }
+                    64
                 }
-                let mut m = starts & valid & !1;
-                if m != 0 {
-                    let mut s = 0;
-                    while m != 0 {
-                        let e = m.trailing_zeros() as usize;
-                        m &= m - 1;
-                        f(i + s, i + e);
-                        s = e;
-                    }
-                    i += s;
-                    continue;
-                }
-            }
-            retry_at = i + 64;
+                Err(limit) => limit,
+            };
+            // Past the byte that stopped this window, later if windows keep failing.
+            failures += 1;
+            retry_at = i + limit + 1 + if failures > 2 { 32 << failures.min(6) } else { 0 };
         }
-        let e = gpt2_next(b, i);
+        let e = next_end(b, i);
+        debug_assert!(e > i && e <= n);
         f(i, e);
         i = e;
     }
+}
+
+/// The GPT-2 piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn gpt2_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let w = window_masks(b, i);
+    // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
+    let limit = w.non_ascii.trailing_zeros();
+    if limit < 8 {
+        return Err(limit as usize);
+    }
+    let valid = (1u64 << (limit - 1)) - 1;
+    let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+    let change = (w.letter ^ (w.letter << 1))
+        | (w.digit ^ (w.digit << 1))
+        | (w.white ^ (w.white << 1))
+        | (punct ^ (punct << 1));
+    // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+` take a space before them.
+    let joined = (w.space << 1) & !w.white;
+    // `\s+(?!\S)` leaves the last char of a run before a non-space.
+    let ws_last = w.white & !(w.white >> 1);
+    let mut starts = (change & !joined) | ws_last;
+    let mut apostrophes = w.apostrophe & starts & valid;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if let Some(e) = contraction(b, i + k + 1) {
+            starts = make_piece(starts, k, e - i - k);
+        }
+    }
+    Ok((starts, valid))
+}
+
+/// What cl100k and o200k share on a window of ASCII without `\t\n\v\f\r`.
+struct SharedStarts {
+    w: Window,
+    /// Certain starts: k <= limit - 2.
+    valid: u64,
+    /// Punctuation chars that start a piece.
+    punct_start: u64,
+    /// Letters that start a piece (before o200k's case rule and the contractions).
+    letter_start: u64,
+    /// Starts of space, punctuation and digit pieces, and bit 0.
+    other_starts: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn shared_window(b: &[u8], i: usize) -> Result<SharedStarts, usize> {
+    let w = window_masks(b, i);
+    // Bytes 0..limit are ASCII other than \t \n \v \f \r (newlines change the
+    // whitespace rules; the scalar scanner handles them).
+    let limit = (w.non_ascii | (w.white & !w.space)).trailing_zeros();
+    if limit < 8 {
+        return Err(limit as usize);
+    }
+    let valid = (1u64 << (limit - 1)) - 1;
+    let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+    // A punctuation run starts a piece unless a space opens it (` ?[^\s\p{L}\p{N}]+`).
+    let punct_start = punct & !(punct << 1) & !(w.space << 1);
+    // A space, or a punctuation char that starts a piece, opens the letter run after it
+    // (`[^\r\n\p{L}\p{N}]?`).
+    let joined = w.letter & ((w.space << 1) | (punct_start << 1));
+    let letter_start = w.letter & !(w.letter << 1) & !joined;
+    // Space runs: at their first char, and at their last before a non-space.
+    let space_start = (w.space & !(w.space << 1)) | (w.space & !(w.space >> 1));
+    let other_starts = 1 | punct_start | space_start | digit_group_starts(w.digit);
+    Ok(SharedStarts { w, valid, punct_start, letter_start, other_starts })
+}
+
+/// The cl100k piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn cl100k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let sh = shared_window(b, i)?;
+    let mut starts = sh.other_starts | sh.letter_start;
+    // `'(?i:[sdmt]|ll|ve|re)` at an apostrophe that starts a piece.
+    let mut apostrophes = sh.w.apostrophe & sh.punct_start & sh.valid;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if let Some(e) = contraction_ci(b, i + k + 1) {
+            starts = make_piece(starts, k, e - i - k);
+        }
+    }
+    Ok((starts, sh.valid))
+}
+
+/// The o200k piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn o200k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let sh = shared_window(b, i)?;
+    let lower = sh.w.letter & !sh.w.upper;
+    // `[A-Z]*[a-z]+|[A-Z]+`: an upper-case letter after a lower-case one starts a piece.
+    let mut starts = sh.other_starts | sh.letter_start | (sh.w.upper & (lower << 1));
+    // The contraction suffix `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` of a letter piece: at an
+    // apostrophe after a letter, unless that letter ends a suffix itself.
+    let mut apostrophes = sh.w.apostrophe & (sh.w.letter << 1) & sh.valid;
+    let mut suffix_end = usize::MAX;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if k == suffix_end {
+            continue;
+        }
+        if let Some(e) = contraction_ci(b, i + k + 1) {
+            let len = e - i - k;
+            // The apostrophe no longer starts a piece either.
+            starts = make_piece(starts, k, len) & !(1u64 << k);
+            suffix_end = k + len;
+        }
+    }
+    Ok((starts, sh.valid))
 }
 
 // ---------------------------------------------------------------------------------
@@ -994,6 +1162,14 @@ mod tests {
         for (name, text, want) in cases {
             assert_eq!(scan_pieces(name, text), *want, "{name} on {text:?}");
         }
+    }
+
+    #[test]
+    fn table_shapes() {
+        let blocks = STAGE2.len() >> BLOCK_SHIFT;
+        assert_eq!(STAGE2.len(), blocks << BLOCK_SHIFT);
+        assert!(STAGE1.iter().all(|&k| (k as usize) < blocks));
+        assert!(STAGE2.iter().all(|&c| c < END));
     }
 
     #[test]
