@@ -171,11 +171,13 @@ def test_train_matches_naive_trainer_on_real_text():
 
 
 def test_ties_take_the_lexicographically_greatest_pair():
-    # Every pair occurs once: (b"c", b"d") > (b"a", b"b"); then b"cd" + b"e" wins over b"ab"...
+    # Every pair occurs once ("ab", " cde"): the greatest, (b"d", b"e"), is merged first.
     _, merges = train_bpe(iter(["ab cde"]), 256 + 3, [])
     assert merges[0] == (b"d", b"e")
-    # A byte string beats its own proper prefix: (b"a", b"bb") vs (b"a", b"b") ties resolved by length.
-    assert max([(b"a", b"b"), (b"a", b"bb")]) == (b"a", b"bb")
+    # (a,b) and (b,c) tie at 2: (b,c) wins. Then (a,bc) and (a,b) tie at 1: b"bc" > b"b",
+    # a byte string beats its own proper prefix.
+    _, merges = train_bpe(iter(["abc bc ab"]), 256 + 3, [], pattern=r"\S+")
+    assert merges == [(b"b", b"c"), (b"a", b"bc"), (b"a", b"b")]
 
 
 def test_special_tokens_are_hard_boundaries_in_training():
