@@ -725,15 +725,17 @@ mod trainer_binding {
             self.run(py, progress, move |t, ctl| t.count_files(&paths, ctl))
         }
 
-        /// Count the pre-tokens of these strings (each its own text).
-        #[pyo3(signature = (texts, progress = None))]
-        fn count_texts(
-            &mut self,
-            py: Python<'_>,
-            texts: Vec<String>,
-            progress: Option<&Bound<'_, PyAny>>,
-        ) -> PyResult<()> {
-            self.run(py, progress, move |t, ctl| t.count_texts(&texts, ctl))
+        /// Feed text to the text stream: everything fed until `finish_text` is one
+        /// continuous text. `progress(done, total)` is called with bytes.
+        #[pyo3(signature = (text, progress = None))]
+        fn feed_text(&mut self, py: Python<'_>, text: String, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+            self.run(py, progress, move |t, ctl| t.feed_text(&text, ctl))
+        }
+
+        /// End the text stream (count what is buffered).
+        #[pyo3(signature = (progress = None))]
+        fn finish_text(&mut self, py: Python<'_>, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+            self.run(py, progress, move |t, ctl| t.finish_text(ctl))
         }
 
         /// Learn up to `num_merges` merges; returns them as (bytes, bytes) pairs in order.

@@ -10,7 +10,8 @@
 //!    affected words.
 //!
 //! Semantics (DESIGN.md): special tokens split the text and are never part of a
-//! pre-token; each file and each text given is its own text (no pre-token spans two);
+//! pre-token; each file is its own text (no pre-token spans two), and the texts fed to
+//! the text stream are one continuous text;
 //! among pairs of equal count the lexicographically greatest (bytes, bytes) wins.
 //! Results do not depend on the number of threads or on chunk sizes.
 //!
@@ -133,6 +134,9 @@ pub struct Trainer {
     counter: Option<Counter>,
     errors: Utf8Errors,
     chunk_size: usize,
+    /// The text stream's unprocessed tail, and where it starts in the stream.
+    text_buf: Vec<u8>,
+    stream_offset: u64,
     pub stats: Stats,
 }
 
@@ -166,7 +170,9 @@ impl Trainer {
             pool,
             counter,
             errors,
-            chunk_size: chunk_size.max(1 << 12),
+            chunk_size: chunk_size.max(64),
+            text_buf: Vec::new(),
+            stream_offset: 0,
             stats: Stats::default(),
         })
     }
@@ -203,7 +209,7 @@ impl Trainer {
     }
 
     fn count_file(&mut self, path: &Path, ctl: &Control) -> Result<(), TrainError> {
-        let counter = self.counter()?;
+        self.counter()?;
         let name = path.display().to_string();
         let t0 = Instant::now();
         let mut count_s = 0.0;
@@ -211,18 +217,11 @@ impl Trainer {
         let res = read::for_each_chunk(
             path,
             self.chunk_size,
-            &self.splitter,
-            self.builtin,
+            |buf| self.cut(buf),
             |n| bytes += n as u64,
             |chunk, offset| -> Result<(), ChunkError> {
                 let t = Instant::now();
-                let mut ranges = Vec::new();
-                self.splitter.segments(chunk, 0, &mut ranges);
-                let segs = ranges
-                    .into_iter()
-                    .map(|(s, e)| Segment { offset: offset + s as u64, bytes: &chunk[s..e] })
-                    .collect();
-                let r = counter.count_segments(&self.pool, &self.pre, self.builtin, self.errors, segs, &name, ctl);
+                let r = self.count_buffer(chunk, offset, &name, ctl);
                 count_s += t.elapsed().as_secs_f64();
                 r.map_err(ChunkError::Train)
             },
@@ -238,22 +237,62 @@ impl Trainer {
         }
     }
 
-    /// Count the pre-tokens of each text (each text is its own text).
-    pub fn count_texts<S: AsRef<str> + Sync>(&mut self, texts: &[S], ctl: &Control) -> Result<(), TrainError> {
+    /// Where to cut a buffer of text that continues beyond it: an exact cut (a special
+    /// token, or a safe point for a built-in pattern) if there is one; in a buffer over
+    /// twice the chunk size without one, the hold-back cut of `read::hold_back_cut`;
+    /// else None (read more first).
+    fn cut(&self, buf: &[u8]) -> Option<usize> {
+        read::find_cut(buf, &self.splitter, self.builtin).or_else(|| {
+            if buf.len() >= 2 * self.chunk_size {
+                read::hold_back_cut(buf, &self.splitter, &self.pre)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Pre-tokenize and count `buf` (free of partial special tokens at its ends).
+    /// `offset`: where `buf` starts in its source, for error messages.
+    fn count_buffer(&self, buf: &[u8], offset: u64, source: &str, ctl: &Control) -> Result<(), TrainError> {
         let counter = self.counter()?;
-        let t = Instant::now();
         let mut ranges = Vec::new();
-        let mut segs = Vec::new();
-        for text in texts {
-            let b = text.as_ref().as_bytes();
-            ranges.clear();
-            self.splitter.segments(b, 0, &mut ranges);
-            segs.extend(ranges.iter().map(|&(s, e)| Segment { offset: s as u64, bytes: &b[s..e] }));
+        self.splitter.segments(buf, 0, &mut ranges);
+        let segs = ranges.into_iter().map(|(s, e)| Segment { offset: offset + s as u64, bytes: &buf[s..e] }).collect();
+        counter.count_segments(&self.pool, &self.pre, self.builtin, self.errors, segs, source, ctl)
+    }
+
+    /// Add text to the text stream: all text fed until `finish_text` is one continuous
+    /// text (as if concatenated), counted in chunks as it arrives.
+    pub fn feed_text(&mut self, text: &str, ctl: &Control) -> Result<(), TrainError> {
+        self.counter()?;
+        self.text_buf.extend_from_slice(text.as_bytes());
+        while self.text_buf.len() >= self.chunk_size {
+            let Some(cut) = self.cut(&self.text_buf) else { break };
+            self.count_stream(cut, ctl)?;
         }
-        let bytes: usize = texts.iter().map(|t| t.as_ref().len()).sum();
-        let r = counter.count_segments(&self.pool, &self.pre, self.builtin, self.errors, segs, "text", ctl);
+        Ok(())
+    }
+
+    /// End the text stream: count what is left of it.
+    pub fn finish_text(&mut self, ctl: &Control) -> Result<(), TrainError> {
+        self.counter()?;
+        let n = self.text_buf.len();
+        self.count_stream(n, ctl)?;
+        self.text_buf = Vec::new();
+        self.stream_offset = 0;
+        Ok(())
+    }
+
+    /// Count the first `cut` bytes of the text stream's buffer and drop them.
+    fn count_stream(&mut self, cut: usize, ctl: &Control) -> Result<(), TrainError> {
+        let t = Instant::now();
+        let buf = std::mem::take(&mut self.text_buf);
+        let r = self.count_buffer(&buf[..cut], self.stream_offset, "text", ctl);
+        self.text_buf = buf;
+        self.text_buf.drain(..cut);
+        self.stream_offset += cut as u64;
         self.stats.count_s += t.elapsed().as_secs_f64();
-        self.stats.bytes += bytes as u64;
+        self.stats.bytes += cut as u64;
         r
     }
 

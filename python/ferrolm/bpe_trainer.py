@@ -13,6 +13,7 @@ KeyboardInterrupt within a fraction of a second.
 from __future__ import annotations
 
 import os
+import re
 from typing import Callable, Iterable, Sequence, Union
 
 from ferrolm import _core
@@ -21,8 +22,50 @@ __all__ = ["train", "train_bpe"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+# Bytes the core reads from a file at a time (None: the core's default, 16 MiB). Tests
+# set it small to exercise chunk boundaries.
+_CHUNK_SIZE: int | None = None
+
 # Strings from an iterable are handed to the core in batches of about this many characters.
-_TEXT_BATCH_CHARS = 8 << 20
+_TEXT_BATCH_CHARS = 4 << 20
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _fix_surrogates(text: str) -> str:
+    """Lone surrogates become U+FFFD and surrogate pairs their character (as tiktoken does)."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _feed_texts(trainer, texts: Iterable[str], report) -> None:
+    """Feed an iterable of str to the core's text stream, in batches (one continuous text)."""
+    batch: list[str] = []
+    size = 0
+
+    def flush(final: bool) -> None:
+        nonlocal batch, size
+        text = "".join(batch)
+        carry = ""
+        if not final and text and "\ud800" <= text[-1] <= "\udbff":
+            # A high surrogate may pair with a low one at the start of the next string.
+            text, carry = text[:-1], text[-1]
+        try:
+            trainer.feed_text(text, report)
+        except UnicodeEncodeError:
+            trainer.feed_text(_fix_surrogates(text), report)
+        batch, size = ([carry], len(carry)) if carry else ([], 0)
+
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"an iterable input must yield str, got {type(text).__name__}")
+        batch.append(text)
+        size += len(text)
+        if size >= _TEXT_BATCH_CHARS:
+            flush(final=False)
+    flush(final=True)
+    trainer.finish_text(report)
 
 
 def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
@@ -30,14 +73,15 @@ def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
         return []
     if isinstance(special_tokens, (str, bytes)):
         raise TypeError(f"special_tokens must be a list of strings, not a single {type(special_tokens).__name__}")
-    out: list[str] = []
-    for s in special_tokens:
+    out = list(special_tokens)
+    for s in out:
         if not isinstance(s, str):
             raise TypeError(f"special tokens must be str, got {type(s).__name__}: {s!r}")
         if not s:
-            raise ValueError("special tokens must not be empty strings")
-        if s not in out:
-            out.append(s)
+            raise ValueError("a special token must not be the empty string")
+    duplicates = sorted({s for s in out if out.count(s) > 1})
+    if duplicates:
+        raise ValueError(f"special token(s) listed twice: {duplicates}")
     return out
 
 
@@ -45,7 +89,7 @@ def _as_paths(input) -> list[str] | None:
     """The list of file paths `input` names, or None when it is an iterable of texts.
 
     A str or os.PathLike is one path; a list or tuple is a list of paths; any other
-    iterable (a generator, an iterator, ...) yields the texts themselves.
+    iterable (a generator, an iterator, ...) yields the text itself, in pieces.
     """
     if isinstance(input, (str, os.PathLike)):
         return [os.fspath(input)]
@@ -107,8 +151,10 @@ def train(
 ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Train byte-level BPE on `input` and return ``(vocab, merges)``.
 
-    input: a path, a list (or tuple) of paths, or any other iterable of str (each file
-        and each string is its own text: no pre-token spans two of them).
+    input: a path, a list (or tuple) of paths, or any other iterable of str (e.g.
+        ``iter(documents)``). Each file is its own text (no pre-token spans two files);
+        the strings of an iterable are one continuous text, as if concatenated (separate
+        documents with a special token). A list of str is read as paths.
     vocab_size: total size, 256 bytes + merges + special tokens. Training stops early
         if no pair is left to merge.
     special_tokens: split the text and are never merged across; added after the merges.
@@ -124,7 +170,7 @@ def train(
     specials = _check_special_tokens(special_tokens)
     if vocab_size < 256 + len(specials):
         raise ValueError(
-            f"vocab_size={vocab_size} is too small: it must be at least 256 (the bytes) + {len(specials)} (special tokens) = {256 + len(specials)}"
+            f"vocab_size={vocab_size} is too small: it must be at least {256 + len(specials)} (256 bytes + {len(specials)} special tokens)"
         )
     if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
         raise ValueError(f"num_threads must be None or a positive int, got {num_threads!r}")
@@ -136,7 +182,7 @@ def train(
     paths = _as_paths(input)
     if paths is not None and not paths:
         raise ValueError("the corpus is empty: no input files given")
-    trainer = _core.BpeTrainer(specials, pattern, num_threads, errors)
+    trainer = _core.BpeTrainer(specials, pattern, num_threads, errors, _CHUNK_SIZE)
     bars = _Progress(progress)
     try:
         if paths is not None:
@@ -147,19 +193,7 @@ def train(
                     e.strerror = f"{e.strerror} (a list is read as file paths; to train on strings pass an iterator, e.g. iter(texts))"
                 raise
         else:
-            report = bars.stage("counting", "B")
-            batch: list[str] = []
-            size = 0
-            for text in input:  # type: ignore[union-attr]
-                if not isinstance(text, str):
-                    raise TypeError(f"an iterable input must yield str, got {type(text).__name__}")
-                batch.append(text)
-                size += len(text)
-                if size >= _TEXT_BATCH_CHARS:
-                    trainer.count_texts(batch, report)
-                    batch, size = [], 0
-            if batch:
-                trainer.count_texts(batch, report)
+            _feed_texts(trainer, input, bars.stage("counting", "B"))  # type: ignore[arg-type]
         num_merges = vocab_size - 256 - len(specials)
         merges = trainer.learn(num_merges, bars.stage("merging", "merge", num_merges))
     finally:

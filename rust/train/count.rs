@@ -287,7 +287,12 @@ impl PieceCounts {
 #[inline]
 pub fn count_text(pre: &PreTokenizer, text: &str, map: &mut PieceCounts) {
     let bytes = text.as_bytes();
-    pre.for_each_piece_range(text, |s, e| map.add_at(bytes, s, e));
+    pre.for_each_piece_range(text, |s, e| {
+        // A custom pattern may match the empty string; such matches are not pre-tokens.
+        if e > s {
+            map.add_at(bytes, s, e)
+        }
+    });
 }
 
 /// A span of text free of special tokens, with its offset in its source (for errors).

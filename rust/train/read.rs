@@ -18,6 +18,8 @@ use std::path::Path;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 
+use crate::pretokenize::PreTokenizer;
+
 /// Finds special tokens: leftmost match first, the longest one among those starting there.
 pub struct SpecialSplitter {
     ac: Option<AhoCorasick>,
@@ -136,13 +138,44 @@ pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option
     }
 }
 
-/// Reads one file in chunks ending at exact cut positions. `f(chunk, file_offset)` is
-/// called for each; the last chunk ends at the end of the file.
+/// The fallback cut when no exact one exists in a long buffer: hold back the last two
+/// pre-tokens of the text after the last special token (and any possible start of a
+/// special token at the end), as `ferrolm.reference` does when streaming. Exact for the
+/// built-in patterns; for a custom pattern it assumes no match depends on text more
+/// than two pre-tokens ahead.
+pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer) -> Option<usize> {
+    let limit = buf.len().saturating_sub(splitter.max_len().saturating_sub(1));
+    let mut start = 0;
+    let mut end = limit;
+    splitter.for_each_match(buf, |s, e| {
+        if s + splitter.max_len() <= buf.len() {
+            start = e; // complete: no longer special token can start here
+        } else {
+            end = end.min(s);
+        }
+    });
+    if end <= start {
+        return None;
+    }
+    let region = &buf[start..end];
+    let text = match std::str::from_utf8(region) {
+        Ok(t) => t,
+        Err(e) => std::str::from_utf8(&region[..e.valid_up_to()]).unwrap(),
+    };
+    let mut starts = [usize::MAX; 2];
+    pre.for_each_piece_range(text, |s, _| {
+        starts = [starts[1], s];
+    });
+    (starts[0] != usize::MAX && start + starts[0] > 0).then(|| start + starts[0])
+}
+
+/// Reads one file in chunks ending at cut positions chosen by `cut(buffer)` (None: read
+/// more first). `f(chunk, file_offset)` is called for each; the last chunk ends at the
+/// end of the file.
 pub fn for_each_chunk<E>(
     path: &Path,
     chunk_size: usize,
-    splitter: &SpecialSplitter,
-    builtin: bool,
+    cut: impl Fn(&[u8]) -> Option<usize>,
     mut on_read: impl FnMut(usize),
     mut f: impl FnMut(&[u8], u64) -> Result<(), E>,
 ) -> Result<(), E>
@@ -150,7 +183,9 @@ where
     E: From<io::Error>,
 {
     let mut file = File::open(path)?;
-    let chunk_size = chunk_size.max(splitter.max_len() * 2 + 64);
+    // A small file needs no full-size buffer.
+    let file_len = file.metadata().map(|m| m.len() as usize).unwrap_or(usize::MAX);
+    let chunk_size = chunk_size.min(file_len.saturating_add(1)).max(64);
     let mut buf: Vec<u8> = Vec::new();
     let mut filled = 0usize; // bytes of buf holding data
     let mut offset: u64 = 0; // file offset of buf[0]
@@ -174,7 +209,7 @@ where
             }
             return Ok(());
         }
-        match find_cut(&buf[..filled], splitter, builtin) {
+        match cut(&buf[..filled]) {
             Some(cut) => {
                 f(&buf[..cut], offset)?;
                 buf.copy_within(cut..filled, 0);
@@ -200,7 +235,6 @@ fn read_retry(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pretokenize::PreTokenizer;
 
     #[test]
     fn segments_skip_specials_longest_first() {
@@ -234,6 +268,18 @@ mod tests {
     }
 
     #[test]
+    fn hold_back_keeps_two_pieces_and_partial_specials() {
+        let sp = SpecialSplitter::new(&["<|end|>".into()]);
+        let pre = PreTokenizer::new("gpt2").unwrap();
+        // Only "one two three four fi" is surely free of a special-token start.
+        assert_eq!(hold_back_cut(b"one two three four five six", &sp, &pre), Some(13));
+        // The last 6 bytes may start a special token: held back, with the two pieces before.
+        assert_eq!(hold_back_cut(b"a b c d<|en", &sp, &pre), Some(1));
+        assert_eq!(hold_back_cut(b"x<|end|>a b", &sp, &pre), None);
+        assert_eq!(hold_back_cut(b"x<|end|>a b c d e f g", &sp, &pre), Some(11));
+    }
+
+    #[test]
     fn chunks_cover_file_and_cut_exactly() {
         let dir = std::env::temp_dir().join(format!("ferrolm-read-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -247,7 +293,7 @@ mod tests {
         for builtin in [false, true] {
             let mut got = Vec::new();
             let mut n = 0;
-            for_each_chunk::<io::Error>(&path, 1000, &sp, builtin, |_| {}, |c, off| {
+            for_each_chunk::<io::Error>(&path, 1000, |b| find_cut(b, &sp, builtin), |_| {}, |c, off| {
                 assert_eq!(off as usize, got.len());
                 got.extend_from_slice(c);
                 n += 1;
