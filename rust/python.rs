@@ -22,7 +22,8 @@ fn pretokenize(py: Python<'_>, text: &str, pattern: &str) -> PyResult<Vec<String
     Ok(pieces)
 }
 
-// =====================================================================// Encoder and Tokenizer core (issue 4; branch `encoder`).
+// ============================================================================
+// Encoder and Tokenizer core (issue 4; branch `encoder`).
 // Type conversion and GIL release only; the algorithms live in rust/encode*.
 // ============================================================================
 
@@ -543,6 +544,7 @@ mod shards_bindings {
     }
 }
 // ====================== end of the shards section ===========================
+
 // ===================================================================================
 // BPE trainer (section owned by the trainer; algorithm in rust/train.rs)
 // ===================================================================================
