@@ -78,6 +78,9 @@ const NO_MERGE: u64 = u64::MAX;
 /// table is dense).
 const MAX_SPARSE_SLACK: u64 = 1 << 22;
 
+/// Pieces looked up together (see `Encoder::encode_pieces`).
+const PIECE_BATCH: usize = 32;
+
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 fn show(b: &[u8]) -> String {
@@ -101,8 +104,8 @@ pub struct Encoder {
     /// (left << 32 | right) -> (rank << 32 | merged id).
     pairs: FxHashMap<u64, u64>,
     /// Bytes -> id for every ordinary token: a pre-token found here is that single
-    /// token.
-    whole: cache::BytesMap,
+    /// token. Each thread encodes with a copy that also caches merged pieces.
+    base: cache::PieceTable,
     specials: Specials,
     pretok: PreTokenizer,
     num_merges: usize,
@@ -181,7 +184,7 @@ impl Encoder {
         }
         let mut byte_ids = [0u32; 256];
         let mut pairs: FxHashMap<u64, u64> = FxHashMap::default();
-        let mut whole_map = cache::BytesMap::default();
+        let mut whole_map = cache::PieceTable::with_capacity(vocab.len());
 
         // Bytes -> id; when several ids carry the same bytes the smallest wins (as in
         // the reference tokenizer).
@@ -271,7 +274,7 @@ impl Encoder {
             special_ids.iter().map(|&(_, id)| id).filter(|id| !produced.contains(id)).collect();
         for (bytes, &id) in &by_bytes {
             if !special_only.contains(&id) {
-                whole_map.insert(bytes, id);
+                whole_map.insert(bytes, &[id]);
             }
         }
         drop(by_bytes);
@@ -283,7 +286,7 @@ impl Encoder {
             len,
             byte_ids,
             pairs,
-            whole: whole_map,
+            base: whole_map,
             specials: Specials::default(),
             pretok,
             num_merges: merges.len(),
@@ -347,7 +350,7 @@ impl Encoder {
 
     /// Encode `text`, appending the ids to `out`.
     pub fn encode_into(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) {
-        cache::with_cache(self.uid, |cache| self.encode_with(text, allow_special, cache, out));
+        cache::with_cache(self.uid, &self.base, |cache| self.encode_with(text, allow_special, cache, out));
     }
 
     fn encode_with(&self, text: &str, allow_special: bool, cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
@@ -369,25 +372,63 @@ impl Encoder {
         if text.is_empty() {
             return;
         }
-        self.pretok.for_each_piece(text, |piece| self.encode_piece(piece.as_bytes(), cache, out));
+        let mut batch: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
+        let mut n = 0;
+        self.pretok.for_each_piece(text, |piece| {
+            batch[n] = piece.as_bytes();
+            n += 1;
+            if n == PIECE_BATCH {
+                self.encode_pieces(&batch, cache, out);
+                n = 0;
+            }
+        });
+        self.encode_pieces(&batch[..n], cache, out);
     }
 
+    /// Encode consecutive pieces; the lookups of the batch are started together so that
+    /// their cache misses overlap.
     #[inline]
-    fn encode_piece(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
-        if let Some(id) = self.whole.get(piece) {
-            out.push(id);
-            return;
-        }
-        if piece.len() <= cache::MAX_CACHED_PIECE {
-            if let Some(ids) = cache.get(piece) {
-                out.extend_from_slice(ids);
-                return;
+    fn encode_pieces(&self, pieces: &[&[u8]], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        let mut probes = [cache::Probe::default(); PIECE_BATCH];
+        {
+            let table = cache.table();
+            for (p, piece) in probes.iter_mut().zip(pieces) {
+                *p = table.probe(piece);
+                table.prefetch(p);
             }
-            let at = out.len();
-            self.bpe(piece, out);
-            cache.insert(piece, &out[at..]);
-        } else {
-            self.bpe(piece, out);
+        }
+        for (p, piece) in probes.iter().zip(pieces) {
+            match cache.table().get_probed(p, piece) {
+                Some(&[id]) => out.push(id),
+                Some(ids) => out.extend_from_slice(ids),
+                None => self.encode_miss(piece, cache, out),
+            }
+        }
+    }
+
+    /// Encode one piece.
+    #[inline]
+    pub(crate) fn encode_piece(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        match cache.table().get(piece) {
+            Some(&[id]) => out.push(id),
+            Some(ids) => out.extend_from_slice(ids),
+            None => self.encode_miss(piece, cache, out),
+        }
+    }
+
+    /// A piece seen for the first time (by this thread): merges, then remember it.
+    #[inline(never)]
+    fn encode_miss(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        let at = out.len();
+        self.bpe(piece, out);
+        cache.insert(&self.base, piece, &out[at..]);
+    }
+
+    /// The id of a piece that is a single ordinary token.
+    pub(crate) fn whole_token(&self, piece: &[u8]) -> Option<u32> {
+        match self.base.get(piece) {
+            Some(&[id]) => Some(id),
+            _ => None,
         }
     }
 
@@ -450,6 +491,12 @@ impl Encoder {
     /// ends); about every `every` bytes. Used by the parallel encoders and shard writers.
     pub fn safe_cuts(&self, text: &str, allow_special: bool, every: usize) -> Vec<usize> {
         parallel::safe_cuts(self, text, allow_special, every)
+    }
+}
+
+impl Drop for Encoder {
+    fn drop(&mut self) {
+        cache::forget(self.uid);
     }
 }
 
