@@ -389,8 +389,9 @@ mod shards_bindings {
     /// Encode input files into `out_bin` (written as `out_bin + ".partial"`, resumable
     /// through `P.progress.json`). Returns a dict describing the result; the caller
     /// renames the partial file and writes the sidecar. `progress(raw_done, raw_total,
-    /// tokens, documents)` is called with the GIL held after each written chunk (at most
-    /// every `progress_interval` seconds), and Ctrl-C stops the job cleanly.
+    /// tokens, documents)` is called with the GIL held after a written chunk, at most every
+    /// `progress_interval` seconds; signals are checked after every chunk, so Ctrl-C stops
+    /// the job cleanly (what was written is committed for a rerun to resume).
     #[pyfunction]
     #[pyo3(signature = (
         encoder, inputs, out_bin, *, dtype, eos = None, jsonl_field = "text", input_format = None,
@@ -458,21 +459,19 @@ mod shards_bindings {
         let mut stopped: Option<PyErr> = None;
         let result = py.detach(|| {
             shards::encode_to_shard(&job, &*enc, |p| {
-                let done = p.raw_done >= p.raw_total;
-                if last.elapsed() < interval && !done {
-                    return true;
-                }
-                last = Instant::now();
+                // After every written chunk: Ctrl-C; at most every `interval`: the callback.
+                let report = last.elapsed() >= interval || p.raw_done >= p.raw_total;
                 Python::attach(|py| {
-                    if let Some(cb) = &progress {
+                    if let Err(e) = py.check_signals() {
+                        stopped = Some(e);
+                        return false;
+                    }
+                    if let (true, Some(cb)) = (report, &progress) {
+                        last = Instant::now();
                         if let Err(e) = cb.call1(py, (p.raw_done, p.raw_total, p.tokens, p.documents)) {
                             stopped = Some(e);
                             return false;
                         }
-                    }
-                    if let Err(e) = py.check_signals() {
-                        stopped = Some(e);
-                        return false;
                     }
                     true
                 })

@@ -50,8 +50,30 @@ def read_bin(prefix, dtype="<u2") -> np.ndarray:
 
 
 def run_cli(*args, check=False, env=None, **kw):
+    """The CLI in a subprocess (for kills, signals and process exit codes)."""
     return subprocess.run([sys.executable, "-m", "ferrolm", *map(str, args)], capture_output=True, text=True,
                           env=env, check=check, **kw)
+
+
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def cli(capsys):
+    """The CLI in this process (`ferrolm.cli.main`), capturing its output."""
+    from ferrolm.cli import main
+
+    def run(*args, check=False):
+        capsys.readouterr()
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        if check:
+            assert rc == 0, err
+        return Result(rc, out, err)
+
+    return run
 
 
 # ------------------------------------------------------------------ exactness
@@ -132,7 +154,7 @@ def test_uint32_when_the_vocab_does_not_fit(tmp_path):
 # ------------------------------------------------------------------ parts
 
 
-def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_dir):
+def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_dir, cli):
     a = tmp_path / "a.txt"
     a.write_text(docs_text(300, 3), encoding="utf-8")
     b = tmp_path / "b.txt.gz"
@@ -143,7 +165,7 @@ def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_di
     shards.encode(gpt2_tok, inputs, tmp_path / "whole", progress=False)
     n = 4
     for i in range(n):
-        r = run_cli("encode", "--tokenizer", gpt2_dir, "--input", *inputs, "--out", tmp_path / "p", "--part", f"{i}/{n}", "--no-progress")
+        r = cli("encode", "--tokenizer", gpt2_dir, "--input", *inputs, "--out", tmp_path / "p", "--part", f"{i}/{n}", "--no-progress")
         assert r.returncode == 0, r.stderr
     cat = b"".join((tmp_path / f"p.part-{i}-of-{n}.bin").read_bytes() for i in range(n))
     assert cat == (tmp_path / "whole.bin").read_bytes()
@@ -151,12 +173,12 @@ def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_di
     recs = shards.list_shards(tmp_path / "p")
     assert [r["part"] for r in recs] == [[i, n] for i in range(n)]
     assert recs[0]["byte_range"][0] == 0 and recs[-1]["byte_range"][1] == sum(p.stat().st_size for p in inputs)
-    r = run_cli("shards", tmp_path / "p", "--tokenizer", gpt2_dir, "--deep")
+    r = cli("shards", tmp_path / "p", "--tokenizer", gpt2_dir, "--deep")
     assert r.returncode == 0, r.stderr
     assert "p.part-3-of-4.bin" in r.stdout and "total" in r.stdout
     # A missing part, a truncated .bin and another tokenizer are all reported.
     (tmp_path / "p.part-2-of-4.json").unlink()
-    r = run_cli("shards", tmp_path / "p")
+    r = cli("shards", tmp_path / "p")
     assert r.returncode == 1 and "1 of 4 parts missing (part 2)" in r.stderr
     with open(tmp_path / "whole.bin", "r+b") as f:
         f.truncate(10)
@@ -167,7 +189,7 @@ def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_di
 # ------------------------------------------------------------------ bad input
 
 
-def test_missing_input_and_bad_tokenizer_dir(tmp_path, gpt2_dir):
+def test_missing_input_and_bad_tokenizer_dir(tmp_path, gpt2_dir, cli):
     r = run_cli("encode", "--tokenizer", gpt2_dir, "--input", tmp_path / "nope.txt", "--out", tmp_path / "o")
     assert r.returncode == 2 and "nope.txt" in r.stderr and "not found" in r.stderr
     bad = tmp_path / "badtok"
@@ -176,52 +198,53 @@ def test_missing_input_and_bad_tokenizer_dir(tmp_path, gpt2_dir):
     (bad / "merges.txt").write_text("#version: 0.2\n")
     src = tmp_path / "in.txt"
     src.write_text("hello")
-    r = run_cli("encode", "--tokenizer", bad, "--input", src, "--out", tmp_path / "o")
+    r = cli("encode", "--tokenizer", bad, "--input", src, "--out", tmp_path / "o")
     assert r.returncode == 2 and "vocab.json" in r.stderr and "JSON" in r.stderr
-    r = run_cli("encode", "--tokenizer", tmp_path / "nodir", "--input", src, "--out", tmp_path / "o")
+    r = cli("encode", "--tokenizer", tmp_path / "nodir", "--input", src, "--out", tmp_path / "o")
     assert r.returncode == 2 and "tokenizer directory not found" in r.stderr
     assert not list(tmp_path.glob("o.*"))
 
 
-def test_invalid_utf8_names_file_and_offset_or_is_replaced(tmp_path, gpt2_dir, gpt2_tok):
+def test_invalid_utf8_names_file_and_offset_or_is_replaced(tmp_path, gpt2_dir, gpt2_tok, cli):
     good = docs_text(30, 6).encode()
     data = good + b"caf\xe9 au lait" + good
     src = tmp_path / "latin1.txt"
     src.write_bytes(data)
-    r = run_cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress")
+    r = cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress")
     assert r.returncode == 2
     assert "latin1.txt" in r.stderr and f"invalid UTF-8 at byte offset {len(good) + 3}" in r.stderr and "--errors replace" in r.stderr
     assert not (tmp_path / "o.bin").exists() and not (tmp_path / "o.json").exists()
-    r = run_cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--errors", "replace", "--no-progress")
+    r = cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--errors", "replace", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(data.decode("utf-8", "replace"))
 
 
-def test_corrupt_gzip_is_a_clear_error(tmp_path, gpt2_dir):
+def test_corrupt_gzip_is_a_clear_error(tmp_path, gpt2_dir, cli):
     blob = bytearray(gzip.compress(docs_text(200, 7).encode()))
     for i in range(30, 80):
         blob[i] ^= 0x55
     src = tmp_path / "broken.txt.gz"
     src.write_bytes(bytes(blob))
-    r = run_cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress")
+    r = cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress")
     assert r.returncode == 2 and "broken.txt.gz" in r.stderr and "corrupt or truncated gzip" in r.stderr
     assert "Traceback" not in r.stderr and "panicked" not in r.stderr
     assert not (tmp_path / "o.bin").exists()
 
 
-def test_disk_full_hook_then_resume(tmp_path, gpt2_dir, gpt2_tok):
+def test_disk_full_hook_then_resume(tmp_path, gpt2_dir, gpt2_tok, cli, monkeypatch):
     """Write failure with ENOSPC (injected via FERROLM_TEST_FAIL_WRITE_AFTER): clear message, nothing at
     the final name; once space is back, rerunning resumes and gives the full output."""
     src = tmp_path / "in.txt"
     text = docs_text(3000, 8)
     src.write_text(text, encoding="utf-8")
-    env = dict(os.environ, FERROLM_TEST_FAIL_WRITE_AFTER="20000")
     args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress", "--chunk-size", "0.002", "--commit-interval", "0"]
-    r = run_cli(*args, env=env)
+    monkeypatch.setenv("FERROLM_TEST_FAIL_WRITE_AFTER", "20000")
+    r = cli(*args)
     assert r.returncode == 2, r.stderr
     assert "no space left" in r.stderr and "o.bin.partial" in r.stderr
     assert not (tmp_path / "o.bin").exists() and not (tmp_path / "o.json").exists()
-    r = run_cli(*args)
+    monkeypatch.delenv("FERROLM_TEST_FAIL_WRITE_AFTER")
+    r = cli(*args)
     assert r.returncode == 0, r.stderr
     assert "resumed after" in r.stderr
     assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(text)
@@ -268,7 +291,7 @@ def _start_and_kill(args, journal: Path, sig=signal.SIGKILL, min_tokens=1) -> in
     return proc.returncode, err
 
 
-def test_kill_9_at_any_moment_then_rerun_gives_identical_bytes(tmp_path, gpt2_dir, gpt2_tok):
+def test_kill_9_at_any_moment_then_rerun_gives_identical_bytes(tmp_path, gpt2_dir, gpt2_tok, cli):
     src = shared_file("corpora/webtext/enwiki_2021_wikiextractor_part01.txt")
     shards.encode(gpt2_tok, src, tmp_path / "ref", progress=False)
     args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress",
@@ -284,7 +307,7 @@ def test_kill_9_at_any_moment_then_rerun_gives_identical_bytes(tmp_path, gpt2_di
         assert not (tmp_path / "o.bin").exists() and not (tmp_path / "o.json").exists()
         assert (tmp_path / "o.bin.partial").exists()
     assert kills >= 1, "the encode finished before it could be killed; use a larger input"
-    r = run_cli(*args)
+    r = cli(*args)
     assert r.returncode == 0, r.stderr
     assert "resumed after" in r.stderr
     assert (tmp_path / "o.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
@@ -295,18 +318,17 @@ def test_kill_9_at_any_moment_then_rerun_gives_identical_bytes(tmp_path, gpt2_di
     assert not journal.exists() and not (tmp_path / "o.bin.partial").exists()
 
 
-def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, gpt2_dir, gpt2_tok):
+def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, gpt2_dir, gpt2_tok, cli):
     src = tmp_path / "in.txt"
     text = docs_text(20000, 10)
     src.write_text(text, encoding="utf-8")
     args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress",
             "--chunk-size", "0.01", "--commit-interval", "0", "--threads", "1"]
     rc, err = _start_and_kill(args, tmp_path / "o.progress.json", sig=signal.SIGINT)
-    if rc != 0:
-        assert rc == 130, err
-        assert "interrupted" in err and "rerun the same command" in err
-        assert not (tmp_path / "o.bin").exists()
-    r = run_cli(*args)
+    assert rc == 130, err
+    assert "interrupted" in err and "rerun the same command" in err and "Traceback" not in err
+    assert not (tmp_path / "o.bin").exists()
+    r = cli(*args)
     assert r.returncode == 0, r.stderr
     assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(text)
 
@@ -333,15 +355,15 @@ def test_changed_options_start_over(tmp_path, gpt2_tok):
 # ------------------------------------------------------------------ decode CLI
 
 
-def test_decode_cli_prints_a_slice(tmp_path, gpt2_dir, gpt2_tok):
+def test_decode_cli_prints_a_slice(tmp_path, gpt2_dir, gpt2_tok, cli):
     src = tmp_path / "in.txt"
     text = docs_text(50, 12)
     src.write_text(text, encoding="utf-8")
     shards.encode(gpt2_tok, src, tmp_path / "o", progress=False)
     ids = read_bin(tmp_path / "o").tolist()
-    r = run_cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", "--offset", 7, "--count", 40, check=True)
+    r = cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", "--offset", 7, "--count", 40, check=True)
     assert r.stdout == gpt2_tok.decode(ids[7:47]) + "\n"
-    r = run_cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", check=True)
+    r = cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", check=True)
     assert r.stdout == text + "\n"
-    r = run_cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", "--offset", len(ids) + 1)
+    r = cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", "--offset", len(ids) + 1)
     assert r.returncode == 2 and "outside" in r.stderr
