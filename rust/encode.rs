@@ -421,6 +421,7 @@ impl Encoder {
     }
 
     /// The id of a piece that is a single ordinary token.
+    #[cfg(test)]
     pub(crate) fn whole_token(&self, piece: &[u8]) -> Option<u32> {
         match self.base.get(piece) {
             Some(&[id]) => Some(id),

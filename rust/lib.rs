@@ -5,6 +5,7 @@
 
 pub mod encode;
 pub mod pretokenize;
+mod unicode_tables;
 
 #[cfg(feature = "python")]
 mod python;

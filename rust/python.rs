@@ -348,10 +348,34 @@ mod encoder_bindings {
 }
 // ====================== end of the encoder section ==========================
 
+// ---- pre-tokenizer debug bindings (owner: pretokenize) ----
+
+/// The regex source of a built-in pattern name ("gpt2", "cl100k", "o200k"); a test
+/// checks it equals ferrolm.patterns.
+#[pyfunction]
+fn pattern_source(name: &str) -> PyResult<&'static str> {
+    crate::pretokenize::Builtin::by_name(name)
+        .map(|b| b.source())
+        .ok_or_else(|| PyValueError::new_err(format!("unknown built-in pattern name: {name:?}")))
+}
+
+/// For each char of `text`, the bit flags of the pre-tokenizer's Unicode classes
+/// (see `pretokenize::char_class_flags`). For exhaustive tests against `regex`.
+#[pyfunction]
+fn _char_classes(text: &str) -> Vec<u8> {
+    text.chars()
+        .map(crate::pretokenize::char_class_flags)
+        .collect()
+}
+
+// ---- end of pre-tokenizer debug bindings ----
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(pretokenize, m)?)?;
     encoder_bindings::register(m)?; // encoder section
+    m.add_function(wrap_pyfunction!(pattern_source, m)?)?;
+    m.add_function(wrap_pyfunction!(_char_classes, m)?)?;
     Ok(())
 }
