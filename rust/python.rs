@@ -355,8 +355,7 @@ mod encoder_bindings {
 }
 // ====================== end of the encoder section ==========================
 
-// ============================================================================
-// Shard writer: `ferrolm encode` (issue 5; branch `shards`).
+// =====================================================================// Shard writer: `ferrolm encode` (issue 5; branch `shards`).
 // Type conversion, GIL release and Ctrl-C only; the pipeline lives in rust/shards*.
 // ============================================================================
 
@@ -770,6 +769,7 @@ mod trainer_binding {
     }
 }
 
+=======
 // ---- pre-tokenizer debug bindings (owner: pretokenize) ----
 
 /// The regex source of a built-in pattern name ("gpt2", "cl100k", "o200k"); a test
