@@ -15,6 +15,15 @@ import torch.nn.functional as F
 from ferrolm import functional
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 # ------------------------------------------------------------------- softmax ----------
 
 
@@ -110,6 +119,12 @@ def test_cross_entropy_of_bfloat16_logits_is_computed_in_float32():
     loss = functional.cross_entropy(logits, targets)
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, F.cross_entropy(logits.float(), targets))
+    x = logits.clone().requires_grad_()
+    functional.cross_entropy(x, targets).backward()
+    y = logits.float().requires_grad_()
+    F.cross_entropy(y, targets).backward()
+    assert x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x.grad, y.grad.bfloat16())
 
 
 def test_cross_entropy_rejects_mismatched_shapes():

@@ -74,7 +74,7 @@ class AdamW(torch.optim.Optimizer):
                 m, v = state["exp_avg"], state["exp_avg_sq"]
 
                 p.mul_(1.0 - lr * wd)  # θ ← θ − lr·λ·θ
-                m.mul_(beta1).add_(g, alpha=1.0 - beta1)  # m ← β1 m + (1−β1) g
+                m.lerp_(g, 1.0 - beta1)  # m ← β1 m + (1−β1) g  =  m + (1−β1)(g − m)
                 v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)  # v ← β2 v + (1−β2) g²
                 bias1 = 1.0 - beta1**t
                 bias2 = 1.0 - beta2**t
