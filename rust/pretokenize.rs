@@ -9,17 +9,28 @@
 //!
 //! # How the scanners follow the regexes
 //!
-//! Each scanner is a function `end = next_end(bytes, start)` giving the end of the
-//! match that `regex` finds at `start`. Every one of the three patterns matches at
+//! Each scanner has a scalar part, a function `end = next_end(bytes, start)` giving the
+//! end of the match that `regex` finds at `start` (the general `*_end` functions below,
+//! behind fast paths for ASCII words). Every one of the three patterns matches at
 //! every position (each code point is a letter, a number, whitespace or "other", and
 //! each of those classes has an alternative that accepts it), so the pieces tile the
 //! text and no position is ever skipped. Code points are classified with a table
 //! generated from the `regex` module itself (`unicode_tables.rs`); ASCII uses a
 //! 128-entry table.
 //!
+//! On x86_64, ASCII text goes 64 bytes at a time instead: a window starts at a piece
+//! start, SSE2 compares give bit masks of byte classes, and the piece starts follow
+//! from neighbouring bytes by bit operations (see "windows" below); the few starts that
+//! need more context (contractions, whitespace runs with newlines) are settled one by
+//! one. Where a window cannot finish a piece (non-ASCII text), the scalar part does.
+//!
 //! Classes: `\p{L}` = UPPER (Lu, Lt) | LOWER (Ll) | OLET (Lm, Lo); `\p{M}` = MARK;
 //! `\p{N}` = NUM; `\s` = WS; everything else OTHER. The classes are disjoint (the
 //! generator checks it).
+//!
+//! Tests: unit tests here (hand-picked cases, a random differential test against
+//! fancy-regex, linear time on long runs); tests/test_pretokenize.py compares with
+//! Python's `regex` module itself (every code point's class, hypothesis, corpora).
 
 use std::fmt;
 
@@ -676,11 +687,11 @@ fn o200k_next(b: &[u8], i: usize) -> usize {
 }
 
 // ---------------------------------------------------------------------------------
-// GPT-2 on ASCII text, 64 bytes at a time.
+// Windows: ASCII text 64 bytes at a time (x86_64).
 //
 // A window starts at a piece start. For its ASCII prefix, where a piece starts follows
-// from the classes of neighbouring bytes alone (L letter, N digit, W whitespace, P
-// other), as bit masks (bit k = byte k):
+// from the classes of neighbouring bytes, as bit masks (bit k = byte k). For GPT-2
+// (L letter, N digit, W whitespace, P other; cl100k and o200k: see `shared_window`):
 //   - a piece starts where the class changes;
 //   - except before a non-space preceded by ' ' (the space opens ` ?\p{L}+` etc.);
 //   - and at the last char of a whitespace run followed by a non-space (`\s+(?!\S)`
