@@ -769,7 +769,6 @@ mod trainer_binding {
     }
 }
 
-=======
 // ---- pre-tokenizer debug bindings (owner: pretokenize) ----
 
 /// The regex source of a built-in pattern name ("gpt2", "cl100k", "o200k"); a test
