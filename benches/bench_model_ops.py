@@ -82,6 +82,13 @@ def main() -> None:
     rows.append(("Q,K,V: three GEMMs (ferrolm)", cpu_ms(separate, [x, wq, wk, wv], args.reps)))
     rows.append(("Q,K,V: one GEMM on concatenated weight", cpu_ms(fused, [x, wq, wk, wv], args.reps)))
 
+    qa, ka, va = (torch.randn(B, H, T, dh) for _ in range(3))
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    rows.append(("attention, F.scaled_dot_product_attention is_causal", cpu_ms(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [qa, ka, va], args.reps)))
+    rows.append(("attention, functional (literal softmax(QK^T/sqrt d + M) V)", cpu_ms(lambda a, b, c: functional.scaled_dot_product_attention(a, b, c, causal), [qa, ka, va], args.reps)))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        rows.append(("attention, SDPA math backend", cpu_ms(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [qa, ka, va], args.reps)))
+
     print(f"# torch {torch.__version__}, 1 thread, min of {args.reps}, forward+backward, CPU ms")
     print("| operation | CPU ms |")
     print("|---|---|")
