@@ -703,12 +703,11 @@ fn o200k_next(b: &[u8], i: usize) -> usize {
 // begins at the last certain start; where no piece completes (a non-ASCII char, a
 // very long piece) the scalar scanner takes one piece.
 
-/// Class masks of the 64 bytes at `b[i..i + 64]`.
-
 #[cfg(target_arch = "x86_64")]
 mod windows {
     use super::*;
 
+    /// Class masks of the 64 bytes at `b[i..i + 64]`.
     struct Window {
         letter: u64,
         upper: u64,
