@@ -3,7 +3,11 @@
 //! The core has no PyO3 types; `python.rs` (behind the `python` feature) only
 //! converts types and releases the GIL, so `cargo test` needs no Python.
 
+pub mod encode;
 pub mod pretokenize;
+pub mod shards;
+pub mod train;
+mod unicode_tables;
 
 #[cfg(feature = "python")]
 mod python;

@@ -126,6 +126,8 @@ def read_vocab(path: str | os.PathLike, special_tokens: Sequence[str] = ()) -> d
             raise TokenizerFileError(f"{path}: id of {token!r} must be a non-negative integer, got {i!r}")
         if i in vocab:
             raise TokenizerFileError(f"{path}: id {i} is used twice")
+        if not token:
+            raise TokenizerFileError(f"{path}: the empty string is not a token (id {i})")
         if token in specials:
             vocab[i] = token.encode("utf-8")
         else:
@@ -224,3 +226,97 @@ def load_dir(directory: str | os.PathLike) -> tuple[dict[int, bytes], list[tuple
     vocab = read_vocab(directory / VOCAB_FILE, specials)
     merges = read_merges(directory / MERGES_FILE)
     return vocab, merges, specials, patterns.resolve(pattern)
+
+
+# --------------------------------------------------------------------------------------
+# Other formats: tiktoken's rank file and HF tokenizers' tokenizer.json
+# --------------------------------------------------------------------------------------
+
+
+def write_tiktoken_ranks(path: str | os.PathLike, ranks: Iterable[tuple[bytes, int]]) -> None:
+    """Write a ``.tiktoken`` rank file: ``base64(token) rank`` per line, in the order given."""
+    import base64
+
+    lines = [f"{base64.b64encode(token).decode('ascii')} {rank}\n" for token, rank in ranks]
+    atomic_write_bytes(path, "".join(lines).encode("ascii"))
+
+
+def read_tiktoken_ranks(path: str | os.PathLike) -> dict[bytes, int]:
+    """Read a ``.tiktoken`` rank file into ``{token bytes: rank}``."""
+    import base64
+    import binascii
+
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"tiktoken rank file not found: {path}") from None
+    ranks: dict[bytes, int] = {}
+    for lineno, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise TokenizerFileError(f"{path}:{lineno}: expected 'base64-token rank', got {line[:80]!r}")
+        try:
+            token = base64.b64decode(parts[0], validate=True)
+            rank = int(parts[1])
+        except (binascii.Error, ValueError):
+            raise TokenizerFileError(f"{path}:{lineno}: expected 'base64-token rank', got {line[:80]!r}") from None
+        if rank < 0:
+            raise TokenizerFileError(f"{path}:{lineno}: negative rank {rank}")
+        if token in ranks:
+            raise TokenizerFileError(f"{path}:{lineno}: token {token!r} appears twice")
+        ranks[token] = rank
+    return ranks
+
+
+def hf_tokenizer_json(vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_ids: Sequence[tuple[str, int]], pattern: str) -> dict:
+    """An HF tokenizers ``tokenizer.json`` (ByteLevel BPE) encoding as ferrolm does.
+
+    The pattern becomes a Split pre-tokenizer followed by a ByteLevel one that only maps
+    bytes; special tokens become added tokens; ``ignore_merges`` makes a pre-token that is
+    itself a token encode as that token, as ferrolm and tiktoken do.
+    """
+    special_set = {i for _, i in special_ids}
+    model_vocab: dict[str, int] = {}
+    for i in sorted(vocab):
+        if i in special_set:
+            continue
+        model_vocab.setdefault(token_to_str(vocab[i]), i)
+    # HF takes an added token's id from the model vocab when the content is there (and
+    # otherwise numbers it after the vocab), so special tokens go in too, as in GPT-2's file.
+    for s, i in special_ids:
+        if model_vocab.setdefault(s, i) != i:
+            raise ValueError(f"special token {s!r} (id {i}) has the same text as token {model_vocab[s]} in byte-level form; tokenizer.json cannot hold both")
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+            for s, i in special_ids
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": patterns.resolve(pattern)}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            ],
+        },
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": True,
+            "vocab": model_vocab,
+            "merges": [f"{token_to_str(a)} {token_to_str(b)}" for a, b in merges],
+        },
+    }

@@ -1,0 +1,498 @@
+//! Byte-level BPE encoding: text -> token ids, exactly as tiktoken (GPT-2 vocab) and
+//! ferrolm's reference tokenizer compute them, as fast as we know how.
+//!
+//! Per encode call:
+//! 1. special tokens split the text (Aho-Corasick, leftmost-longest), unless they are
+//!    treated as text;
+//! 2. each span between them is cut into pieces by the pre-tokenizer
+//!    ([`crate::pretokenize::PreTokenizer`]);
+//! 3. each piece becomes ids:
+//!    * "the vocab is the cache": a piece whose bytes are a token is that token
+//!      (one hash lookup; most pieces of real text end here);
+//!    * otherwise a per-thread piece cache (bytes -> ids) is consulted;
+//!    * otherwise merges are applied by rank, lowest first, leftmost first among
+//!      equals: a linear scan for short pieces, a heap over a linked list for long
+//!      ones (so `"a" * 1_000_000` stays near linear).
+//!
+//! The public Rust API ([`Encoder`], [`StreamEncoder`]) has no PyO3 types; the shard
+//! writer and `python.rs` build on it.
+
+mod bpe;
+mod cache;
+mod pairs;
+mod parallel;
+mod specials;
+mod stream;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::pretokenize::{PatternError, PreTokenizer};
+
+pub use parallel::ThreadCount;
+use specials::Specials;
+pub use stream::StreamEncoder;
+
+/// Why an [`Encoder`] could not be built, or an id could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EncodeError {
+    /// The vocabulary is malformed (missing byte, id too large, duplicate bytes ...).
+    Vocab(String),
+    /// A merge refers to a token the vocabulary does not have.
+    Merges(String),
+    /// Special tokens are malformed (empty, duplicated).
+    Specials(String),
+    /// The pre-tokenization pattern does not compile.
+    Pattern(String),
+    /// An id passed to decode is not in the vocabulary.
+    IdOutOfRange { id: u64, vocab_size: u64 },
+}
+
+impl fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EncodeError::Vocab(m) => write!(f, "invalid vocab: {m}"),
+            EncodeError::Merges(m) => write!(f, "invalid merges: {m}"),
+            EncodeError::Specials(m) => write!(f, "invalid special tokens: {m}"),
+            EncodeError::Pattern(m) => write!(f, "{m}"),
+            EncodeError::IdOutOfRange { id, vocab_size } => {
+                write!(f, "token id {id} is not in the vocabulary (vocab_size {vocab_size})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EncodeError {}
+
+impl From<PatternError> for EncodeError {
+    fn from(e: PatternError) -> Self {
+        EncodeError::Pattern(e.to_string())
+    }
+}
+
+use pairs::NO_MERGE;
+
+/// Ids are `u32`; the vocabulary may be sparse but not absurdly so (the decode
+/// table is dense).
+const MAX_SPARSE_SLACK: u64 = 1 << 22;
+
+/// Pieces looked up together (see `Encoder::encode_pieces`).
+const PIECE_BATCH: usize = 32;
+
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
+fn show(b: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(b))
+}
+
+/// A byte-level BPE encoder: vocab, merges, special tokens and pre-tokenizer.
+///
+/// `Send + Sync`: share one behind an `Arc` between threads; each thread keeps its own
+/// piece cache.
+pub struct Encoder {
+    /// Distinguishes encoders in the thread-local piece caches.
+    uid: u64,
+    /// Decode table: bytes of id `i` are `arena[start[i]..start[i] + len[i]]`;
+    /// `len[i] == u32::MAX` for ids absent from a sparse vocab.
+    arena: Vec<u8>,
+    start: Vec<u64>,
+    len: Vec<u32>,
+    /// The id of each single byte.
+    byte_ids: [u32; 256],
+    /// (left << 32 | right) -> (rank << 32 | merged id).
+    pairs: pairs::PairTable,
+    /// Bytes -> id for every ordinary token: a pre-token found here is that single
+    /// token. Each thread encodes with a copy that also caches merged pieces.
+    base: cache::PieceTable,
+    specials: Specials,
+    pretok: PreTokenizer,
+    num_merges: usize,
+}
+
+impl fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Encoder")
+            .field("vocab_size", &self.vocab_size())
+            .field("merges", &self.num_merges)
+            .field("specials", &self.specials.tokens())
+            .field("pattern", &self.pretok.pattern())
+            .finish()
+    }
+}
+
+impl Encoder {
+    /// Build an encoder.
+    ///
+    /// * `vocab`: (id, token bytes); ids are the ids `encode` returns (a vocab built
+    ///   elsewhere, e.g. GPT-2's, keeps its own ids). Every single byte must be a token.
+    /// * `merges`: (left, right) in rank order; both sides and their concatenation
+    ///   must be tokens.
+    /// * `specials`: looked up by their UTF-8 bytes in the vocab; appended after the
+    ///   largest id when absent.
+    ///
+    /// When several ids carry the same bytes, the smallest is the one encoding produces.
+    /// * `pattern`: "gpt2", "cl100k", "o200k" or a regex.
+    pub fn new(
+        vocab: Vec<(u64, Vec<u8>)>,
+        merges: Vec<(Vec<u8>, Vec<u8>)>,
+        specials: Vec<String>,
+        pattern: &str,
+    ) -> Result<Encoder, EncodeError> {
+        let pretok = PreTokenizer::new(pattern)?;
+        if vocab.is_empty() {
+            return Err(EncodeError::Vocab("the vocabulary is empty".into()));
+        }
+        let mut max_id = 0u64;
+        for (id, _) in &vocab {
+            if *id > u32::MAX as u64 - 1 {
+                return Err(EncodeError::Vocab(format!("id {id} does not fit in 32 bits (ids must be < 2^32 - 1)")));
+            }
+            max_id = max_id.max(*id);
+        }
+        let extra = specials.len() as u64;
+        if max_id + extra >= u32::MAX as u64 {
+            return Err(EncodeError::Vocab("more than 2^32 - 1 ids".into()));
+        }
+        if max_id + 1 > (vocab.len() as u64).saturating_mul(4) + MAX_SPARSE_SLACK {
+            return Err(EncodeError::Vocab(format!(
+                "ids are too sparse: {} tokens but the largest id is {max_id}",
+                vocab.len()
+            )));
+        }
+
+        // Dense decode table.
+        let size = (max_id + 1) as usize;
+        let mut start = vec![0u64; size];
+        let mut len = vec![u32::MAX; size];
+        let mut arena = Vec::with_capacity(vocab.iter().map(|(_, b)| b.len()).sum());
+        for (id, bytes) in &vocab {
+            let i = *id as usize;
+            if len[i] != u32::MAX {
+                return Err(EncodeError::Vocab(format!("id {id} appears twice")));
+            }
+            if bytes.is_empty() {
+                return Err(EncodeError::Vocab(format!("id {id} has empty bytes")));
+            }
+            if bytes.len() >= u32::MAX as usize {
+                return Err(EncodeError::Vocab(format!("id {id} is too long")));
+            }
+            start[i] = arena.len() as u64;
+            len[i] = bytes.len() as u32;
+            arena.extend_from_slice(bytes);
+        }
+        let mut byte_ids = [0u32; 256];
+        let mut pairs = pairs::PairTable::with_capacity(merges.len());
+        let mut whole_map = cache::PieceTable::with_capacity(vocab.len());
+
+        // Bytes -> id; when several ids carry the same bytes the smallest wins (as in
+        // the reference tokenizer).
+        let mut by_bytes: FxHashMap<&[u8], u32> = FxHashMap::default();
+        by_bytes.reserve(vocab.len());
+        for id in 0..size {
+            if len[id] != u32::MAX {
+                let s = start[id] as usize;
+                by_bytes.entry(&arena[s..s + len[id] as usize]).or_insert(id as u32);
+            }
+        }
+
+        // Special tokens: by their bytes, else appended after the largest id.
+        let mut special_ids: Vec<(String, u32)> = Vec::with_capacity(specials.len());
+        let mut next_id = size as u32;
+        let mut appended: Vec<(String, u32)> = Vec::new();
+        for s in &specials {
+            if s.is_empty() {
+                return Err(EncodeError::Specials("a special token is the empty string".into()));
+            }
+            if special_ids.iter().any(|(t, _)| t == s) {
+                return Err(EncodeError::Specials(format!("{s:?} is listed twice")));
+            }
+            let id = match by_bytes.get(s.as_bytes()) {
+                Some(&id) => id,
+                None => {
+                    let id = next_id;
+                    next_id += 1;
+                    appended.push((s.clone(), id));
+                    id
+                }
+            };
+            special_ids.push((s.clone(), id));
+        }
+
+        // Single bytes.
+        let mut produced: FxHashSet<u32> = FxHashSet::default();
+        for b in 0..256usize {
+            match by_bytes.get(&[b as u8][..]) {
+                Some(&id) => {
+                    byte_ids[b] = id;
+                    produced.insert(id);
+                }
+                None => {
+                    return Err(EncodeError::Vocab(format!(
+                        "no token for the byte 0x{b:02x}: a byte-level vocab needs all 256 single bytes"
+                    )))
+                }
+            }
+        }
+
+        // Merges: (left id, right id) -> (rank, merged id); a repeated merge keeps its
+        // first rank.
+        if merges.len() >= u32::MAX as usize - 1 {
+            return Err(EncodeError::Merges("more than 2^32 merges".into()));
+        }
+        let mut joined = Vec::new();
+        for (rank, (a, b)) in merges.iter().enumerate() {
+            let lookup = |t: &[u8], what: &str| -> Result<u32, EncodeError> {
+                by_bytes.get(t).copied().ok_or_else(|| {
+                    EncodeError::Merges(format!(
+                        "merge {rank} ({} {}): the {what} {} is not in the vocab",
+                        show(a),
+                        show(b),
+                        show(t)
+                    ))
+                })
+            };
+            let left = lookup(a, "left token")?;
+            let right = lookup(b, "right token")?;
+            joined.clear();
+            joined.extend_from_slice(a);
+            joined.extend_from_slice(b);
+            let merged = lookup(&joined, "merged token")?;
+            pairs.insert_new(left, right, ((rank as u64) << 32) | merged as u64);
+            produced.insert(merged);
+        }
+        // "The vocab is the cache": every token except the special tokens (unless a
+        // byte or a merge also produces them), as tiktoken looks a piece up among its
+        // mergeable ranks. For a trained vocab these are exactly the bytes and the
+        // merge results.
+        let special_only: FxHashSet<u32> =
+            special_ids.iter().map(|&(_, id)| id).filter(|id| !produced.contains(id)).collect();
+        for (bytes, &id) in &by_bytes {
+            if !special_only.contains(&id) {
+                whole_map.insert(bytes, &[id]);
+            }
+        }
+        drop(by_bytes);
+
+        let mut enc = Encoder {
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+            arena,
+            start,
+            len,
+            byte_ids,
+            pairs,
+            base: whole_map,
+            specials: Specials::default(),
+            pretok,
+            num_merges: merges.len(),
+        };
+
+        // Appended specials extend the decode table.
+        for (s, id) in &appended {
+            debug_assert_eq!(*id as usize, enc.len.len());
+            enc.start.push(enc.arena.len() as u64);
+            enc.len.push(s.len() as u32);
+            enc.arena.extend_from_slice(s.as_bytes());
+        }
+        enc.specials = Specials::new(special_ids);
+        Ok(enc)
+    }
+
+    /// One more than the largest id (specials included).
+    pub fn vocab_size(&self) -> usize {
+        self.len.len()
+    }
+
+    /// The number of merges.
+    pub fn num_merges(&self) -> usize {
+        self.num_merges
+    }
+
+    /// Special tokens and their ids, in the order given.
+    pub fn special_tokens(&self) -> &[(String, u32)] {
+        self.specials.tokens()
+    }
+
+    /// The regex source of the pre-tokenizer.
+    pub fn pattern(&self) -> &str {
+        self.pretok.pattern()
+    }
+
+    /// The bytes of token `id`, or None when the vocab has no such id.
+    #[inline]
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        let l = *self.len.get(i)?;
+        if l == u32::MAX {
+            return None;
+        }
+        let s = self.start[i] as usize;
+        Some(&self.arena[s..s + l as usize])
+    }
+
+    /// Encode `text`. With `allow_special`, special tokens in the text are their ids
+    /// and hard boundaries; without, they are ordinary text.
+    pub fn encode(&self, text: &str, allow_special: bool) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 4 + 4);
+        self.encode_into(text, allow_special, &mut out);
+        out
+    }
+
+    /// Encode `text` treating special tokens as text.
+    pub fn encode_ordinary(&self, text: &str) -> Vec<u32> {
+        self.encode(text, false)
+    }
+
+    /// Encode `text`, appending the ids to `out`.
+    pub fn encode_into(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) {
+        cache::with_cache(self.uid, &self.base, |cache| self.encode_with(text, allow_special, cache, out));
+    }
+
+    fn encode_with(&self, text: &str, allow_special: bool, cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        if allow_special && !self.specials.is_empty() {
+            let mut pos = 0;
+            for (s, e, id) in self.specials.find_iter(text) {
+                self.encode_span(&text[pos..s], cache, out);
+                out.push(id);
+                pos = e;
+            }
+            self.encode_span(&text[pos..], cache, out);
+        } else {
+            self.encode_span(text, cache, out);
+        }
+    }
+
+    /// Encode text that holds no special token boundaries.
+    fn encode_span(&self, text: &str, cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        if text.is_empty() {
+            return;
+        }
+        let mut batch: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
+        let mut n = 0;
+        self.pretok.for_each_piece(text, |piece| {
+            batch[n] = piece.as_bytes();
+            n += 1;
+            if n == PIECE_BATCH {
+                self.encode_pieces(&batch, cache, out);
+                n = 0;
+            }
+        });
+        self.encode_pieces(&batch[..n], cache, out);
+    }
+
+    /// Encode consecutive pieces; the lookups of the batch are started together so that
+    /// their cache misses overlap.
+    #[inline]
+    fn encode_pieces(&self, pieces: &[&[u8]], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        let mut probes = [cache::Probe::default(); PIECE_BATCH];
+        {
+            let table = cache.table();
+            for (p, piece) in probes.iter_mut().zip(pieces) {
+                *p = table.probe(piece);
+                table.prefetch(p);
+            }
+        }
+        for (p, piece) in probes.iter().zip(pieces) {
+            match cache.table().get_probed(p, piece) {
+                Some(&[id]) => out.push(id),
+                Some(ids) => out.extend_from_slice(ids),
+                None => self.encode_miss(piece, cache, out),
+            }
+        }
+    }
+
+    /// Encode one piece.
+    #[inline]
+    pub(crate) fn encode_piece(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        match cache.table().get(piece) {
+            Some(&[id]) => out.push(id),
+            Some(ids) => out.extend_from_slice(ids),
+            None => self.encode_miss(piece, cache, out),
+        }
+    }
+
+    /// A piece seen for the first time (by this thread): merges, then remember it.
+    #[inline(never)]
+    fn encode_miss(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        let at = out.len();
+        self.bpe(piece, out);
+        cache.insert(&self.base, piece, &out[at..]);
+    }
+
+    /// The id of a piece that is a single ordinary token.
+    #[cfg(test)]
+    pub(crate) fn whole_token(&self, piece: &[u8]) -> Option<u32> {
+        match self.base.get(piece) {
+            Some(&[id]) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// (priority << 32 | merged id) of merging `left` and `right`, or NO_MERGE.
+    #[inline(always)]
+    fn pair(&self, left: u32, right: u32) -> u64 {
+        self.pairs.get(left, right)
+    }
+
+    /// Apply merges to one piece (not found whole in the vocab); append its ids.
+    pub(crate) fn bpe(&self, piece: &[u8], out: &mut Vec<u32>) {
+        bpe::bpe(self, piece, out)
+    }
+
+    /// Concatenated bytes of `ids`; an id not in the vocab is an error.
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, EncodeError> {
+        let mut out = Vec::with_capacity(ids.len() * 4);
+        self.decode_bytes_into(ids, &mut out)?;
+        Ok(out)
+    }
+
+    /// Append the bytes of `ids` to `out`.
+    pub fn decode_bytes_into(&self, ids: &[u32], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        for &id in ids {
+            match self.token_bytes(id) {
+                Some(b) => out.extend_from_slice(b),
+                None => return Err(EncodeError::IdOutOfRange { id: id as u64, vocab_size: self.vocab_size() as u64 }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Decode to text, invalid UTF-8 replaced by U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, EncodeError> {
+        let bytes = self.decode_bytes(ids)?;
+        Ok(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    /// Encode many documents, in parallel over documents (see [`ThreadCount`]); the
+    /// result is the same for any thread count.
+    pub fn encode_batch<S: AsRef<str> + Sync>(&self, texts: &[S], allow_special: bool, threads: ThreadCount) -> Vec<Vec<u32>> {
+        parallel::encode_batch(self, texts, allow_special, threads)
+    }
+
+    /// Encode one large text on several threads: it is cut where the result cannot
+    /// change (at special tokens, and for the built-in patterns before a space that
+    /// follows a non-space ASCII character), the parts are encoded in parallel and
+    /// concatenated. Same ids as [`Encoder::encode`].
+    pub fn encode_parallel(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<u32> {
+        parallel::encode_parallel(self, text, allow_special, threads)
+    }
+
+    /// Positions in `text` where it may be cut without changing its ids (besides the
+    /// ends); about every `every` bytes. Used by the parallel encoders and shard writers.
+    pub fn safe_cuts(&self, text: &str, allow_special: bool, every: usize) -> Vec<usize> {
+        parallel::safe_cuts(self, text, allow_special, every)
+    }
+}
+
+impl Drop for Encoder {
+    fn drop(&mut self) {
+        cache::forget(self.uid);
+    }
+}
+
+#[cfg(test)]
+mod tests;

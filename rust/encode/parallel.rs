@@ -1,0 +1,149 @@
+//! Parallel encoding: many documents (one task per document) or one large text cut
+//! at positions where cutting cannot change the ids.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+
+use super::Encoder;
+
+/// `None`: all cores (rayon's global pool); `Some(1)`: on the calling thread;
+/// `Some(n)`: a pool of `n` threads (kept for reuse).
+pub type ThreadCount = Option<usize>;
+
+fn pool(n: usize) -> Arc<rayon::ThreadPool> {
+    static POOLS: OnceLock<Mutex<FxHashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    pools
+        .entry(n)
+        .or_insert_with(|| {
+            Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("ferrolm-encode-{i}"))
+                    .build()
+                    .expect("cannot start encoder threads"),
+            )
+        })
+        .clone()
+}
+
+/// Run `f` where its rayon calls use `threads` threads.
+pub fn run_with_threads<R: Send>(threads: ThreadCount, f: impl FnOnce() -> R + Send) -> R {
+    match threads {
+        None | Some(0) => f(),
+        Some(n) => pool(n).install(f),
+    }
+}
+
+fn effective_threads(threads: ThreadCount) -> usize {
+    match threads {
+        None | Some(0) => rayon::current_num_threads(),
+        Some(n) => n,
+    }
+}
+
+pub(super) fn encode_batch<S: AsRef<str> + Sync>(
+    enc: &Encoder,
+    texts: &[S],
+    allow_special: bool,
+    threads: ThreadCount,
+) -> Vec<Vec<u32>> {
+    if effective_threads(threads) <= 1 || texts.len() <= 1 {
+        return texts.iter().map(|t| enc.encode(t.as_ref(), allow_special)).collect();
+    }
+    run_with_threads(threads, || texts.par_iter().map(|t| enc.encode(t.as_ref(), allow_special)).collect())
+}
+
+pub(super) fn encode_parallel(enc: &Encoder, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<u32> {
+    let n = effective_threads(threads);
+    if n <= 1 || text.len() < (1 << 20) {
+        return enc.encode(text, allow_special);
+    }
+    let every = (text.len() / (n * 8)).max(1 << 20);
+    let cuts = safe_cuts(enc, text, allow_special, every);
+    let mut parts: Vec<&str> = Vec::with_capacity(cuts.len() + 1);
+    let mut at = 0;
+    for &c in cuts.iter().chain(std::iter::once(&text.len())) {
+        parts.push(&text[at..c]);
+        at = c;
+    }
+    let encoded: Vec<Vec<u32>> =
+        run_with_threads(threads, || parts.par_iter().map(|p| enc.encode(p, allow_special)).collect());
+    let mut out = Vec::with_capacity(encoded.iter().map(Vec::len).sum());
+    for e in encoded {
+        out.extend_from_slice(&e);
+    }
+    out
+}
+
+impl Encoder {
+    /// True when the pre-tokenization pattern is one of the built-ins, for which a space
+    /// after a non-space character always starts a new piece that does not depend on
+    /// the text before it.
+    pub fn has_builtin_pattern(&self) -> bool {
+        self.pretok.is_builtin()
+    }
+}
+
+/// Sorted cut positions (exclusive of 0 and `text.len()`), about `every` bytes apart.
+pub(super) fn safe_cuts(enc: &Encoder, text: &str, allow_special: bool, every: usize) -> Vec<usize> {
+    let bytes = text.as_bytes();
+    let every = every.max(1);
+    let builtin = enc.has_builtin_pattern();
+    // Special-token matches are hard boundaries (when specials are in force) and must
+    // not be cut through.
+    let matches: Vec<(usize, usize)> = if allow_special && !enc.specials.is_empty() {
+        enc.specials.find_iter(text).map(|(s, e, _)| (s, e)).collect()
+    } else {
+        Vec::new()
+    };
+    let mut cuts = Vec::new();
+    let mut target = every;
+    let mut mi = 0; // first match ending after `target`
+    while target < bytes.len() {
+        while mi < matches.len() && matches[mi].1 <= target {
+            mi += 1;
+        }
+        // The next special boundary at or after target.
+        let special_cut = matches.get(mi).map(|&(s, e)| if s >= target { s } else { e });
+        // The next pre-tokenizer-safe position at or after target, outside any match.
+        let mut pretok_cut = None;
+        if builtin {
+            let stop = special_cut.unwrap_or(bytes.len());
+            let mut p = target.max(1);
+            while p < stop {
+                match memchr::memchr(b' ', &bytes[p..stop]) {
+                    None => break,
+                    Some(off) => {
+                        let q = p + off;
+                        if (0x21..=0x7e).contains(&bytes[q - 1]) {
+                            pretok_cut = Some(q);
+                            break;
+                        }
+                        p = q + 1;
+                    }
+                }
+            }
+            // Inside a match that started before target?
+            if let (Some(q), Some(&(s, e))) = (pretok_cut, matches.get(mi)) {
+                if s < q && q < e {
+                    pretok_cut = None;
+                }
+            }
+        }
+        let cut = match (pretok_cut, special_cut) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => match a.or(b) {
+                Some(c) => c,
+                None => break,
+            },
+        };
+        if cut > 0 && cut < bytes.len() && cuts.last().map_or(true, |&l| cut > l) {
+            cuts.push(cut);
+        }
+        target = cut.max(target) + every;
+    }
+    cuts
+}

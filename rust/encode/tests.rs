@@ -1,0 +1,341 @@
+//! Unit tests of the encoder on small hand-made vocabularies.
+
+use super::*;
+
+/// Bytes at their own ids, then the given merges (a trained tokenizer's layout).
+fn trained(merges: &[(&str, &str)], specials: &[&str], pattern: &str) -> Encoder {
+    let mut vocab: Vec<(u64, Vec<u8>)> = (0..256u64).map(|b| (b, vec![b as u8])).collect();
+    let mut m = Vec::new();
+    for (i, (a, b)) in merges.iter().enumerate() {
+        vocab.push((256 + i as u64, format!("{a}{b}").into_bytes()));
+        m.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
+    }
+    Encoder::new(vocab, m, specials.iter().map(|s| s.to_string()).collect(), pattern).unwrap()
+}
+
+fn toy() -> Encoder {
+    trained(
+        &[("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), (" ", "w"), ("a", "a"), ("aa", "aa"), ("aa", "a"), ("!", "!")],
+        &["<|endoftext|>", "<|endoftext|><|endoftext|>"],
+        "gpt2",
+    )
+}
+
+/// Reference BPE: repeatedly merge the lowest-rank pair, leftmost first.
+fn naive(merges: &[(&str, &str)], piece: &str) -> Vec<Vec<u8>> {
+    let mut parts: Vec<Vec<u8>> = piece.bytes().map(|b| vec![b]).collect();
+    loop {
+        let mut best: Option<(usize, usize)> = None;
+        for i in 0..parts.len().saturating_sub(1) {
+            if let Some(r) = merges.iter().position(|(a, b)| a.as_bytes() == &parts[i][..] && b.as_bytes() == &parts[i + 1][..]) {
+                if best.map_or(true, |(br, _)| r < br) {
+                    best = Some((r, i));
+                }
+            }
+        }
+        match best {
+            None => return parts,
+            Some((_, i)) => {
+                let right = parts.remove(i + 1);
+                parts[i].extend(right);
+            }
+        }
+    }
+}
+
+#[test]
+fn whole_token_and_merges() {
+    let e = toy();
+    assert_eq!(e.encode("hello", false), vec![259]);
+    assert_eq!(e.encode("hello world", false).len(), 1 + 1 + 4);
+    assert_eq!(e.decode(&e.encode("hello world!!!", true)).unwrap(), "hello world!!!");
+}
+
+#[test]
+fn specials_longest_first_and_ordinary() {
+    let e = toy();
+    let eot = e.special_tokens()[0].1;
+    let eot2 = e.special_tokens()[1].1;
+    assert_eq!(eot, 265);
+    assert_eq!(eot2, 266);
+    assert_eq!(e.encode("<|endoftext|><|endoftext|>", true), vec![eot2]);
+    assert_eq!(e.encode("<|endoftext|><|endoftext|><|endoftext|>", true), vec![eot2, eot]);
+    assert_eq!(e.encode("a<|endoftext|>b", true), vec![b'a' as u32, eot, b'b' as u32]);
+    let ordinary = e.encode("<|endoftext|>", false);
+    assert!(ordinary.len() > 1);
+    assert_eq!(e.decode(&ordinary).unwrap(), "<|endoftext|>");
+}
+
+#[test]
+fn small_and_large_bpe_agree_with_naive() {
+    let merges = [("a", "a"), ("b", "a"), ("aa", "a"), ("ab", "a"), ("a", "b"), ("ba", "aa"), ("aaa", "aa"), ("b", "b")];
+    let e = trained(&merges, &[], "gpt2");
+    let mut state = 12345u64;
+    for _ in 0..2000 {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let n = 2 + (state >> 60) as usize * 3;
+        let s: String = (0..n)
+            .map(|i| if (state >> (i % 60)) & 1 == 1 { 'a' } else { 'b' })
+            .collect();
+        let want: Vec<u32> = naive(&merges, &s)
+            .iter()
+            .map(|p| e.whole_token(p).expect("naive produced a token"))
+            .collect();
+        assert_eq!(bpe::bpe_small_for_test(&e, s.as_bytes()), want, "small {s}");
+        assert_eq!(bpe::bpe_large_for_test(&e, s.as_bytes()), want, "large {s}");
+    }
+}
+
+#[test]
+fn long_runs_are_fast_enough_and_exact() {
+    let e = toy();
+    let s = "a".repeat(100_001);
+    let ids = e.encode(&s, false);
+    assert_eq!(e.decode(&ids).unwrap(), s);
+    // "aaaa" merges first everywhere, then the leftover.
+    assert_eq!(ids.iter().filter(|&&i| i == 262).count(), 25_000);
+    let bang = "!".repeat(100_001);
+    assert_eq!(e.decode(&e.encode(&bang, false)).unwrap(), bang);
+}
+
+#[test]
+fn streaming_equals_whole() {
+    let e = toy();
+    let text = "hello world<|endoftext|>\n\n  hello  \n aaaa<|endoftext|><|endoftext|>!! x\n".repeat(50);
+    let want = e.encode(&text, true);
+    for step in [1usize, 2, 3, 7, 13, 100] {
+        let chars: Vec<char> = text.chars().collect();
+        let mut ids = Vec::new();
+        let mut s = StreamEncoder::new(true);
+        let mut buf = String::new();
+        for c in chars.chunks(step) {
+            buf.extend(c.iter());
+            let done = e.encode_stable_prefix(&buf, true, &mut ids);
+            buf.drain(..done);
+        }
+        e.encode_into(&buf, true, &mut ids);
+        assert_eq!(ids, want, "step {step}");
+        let mut ids2 = Vec::new();
+        for c in chars.chunks(step) {
+            let chunk: String = c.iter().collect();
+            s.push(&e, &chunk, &mut ids2);
+        }
+        s.finish(&e, &mut ids2);
+        assert_eq!(ids2, want, "push step {step}");
+    }
+}
+
+#[test]
+fn parallel_equals_serial() {
+    let e = toy();
+    let text = "hello world, hello! aaaa<|endoftext|> x y\n\n z ".repeat(30_000);
+    let want = e.encode(&text, true);
+    assert_eq!(e.encode_parallel(&text, true, Some(3)), want);
+    let want_o = e.encode(&text, false);
+    assert_eq!(e.encode_parallel(&text, false, Some(2)), want_o);
+    let cuts = e.safe_cuts(&text, true, 1000);
+    assert!(cuts.len() > 100);
+    let docs: Vec<&str> = text.split("<|endoftext|>").take(100).collect();
+    let batch = e.encode_batch(&docs, true, Some(2));
+    for (d, ids) in docs.iter().zip(&batch) {
+        assert_eq!(&e.encode(d, true), ids);
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let bytes: Vec<(u64, Vec<u8>)> = (0..256u64).map(|b| (b, vec![b as u8])).collect();
+    let m = |a: &str, b: &str| (a.as_bytes().to_vec(), b.as_bytes().to_vec());
+    // merge result missing
+    let r = Encoder::new(bytes.clone(), vec![m("a", "b")], vec![], "gpt2");
+    assert!(matches!(r, Err(EncodeError::Merges(_))), "{r:?}");
+    // merge side missing
+    let mut v = bytes.clone();
+    v.push((256, b"xyz".to_vec()));
+    let r = Encoder::new(v, vec![m("xy", "z")], vec![], "gpt2");
+    assert!(matches!(r, Err(EncodeError::Merges(_))), "{r:?}");
+    // missing byte
+    let r = Encoder::new(bytes[1..].to_vec(), vec![], vec![], "gpt2");
+    assert!(matches!(r, Err(EncodeError::Vocab(_))));
+    // duplicate special
+    let r = Encoder::new(bytes.clone(), vec![], vec!["<s>".into(), "<s>".into()], "gpt2");
+    assert!(matches!(r, Err(EncodeError::Specials(_))));
+    // id too large
+    let mut v = bytes.clone();
+    v.push((1 << 32, b"ab".to_vec()));
+    assert!(matches!(Encoder::new(v, vec![], vec![], "gpt2"), Err(EncodeError::Vocab(_))));
+    // bad pattern
+    assert!(matches!(Encoder::new(bytes.clone(), vec![], vec![], "(unclosed"), Err(EncodeError::Pattern(_))));
+    // decode out of range
+    let e = Encoder::new(bytes, vec![], vec![], "gpt2").unwrap();
+    assert!(matches!(e.decode_bytes(&[300]), Err(EncodeError::IdOutOfRange { id: 300, .. })));
+}
+
+#[test]
+fn duplicate_token_bytes_from_training() {
+    // merges (b,c) -> "bc", (a,bc) -> "abc", (a,b) -> "ab", (ab,c) -> "abc" again: the
+    // smallest id with those bytes is the one produced.
+    let e = trained(&[("b", "c"), ("a", "bc"), ("a", "b"), ("ab", "c")], &[], "gpt2");
+    assert_eq!(e.encode("abc", false), vec![257]);
+    assert_eq!(e.encode("xabcab", false), vec![b'x' as u32, 257, 258]);
+    assert_eq!(e.token_bytes(259), Some(&b"abc"[..]));
+}
+
+/// Timing of the piece loop alone (lookups, cache, merges) on real text with GPT-2's
+/// vocab: `FERROLM_SHARED=../shared cargo test --release --lib piece_loop_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn piece_loop_speed() {
+    // CPU time of this process (the machine is shared; wall time is noise).
+    struct Instant(f64);
+    impl Instant {
+        fn now() -> Self {
+            let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            let f: Vec<&str> = rest.split(' ').collect();
+            let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+            Instant(ticks / 100.0)
+        }
+        fn elapsed(&self) -> std::time::Duration {
+            std::time::Duration::from_secs_f64(Instant::now().0 - self.0)
+        }
+    }
+    let shared = std::env::var("FERROLM_SHARED").unwrap_or_else(|_| "../shared".into());
+    let vocab_json = std::fs::read_to_string(format!("{shared}/fixtures/gpt2_vocab.json")).unwrap();
+    let merges_txt = std::fs::read_to_string(format!("{shared}/fixtures/gpt2_merges.txt")).unwrap();
+    // GPT-2's byte-to-unicode map, inverted.
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut map = std::collections::HashMap::new();
+    let mut extra = 0;
+    for b in 0..256u32 {
+        if printable.contains(&b) {
+            map.insert(char::from_u32(b).unwrap(), b as u8);
+        } else {
+            map.insert(char::from_u32(256 + extra).unwrap(), b as u8);
+            extra += 1;
+        }
+    }
+    printable.clear();
+    let decode = |s: &str| -> Vec<u8> { s.chars().map(|c| map[&c]).collect() };
+    // Minimal JSON object reader for {"token": id, ...}.
+    let mut vocab = Vec::new();
+    let body = vocab_json.trim().trim_start_matches('{').trim_end_matches('}');
+    let mut chars = body.chars().peekable();
+    loop {
+        while matches!(chars.peek(), Some(' ') | Some(',') | Some('\n')) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            break;
+        }
+        assert_eq!(chars.next(), Some('"'));
+        let mut key = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => {
+                    let e = chars.next().unwrap();
+                    match e {
+                        'u' => {
+                            let h: String = (0..4).map(|_| chars.next().unwrap()).collect();
+                            key.push(char::from_u32(u32::from_str_radix(&h, 16).unwrap()).unwrap());
+                        }
+                        other => key.push(other),
+                    }
+                }
+                '"' => break,
+                c => key.push(c),
+            }
+        }
+        assert_eq!(chars.next(), Some(':'));
+        while chars.peek() == Some(&' ') {
+            chars.next();
+        }
+        let mut num = String::new();
+        while matches!(chars.peek(), Some(c) if c.is_ascii_digit()) {
+            num.push(chars.next().unwrap());
+        }
+        let id: u64 = num.parse().unwrap();
+        let bytes = if key == "<|endoftext|>" { key.into_bytes() } else { decode(&key) };
+        vocab.push((id, bytes));
+    }
+    let merges: Vec<(Vec<u8>, Vec<u8>)> = merges_txt
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap();
+            (decode(a), decode(b))
+        })
+        .collect();
+    let t = Instant::now();
+    let e = Encoder::new(vocab, merges, vec!["<|endoftext|>".into()], "gpt2").unwrap();
+    println!("build {:?}", t.elapsed());
+    let text = std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
+    let t = Instant::now();
+    let pieces = e.pretok.pieces(&text);
+    let dt = t.elapsed().as_secs_f64();
+    println!("pretokenize {:.1} MB/s, {} pieces", text.len() as f64 / 1e6 / dt, pieces.len());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let mut acc = 0u64;
+        for p in &pieces {
+            acc = acc.wrapping_add(p.len() as u64 ^ p.as_bytes()[0] as u64);
+        }
+        let dt = t.elapsed().as_secs_f64();
+        println!("calibration (touch pieces only): {:.1} ns/piece {acc}", dt * 1e9 / pieces.len() as f64);
+    }
+    for round in 0..8 {
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let t = Instant::now();
+        let batched = round % 2 == 1;
+        cache::with_cache(e.uid, &e.base, |c| {
+            if batched {
+                let bytes: Vec<&[u8]> = Vec::new();
+                let _ = bytes;
+                for chunk in pieces.chunks(PIECE_BATCH) {
+                    let mut b: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
+                    for (d, p) in b.iter_mut().zip(chunk) {
+                        *d = p.as_bytes();
+                    }
+                    e.encode_pieces(&b[..chunk.len()], c, &mut out);
+                }
+            } else {
+                for p in &pieces {
+                    e.encode_piece(p.as_bytes(), c, &mut out);
+                }
+            }
+        });
+        let dt = t.elapsed().as_secs_f64();
+        let whole = pieces.iter().filter(|p| e.whole_token(p.as_bytes()).is_some()).count();
+        println!(
+            "round {round} (batched {batched}): piece loop {:.1} MB/s, {:.1} ns/piece, {} ids, {:.1}% pieces whole tokens",
+            text.len() as f64 / 1e6 / dt,
+            dt * 1e9 / pieces.len() as f64,
+            out.len(),
+            100.0 * whole as f64 / pieces.len() as f64
+        );
+    }
+}
+
+#[test]
+fn piece_table_all_lengths() {
+    let mut t = cache::PieceTable::default();
+    let keys: Vec<Vec<u8>> = (1..40usize)
+        .flat_map(|n| (0..20u8).map(move |k| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(k)).collect()))
+        .collect();
+    let ids_for = |i: usize| -> Vec<u32> { (0..(i % 6) + 1).map(|j| (i * 7 + j) as u32).collect() };
+    for (i, k) in keys.iter().enumerate() {
+        t.insert(k, &ids_for(i));
+    }
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(t.get(k), Some(&ids_for(i)[..]));
+        let mut other = k.clone();
+        other.push(0);
+        assert_ne!(t.get(&other), Some(&ids_for(i)[..]));
+        let mut z = k.clone();
+        *z.last_mut().unwrap() ^= 0x80;
+        assert_ne!(t.get(&z), Some(&ids_for(i)[..]));
+    }
+    assert_eq!(t.get(b""), None);
+    assert_eq!(t.get(&[0u8, 0, 0]), None);
+}
