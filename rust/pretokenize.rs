@@ -23,11 +23,12 @@
 
 use std::fmt;
 
-use crate::unicode_tables::{BLOCK_MASK, BLOCK_SHIFT, STAGE1, STAGE2};
+use crate::unicode_tables::{BLOCK_MASK, BLOCK_SHIFT, DIRECT, STAGE1, STAGE2};
 
 /// Run a scanner's `next_end(bytes, start) -> end` from the start of `b` to its end,
 /// reporting each piece to `f(start, end)`. (A macro, so that the scanner is inlined
 /// into the loop rather than called through a function pointer.)
+#[allow(unused_macros)]
 macro_rules! drive {
     ($b:expr, $next_end:ident, $f:expr) => {{
         let b: &[u8] = $b;
@@ -145,7 +146,10 @@ impl PreTokenizer {
     pub fn new(pattern: &str) -> Result<Self, PatternError> {
         let source = resolve_pattern(pattern);
         match Builtin::from_source(source) {
-            Some(b) => Ok(PreTokenizer { source: source.to_string(), engine: Engine::Scanner(b) }),
+            Some(b) => Ok(PreTokenizer {
+                source: source.to_string(),
+                engine: Engine::Scanner(b),
+            }),
             None => Self::new_regex(source),
         }
     }
@@ -155,7 +159,10 @@ impl PreTokenizer {
     pub fn new_regex(pattern: &str) -> Result<Self, PatternError> {
         let source = resolve_pattern(pattern).to_string();
         let regex = fancy_regex::Regex::new(&source).map_err(|e| PatternError(e.to_string()))?;
-        Ok(PreTokenizer { source, engine: Engine::Regex(Box::new(regex)) })
+        Ok(PreTokenizer {
+            source,
+            engine: Engine::Regex(Box::new(regex)),
+        })
     }
 
     /// The regex source this pre-tokenizer implements.
@@ -182,8 +189,23 @@ impl PreTokenizer {
     #[inline]
     pub fn for_each_piece_range(&self, text: &str, mut f: impl FnMut(usize, usize)) {
         match &self.engine {
-            Engine::Scanner(Builtin::Gpt2) => gpt2_drive(text.as_bytes(), f),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::Gpt2) => {
+                drive_windows(text.as_bytes(), f, gpt2_window, gpt2_next)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::Cl100k) => {
+                drive_windows(text.as_bytes(), f, cl100k_window, cl100k_next)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::O200k) => {
+                drive_windows(text.as_bytes(), f, o200k_window, o200k_next)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
+            #[cfg(not(target_arch = "x86_64"))]
             Engine::Scanner(Builtin::Cl100k) => drive!(text.as_bytes(), cl100k_next, f),
+            #[cfg(not(target_arch = "x86_64"))]
             Engine::Scanner(Builtin::O200k) => drive!(text.as_bytes(), o200k_next, f),
             Engine::Regex(regex) => {
                 for m in regex.find_iter(text) {
@@ -253,8 +275,6 @@ const SET_PUNCT: u8 = bit(OTHER) | bit(MARK);
 const SET_U: u8 = bit(UPPER) | bit(OLET) | bit(MARK);
 /// o200k's `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`
 const SET_W: u8 = bit(LOWER) | bit(OLET) | bit(MARK);
-/// In both of o200k's letter classes.
-const SET_B: u8 = bit(OLET) | bit(MARK);
 
 #[inline(always)]
 fn in_set(c: u8, set: u8) -> bool {
@@ -284,12 +304,29 @@ const fn ascii_table() -> [u8; 128] {
 
 static ASCII: [u8; 128] = ascii_table();
 
+// The tables cover every code point, and every STAGE1 entry names a whole STAGE2 block
+// (the generator writes them so; `class_of_cp` relies on it, `table_shapes` tests it).
+const _: () = assert!(STAGE1.len() << BLOCK_SHIFT == 0x110000);
+const _: () = {
+    // Two-byte UTF-8 (cp < 0x800) looks its class up in STAGE2 directly.
+    assert!(DIRECT == 0x800 && STAGE2.len() >= DIRECT as usize);
+    let mut k = 0;
+    while k < (DIRECT >> BLOCK_SHIFT) as usize {
+        assert!(STAGE1[k] as usize == k);
+        k += 1;
+    }
+};
+
 /// The class of a code point, as the `regex` module classifies it.
 #[inline(always)]
 fn class_of_cp(cp: u32) -> u8 {
     debug_assert!(cp < 0x110000);
-    let block = STAGE1[(cp >> BLOCK_SHIFT) as usize] as usize;
-    STAGE2[(block << BLOCK_SHIFT) | (cp & BLOCK_MASK) as usize]
+    // SAFETY: cp < 0x110000 (it was decoded from valid UTF-8), so cp >> BLOCK_SHIFT is
+    // within STAGE1, whose entries index whole blocks of STAGE2.
+    unsafe {
+        let block = *STAGE1.get_unchecked((cp >> BLOCK_SHIFT) as usize) as usize;
+        *STAGE2.get_unchecked((block << BLOCK_SHIFT) | (cp & BLOCK_MASK) as usize)
+    }
 }
 
 /// The class of a `char` (exposed for tests of the tables).
@@ -324,14 +361,18 @@ fn decode_class(b: &[u8], i: usize) -> (u8, usize) {
         let b0 = *b.get_unchecked(i) as u32;
         let b1 = (*b.get_unchecked(i + 1) & 0x3f) as u32;
         if b0 < 0xe0 {
-            (class_of_cp(((b0 & 0x1f) << 6) | b1), 2)
+            // Below DIRECT: STAGE2 holds these classes in code point order.
+            (*STAGE2.get_unchecked((((b0 & 0x1f) << 6) | b1) as usize), 2)
         } else {
             let b2 = (*b.get_unchecked(i + 2) & 0x3f) as u32;
             if b0 < 0xf0 {
                 (class_of_cp(((b0 & 0x0f) << 12) | (b1 << 6) | b2), 3)
             } else {
                 let b3 = (*b.get_unchecked(i + 3) & 0x3f) as u32;
-                (class_of_cp(((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3), 4)
+                (
+                    class_of_cp(((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3),
+                    4,
+                )
             }
         }
     }
@@ -379,7 +420,11 @@ fn non_letter_mask16(b: &[u8], j: usize, lower_only: bool) -> u32 {
         unsafe {
             let v = _mm_loadu_si128(b.as_ptr().add(j) as *const __m128i);
             // Folding case with | 0x20 keeps bytes >= 0x80 negative, i.e. below 'a'.
-            let y = if lower_only { v } else { _mm_or_si128(v, _mm_set1_epi8(0x20)) };
+            let y = if lower_only {
+                v
+            } else {
+                _mm_or_si128(v, _mm_set1_epi8(0x20))
+            };
             let ge_a = _mm_cmpgt_epi8(y, _mm_set1_epi8(0x60));
             let le_z = _mm_cmpgt_epi8(_mm_set1_epi8(0x7b), y);
             !(_mm_movemask_epi8(_mm_and_si128(ge_a, le_z)) as u32) & 0xffff
@@ -387,19 +432,30 @@ fn non_letter_mask16(b: &[u8], j: usize, lower_only: bool) -> u32 {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        const HI: u64 = 0x8080_8080_8080_8080;
-        // Per byte: y = the low 7 bits (lowercased); y + 0x1f has bit 7 iff y >= 'a';
-        // y + 0x05 has bit 7 iff y > 'z'. No byte carries into the next.
-        let half = |w: u64| {
-            let y = if lower_only { w & !HI } else { (w | 0x2020_2020_2020_2020) & !HI };
-            let bad = !((y + 0x1f1f_1f1f_1f1f_1f1f) & !(y + 0x0505_0505_0505_0505) & !w) & HI;
-            // Gather the high bits into 8 bits.
-            ((bad >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
-        };
-        let lo = half(u64::from_le_bytes(b[j..j + 8].try_into().unwrap()));
-        let hi = half(u64::from_le_bytes(b[j + 8..j + 16].try_into().unwrap()));
-        lo | (hi << 8)
+        non_letter_mask16_swar(b, j, lower_only)
     }
+}
+
+/// `non_letter_mask16` without SIMD instructions, eight bytes at a time.
+#[cfg(any(test, not(target_arch = "x86_64")))]
+#[inline(always)]
+fn non_letter_mask16_swar(b: &[u8], j: usize, lower_only: bool) -> u32 {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    // Per byte: y = the low 7 bits (lowercased); y + 0x1f has bit 7 iff y >= 'a';
+    // y + 0x05 has bit 7 iff y > 'z'. No byte carries into the next.
+    let half = |w: u64| {
+        let y = if lower_only {
+            w & !HI
+        } else {
+            (w | 0x2020_2020_2020_2020) & !HI
+        };
+        let bad = !((y + 0x1f1f_1f1f_1f1f_1f1f) & !(y + 0x0505_0505_0505_0505) & !w) & HI;
+        // Gather the eight high bits into the low byte.
+        ((bad >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
+    };
+    let lo = half(u64::from_le_bytes(b[j..j + 8].try_into().unwrap()));
+    let hi = half(u64::from_le_bytes(b[j + 8..j + 16].try_into().unwrap()));
+    lo | (hi << 8)
 }
 
 /// End of the run of `\p{L}` starting at `j` (the hot loop): sixteen ASCII bytes at a
@@ -408,6 +464,7 @@ fn non_letter_mask16(b: &[u8], j: usize, lower_only: bool) -> u32 {
 fn scan_letters(b: &[u8], mut j: usize) -> usize {
     let n = b.len();
     loop {
+        // ASCII letters, sixteen at a time.
         if j + 16 <= n {
             let m = non_letter_mask16(b, j, false);
             if m == 0 {
@@ -423,16 +480,26 @@ fn scan_letters(b: &[u8], mut j: usize) -> usize {
                 return j;
             }
         }
-        // SAFETY: j < n here (the mask had a bit set within the 16 bytes, or checked).
-        let x = unsafe { *b.get_unchecked(j) };
-        if x < 0x80 {
-            return j;
+        // b[j] is not an ASCII letter: non-ASCII letters one by one, until an ASCII
+        // letter (back to the loop above) or a non-letter (the end).
+        loop {
+            // SAFETY: j < n (the mask had a bit set within the 16 bytes, or checked).
+            let x = unsafe { *b.get_unchecked(j) };
+            if x < 0x80 {
+                if x.is_ascii_alphabetic() {
+                    break;
+                }
+                return j;
+            }
+            let (c, l) = decode_class(b, j);
+            if !in_set(c, SET_L) {
+                return j;
+            }
+            j += l;
+            if j == n {
+                return j;
+            }
         }
-        let (c, l) = decode_class(b, j);
-        if !in_set(c, SET_L) {
-            return j;
-        }
-        j += l;
     }
 }
 
@@ -481,7 +548,10 @@ fn contraction(b: &[u8], j: usize) -> Option<usize> {
 /// case simply, so besides ASCII case only U+017F (LATIN SMALL LETTER LONG S) matches `s`.
 #[inline(always)]
 fn contraction_ci(b: &[u8], j: usize) -> Option<usize> {
-    let lower = |k: usize| b.get(k).map(|&x| if x.is_ascii_uppercase() { x | 0x20 } else { x });
+    let lower = |k: usize| {
+        b.get(k)
+            .map(|&x| if x.is_ascii_uppercase() { x | 0x20 } else { x })
+    };
     match lower(j)? {
         b's' | b'd' | b'm' | b't' => Some(j + 1),
         b'l' if lower(j + 1) == Some(b'l') => Some(j + 2),
@@ -518,7 +588,11 @@ struct WsRun {
 fn ws_run(b: &[u8], i: usize, l: usize) -> WsRun {
     let mut last = i;
     let mut j = i + l;
-    let mut newline_end = if b[i] == b'\r' || b[i] == b'\n' { i + 1 } else { 0 };
+    let mut newline_end = if b[i] == b'\r' || b[i] == b'\n' {
+        i + 1
+    } else {
+        0
+    };
     loop {
         match b.get(j) {
             Some(&x) if x < 0x80 => {
@@ -542,7 +616,11 @@ fn ws_run(b: &[u8], i: usize, l: usize) -> WsRun {
             None => break,
         }
     }
-    WsRun { end: j, last, newline_end }
+    WsRun {
+        end: j,
+        last,
+        newline_end,
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -617,6 +695,7 @@ fn o200k_next(b: &[u8], i: usize) -> usize {
 /// Class masks of the 64 bytes at `b[i..i + 64]`.
 struct Window {
     letter: u64,
+    upper: u64,
     digit: u64,
     space: u64,
     white: u64,
@@ -629,7 +708,15 @@ struct Window {
 fn window_masks(b: &[u8], i: usize) -> Window {
     use std::arch::x86_64::*;
     assert!(i + 64 <= b.len());
-    let mut w = Window { letter: 0, digit: 0, space: 0, white: 0, apostrophe: 0, non_ascii: 0 };
+    let mut w = Window {
+        letter: 0,
+        upper: 0,
+        digit: 0,
+        space: 0,
+        white: 0,
+        apostrophe: 0,
+        non_ascii: 0,
+    };
     // SAFETY: SSE2 is part of x86_64; the 64 bytes are in bounds (asserted).
     unsafe {
         let set = |x: u8| _mm_set1_epi8(x as i8);
@@ -637,12 +724,22 @@ fn window_masks(b: &[u8], i: usize) -> Window {
             let v = _mm_loadu_si128(b.as_ptr().add(i + 16 * k) as *const __m128i);
             let mask = |m: __m128i| (_mm_movemask_epi8(m) as u32 as u64) << (16 * k);
             let folded = _mm_or_si128(v, set(0x20));
-            let letter = _mm_and_si128(_mm_cmpgt_epi8(folded, set(b'a' - 1)), _mm_cmpgt_epi8(set(b'z' + 1), folded));
-            let digit = _mm_and_si128(_mm_cmpgt_epi8(v, set(b'0' - 1)), _mm_cmpgt_epi8(set(b'9' + 1), v));
+            let letter = _mm_and_si128(
+                _mm_cmpgt_epi8(folded, set(b'a' - 1)),
+                _mm_cmpgt_epi8(set(b'z' + 1), folded),
+            );
+            let digit = _mm_and_si128(
+                _mm_cmpgt_epi8(v, set(b'0' - 1)),
+                _mm_cmpgt_epi8(set(b'9' + 1), v),
+            );
             let space = _mm_cmpeq_epi8(v, set(b' '));
             // \t \n \v \f \r
             let ctl = _mm_and_si128(_mm_cmpgt_epi8(v, set(0x08)), _mm_cmpgt_epi8(set(0x0e), v));
             w.letter |= mask(letter);
+            w.upper |= mask(_mm_and_si128(
+                _mm_cmpgt_epi8(v, set(b'A' - 1)),
+                _mm_cmpgt_epi8(set(b'Z' + 1), v),
+            ));
             w.digit |= mask(digit);
             w.space |= mask(space);
             w.white |= mask(_mm_or_si128(space, ctl));
@@ -653,61 +750,211 @@ fn window_masks(b: &[u8], i: usize) -> Window {
     w
 }
 
-/// Report the GPT-2 pieces of `b` to `f(start, end)`.
+/// Report the pieces between the start bits of `starts` that are in `valid`; returns
+/// the last of those starts (where the unfinished piece begins), 0 if none finished.
 #[inline(always)]
-fn gpt2_drive(b: &[u8], mut f: impl FnMut(usize, usize)) {
+fn emit_window(i: usize, starts: u64, valid: u64, f: &mut impl FnMut(usize, usize)) -> usize {
+    let mut m = starts & valid & !1;
+    let mut s = 0;
+    while m != 0 {
+        let e = m.trailing_zeros() as usize;
+        m &= m - 1;
+        f(i + s, i + e);
+        s = e;
+    }
+    s
+}
+
+/// Remove the starts inside the piece `[k, k + len)` of a window and start one after it.
+#[inline(always)]
+fn make_piece(starts: u64, k: usize, len: usize) -> u64 {
+    let inside = ((1u64 << len) - 2) << k;
+    let after = if k + len < 64 { 1u64 << (k + len) } else { 0 };
+    (starts & !inside) | after
+}
+
+/// Digit pieces of cl100k and o200k: `\p{N}{1,3}`, i.e. a start at each run of digits
+/// and every three digits along it.
+#[inline(always)]
+fn digit_group_starts(digit: u64) -> u64 {
+    let three = digit & (digit << 1) & (digit << 2);
+    let mut g = digit & !(digit << 1);
+    loop {
+        let next = g | ((g << 3) & three);
+        if next == g {
+            return g;
+        }
+        g = next;
+    }
+}
+
+/// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
+/// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
+/// `limit` are simple), the scalar `next_end` elsewhere.
+#[inline(always)]
+fn drive_windows(
+    b: &[u8],
+    mut f: impl FnMut(usize, usize),
+    window: impl Fn(&[u8], usize) -> Result<(u64, u64), usize>,
+    next_end: impl Fn(&[u8], usize) -> usize,
+) {
     let n = b.len();
     let mut i = 0;
-    // Where to try a window again after one made no progress.
+    // Where to try a window again after one made no progress, and how many failed in
+    // a row (text that is mostly not ASCII should not pay for windows).
     let mut retry_at = 0;
+    let mut failures = 0u32;
     while i < n {
-        #[cfg(target_arch = "x86_64")]
         if i + 64 <= n && i >= retry_at {
-            let w = window_masks(b, i);
-            // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
-            let limit = w.non_ascii.trailing_zeros();
-            if limit >= 8 {
-                let valid = (1u64 << (limit - 1)) - 1;
-                let punct = !(w.letter | w.digit | w.white | w.non_ascii);
-                let change = (w.letter ^ (w.letter << 1))
-                    | (w.digit ^ (w.digit << 1))
-                    | (w.white ^ (w.white << 1))
-                    | (punct ^ (punct << 1));
-                let joined = (w.space << 1) & !w.white;
-                let ws_last = w.white & !(w.white >> 1);
-                let mut starts = (change & !joined) | ws_last;
-                let mut contractions = w.apostrophe & starts & valid;
-                while contractions != 0 {
-                    let k = contractions.trailing_zeros() as usize;
-                    contractions &= contractions - 1;
-                    if let Some(e) = contraction(b, i + k + 1) {
-                        let len = e - i - k;
-                        // Starts inside the contraction go; one follows it.
-                        starts &= !(((1u64 << len) - 2) << k);
-                        if k + len < 64 {
-                            starts |= 1u64 << (k + len);
-                        }
+            let limit = match window(b, i) {
+                Ok((starts, valid)) => {
+                    let s = emit_window(i, starts, valid, &mut f);
+                    if s != 0 {
+                        i += s;
+                        failures = 0;
+                        continue;
                     }
+                    64
                 }
-                let mut m = starts & valid & !1;
-                if m != 0 {
-                    let mut s = 0;
-                    while m != 0 {
-                        let e = m.trailing_zeros() as usize;
-                        m &= m - 1;
-                        f(i + s, i + e);
-                        s = e;
-                    }
-                    i += s;
-                    continue;
-                }
-            }
-            retry_at = i + 64;
+                Err(limit) => limit,
+            };
+            // Past the byte that stopped this window, later if windows keep failing.
+            failures += 1;
+            retry_at = i
+                + limit
+                + 1
+                + if failures > 2 {
+                    32 << failures.min(6)
+                } else {
+                    0
+                };
         }
-        let e = gpt2_next(b, i);
+        let e = next_end(b, i);
+        debug_assert!(e > i && e <= n);
         f(i, e);
         i = e;
     }
+}
+
+/// The GPT-2 piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn gpt2_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let w = window_masks(b, i);
+    // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
+    let limit = w.non_ascii.trailing_zeros();
+    if limit < 8 {
+        return Err(limit as usize);
+    }
+    let valid = (1u64 << (limit - 1)) - 1;
+    let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+    let change = (w.letter ^ (w.letter << 1))
+        | (w.digit ^ (w.digit << 1))
+        | (w.white ^ (w.white << 1))
+        | (punct ^ (punct << 1));
+    // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+` take a space before them.
+    let joined = (w.space << 1) & !w.white;
+    // `\s+(?!\S)` leaves the last char of a run before a non-space.
+    let ws_last = w.white & !(w.white >> 1);
+    let mut starts = (change & !joined) | ws_last;
+    let mut apostrophes = w.apostrophe & starts & valid;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if let Some(e) = contraction(b, i + k + 1) {
+            starts = make_piece(starts, k, e - i - k);
+        }
+    }
+    Ok((starts, valid))
+}
+
+/// What cl100k and o200k share on a window of ASCII without `\t\n\v\f\r`.
+struct SharedStarts {
+    w: Window,
+    /// Certain starts: k <= limit - 2.
+    valid: u64,
+    /// Punctuation chars that start a piece.
+    punct_start: u64,
+    /// Letters that start a piece (before o200k's case rule and the contractions).
+    letter_start: u64,
+    /// Starts of space, punctuation and digit pieces, and bit 0.
+    other_starts: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn shared_window(b: &[u8], i: usize) -> Result<SharedStarts, usize> {
+    let w = window_masks(b, i);
+    // Bytes 0..limit are ASCII other than \t \n \v \f \r (newlines change the
+    // whitespace rules; the scalar scanner handles them).
+    let limit = (w.non_ascii | (w.white & !w.space)).trailing_zeros();
+    if limit < 8 {
+        return Err(limit as usize);
+    }
+    let valid = (1u64 << (limit - 1)) - 1;
+    let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+    // A punctuation run starts a piece unless a space opens it (` ?[^\s\p{L}\p{N}]+`).
+    let punct_start = punct & !(punct << 1) & !(w.space << 1);
+    // A space, or a punctuation char that starts a piece, opens the letter run after it
+    // (`[^\r\n\p{L}\p{N}]?`).
+    let joined = w.letter & ((w.space << 1) | (punct_start << 1));
+    let letter_start = w.letter & !(w.letter << 1) & !joined;
+    // Space runs: at their first char, and at their last before a non-space.
+    let space_start = (w.space & !(w.space << 1)) | (w.space & !(w.space >> 1));
+    let other_starts = 1 | punct_start | space_start | digit_group_starts(w.digit);
+    Ok(SharedStarts {
+        w,
+        valid,
+        punct_start,
+        letter_start,
+        other_starts,
+    })
+}
+
+/// The cl100k piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn cl100k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let sh = shared_window(b, i)?;
+    let mut starts = sh.other_starts | sh.letter_start;
+    // `'(?i:[sdmt]|ll|ve|re)` at an apostrophe that starts a piece.
+    let mut apostrophes = sh.w.apostrophe & sh.punct_start & sh.valid;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if let Some(e) = contraction_ci(b, i + k + 1) {
+            starts = make_piece(starts, k, e - i - k);
+        }
+    }
+    Ok((starts, sh.valid))
+}
+
+/// The o200k piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn o200k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let sh = shared_window(b, i)?;
+    let lower = sh.w.letter & !sh.w.upper;
+    // `[A-Z]*[a-z]+|[A-Z]+`: an upper-case letter after a lower-case one starts a piece.
+    let mut starts = sh.other_starts | sh.letter_start | (sh.w.upper & (lower << 1));
+    // The contraction suffix `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` of a letter piece: at an
+    // apostrophe after a letter, unless that letter ends a suffix itself.
+    let mut apostrophes = sh.w.apostrophe & (sh.w.letter << 1) & sh.valid;
+    let mut suffix_end = usize::MAX;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if k == suffix_end {
+            continue;
+        }
+        if let Some(e) = contraction_ci(b, i + k + 1) {
+            let len = e - i - k;
+            // The apostrophe no longer starts a piece either.
+            starts = make_piece(starts, k, len) & !(1u64 << k);
+            suffix_end = k + len;
+        }
+    }
+    Ok((starts, sh.valid))
 }
 
 // ---------------------------------------------------------------------------------
@@ -717,7 +964,11 @@ fn gpt2_drive(b: &[u8], mut f: impl FnMut(usize, usize)) {
 #[inline(always)]
 fn gpt2_end(b: &[u8], i: usize) -> usize {
     let x = b[i];
-    let (c, l) = if x < 0x80 { (ASCII[x as usize], 1) } else { decode_class(b, i) };
+    let (c, l) = if x < 0x80 {
+        (ASCII[x as usize], 1)
+    } else {
+        decode_class(b, i)
+    };
     if in_set(c, SET_L) {
         return scan_letters(b, i + l);
     }
@@ -765,7 +1016,11 @@ fn gpt2_end(b: &[u8], i: usize) -> usize {
 #[inline(always)]
 fn cl100k_end(b: &[u8], i: usize) -> usize {
     let x = b[i];
-    let (c, l) = if x < 0x80 { (ASCII[x as usize], 1) } else { decode_class(b, i) };
+    let (c, l) = if x < 0x80 {
+        (ASCII[x as usize], 1)
+    } else {
+        decode_class(b, i)
+    };
     if in_set(c, SET_L) {
         return scan_letters(b, i + l);
     }
@@ -827,15 +1082,20 @@ fn o200k_upper_lower(b: &[u8], s: usize) -> Result<usize, usize> {
     let mut last_b_end = 0;
     loop {
         let (c, l) = class_at(b, j);
-        if c == LOWER {
-            return Ok(scan(b, j + l, SET_W));
-        }
-        if !in_set(c, SET_U) {
-            return if last_b_end != 0 { Ok(last_b_end) } else { Err(j) };
-        }
-        j += l;
-        if in_set(c, SET_B) {
-            last_b_end = j;
+        match c {
+            OLET | MARK => {
+                j += l;
+                last_b_end = j;
+            }
+            UPPER => j += l,
+            LOWER => return Ok(scan(b, j + l, SET_W)),
+            _ => {
+                return if last_b_end != 0 {
+                    Ok(last_b_end)
+                } else {
+                    Err(j)
+                }
+            }
         }
     }
 }
@@ -855,7 +1115,11 @@ fn o200k_suffix(b: &[u8], e: usize) -> usize {
 #[inline(always)]
 fn o200k_end(b: &[u8], i: usize) -> usize {
     let x = b[i];
-    let (c, l) = if x < 0x80 { (ASCII[x as usize], 1) } else { decode_class(b, i) };
+    let (c, l) = if x < 0x80 {
+        (ASCII[x as usize], 1)
+    } else {
+        decode_class(b, i)
+    };
     if in_set(c, SET_L) {
         // No prefix char (a letter is not in [^\r\n\p{L}\p{N}]); alternative 1, else 2
         // (which then takes exactly the Lu/Lt run).
@@ -916,18 +1180,31 @@ mod tests {
     use super::*;
 
     fn scan_pieces(name: &str, text: &str) -> Vec<String> {
-        PreTokenizer::new(name).unwrap().pieces(text).into_iter().map(String::from).collect()
+        PreTokenizer::new(name)
+            .unwrap()
+            .pieces(text)
+            .into_iter()
+            .map(String::from)
+            .collect()
     }
 
     fn regex_pieces(name: &str, text: &str) -> Vec<String> {
-        PreTokenizer::new_regex(name).unwrap().pieces(text).into_iter().map(String::from).collect()
+        PreTokenizer::new_regex(name)
+            .unwrap()
+            .pieces(text)
+            .into_iter()
+            .map(String::from)
+            .collect()
     }
 
     #[test]
     fn gpt2_splits_contractions_and_spaces() {
         let p = PreTokenizer::new("gpt2").unwrap();
         assert!(p.is_builtin());
-        assert_eq!(p.pieces("I'll  go!\n\n x"), vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]);
+        assert_eq!(
+            p.pieces("I'll  go!\n\n x"),
+            vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]
+        );
     }
 
     #[test]
@@ -945,7 +1222,11 @@ mod tests {
 
     #[test]
     fn builtin_sources_select_the_scanners() {
-        for (name, src) in [("gpt2", GPT2_PATTERN), ("cl100k", CL100K_PATTERN), ("o200k", O200K_PATTERN)] {
+        for (name, src) in [
+            ("gpt2", GPT2_PATTERN),
+            ("cl100k", CL100K_PATTERN),
+            ("o200k", O200K_PATTERN),
+        ] {
             let by_name = PreTokenizer::new(name).unwrap();
             let by_source = PreTokenizer::new(src).unwrap();
             assert!(by_name.is_builtin() && by_source.is_builtin());
@@ -993,7 +1274,45 @@ mod tests {
         ];
         for (name, text, want) in cases {
             assert_eq!(scan_pieces(name, text), *want, "{name} on {text:?}");
+            assert_eq!(
+                regex_pieces(name, text),
+                *want,
+                "fancy-regex, {name} on {text:?}"
+            );
         }
+    }
+
+    #[test]
+    fn swar_letter_masks_equal_the_simple_definition() {
+        let mut rng = Rng(12345);
+        for _ in 0..20000 {
+            let bytes: Vec<u8> = (0..16).map(|_| rng.next() as u8).collect();
+            for lower_only in [false, true] {
+                let want = (0..16)
+                    .filter(|&k| {
+                        if lower_only {
+                            !bytes[k].is_ascii_lowercase()
+                        } else {
+                            !bytes[k].is_ascii_alphabetic()
+                        }
+                    })
+                    .fold(0u32, |m, k| m | 1 << k);
+                assert_eq!(
+                    non_letter_mask16_swar(&bytes, 0, lower_only),
+                    want,
+                    "{bytes:?}"
+                );
+                assert_eq!(non_letter_mask16(&bytes, 0, lower_only), want, "{bytes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn table_shapes() {
+        let blocks = STAGE2.len() >> BLOCK_SHIFT;
+        assert_eq!(STAGE2.len(), blocks << BLOCK_SHIFT);
+        assert!(STAGE1.iter().all(|&k| (k as usize) < blocks));
+        assert!(STAGE2.iter().all(|&c| c < END));
     }
 
     #[test]
@@ -1014,19 +1333,87 @@ mod tests {
     /// Chars assigned long ago (classified alike by every recent Unicode version), biased
     /// to the characters the patterns treat specially.
     const ALPHABET: &[char] = &[
-        ' ', ' ', ' ', '\t', '\n', '\n', '\r', '\u{b}', '\u{c}', '\u{85}', '\u{a0}', '\u{3000}',
-        '\u{2028}', '\u{1c}', '\0', '\'', '\'', '\'', 's', 'S', 't', 'T', 'l', 'L', 'v', 'V', 'e',
-        'E', 'r', 'R', 'd', 'D', 'm', 'M', 'a', 'z', 'Q', '\u{17f}', '\u{212a}', 'é', 'É', 'ß',
-        '\u{1c5}', '\u{2b0}', 'ª', '中', 'あ', 'Ж', 'ж', 'א', '\u{301}', '\u{903}', '\u{20dd}', '0',
-        '7', '\u{663}', '\u{216b}', '½', '²', '!', '.', ',', '/', '/', '-', '"', '(', '😀',
-        '\u{200d}', '\u{1f3fb}', '\u{fe0f}', '\u{10400}', '\u{10428}', '\u{1d400}',
+        ' ',
+        ' ',
+        ' ',
+        '\t',
+        '\n',
+        '\n',
+        '\r',
+        '\u{b}',
+        '\u{c}',
+        '\u{85}',
+        '\u{a0}',
+        '\u{3000}',
+        '\u{2028}',
+        '\u{1c}',
+        '\0',
+        '\'',
+        '\'',
+        '\'',
+        's',
+        'S',
+        't',
+        'T',
+        'l',
+        'L',
+        'v',
+        'V',
+        'e',
+        'E',
+        'r',
+        'R',
+        'd',
+        'D',
+        'm',
+        'M',
+        'a',
+        'z',
+        'Q',
+        '\u{17f}',
+        '\u{212a}',
+        'é',
+        'É',
+        'ß',
+        '\u{1c5}',
+        '\u{2b0}',
+        'ª',
+        '中',
+        'あ',
+        'Ж',
+        'ж',
+        'א',
+        '\u{301}',
+        '\u{903}',
+        '\u{20dd}',
+        '0',
+        '7',
+        '\u{663}',
+        '\u{216b}',
+        '½',
+        '²',
+        '!',
+        '.',
+        ',',
+        '/',
+        '/',
+        '-',
+        '"',
+        '(',
+        '😀',
+        '\u{200d}',
+        '\u{1f3fb}',
+        '\u{fe0f}',
+        '\u{10400}',
+        '\u{10428}',
+        '\u{1d400}',
     ];
 
     /// ASCII chars, weighted like prose.
     const ASCII_ALPHABET: &[char] = &[
-        ' ', ' ', ' ', ' ', '\n', '\n', '\t', '\r', '\'', '\'', 's', 't', 'l', 'v', 'e', 'r', 'd', 'm',
-        'a', 'b', 'x', 'S', 'L', 'E', 'T', 'R', 'A', '0', '1', '9', '.', ',', '!', '/', '-', '"', '(',
-        '\u{b}', '\u{c}',
+        ' ', ' ', ' ', ' ', '\n', '\n', '\t', '\r', '\'', '\'', 's', 't', 'l', 'v', 'e', 'r', 'd',
+        'm', 'a', 'b', 'x', 'S', 'L', 'E', 'T', 'R', 'A', '0', '1', '9', '.', ',', '!', '/', '-',
+        '"', '(', '\u{b}', '\u{c}',
     ];
 
     struct Rng(u64);
@@ -1046,8 +1433,14 @@ mod tests {
     #[test]
     fn random_differential_against_fancy_regex() {
         let names = ["gpt2", "cl100k", "o200k"];
-        let scanners: Vec<_> = names.iter().map(|n| PreTokenizer::new(n).unwrap()).collect();
-        let regexes: Vec<_> = names.iter().map(|n| PreTokenizer::new_regex(n).unwrap()).collect();
+        let scanners: Vec<_> = names
+            .iter()
+            .map(|n| PreTokenizer::new(n).unwrap())
+            .collect();
+        let regexes: Vec<_> = names
+            .iter()
+            .map(|n| PreTokenizer::new_regex(n).unwrap())
+            .collect();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for round in 0..4000 {
             // A small sub-alphabet makes runs and repeated structures likely; long,
@@ -1063,10 +1456,18 @@ mod tests {
                     }
                 })
                 .collect();
-            let len = if long { 60 + rng.below(200) } else { rng.below(24) };
+            let len = if long {
+                60 + rng.below(200)
+            } else {
+                rng.below(24)
+            };
             let text: String = (0..len).map(|_| sub[rng.below(sub.len())]).collect();
             for ((name, s), r) in names.iter().zip(&scanners).zip(&regexes) {
-                assert_eq!(s.pieces(&text), r.pieces(&text), "round {round}, {name} on {text:?}");
+                assert_eq!(
+                    s.pieces(&text),
+                    r.pieces(&text),
+                    "round {round}, {name} on {text:?}"
+                );
             }
         }
     }
@@ -1078,7 +1479,10 @@ mod tests {
     /// category changes. (tests/test_pretokenize.py checks the tables against `regex`.)
     #[test]
     fn tables_agree_with_regex_crate_up_to_new_assignments() {
-        let all: String = (0..0xd800u32).chain(0xe000..0x110000).map(|cp| char::from_u32(cp).unwrap()).collect();
+        let all: String = (0..0xd800u32)
+            .chain(0xe000..0x110000)
+            .map(|cp| char::from_u32(cp).unwrap())
+            .collect();
         let members = |pattern: &str| {
             let re = fancy_regex::Regex::new(pattern).unwrap();
             let mut set = std::collections::HashSet::new();
@@ -1100,7 +1504,8 @@ mod tests {
         for (pattern, set) in classes {
             let theirs = members(pattern);
             for ch in all.chars() {
-                if theirs.contains(&ch) != in_set(char_class(ch), set) && !unassigned.contains(&ch) {
+                if theirs.contains(&ch) != in_set(char_class(ch), set) && !unassigned.contains(&ch)
+                {
                     differ.insert(ch as u32);
                 }
             }
@@ -1109,7 +1514,11 @@ mod tests {
         differ.sort();
         // U+0295 (LATIN LETTER PHARYNGEAL VOICED FRICATIVE) moved from Ll to Lo in
         // Unicode 17, which the `regex` module follows.
-        assert_eq!(differ, vec![0x295], "code points classified unlike the regex crate");
+        assert_eq!(
+            differ,
+            vec![0x295],
+            "code points classified unlike the regex crate"
+        );
     }
 
     #[test]

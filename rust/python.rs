@@ -785,7 +785,9 @@ fn pattern_source(name: &str) -> PyResult<&'static str> {
 /// (see `pretokenize::char_class_flags`). For exhaustive tests against `regex`.
 #[pyfunction]
 fn _char_classes(text: &str) -> Vec<u8> {
-    text.chars().map(crate::pretokenize::char_class_flags).collect()
+    text.chars()
+        .map(crate::pretokenize::char_class_flags)
+        .collect()
 }
 
 // ---- end of pre-tokenizer debug bindings ----

@@ -26,6 +26,7 @@ CLASSES = [
     (OTHERLETTER, r"[\p{Lm}\p{Lo}]"),
 ]
 BLOCK = 128  # code points per second-stage block
+DIRECT = 0x800  # code points below this index STAGE2 directly
 NCP = 0x110000
 
 
@@ -55,16 +56,18 @@ def build(cls: bytearray) -> tuple[list[int], list[int]]:
     for start in range(0, NCP, BLOCK):
         block = bytes(cls[start : start + BLOCK])
         idx = blocks.get(block)
-        if idx is None:
-            idx = len(blocks)
-            blocks[block] = idx
+        # The blocks of U+0000..U+07FF (one- and two-byte UTF-8) come first and in order,
+        # so that STAGE2[cp] is the class of such a cp without STAGE1.
+        if idx is None or start < DIRECT:
+            idx = len(stage2) // BLOCK
+            blocks.setdefault(block, idx)
             stage2.extend(block)
         stage1.append(idx)
     return stage1, stage2
 
 
 def rust_array(name: str, ty: str, values: list[int], per_line: int) -> str:
-    lines = [f"pub static {name}: [{ty}; {len(values)}] = ["]
+    lines = ["#[rustfmt::skip]", f"pub static {name}: [{ty}; {len(values)}] = ["]
     for i in range(0, len(values), per_line):
         lines.append("    " + ", ".join(str(v) for v in values[i : i + per_line]) + ",")
     lines.append("];")
@@ -90,11 +93,13 @@ def main() -> None:
 
 pub const BLOCK_SHIFT: u32 = {BLOCK.bit_length() - 1};
 pub const BLOCK_MASK: u32 = {BLOCK - 1};
+/// For cp < DIRECT, STAGE2[cp] is the class (STAGE1 maps those blocks to themselves).
+pub const DIRECT: u32 = {DIRECT:#x};
 
 """
     body = rust_array("STAGE1", stage1_type, stage1, 32) + "\n\n" + rust_array("STAGE2", "u8", stage2, 40) + "\n"
     out.write_text(header + body)
-    print(f"wrote {out}: {len(stage1)} stage-1 entries, {len(stage2) // BLOCK} distinct blocks ({len(stage2)} bytes)")
+    print(f"wrote {out}: {len(stage1)} stage-1 entries, {len(stage2) // BLOCK} blocks ({len(stage2)} bytes)")
 
 
 if __name__ == "__main__":

@@ -33,11 +33,20 @@ fn parse_args() -> Args {
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--max-mb" => args.max_mb = Some(it.next().expect("--max-mb N").parse().expect("a number")),
+            "--max-mb" => {
+                args.max_mb = Some(it.next().expect("--max-mb N").parse().expect("a number"))
+            }
             "--runs" => args.runs = it.next().expect("--runs R").parse().expect("an integer"),
             "--json" => args.json = true,
             "--no-regex" => args.no_regex = true,
-            "--patterns" => args.patterns = it.next().expect("--patterns a,b").split(',').map(String::from).collect(),
+            "--patterns" => {
+                args.patterns = it
+                    .next()
+                    .expect("--patterns a,b")
+                    .split(',')
+                    .map(String::from)
+                    .collect()
+            }
             "-h" | "--help" => {
                 eprintln!("usage: bench_pretokenize [--max-mb N] [--runs R] [--json] [--no-regex] [--patterns gpt2,cl100k,o200k] FILE...");
                 std::process::exit(0);
@@ -76,7 +85,10 @@ fn fingerprint(pre: &PreTokenizer, text: &str) -> (usize, u64) {
 
 /// This thread's CPU time in seconds (on a busy machine wall time overstates).
 fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: a valid clock id and a valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -117,7 +129,11 @@ fn main() {
     for path in &args.files {
         let data = std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
         let text = String::from_utf8_lossy(cut(&data, args.max_mb)).into_owned();
-        let name = std::path::Path::new(path).file_name().unwrap().to_string_lossy().into_owned();
+        let name = std::path::Path::new(path)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         for pattern in &args.patterns {
             let scanner = PreTokenizer::new(pattern).expect("pattern");
             assert!(scanner.is_builtin(), "{pattern} is not a built-in pattern");
@@ -130,7 +146,15 @@ fn main() {
                 same = Some(fingerprint(&regex, &text) == (pieces, h));
                 regex_mbs = Some(throughput(&regex, &text, args.runs.min(3)));
             }
-            rows.push((name.clone(), text.len(), pattern.clone(), pieces, same, scan_mbs, regex_mbs));
+            rows.push((
+                name.clone(),
+                text.len(),
+                pattern.clone(),
+                pieces,
+                same,
+                scan_mbs,
+                regex_mbs,
+            ));
         }
     }
     if args.json {
@@ -154,10 +178,16 @@ fn main() {
         println!("|---|---:|---|---:|---:|---:|---:|---|");
         for (file, bytes, pattern, pieces, same, scan, regex) in rows {
             let (r, ratio) = match regex {
-                Some(r) => (format!("{:.1} ({:.1})", r.0, r.1), format!("{:.1}x", scan.1 / r.1)),
+                Some(r) => (
+                    format!("{:.1} ({:.1})", r.0, r.1),
+                    format!("{:.1}x", scan.1 / r.1),
+                ),
                 None => ("-".into(), "-".into()),
             };
-            let same = same.map_or("-".to_string(), |s| if s { "yes".into() } else { "NO".into() });
+            let same = same.map_or(
+                "-".to_string(),
+                |s| if s { "yes".into() } else { "NO".into() },
+            );
             println!(
                 "| {file} | {:.1} | {pattern} | {pieces} | {:.0} ({:.0}) | {r} | {ratio} | {same} |",
                 bytes as f64 / 1e6,
