@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 
 use crate::pretokenize::PreTokenizer;
@@ -79,22 +79,105 @@ fn long_hash(piece: &[u8]) -> u64 {
     mix(short_key(&piece[..SHORT.min(piece.len())]))
 }
 
+/// An entry of a `ShortTable`: a short piece's key and its count.
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    key: [u64; 2],
+    count: u64,
+}
+
+/// Open addressing with linear probing over keys of short pieces (key[1] is never 0 for
+/// a real key: it holds the length). Kept under 70 % full.
+#[derive(Default)]
+struct ShortTable {
+    entries: Vec<Entry>,
+    len: usize,
+}
+
+impl ShortTable {
+    #[inline]
+    fn mask(&self) -> usize {
+        self.entries.len().wrapping_sub(1)
+    }
+
+    /// Hint the slot where the key of hash `h` starts probing into the CPU cache.
+    #[inline]
+    fn prefetch(&self, h: u64) {
+        #[cfg(target_arch = "x86_64")]
+        if !self.entries.is_empty() {
+            // SAFETY: a prefetch is only a hint; the index is in bounds anyway.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                let p = self.entries.as_ptr().add(h as usize & self.mask());
+                _mm_prefetch(p as *const i8, _MM_HINT_T0);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = h;
+    }
+
+    #[inline]
+    fn add(&mut self, h: u64, key: u128, n: u64) {
+        if (self.len + 1) * 10 > self.entries.len() * 7 {
+            self.grow();
+        }
+        let k = [key as u64, (key >> 64) as u64];
+        let mask = self.mask();
+        let mut i = h as usize & mask;
+        loop {
+            let e = &mut self.entries[i];
+            if e.key == k {
+                e.count += n;
+                return;
+            }
+            if e.key[1] == 0 {
+                *e = Entry { key: k, count: n };
+                self.len += 1;
+                return;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let cap = (self.entries.len() * 2).max(1024);
+        let old = std::mem::replace(&mut self.entries, vec![Entry::default(); cap]);
+        self.len = 0;
+        for e in old {
+            if e.key[1] != 0 {
+                let key = e.key[0] as u128 | (e.key[1] as u128) << 64;
+                self.add(mix(key), key, e.count);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u128, u64)> + '_ {
+        self.entries.iter().filter(|e| e.key[1] != 0).map(|e| (e.key[0] as u128 | (e.key[1] as u128) << 64, e.count))
+    }
+
+    fn reserve(&mut self, more: usize) {
+        while (self.len + more) * 10 > self.entries.len() * 7 {
+            self.grow();
+        }
+    }
+}
+
 /// One shard of a count table.
 #[derive(Default)]
 pub struct Shard {
-    short: HashTable<(u128, u64)>,
+    short: ShortTable,
     long: HashMap<Box<[u8]>, u64, FxBuildHasher>,
 }
 
 impl Shard {
     #[inline]
     fn add_short_hashed(&mut self, h: u64, key: u128, n: u64) {
-        match self.short.find_mut(h, |e| e.0 == key) {
-            Some(e) => e.1 += n,
-            None => {
-                self.short.insert_unique(h, (key, n), |e| mix(e.0));
-            }
-        }
+        self.short.add(h, key, n)
     }
 
     #[inline]
@@ -121,7 +204,7 @@ impl Shard {
 
     /// Visit each unique piece and its count.
     pub fn for_each(&self, mut f: impl FnMut(&[u8], u64)) {
-        for &(k, n) in self.short.iter() {
+        for (k, n) in self.short.iter() {
             let (b, len) = short_bytes(k);
             f(&b[..len], n);
         }
@@ -132,8 +215,8 @@ impl Shard {
 
     /// Add all of `other`'s counts to `self`.
     fn absorb(&mut self, other: Shard) {
-        self.short.reserve(other.short.len() / 2, |e| mix(e.0));
-        for (k, n) in other.short {
+        self.short.reserve(other.short.len() / 2);
+        for (k, n) in other.short.iter() {
             self.add_short_hashed(mix(k), k, n);
         }
         for (k, n) in other.long {
@@ -177,12 +260,32 @@ impl PieceCounts {
         PieceCounts { cache: vec![CacheSlot::default(); 1 << CACHE_BITS].into_boxed_slice(), ..Default::default() }
     }
 
-    /// Count one occurrence of a short piece, through the cache.
+    /// Hint the cache slot (or, without a cache, the table slot) of hash `h` into the
+    /// CPU cache.
     #[inline]
-    fn add_short_cached(&mut self, key: u128) {
-        let h = mix(key);
+    fn prefetch_slot(&self, h: u64) {
         if self.cache.is_empty() {
-            return self.shards[shard_of(h)].add_short_hashed(h, key, 1);
+            return self.shards[shard_of(h)].short.prefetch(h);
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let i = (h >> (64 - CACHE_BITS)) as usize;
+            // SAFETY: a prefetch is only a hint; the index is in bounds anyway.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch(self.cache.as_ptr().add(i) as *const i8, _MM_HINT_T0);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = h;
+    }
+
+    /// Count one occurrence of a short piece through the cache. Returns false when the
+    /// piece must go to the table instead (see `add_short_table`).
+    #[inline]
+    fn add_short_cached(&mut self, key: u128, h: u64) -> bool {
+        if self.cache.is_empty() {
+            return false;
         }
         let slot = &mut self.cache[(h >> (64 - CACHE_BITS)) as usize];
         let k = [key as u64, (key >> 64) as u64];
@@ -195,7 +298,37 @@ impl PieceCounts {
                 self.add_short(old.key[0] as u128 | (old.key[1] as u128) << 64, old.count);
             }
         } else {
-            self.shards[shard_of(h)].add_short_hashed(h, key, 1);
+            return false;
+        }
+        true
+    }
+
+    /// Count one occurrence of a short piece in the table.
+    #[inline]
+    fn add_short_table(&mut self, key: u128, h: u64) {
+        self.shards[shard_of(h)].add_short_hashed(h, key, 1);
+    }
+
+    #[inline]
+    fn prefetch_table(&self, h: u64) {
+        self.shards[shard_of(h)].short.prefetch(h);
+    }
+
+    /// Count a batch of short pieces (key, hash) whose cache slots were prefetched: first
+    /// through the cache, then the rest in the table, whose slots are prefetched between.
+    #[inline]
+    fn add_batch(&mut self, batch: &[(u128, u64)]) {
+        let mut rest = [(0u128, 0u64); 64];
+        let mut n = 0;
+        for &(k, h) in batch {
+            if !self.add_short_cached(k, h) {
+                self.prefetch_table(h);
+                rest[n] = (k, h);
+                n += 1;
+            }
+        }
+        for &(k, h) in &rest[..n] {
+            self.add_short_table(k, h);
         }
     }
 
@@ -234,7 +367,11 @@ impl PieceCounts {
     #[inline]
     pub fn add_at(&mut self, text: &[u8], s: usize, e: usize) {
         if e - s <= SHORT {
-            self.add_short_cached(short_key_at(text, s, e));
+            let key = short_key_at(text, s, e);
+            let h = mix(key);
+            if !self.add_short_cached(key, h) {
+                self.add_short_table(key, h);
+            }
         } else {
             self.add_long(&text[s..e], 1);
         }
@@ -285,14 +422,31 @@ impl PieceCounts {
 
 /// Pre-tokenize one span of text (no special tokens inside) into `map`.
 #[inline]
+///
+/// Short pieces are counted in batches: their cache slots are prefetched as they are
+/// found and counted once the batch is full, so the memory latencies overlap.
 pub fn count_text(pre: &PreTokenizer, text: &str, map: &mut PieceCounts) {
+    const BATCH: usize = 32;
     let bytes = text.as_bytes();
+    let mut batch = [(0u128, 0u64); BATCH];
+    let mut n = 0;
     pre.for_each_piece_range(text, |s, e| {
-        // A custom pattern may match the empty string; such matches are not pre-tokens.
-        if e > s {
-            map.add_at(bytes, s, e)
+        if e - s > SHORT {
+            map.add_long(&bytes[s..e], 1);
+        } else if e > s {
+            // (A custom pattern may match the empty string; that is not a pre-token.)
+            let key = short_key_at(bytes, s, e);
+            let h = mix(key);
+            map.prefetch_slot(h);
+            batch[n] = (key, h);
+            n += 1;
+            if n == BATCH {
+                map.add_batch(&batch);
+                n = 0;
+            }
         }
     });
+    map.add_batch(&batch[..n]);
 }
 
 /// A span of text free of special tokens, with its offset in its source (for errors).
