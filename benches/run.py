@@ -51,7 +51,7 @@ class Bench:
     full: list = field(default_factory=list)  # extra arguments of the full run
     quick: list = field(default_factory=list)  # (flag, value, ...) groups for --quick
     json_flag: bool = True  # pass --json benches/out/<area>.json when the script has it
-    quick_timeout: float = 240.0
+    quick_timeout: float = 600.0  # a guard only: on a quiet 2-core machine each takes a minute or two
     # How to read its ratios, shown under the chart.
     reading: str = ""
 
@@ -67,7 +67,6 @@ BENCHES = [
     Bench(
         "train", "bench_train.py", "BPE training: ferrolm vs gigatoken, rustbpe, HF tokenizers and the pure-Python reference",
         quick=[("--files", _shared("corpora/webtext/enwiki_2016_wikiextractor.txt")), ("--vocab", "10000"), ("--runs", "1")],
-        quick_timeout=300,
         reading="time of each library / time of ferrolm: above 1 means ferrolm is faster",
     ),
     Bench(
@@ -82,8 +81,9 @@ BENCHES = [
     ),
     Bench(
         "pretokenize", "bench_pretokenize.py", "Pre-tokenization: ferrolm's scanners vs fancy-regex vs Python regex",
-        quick=[("--max-mb", "1"), ("--runs", "1")], json_flag=False, quick_timeout=420,
-        reading="scanner speed / the other's speed (by CPU time): above 1 means the scanner is faster",
+        quick=[("--max-mb", "1"), ("--runs", "1")], json_flag=False, quick_timeout=900,
+        reading="scanner speed / the other's speed (by CPU time): above 1 means the scanner is faster; "
+        "its first run includes a `cargo build --release` of the Rust example",
     ),
     Bench(
         "model", "bench_model.py", "Training step: ferrolm TransformerLM vs HF transformers LlamaForCausalLM",
@@ -179,7 +179,7 @@ class Outcome:
 
 def script_help(path: Path) -> str:
     try:
-        r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=60)
         return r.stdout + r.stderr
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -201,6 +201,34 @@ def build_command(bench: Bench, quick: bool, help_text: str) -> list:
     return cmd
 
 
+
+def _relative(arg: str) -> str:
+    """A path argument as it would be typed from the repository root (no machine paths in RESULTS.md)."""
+    if os.path.isabs(arg) and os.path.exists(arg) or arg.startswith((str(REPO), str(SHARED))):
+        rel = os.path.relpath(arg, REPO)
+        return rel if not rel.startswith("../../") else arg
+    return arg
+
+
+def _sanitize(text: str) -> str:
+    """Machine paths in a script's output, written relative to the repository root."""
+    return text.replace(str(SHARED), "../shared").replace(str(REPO) + os.sep, "").replace(str(REPO), ".")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+
+
 def _pump(stream, sink: list, echo, prefix: str) -> None:
     for line in iter(stream.readline, ""):
         sink.append(line)
@@ -215,15 +243,16 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
         return Outcome(bench, "missing")
     help_text = script_help(path)
     cmd = build_command(bench, quick, help_text)
-    shown = [os.path.relpath(c, REPO) if os.path.isabs(c) and c.startswith(str(REPO)) else c for c in cmd]
-    shown[0] = "python"
+    shown = ["python"] + [_relative(c) for c in cmd[1:]]
     print(f"\n=== {bench.area}: {' '.join(shlex.quote(c) for c in shown)}", flush=True)
     json_path = OUT_DIR / f"{bench.area}.json"
     if json_path.exists():
         json_path.unlink()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
+    # Its own session, so that a timeout stops the script's children too (cargo, worker processes).
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1,
+                            start_new_session=True)
     out_lines: list = []
     err_lines: list = []
     threads = [
@@ -236,20 +265,19 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        _kill_group(proc)
         status = "timeout"
     for t in threads:
         t.join(timeout=10)
     seconds = time.perf_counter() - t0
     if status == "ok" and proc.returncode != 0:
         status = "failed"
-    stdout, stderr = "".join(out_lines), "".join(err_lines)
+    stdout, stderr = _sanitize("".join(out_lines)), _sanitize("".join(err_lines))
     (OUT_DIR / f"{bench.area}.log").write_text(
         f"$ {' '.join(shown)}\n# exit {proc.returncode}, {seconds:.1f} s\n\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8"
     )
     return Outcome(
-        bench, status, shown, seconds, stdout, "".join(err_lines[-15:]), proc.returncode,
+        bench, status, shown, seconds, stdout, "".join(stderr.splitlines(True)[-15:]), proc.returncode,
         json_path if json_path.exists() else None,
     )
 
@@ -258,7 +286,8 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
 # Tables, ratios, charts
 # ---------------------------------------------------------------------------------------
 
-_RATIO = re.compile(r"^\**\s*([0-9]+(?:\.[0-9]+)?)\s*[x×]\s*\**$")
+# "1.8x", "**1.23x**", "18.18× the time": a number and an x at the start of a cell.
+_RATIO = re.compile(r"^\**\s*([0-9]+(?:\.[0-9]+)?)\s*[x×](?![A-Za-z0-9])")
 
 
 def markdown_tables(text: str) -> list[dict]:
@@ -445,7 +474,7 @@ def main(argv: Optional[list] = None) -> int:
         for b in BENCHES:
             path = BENCHES_DIR / b.script
             if path.is_file():
-                print(f"{b.area:12s} {' '.join(build_command(b, args.quick, script_help(path))[1:])}")
+                print(f"{b.area:12s} python {' '.join(_relative(c) for c in build_command(b, args.quick, script_help(path))[1:])}")
             else:
                 print(f"{b.area:12s} (missing: benches/{b.script})")
         return 0
