@@ -19,6 +19,7 @@
 
 mod bpe;
 mod cache;
+mod pairs;
 mod parallel;
 mod specials;
 mod stream;
@@ -71,8 +72,7 @@ impl From<PatternError> for EncodeError {
     }
 }
 
-/// No pair / no merge.
-const NO_MERGE: u64 = u64::MAX;
+use pairs::NO_MERGE;
 
 /// Ids are `u32`; the vocabulary may be sparse but not absurdly so (the decode
 /// table is dense).
@@ -102,7 +102,7 @@ pub struct Encoder {
     /// The id of each single byte.
     byte_ids: [u32; 256],
     /// (left << 32 | right) -> (rank << 32 | merged id).
-    pairs: FxHashMap<u64, u64>,
+    pairs: pairs::PairTable,
     /// Bytes -> id for every ordinary token: a pre-token found here is that single
     /// token. Each thread encodes with a copy that also caches merged pieces.
     base: cache::PieceTable,
@@ -183,7 +183,7 @@ impl Encoder {
             arena.extend_from_slice(bytes);
         }
         let mut byte_ids = [0u32; 256];
-        let mut pairs: FxHashMap<u64, u64> = FxHashMap::default();
+        let mut pairs = pairs::PairTable::with_capacity(merges.len());
         let mut whole_map = cache::PieceTable::with_capacity(vocab.len());
 
         // Bytes -> id; when several ids carry the same bytes the smallest wins (as in
@@ -241,7 +241,6 @@ impl Encoder {
         if merges.len() >= u32::MAX as usize - 1 {
             return Err(EncodeError::Merges("more than 2^32 merges".into()));
         }
-        pairs.reserve(merges.len());
         let mut joined = Vec::new();
         for (rank, (a, b)) in merges.iter().enumerate() {
             let lookup = |t: &[u8], what: &str| -> Result<u32, EncodeError> {
@@ -260,10 +259,7 @@ impl Encoder {
             joined.extend_from_slice(a);
             joined.extend_from_slice(b);
             let merged = lookup(&joined, "merged token")?;
-            let key = ((left as u64) << 32) | right as u64;
-            if let std::collections::hash_map::Entry::Vacant(v) = pairs.entry(key) {
-                v.insert(((rank as u64) << 32) | merged as u64);
-            }
+            pairs.insert_new(left, right, ((rank as u64) << 32) | merged as u64);
             produced.insert(merged);
         }
         // "The vocab is the cache": every token except the special tokens (unless a
@@ -425,6 +421,7 @@ impl Encoder {
     }
 
     /// The id of a piece that is a single ordinary token.
+    #[cfg(test)]
     pub(crate) fn whole_token(&self, piece: &[u8]) -> Option<u32> {
         match self.base.get(piece) {
             Some(&[id]) => Some(id),
@@ -435,10 +432,7 @@ impl Encoder {
     /// (priority << 32 | merged id) of merging `left` and `right`, or NO_MERGE.
     #[inline(always)]
     fn pair(&self, left: u32, right: u32) -> u64 {
-        match self.pairs.get(&(((left as u64) << 32) | right as u64)) {
-            Some(&v) => v,
-            None => NO_MERGE,
-        }
+        self.pairs.get(left, right)
     }
 
     /// Apply merges to one piece (not found whole in the vocab); append its ids.

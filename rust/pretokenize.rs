@@ -9,17 +9,28 @@
 //!
 //! # How the scanners follow the regexes
 //!
-//! Each scanner is a function `end = next_end(bytes, start)` giving the end of the
-//! match that `regex` finds at `start`. Every one of the three patterns matches at
+//! Each scanner has a scalar part, a function `end = next_end(bytes, start)` giving the
+//! end of the match that `regex` finds at `start` (the general `*_end` functions below,
+//! behind fast paths for ASCII words). Every one of the three patterns matches at
 //! every position (each code point is a letter, a number, whitespace or "other", and
 //! each of those classes has an alternative that accepts it), so the pieces tile the
 //! text and no position is ever skipped. Code points are classified with a table
 //! generated from the `regex` module itself (`unicode_tables.rs`); ASCII uses a
 //! 128-entry table.
 //!
+//! On x86_64, ASCII text goes 64 bytes at a time instead: a window starts at a piece
+//! start, SSE2 compares give bit masks of byte classes, and the piece starts follow
+//! from neighbouring bytes by bit operations (see "windows" below); the few starts that
+//! need more context (contractions, whitespace runs with newlines) are settled one by
+//! one. Where a window cannot finish a piece (non-ASCII text), the scalar part does.
+//!
 //! Classes: `\p{L}` = UPPER (Lu, Lt) | LOWER (Ll) | OLET (Lm, Lo); `\p{M}` = MARK;
 //! `\p{N}` = NUM; `\s` = WS; everything else OTHER. The classes are disjoint (the
 //! generator checks it).
+//!
+//! Tests: unit tests here (hand-picked cases, a random differential test against
+//! fancy-regex, linear time on long runs); tests/test_pretokenize.py compares with
+//! Python's `regex` module itself (every code point's class, hypothesis, corpora).
 
 use std::fmt;
 
@@ -676,11 +687,11 @@ fn o200k_next(b: &[u8], i: usize) -> usize {
 }
 
 // ---------------------------------------------------------------------------------
-// GPT-2 on ASCII text, 64 bytes at a time.
+// Windows: ASCII text 64 bytes at a time (x86_64).
 //
 // A window starts at a piece start. For its ASCII prefix, where a piece starts follows
-// from the classes of neighbouring bytes alone (L letter, N digit, W whitespace, P
-// other), as bit masks (bit k = byte k):
+// from the classes of neighbouring bytes, as bit masks (bit k = byte k). For GPT-2
+// (L letter, N digit, W whitespace, P other; cl100k and o200k: see `shared_window`):
 //   - a piece starts where the class changes;
 //   - except before a non-space preceded by ' ' (the space opens ` ?\p{L}+` etc.);
 //   - and at the last char of a whitespace run followed by a non-space (`\s+(?!\S)`
@@ -700,6 +711,9 @@ struct Window {
     space: u64,
     white: u64,
     apostrophe: u64,
+    /// \r \n
+    newline: u64,
+    slash: u64,
     non_ascii: u64,
 }
 
@@ -715,6 +729,8 @@ fn window_masks(b: &[u8], i: usize) -> Window {
         space: 0,
         white: 0,
         apostrophe: 0,
+        newline: 0,
+        slash: 0,
         non_ascii: 0,
     };
     // SAFETY: SSE2 is part of x86_64; the 64 bytes are in bounds (asserted).
@@ -744,6 +760,8 @@ fn window_masks(b: &[u8], i: usize) -> Window {
             w.space |= mask(space);
             w.white |= mask(_mm_or_si128(space, ctl));
             w.apostrophe |= mask(_mm_cmpeq_epi8(v, set(b'\'')));
+            w.newline |= mask(_mm_or_si128(_mm_cmpeq_epi8(v, set(b'\n')), _mm_cmpeq_epi8(v, set(b'\r'))));
+            w.slash |= mask(_mm_cmpeq_epi8(v, set(b'/')));
             w.non_ascii |= mask(v);
         }
     }
@@ -868,46 +886,88 @@ fn gpt2_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
     Ok((starts, valid))
 }
 
-/// What cl100k and o200k share on a window of ASCII without `\t\n\v\f\r`.
+/// What cl100k and o200k share on a window of ASCII.
 struct SharedStarts {
     w: Window,
-    /// Certain starts: k <= limit - 2.
+    /// Certain starts.
     valid: u64,
     /// Punctuation chars that start a piece.
     punct_start: u64,
-    /// Letters that start a piece (before o200k's case rule and the contractions).
-    letter_start: u64,
-    /// Starts of space, punctuation and digit pieces, and bit 0.
-    other_starts: u64,
+    /// Starts of all pieces but for o200k's case rule and the contractions.
+    starts: u64,
 }
 
+/// Bits `lo..hi` (`lo <= hi <= 64`).
+#[inline(always)]
+fn bit_range(lo: usize, hi: usize) -> u64 {
+    let below = |k: usize| if k >= 64 { u64::MAX } else { (1u64 << k) - 1 };
+    below(hi) & !below(lo)
+}
+
+/// The starts cl100k and o200k share, on the ASCII prefix of the window at `i`.
+/// `tail` is what a punctuation run takes after it: `[\r\n]*` (cl100k) or `[\r\n/]*`
+/// (o200k). The whitespace rules of both (for a run not at the end of the text):
+/// a run containing a newline gives `\s*[\r\n]` up to its last newline; the rest, or
+/// a run without newline, gives back its last char (`\s+(?!\S)`), which opens a
+/// letter run after it (`[^\r\n\p{L}\p{N}]?`) or, if a space, a punctuation run.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn shared_window(b: &[u8], i: usize) -> Result<SharedStarts, usize> {
+fn shared_window(b: &[u8], i: usize, tail_slash: bool) -> Result<SharedStarts, usize> {
     let w = window_masks(b, i);
-    // Bytes 0..limit are ASCII other than \t \n \v \f \r (newlines change the
-    // whitespace rules; the scalar scanner handles them).
-    let limit = (w.non_ascii | (w.white & !w.space)).trailing_zeros();
+    // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain (and, in a
+    // whitespace run with a newline, only if the run ends before the limit).
+    let limit = w.non_ascii.trailing_zeros() as usize;
     if limit < 8 {
-        return Err(limit as usize);
+        return Err(limit);
     }
-    let valid = (1u64 << (limit - 1)) - 1;
+    let mut valid = (1u64 << (limit - 1)) - 1;
     let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+    // The tail of each punctuation run: from a newline right after punctuation to the
+    // end of that run of tail chars (a '/' before the newline is in the punctuation run).
+    let tail = if tail_slash { w.newline | w.slash } else { w.newline };
+    let mut seeds = w.newline & (punct << 1);
+    let mut absorbed = 0;
+    while seeds != 0 {
+        let k = seeds.trailing_zeros() as usize;
+        let e = (k + (!tail >> k).trailing_zeros() as usize).min(64);
+        absorbed |= bit_range(k, e);
+        seeds &= !bit_range(k, e);
+    }
+    let punct = punct & !absorbed;
+    let white = w.white & !absorbed;
     // A punctuation run starts a piece unless a space opens it (` ?[^\s\p{L}\p{N}]+`).
     let punct_start = punct & !(punct << 1) & !(w.space << 1);
-    // A space, or a punctuation char that starts a piece, opens the letter run after it
-    // (`[^\r\n\p{L}\p{N}]?`).
-    let joined = w.letter & ((w.space << 1) | (punct_start << 1));
+    // Whitespace other than \r \n, or a punctuation char that starts a piece, opens
+    // the letter run after it.
+    let joined = w.letter & (((white & !w.newline) << 1) | (punct_start << 1));
     let letter_start = w.letter & !(w.letter << 1) & !joined;
-    // Space runs: at their first char, and at their last before a non-space.
-    let space_start = (w.space & !(w.space << 1)) | (w.space & !(w.space >> 1));
-    let other_starts = 1 | punct_start | space_start | digit_group_starts(w.digit);
+    // Whitespace runs: at their first char, and at their last before a non-space.
+    let white_start = (white & !(white << 1)) | (white & !(white >> 1));
+    let mut starts = 1 | punct_start | letter_start | white_start | digit_group_starts(w.digit);
+    // Whitespace runs with a newline: redo the starts inside.
+    let mut newlines = w.newline & white & valid;
+    while newlines != 0 {
+        let q0 = newlines.trailing_zeros() as usize;
+        // The run is [a, e).
+        let a = 64 - (!white & bit_range(0, q0)).leading_zeros() as usize;
+        let e = q0 + (!white >> q0).trailing_zeros() as usize;
+        if e >= limit {
+            // Unfinished: only its first start is certain.
+            valid &= bit_range(0, a + 1);
+            break;
+        }
+        let q = 63 - (w.newline & bit_range(a, e)).leading_zeros() as usize;
+        starts &= !bit_range(a + 1, e);
+        if q + 1 < e {
+            starts |= (1u64 << (q + 1)) | (1u64 << (e - 1));
+        }
+        newlines &= !bit_range(a, e);
+    }
     Ok(SharedStarts {
         w,
         valid,
         punct_start,
-        letter_start,
-        other_starts,
+        starts,
     })
 }
 
@@ -915,8 +975,8 @@ fn shared_window(b: &[u8], i: usize) -> Result<SharedStarts, usize> {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn cl100k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-    let sh = shared_window(b, i)?;
-    let mut starts = sh.other_starts | sh.letter_start;
+    let sh = shared_window(b, i, false)?;
+    let mut starts = sh.starts;
     // `'(?i:[sdmt]|ll|ve|re)` at an apostrophe that starts a piece.
     let mut apostrophes = sh.w.apostrophe & sh.punct_start & sh.valid;
     while apostrophes != 0 {
@@ -933,10 +993,10 @@ fn cl100k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn o200k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-    let sh = shared_window(b, i)?;
+    let sh = shared_window(b, i, true)?;
     let lower = sh.w.letter & !sh.w.upper;
     // `[A-Z]*[a-z]+|[A-Z]+`: an upper-case letter after a lower-case one starts a piece.
-    let mut starts = sh.other_starts | sh.letter_start | (sh.w.upper & (lower << 1));
+    let mut starts = sh.starts | (sh.w.upper & (lower << 1));
     // The contraction suffix `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` of a letter piece: at an
     // apostrophe after a letter, unless that letter ends a suffix itself.
     let mut apostrophes = sh.w.apostrophe & (sh.w.letter << 1) & sh.valid;

@@ -238,6 +238,13 @@ def test_temperature_to_zero_is_argmax():
     assert sample(torch.tensor([0.0, 2.0, 2.0, 1.0]), temperature=0).item() == 1
 
 
+def test_nan_logits_are_an_error_not_a_silent_draw():
+    with pytest.raises(ValueError, match="NaN"):
+        sample(torch.tensor([0.0, float("nan"), 1.0]))
+    with pytest.raises(ValueError, match="NaN"):
+        sample(torch.full((3,), float("-inf")), top_k=2)
+
+
 def test_sampling_rejects_bad_arguments():
     logits = torch.zeros(4)
     for kwargs in ({"temperature": -0.1}, {"temperature": float("nan")}, {"temperature": float("inf")},

@@ -296,3 +296,24 @@ def test_ddp_two_cpu_processes(shards, tmp_path):
     assert not torch.equal(ckpt["sampler_states"][0], ckpt["sampler_states"][1]), "each rank draws its own batches"
     model = TransformerLM(**TINY_MODEL)
     assert load_checkpoint(tmp_path / "ddp" / "checkpoints" / "step_00000006.pt", model, None) == 6
+
+
+# ------------------------------------------------------------------- schedule ----------
+
+
+def test_lr_follows_steps_or_the_time_budget():
+    from ferrolm.train import lr_at
+
+    cfg = load_config("cpu-small", ["schedule.schedule_by=steps", "schedule.max_steps=100", "schedule.warmup_steps=10",
+                                    "optimizer.lr=1e-3", "optimizer.min_lr=1e-4"])
+    assert lr_at(cfg, 5, elapsed_s=999.0) == pytest.approx(5e-4)  # warmup, by step; time ignored
+    assert lr_at(cfg, 10, 0.0) == pytest.approx(1e-3)
+    assert lr_at(cfg, 100, 0.0) == pytest.approx(1e-4)
+    cfg = load_config("cpu-small", ["schedule.schedule_by=time", "schedule.max_time_s=600", "schedule.max_steps=100",
+                                    "schedule.warmup_steps=10", "optimizer.lr=1e-3", "optimizer.min_lr=1e-4"])
+    assert lr_at(cfg, 0, elapsed_s=30.0) == pytest.approx(5e-4)  # 30 s of 600 = step 5 of 100
+    assert lr_at(cfg, 0, elapsed_s=60.0) == pytest.approx(1e-3)
+    assert lr_at(cfg, 0, elapsed_s=330.0) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half-way through the cosine
+    assert lr_at(cfg, 0, elapsed_s=5000.0) == pytest.approx(1e-4)
+    with pytest.raises(ConfigError, match="max_time_s > 0"):
+        load_config("cpu-small", ["schedule.max_time_s=0"])

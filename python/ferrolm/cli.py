@@ -63,7 +63,8 @@ def _run_train(args) -> int:
     overrides = list(args.overrides)
     if args.resume and config is None:
         rdir = Path(args.resume)
-        rdir = rdir if rdir.is_dir() else rdir.parent.parent
+        if not rdir.is_dir():  # a checkpoint file: RUN/checkpoints/step_N.pt or RUN/best.pt
+            rdir = rdir.parent.parent if rdir.parent.name == "checkpoints" else rdir.parent
         config = rdir / CONFIG_NAME
         if not config.is_file():
             raise FileNotFoundError(f"--resume {args.resume}: {config} not found (pass --config too)")

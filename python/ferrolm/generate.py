@@ -151,7 +151,7 @@ def _nucleus_candidates(probs: Tensor, p: float) -> Optional[Tensor]:
     """(rows, m) ids, ascending in each row, that surely contain every row's top-p set;
     None when the whole vocabulary must be ranked.
 
-    The m most probable tokens of a row (m = 64, 128, ... while below half the vocab)
+    The m most probable tokens of a row (m = 64, 256, 1024, ... up to half the vocab)
     are the first m of the full ranking when no token outside them ties with the m-th;
     if they hold mass >= p - slack (with a 1e-9 margin for summation order), the top-p
     prefix ends among them. Ranking them instead of the vocabulary gives the same set.
@@ -173,6 +173,8 @@ def _draw(weights: Tensor, generator: Optional[torch.Generator]) -> Tensor:
     a binary search). Zero-weight entries are never drawn."""
     cumulative = weights.double().cumsum(dim=-1)
     total = cumulative[:, -1:]
+    if not bool((total > 0).all() and torch.isfinite(total).all()):
+        raise ValueError("cannot sample: the probabilities are NaN or all zero (does the model output NaN or -inf logits?)")
     device = generator.device if generator is not None else weights.device
     u = torch.rand(weights.shape[0], 1, dtype=torch.float64, generator=generator, device=device).to(weights.device)
     # u < 1, but u * total may round up to total: stay strictly below it.

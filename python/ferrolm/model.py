@@ -33,7 +33,10 @@ Speed: attention uses torch's ``scaled_dot_product_attention`` (flash kernels on
 and CPU) unless ``attention="reference"``, which runs the literal equation from
 ``ferrolm.functional``; both are tested equal. For generation, ``make_kv_cache`` gives a
 preallocated key/value cache and ``forward(ids, kv_cache=...)`` computes only the new
-positions.
+positions (``attention_mask`` handles left-padded prompts).
+
+Accounting for a ``ModelConfig``: ``count_parameters(cfg)`` and ``flops_per_token(cfg)``
+(forward; training is 3x), for MFU.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerLM",
     "KVCache",
+    "causal_mask",
     "count_parameters",
     "flops_per_token",
 ]
