@@ -167,6 +167,20 @@ def test_resume_with_a_different_model_is_refused(shards, tmp_path):
         train(cfg, resume=tmp_path / "r")
 
 
+def test_resume_skips_a_corrupt_latest_checkpoint_and_refuses_when_none_is_usable(shards, tmp_path):
+    run = tmp_path / "r"
+    train(tiny_config(shards, run, schedule={"max_steps": 10}))
+    latest = run / "checkpoints" / "step_00000010.pt"
+    latest.write_bytes(latest.read_bytes()[:1000])  # e.g. a copy cut short
+    with pytest.warns(UserWarning, match="corrupt"):
+        summary = train(tiny_config(shards, run, schedule={"max_steps": 10}), resume=run)
+    assert summary.status == "done" and [r["step"] for r in summary.records] == [10]  # resumed from step 5
+    for p in (run / "checkpoints").iterdir():
+        p.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt"), pytest.warns(UserWarning, match="trying the previous"):
+        train(tiny_config(shards, run, schedule={"max_steps": 10}), resume=run)
+
+
 def test_shard_tokenizer_mismatch_is_refused(shards, tmp_path):
     cfg = tiny_config(shards, tmp_path / "r", data={"tokenizer": "cd" * 32})
     with pytest.raises(ShardError, match="tokenizer mismatch"):
