@@ -355,7 +355,8 @@ mod encoder_bindings {
 }
 // ====================== end of the encoder section ==========================
 
-// =====================================================================// Shard writer: `ferrolm encode` (issue 5; branch `shards`).
+// ============================================================================
+// Shard writer: `ferrolm encode` (issue 5; branch `shards`).
 // Type conversion, GIL release and Ctrl-C only; the pipeline lives in rust/shards*.
 // ============================================================================
 

@@ -335,8 +335,8 @@ impl Pool {
             .flatten()
             .unwrap_or_default()
     }
-    fn put(&self, mut buf: Vec<u8>) {
-        buf.clear();
+    /// Buffers keep their length (their bytes stay initialized, so reuse zeroes nothing).
+    fn put(&self, buf: Vec<u8>) {
         if let Ok(mut v) = self.bufs.lock() {
             if v.len() < 64 {
                 v.push(buf);
@@ -357,10 +357,11 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
     mut out: Vec<u8>,
 ) -> Result<(Vec<u8>, u64, u64), ShardError> {
     let spec = &job.inputs[chunk.file];
-    let text: Cow<str> = match std::str::from_utf8(&chunk.data) {
+    let data = &chunk.data[..chunk.len];
+    let text: Cow<str> = match std::str::from_utf8(data) {
         Ok(s) => Cow::Borrowed(s),
         Err(e) => match job.errors {
-            Utf8Errors::Replace => String::from_utf8_lossy(&chunk.data),
+            Utf8Errors::Replace => String::from_utf8_lossy(data),
             Utf8Errors::Strict => {
                 return Err(ShardError::Utf8 {
                     path: spec.path.clone(),

@@ -131,10 +131,10 @@ class _Progress:
             return
         if self.bar.total != raw_total:
             self.bar.total = raw_total
-        self.bar.update(raw_done - self.bar.n)
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         rate = (tokens - self.first[1]) / elapsed
         self.bar.set_postfix_str(f"{tokens / 1e6:,.1f}M tok, {rate / 1e6:,.2f}M tok/s, {documents:,} docs", refresh=False)
+        self.bar.update(raw_done - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

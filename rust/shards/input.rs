@@ -267,7 +267,9 @@ pub(crate) struct Chunk {
     pub file: usize,
     /// Logical (decompressed) offset of `data` in the file.
     pub start: u64,
+    /// A pooled buffer: the chunk is `data[..len]` (bytes after `len` are stale).
     pub data: Vec<u8>,
+    pub len: usize,
     /// The chunk ends at the end of the file (not merely at the end of this part's range).
     pub at_file_end: bool,
     /// Newlines before `start` in the file (JSON Lines error messages).
@@ -466,28 +468,23 @@ impl<'a> ChunkReader<'a> {
         }
     }
 
-    /// Read into `buf` until it holds `target` bytes or the file ends.
-    fn fill(&self, f: &mut OpenFile, buf: &mut Vec<u8>, target: usize) -> Result<(), ShardError> {
-        let mut filled = buf.len();
-        if filled >= target {
-            return Ok(());
+    /// Read into `buf[*filled..target]` until `*filled == target` or the file ends. `buf`'s
+    /// length is only ever grown (pooled buffers stay initialized, so nothing is re-zeroed).
+    fn fill(&self, f: &mut OpenFile, buf: &mut Vec<u8>, filled: &mut usize, target: usize) -> Result<(), ShardError> {
+        if buf.len() < target {
+            buf.resize(target, 0);
         }
-        buf.resize(target, 0);
-        while filled < target {
-            match f.src.read(&mut buf[filled..]) {
+        while *filled < target {
+            match f.src.read(&mut buf[*filled..target]) {
                 Ok(0) => {
                     f.eof = true;
                     break;
                 }
-                Ok(n) => filled += n,
+                Ok(n) => *filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    buf.truncate(filled);
-                    return Err(self.read_err(f, e));
-                }
+                Err(e) => return Err(self.read_err(f, e)),
             }
         }
-        buf.truncate(filled);
         Ok(())
     }
 
@@ -600,28 +597,32 @@ impl<'a> ChunkReader<'a> {
             let spec = &self.job.inputs[f.idx];
             let sep = self.job.eos.as_ref().map(|(s, _)| s.as_bytes());
             let mut buf = pool.get();
-            buf.extend_from_slice(&self.carry);
+            let mut filled = self.carry.len();
+            if buf.len() < filled {
+                buf.resize(filled, 0);
+            }
+            buf[..filled].copy_from_slice(&self.carry);
             self.carry.clear();
-            let mut target = self.job.chunk_size.max(buf.len() + 1);
+            let mut target = self.job.chunk_size.max(filled + 1);
             let cut = loop {
-                if let Err(e) = self.fill(&mut f, &mut buf, target) {
+                if let Err(e) = self.fill(&mut f, &mut buf, &mut filled, target) {
                     self.cur = Some(f);
                     return Err(e);
                 }
                 if f.eof {
-                    break buf.len();
+                    break filled;
                 }
-                if let Some(c) = last_cut(&buf, spec.format, sep, self.job.newline_cuts) {
+                if let Some(c) = last_cut(&buf[..filled], spec.format, sep, self.job.newline_cuts) {
                     break c;
                 }
-                target = buf.len().saturating_mul(2);
+                target = filled.saturating_mul(2);
             };
-            self.carry.extend_from_slice(&buf[cut..]);
-            buf.truncate(cut);
+            self.carry.extend_from_slice(&buf[cut..filled]);
+            let len = cut;
             let start = f.emitted;
             let first_line = f.lines;
             if spec.format == Format::Jsonl {
-                f.lines += memchr::memchr_iter(b'\n', &buf).count() as u64;
+                f.lines += memchr::memchr_iter(b'\n', &buf[..len]).count() as u64;
             }
             f.emitted += cut as u64;
             let done_with_file = f.eof && self.carry.is_empty();
@@ -654,6 +655,7 @@ impl<'a> ChunkReader<'a> {
                 file,
                 start,
                 data: buf,
+                len,
                 at_file_end,
                 first_line,
                 next_pos,
