@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 BENCHES_DIR = Path(__file__).resolve().parent
 REPO = BENCHES_DIR.parent
@@ -54,6 +54,10 @@ class Bench:
     quick_timeout: float = 600.0  # a guard only: on a quiet 2-core machine each takes a minute or two
     # How to read its ratios, shown under the chart.
     reading: str = ""
+    notes: str = ""  # its write-up under benches/results/ (default: <area>.md)
+    in_quick: bool = True  # False: only in the full run
+    # Extra ratio series from output that has no markdown table: stdout -> [(title, [(label, ratio)])]
+    parse: Optional[Callable[[str], list]] = None
 
 
 def _shared(rel: str) -> Optional[str]:
@@ -61,7 +65,18 @@ def _shared(rel: str) -> Optional[str]:
     return str(p) if p.exists() else None
 
 
-TS_HEAD = "corpora/tinystories/TinyStories-v1-train_head_2MiB.txt"
+def _train_step_ratios(stdout: str) -> list:
+    """benches/train_step_speed.py prints "ARCH threads N  PRECISION  median R tokens/s": ferrolm / nanogpt per setting."""
+    rates: dict = {}
+    for m in re.finditer(r"^(\S+)\s+threads (\d+)\s+(bf16 autocast|fp32)\s+median\s+([\d.]+) tokens/s", stdout, re.M):
+        rates[(m.group(2), m.group(3), m.group(1))] = float(m.group(4))
+    points = [
+        (f"{threads} thread{'s' if threads != '1' else ''}, {prec}", rates[(threads, prec, "ferrolm")] / rates[(threads, prec, "nanogpt")])
+        for (threads, prec, arch) in rates
+        if arch == "ferrolm" and rates.get((threads, prec, "nanogpt"))
+    ]
+    return [("ferrolm / nanoGPT-style tokens/s", points)] if points else []
+
 
 BENCHES = [
     Bench(
@@ -87,8 +102,20 @@ BENCHES = [
     ),
     Bench(
         "model", "bench_model.py", "Training step: ferrolm TransformerLM vs HF transformers LlamaForCausalLM",
-        quick=[("--shapes", "small"), ("--runs", "1"), ("--steps", "1")],
+        # fp32 only in quick mode: bf16 autocast is ~12x slower than fp32 on CPUs without AVX-512-BF16/AMX
+        quick=[("--shapes", "small"), ("--dtypes", "fp32"), ("--runs", "1"), ("--steps", "1")],
         reading="ferrolm tokens/s / HF tokens/s: above 1 means ferrolm is faster",
+    ),
+    Bench(
+        "train_step", "train_step_speed.py", "Full optimizer step of the cpu-small model: ferrolm vs a nanoGPT-style GPT of the same shape",
+        full=["--preset", "cpu-small", "--threads", "1", "2", "--steps", "5", "--repeats", "3", "--nanogpt"],
+        quick=[("--preset", "cpu-small"), ("--threads", "2"), ("--steps", "2"), ("--repeats", "1"), ("--fp32-only",), ("--nanogpt",)],
+        json_flag=False, notes="lm_train.md", parse=_train_step_ratios,
+        reading="ferrolm tokens/s / nanoGPT-style tokens/s: above 1 means ferrolm is faster",
+    ),
+    Bench(
+        "model_ops", "bench_model_ops.py", "Micro-benchmarks behind ferrolm.model's choices (RoPE, cross-entropy, QKV) vs HF's and torch's",
+        json_flag=False, notes="model.md", in_quick=False,
     ),
     Bench(
         "generate", "bench_generate.py", "Generation: ferrolm sampler (KV cache, no cache) vs HF generate",
@@ -188,7 +215,7 @@ def script_help(path: Path) -> str:
 def build_command(bench: Bench, quick: bool, help_text: str) -> list:
     cmd = [sys.executable, str(BENCHES_DIR / bench.script)]
     if quick:
-        for group in bench.quick:
+        for group in bench.quick:  # (flag, value...) or (flag,) for a switch
             flag, *values = group
             if any(v is None for v in values):
                 continue  # input not available here: the script's default applies
@@ -432,7 +459,8 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
         "|---|---|---:|---|",
     ]
     for o in outcomes:
-        status = {"missing": f"not in this checkout (benches/{o.bench.script})", "skipped": "not run (--only)"}.get(o.status, o.status)
+        skipped = "not run (--only)" if args.only else "full run only"
+        status = {"missing": f"not in this checkout (benches/{o.bench.script})", "skipped": skipped}.get(o.status, o.status)
         if o.status in ("failed", "timeout"):
             status = f"**{o.status}**" + (f" (exit {o.returncode})" if o.status == "failed" else "")
         cmd_s = f"`{' '.join(shlex.quote(c) for c in o.command)}`" if o.command else ""
@@ -453,10 +481,9 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
             lines += [body, ""]
         if o.status != "ok":
             lines += ["Last lines of its stderr:", "", "```", o.stderr_tail.rstrip(), "```", ""]
-        notes = BENCHES_DIR / "results" / f"{o.bench.area}.md"
-        if notes.exists():
-            lines += [f"Method and discussion: [results/{o.bench.area}.md](results/{o.bench.area}.md). "
-                      f"Full log: benches/out/{o.bench.area}.log.", ""]
+        notes = o.bench.notes or f"{o.bench.area}.md"
+        if (BENCHES_DIR / "results" / notes).exists():
+            lines += [f"Method and discussion: [results/{notes}](results/{notes}). Full log: benches/out/{o.bench.area}.log.", ""]
     RESULTS.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return RESULTS
 
@@ -473,7 +500,9 @@ def main(argv: Optional[list] = None) -> int:
     if args.list:
         for b in BENCHES:
             path = BENCHES_DIR / b.script
-            if path.is_file():
+            if args.quick and not b.in_quick:
+                print(f"{b.area:12s} (full run only)")
+            elif path.is_file():
                 print(f"{b.area:12s} python {' '.join(_relative(c) for c in build_command(b, args.quick, script_help(path))[1:])}")
             else:
                 print(f"{b.area:12s} (missing: benches/{b.script})")
@@ -486,14 +515,15 @@ def main(argv: Optional[list] = None) -> int:
     t0 = time.perf_counter()
     outcomes = []
     for b in BENCHES:
-        if args.only and b.area not in args.only:
+        if (args.only and b.area not in args.only) or (args.quick and not b.in_quick and not args.only):
             outcomes.append(Outcome(b, "skipped"))
             continue
         timeout = args.timeout if args.timeout is not None else (b.quick_timeout if args.quick else None)
         o = run_bench(b, args.quick, timeout)
         if o.status == "ok":
             try:
-                o.chart = draw_chart(b.area, b.title, ratio_series(markdown_tables(o.stdout)), b.reading)
+                series = ratio_series(markdown_tables(o.stdout)) + (b.parse(o.stdout) if b.parse else [])
+                o.chart = draw_chart(b.area, b.title, series, b.reading)
             except Exception as e:  # a chart must never lose the numbers
                 print(f"  (no chart for {b.area}: {e})", file=sys.stderr)
         print(f"=== {b.area}: {o.status} in {o.seconds:.0f} s" + (f", chart {o.chart}" if o.chart else ""), flush=True)
