@@ -1590,18 +1590,30 @@ mod tests {
 
     #[test]
     fn linear_time_on_long_runs() {
-        // Each is a few MB; a quadratic scanner would not finish.
+        // Each is about a MB; a quadratic scanner would not finish.
+        let m = 1 << 20;
         let inputs = [
-            "!".repeat(1 << 20),
-            " ".repeat(1 << 20),
-            "a".repeat(1 << 20),
-            "A".repeat(1 << 20),
-            "\u{2b0}".repeat(1 << 19) + "A",
-            "A".repeat(1 << 19) + "\u{2b0}" + &"A".repeat(1 << 19),
-            "\u{301}".repeat(1 << 19),
-            " \n".repeat(1 << 19),
-            "1".repeat(1 << 20),
-            "'".repeat(1 << 20),
+            "!".repeat(m),
+            " ".repeat(m),
+            " ".repeat(m) + "x",
+            "\n".repeat(m) + "x",
+            "\u{a0}".repeat(m / 2) + "x",
+            "a".repeat(m),
+            "A".repeat(m),
+            "\u{4e2d}".repeat(m / 3),
+            "\u{2b0}".repeat(m / 2) + "A",
+            "A".repeat(m / 2) + "\u{2b0}" + &"A".repeat(m / 2),
+            "\u{301}".repeat(m / 2),
+            "A\u{301}".repeat(m / 3),
+            " \n".repeat(m / 2),
+            "\n ".repeat(m / 2) + "x",
+            "1".repeat(m),
+            "'".repeat(m),
+            "'s".repeat(m / 2),
+            "a'".repeat(m / 2),
+            "aB".repeat(m / 2),
+            "!\n/".repeat(m / 3),
+            "\u{e9} a".repeat(m / 4),
         ];
         for name in ["gpt2", "cl100k", "o200k"] {
             let p = PreTokenizer::new(name).unwrap();

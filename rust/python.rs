@@ -397,7 +397,7 @@ mod shards_bindings {
         encoder, inputs, out_bin, *, dtype, eos = None, jsonl_field = "text", input_format = None,
         errors = "strict", chunk_size = 4 << 20, threads = 0, window = 0, part = None,
         newline_cuts = true, params = String::new(), commit_interval = 5.0, progress = None,
-        progress_interval = 0.1
+        progress_interval = 0.1, hash = true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn encode_shard<'py>(
@@ -419,6 +419,7 @@ mod shards_bindings {
         commit_interval: f64,
         progress: Option<Py<PyAny>>,
         progress_interval: f64,
+        hash: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         let dtype = Dtype::parse(dtype)
             .ok_or_else(|| PyValueError::new_err(format!("dtype must be uint16 or uint32, got {dtype:?}")))?;
@@ -452,6 +453,7 @@ mod shards_bindings {
             newline_cuts,
             params,
             commit_interval: Duration::from_secs_f64(commit_interval),
+            hash,
         };
         let enc = encoder.get().shared();
         let interval = Duration::from_secs_f64(progress_interval.max(0.0));
