@@ -140,15 +140,26 @@ impl Builtin {
     }
 }
 
+#[derive(Clone)]
 enum Engine {
     Scanner(Builtin),
     Regex(Box<fancy_regex::Regex>),
 }
 
 /// A compiled pre-tokenizer. Cheap to share between threads (`Sync`).
+#[derive(Clone)]
 pub struct PreTokenizer {
     source: String,
     engine: Engine,
+}
+
+impl fmt::Debug for PreTokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreTokenizer")
+            .field("builtin", &self.builtin())
+            .field("pattern", &self.source)
+            .finish()
+    }
 }
 
 impl PreTokenizer {
@@ -1272,6 +1283,15 @@ mod tests {
             p.pieces("I'll  go!\n\n x"),
             vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]
         );
+    }
+
+    #[test]
+    fn pre_tokenizers_are_shareable() {
+        fn send_sync_clone<T: Send + Sync + Clone + std::fmt::Debug>() {}
+        send_sync_clone::<PreTokenizer>();
+        let p = PreTokenizer::new("o200k").unwrap();
+        assert!(format!("{p:?}").contains("O200k"));
+        assert_eq!(p.clone().pieces("Hi there"), vec!["Hi", " there"]);
     }
 
     #[test]
