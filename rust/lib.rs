@@ -5,6 +5,8 @@
 
 pub mod encode;
 pub mod pretokenize;
+pub mod shards;
+pub mod train;
 mod unicode_tables;
 
 #[cfg(feature = "python")]

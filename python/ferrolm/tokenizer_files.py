@@ -126,6 +126,8 @@ def read_vocab(path: str | os.PathLike, special_tokens: Sequence[str] = ()) -> d
             raise TokenizerFileError(f"{path}: id of {token!r} must be a non-negative integer, got {i!r}")
         if i in vocab:
             raise TokenizerFileError(f"{path}: id {i} is used twice")
+        if not token:
+            raise TokenizerFileError(f"{path}: the empty string is not a token (id {i})")
         if token in specials:
             vocab[i] = token.encode("utf-8")
         else:

@@ -1,0 +1,376 @@
+"""Token data for training: random windows over a flat token array, and shard files.
+
+`get_batch` draws `batch_size` windows of `context_length + 1` tokens from a 1-D token
+array (numpy, np.memmap or torch) at uniformly random start positions and returns
+(inputs, targets), targets being inputs shifted by one.
+
+`TokenShards` opens the ``.bin`` + ``.json`` shard pairs written by ``ferrolm encode``
+(the format is described in its docstring) with ``np.memmap``: nothing is read into RAM
+until a window is drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Iterable, Sequence, Union
+
+import numpy as np
+import torch
+
+__all__ = ["get_batch", "TokenShards", "ShardError", "tokenizer_fingerprint"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+SHARD_FORMAT = "ferrolm-shard"
+MANIFEST_FORMAT = "ferrolm-shards-manifest"
+SUPPORTED_FORMAT_VERSION = 1
+_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)$")
+
+
+class ShardError(ValueError):
+    """Shard files are missing, malformed or inconsistent; the message names the file."""
+
+
+# ---------------------------------------------------------------------------------------
+# get_batch
+# ---------------------------------------------------------------------------------------
+
+
+def _check_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)  # raises RuntimeError on a malformed device string
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {str(device)!r} requested but CUDA is not available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise RuntimeError(f"device {str(device)!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise RuntimeError(f"device {str(device)!r} requested but MPS is not available")
+    return dev
+
+
+def _gather_windows(tokens, starts: np.ndarray, width: int) -> np.ndarray:
+    """(len(starts), width) int64 array of tokens[s : s + width] for each start s."""
+    if isinstance(tokens, torch.Tensor):
+        idx = torch.from_numpy(starts)[:, None] + torch.arange(width)
+        return tokens.detach().cpu()[idx].to(torch.int64).numpy()
+    if isinstance(tokens, TokenShards):
+        return tokens._windows(starts, width)
+    arr = np.asarray(tokens)
+    if len(starts) and starts.max() + width <= len(arr) and len(arr) > 0:
+        # One fancy-index gather touches only the pages of the windows (memmap-friendly).
+        idx = starts[:, None] + np.arange(width, dtype=np.int64)
+        return arr[idx].astype(np.int64)
+    return np.stack([np.asarray(arr[s : s + width], dtype=np.int64) for s in starts]) if len(starts) else np.zeros((0, width), np.int64)
+
+
+def _to_device(windows: np.ndarray, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    both = torch.from_numpy(windows)
+    x, y = both[:, :-1], both[:, 1:]
+    if dev.type == "cuda":
+        # Pinned host memory lets the copy overlap with compute.
+        x = x.contiguous().pin_memory().to(dev, non_blocking=True)
+        y = y.contiguous().pin_memory().to(dev, non_blocking=True)
+        return x, y
+    return x.contiguous().to(dev), y.contiguous().to(dev)
+
+
+def sample_starts(n_tokens: int, batch_size: int, context_length: int, generator: torch.Generator | None = None) -> np.ndarray:
+    """`batch_size` start positions drawn uniformly from [0, n_tokens - context_length - 1]."""
+    if context_length < 1:
+        raise ValueError(f"context_length must be >= 1, got {context_length}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    high = n_tokens - context_length  # exclusive upper bound for torch.randint
+    if high < 1:
+        raise ValueError(f"need at least context_length + 1 = {context_length + 1} tokens to draw a window, have {n_tokens}")
+    return torch.randint(0, high, (batch_size,), generator=generator).numpy().astype(np.int64)
+
+
+def get_batch(tokens, batch_size: int, context_length: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random training windows from a 1-D token array.
+
+    Start positions are uniform over [0, len(tokens) - context_length - 1]; returns
+    (inputs, targets), both int64 of shape (batch_size, context_length) on `device`, with
+    targets[i, j] == inputs[i, j + 1] (the next token). `generator` (a torch.Generator)
+    makes the draw reproducible. An unknown or unavailable device raises RuntimeError.
+    """
+    dev = _check_device(device)
+    starts = sample_starts(len(tokens), batch_size, context_length, generator)
+    return _to_device(_gather_windows(tokens, starts, context_length + 1), dev)
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer fingerprints
+# ---------------------------------------------------------------------------------------
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """The fingerprint string of `tokenizer`.
+
+    Accepts a fingerprint string, a tokenizer directory (its tokenizer.json is read), a path
+    to a tokenizer.json, or an object with a ``fingerprint`` attribute or method.
+    """
+    if isinstance(tokenizer, (str, os.PathLike)):
+        s = os.fspath(tokenizer)
+        if re.fullmatch(r"[0-9a-fA-F]{64}", s):
+            return s.lower()
+        p = Path(s)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if p.is_file():
+            from ferrolm.tokenizer_files import read_config
+
+            fp = read_config(p).get("fingerprint")
+            if not isinstance(fp, str):
+                raise ShardError(f"{p}: has no fingerprint")
+            return fp
+        raise FileNotFoundError(f"tokenizer not found: {s} (expected a tokenizer directory, its tokenizer.json, or a 64-hex fingerprint)")
+    fp = getattr(tokenizer, "fingerprint", None)
+    if callable(fp):
+        fp = fp()
+    if isinstance(fp, str):
+        return fp
+    raise TypeError(f"cannot get a tokenizer fingerprint from {type(tokenizer).__name__}")
+
+
+# ---------------------------------------------------------------------------------------
+# TokenShards
+# ---------------------------------------------------------------------------------------
+
+
+class _Part:
+    __slots__ = ("prefix", "meta", "tokens")
+
+    def __init__(self, prefix: Path, meta: dict, tokens: np.ndarray):
+        self.prefix = prefix
+        self.meta = meta
+        self.tokens = tokens
+
+
+def _strip_suffix(path: Path) -> Path:
+    if path.suffix in (".bin", ".json"):
+        return path.with_suffix("")
+    return path
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"shard sidecar not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(record, dict):
+        raise ShardError(f"{path}: expected a JSON object")
+    return record
+
+
+def _open_part(prefix: Path, meta: dict | None = None) -> _Part:
+    json_path = prefix.with_name(prefix.name + ".json")
+    bin_path = prefix.with_name(prefix.name + ".bin")
+    if meta is None:
+        meta = _read_json(json_path)
+    if meta.get("format") != SHARD_FORMAT:
+        raise ShardError(f"{json_path}: not a ferrolm shard sidecar (missing \"format\": \"{SHARD_FORMAT}\")")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > SUPPORTED_FORMAT_VERSION:
+        raise ShardError(f"{json_path}: format_version {version!r} is not supported (this ferrolm reads <= {SUPPORTED_FORMAT_VERSION})")
+    dtype_name = meta.get("dtype")
+    if dtype_name not in _DTYPES:
+        raise ShardError(f"{json_path}: dtype must be 'uint16' or 'uint32', got {dtype_name!r}")
+    dtype = _DTYPES[dtype_name]
+    for key in ("num_tokens", "vocab_size"):
+        v = meta.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ShardError(f"{json_path}: {key} must be a non-negative integer, got {v!r}")
+    if dtype_name == "uint16" and meta["vocab_size"] > 65536:
+        raise ShardError(f"{json_path}: vocab_size {meta['vocab_size']} does not fit dtype uint16")
+    eos = meta.get("eos_id")
+    if eos is not None and (not isinstance(eos, int) or not 0 <= eos < max(meta["vocab_size"], 1)):
+        raise ShardError(f"{json_path}: eos_id {eos!r} is not an id below vocab_size {meta['vocab_size']}")
+    if not isinstance(meta.get("tokenizer_fingerprint"), str):
+        raise ShardError(f"{json_path}: tokenizer_fingerprint is missing")
+    try:
+        size = bin_path.stat().st_size
+    except FileNotFoundError:
+        raise FileNotFoundError(f"shard data not found: {bin_path} (its sidecar {json_path.name} exists)") from None
+    expected = meta["num_tokens"] * dtype.itemsize
+    if size != expected:
+        raise ShardError(f"{bin_path}: size {size} bytes, but {json_path.name} says num_tokens {meta['num_tokens']} x {dtype.itemsize} bytes = {expected} (truncated or still being written?)")
+    if meta["num_tokens"] == 0:
+        tokens = np.zeros(0, dtype=dtype)
+    else:
+        tokens = np.memmap(bin_path, dtype=dtype, mode="r", shape=(meta["num_tokens"],))
+    return _Part(prefix, meta, tokens)
+
+
+def _find_parts(prefix: Path) -> list[Path]:
+    """Prefixes of all `prefix.part-I-of-N` shards, in part order; all N must be present."""
+    parent = prefix.parent if str(prefix.parent) else Path(".")
+    if not parent.is_dir():
+        return []
+    found: dict[int, dict[int, Path]] = {}
+    stem = prefix.name + ".part-"
+    for entry in parent.iterdir():
+        name = entry.name
+        if not name.startswith(stem) or not name.endswith(".json"):
+            continue
+        m = _PART_RE.search(name[: -len(".json")])
+        if m and name[: -len(".json")][: m.start()] == prefix.name:
+            i, n = int(m.group(1)), int(m.group(2))
+            found.setdefault(n, {})[i] = parent / name[: -len(".json")]
+    if not found:
+        return []
+    if len(found) > 1:
+        raise ShardError(f"{prefix}: parts from different splits are mixed: of-{sorted(found)}")
+    (n, parts), = found.items()
+    missing = [i for i in range(n) if i not in parts]
+    if missing:
+        raise ShardError(f"{prefix}: {len(missing)} of {n} parts missing (e.g. {prefix.name}.part-{missing[0]}-of-{n}.json)")
+    extra = [i for i in parts if i >= n]
+    if extra:
+        raise ShardError(f"{prefix}: part index {extra[0]} out of range for {n} parts")
+    return [parts[i] for i in range(n)]
+
+
+def _resolve(src) -> list[_Part]:
+    if isinstance(src, (list, tuple)):
+        if not src:
+            raise ShardError("an empty list of shards was given")
+        out: list[_Part] = []
+        for s in src:
+            out.extend(_resolve(s))
+        return out
+    if not isinstance(src, (str, os.PathLike)):
+        raise TypeError(f"shard source must be a path or a list of paths, got {type(src).__name__}")
+    path = Path(src)
+    if path.suffix == ".json" and path.is_file():
+        record = _read_json(path)
+        if record.get("format") == MANIFEST_FORMAT:
+            parts = record.get("parts")
+            if not isinstance(parts, list) or not parts or not all(isinstance(p, str) for p in parts):
+                raise ShardError(f"{path}: a manifest needs a non-empty list of part prefixes in \"parts\"")
+            return _resolve([path.parent / p for p in parts])
+        return [_open_part(path.with_suffix(""), record)]
+    prefix = _strip_suffix(path)
+    if prefix.with_name(prefix.name + ".json").is_file():
+        return [_open_part(prefix)]
+    parts = _find_parts(prefix)
+    if parts:
+        return [_open_part(p) for p in parts]
+    raise FileNotFoundError(f"no shards found at {src}: expected {prefix.name}.bin + {prefix.name}.json, {prefix.name}.part-I-of-N.*, or a manifest .json")
+
+
+class TokenShards:
+    """A read-only view of one or more token shards as a single flat token sequence.
+
+    `src` is a shard prefix P (P.bin + P.json, or all parts P.part-I-of-N), a path to a
+    P.json or P.bin, a manifest .json, or a list of these; parts are concatenated in order.
+    If `tokenizer` (a Tokenizer, a tokenizer directory, or a fingerprint string) is given,
+    its fingerprint must equal the shards'. The .bin files are memory-mapped, never loaded.
+
+    ``len(shards)`` is the number of tokens; ``shards[i]`` an int and ``shards[a:b]`` an
+    int64 numpy array (slices may cross part boundaries).
+    """
+
+    def __init__(self, src, tokenizer=None):
+        self._parts = _resolve(src)
+        first = self._parts[0].meta
+        where0 = self._parts[0].prefix
+        for part in self._parts[1:]:
+            for key in ("dtype", "vocab_size", "eos_id", "tokenizer_fingerprint"):
+                if part.meta.get(key) != first.get(key):
+                    raise ShardError(f"shards disagree on {key}: {where0}.json has {first.get(key)!r}, {part.prefix}.json has {part.meta.get(key)!r}")
+        self.dtype: str = first["dtype"]
+        self.vocab_size: int = first["vocab_size"]
+        self.eos_id: int | None = first.get("eos_id")
+        self.fingerprint: str = first["tokenizer_fingerprint"]
+        self.num_documents: int = sum(int(p.meta.get("num_documents") or 0) for p in self._parts)
+        sizes = np.array([len(p.tokens) for p in self._parts], dtype=np.int64)
+        self._offsets = np.concatenate([[0], np.cumsum(sizes)])
+        if tokenizer is not None:
+            self.check_tokenizer(tokenizer)
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def paths(self) -> list[str]:
+        """The shard prefixes, in order."""
+        return [str(p.prefix) for p in self._parts]
+
+    @property
+    def metadata(self) -> list[dict]:
+        return [dict(p.meta) for p in self._parts]
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Raise ShardError unless `tokenizer`'s fingerprint equals the shards'."""
+        fp = tokenizer_fingerprint(tokenizer)
+        if fp != self.fingerprint:
+            raise ShardError(
+                f"tokenizer mismatch: shards {self.paths[0]} were encoded with tokenizer {self.fingerprint[:16]}..., "
+                f"but the given tokenizer is {fp[:16]}...; re-encode the corpus with this tokenizer"
+            )
+
+    def __repr__(self) -> str:
+        return f"TokenShards({len(self)} tokens in {len(self._parts)} part(s), dtype={self.dtype}, vocab_size={self.vocab_size})"
+
+    # -- sequence protocol ----------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def __getitem__(self, key):
+        n = len(self)
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step == 1:
+                return self._range(start, stop)
+            idx = np.arange(start, stop, step, dtype=np.int64)
+            if len(idx) == 0:
+                return np.zeros(0, dtype=np.int64)
+            lo = int(idx.min())
+            return self._range(lo, int(idx.max()) + 1)[idx - lo]
+        if isinstance(key, (int, np.integer)):
+            i = int(key)
+            if i < 0:
+                i += n
+            if not 0 <= i < n:
+                raise IndexError(f"token index {key} out of range for {n} tokens")
+            p = int(np.searchsorted(self._offsets, i, side="right")) - 1
+            return int(self._parts[p].tokens[i - self._offsets[p]])
+        raise TypeError(f"TokenShards indices must be integers or slices, not {type(key).__name__}")
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.zeros(0, dtype=np.int64)
+        p = int(np.searchsorted(self._offsets, start, side="right")) - 1
+        pieces = []
+        while start < stop:
+            base = int(self._offsets[p])
+            end = min(stop, int(self._offsets[p + 1]))
+            pieces.append(np.asarray(self._parts[p].tokens[start - base : end - base], dtype=np.int64))
+            start = end
+            p += 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def _windows(self, starts: np.ndarray, width: int) -> np.ndarray:
+        if len(self._parts) == 1:
+            return _gather_windows(self._parts[0].tokens, starts, width)
+        return np.stack([self._range(int(s), int(s) + width) for s in starts]) if len(starts) else np.zeros((0, width), np.int64)
+
+    # -- sampling -------------------------------------------------------------------------
+    def get_batch(self, batch_size: int, context_length: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random (inputs, targets) windows over all parts; see `ferrolm.data.get_batch`."""
+        return get_batch(self, batch_size, context_length, device, generator)
+
+    def windows_at(self, starts: Sequence[int] | np.ndarray, context_length: int, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) for the windows starting at the given positions (fixed eval sets)."""
+        dev = _check_device(device)
+        starts = np.asarray(starts, dtype=np.int64)
+        if len(starts) and (starts.min() < 0 or starts.max() + context_length + 1 > len(self)):
+            raise IndexError(f"window start out of range for {len(self)} tokens and context {context_length}")
+        return _to_device(self._windows(starts, context_length + 1), dev)
+

@@ -1,0 +1,689 @@
+"""The Transformer language model, written to be held against its equations.
+
+Read top to bottom, this file is the model:
+
+    Linear        y = x W^T                           W: (out, in), no bias
+    Embedding     e = E[ids]                          E: (vocab, d_model)
+    RMSNorm       x / sqrt(mean(x^2) + eps) * g       in float32, cast back
+    SwiGLU        W2 (SiLU(W1 x) * W3 x)              W1, W3: (d_ff, d), W2: (d, d_ff)
+    RoPE          rotate pairs (x[2k], x[2k+1]) by angle  pos * theta^(-2k/d_head)
+    Attention     softmax(Q K^T / sqrt(d_head) + causal mask) V, per head, then W_O
+    Block         h = x + Attn(RMSNorm(x));  y = h + SwiGLU(RMSNorm(h))      (pre-norm)
+    LM            embedding -> blocks -> RMSNorm -> LM head (untied by default)
+
+Initialization: every Linear is truncated normal with std sqrt(2 / (in + out)) cut at
++-3 std; the embedding is truncated normal with std 1 cut at +-3.
+
+The checkpoint format is ``TransformerLM.state_dict()``; its keys are
+
+    token_embeddings.weight
+    layers.{i}.ln1.weight
+    layers.{i}.attn.{q_proj,k_proj,v_proj,output_proj}.weight
+    layers.{i}.ln2.weight
+    layers.{i}.ffn.{w1,w2,w3}.weight
+    ln_final.weight
+    lm_head.weight
+
+Ablations (``ModelConfig``) change only what they must: ``norm="none"`` drops every
+``ln*`` key, ``ffn="silu"`` has no ``w3``; with ``tie_embeddings=True`` both
+``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
+RoPE's cos/sin tables are non-persistent buffers and never saved.
+
+Speed: attention uses torch's ``scaled_dot_product_attention`` (flash kernels on CUDA
+and CPU) unless ``attention="reference"``, which runs the literal equation from
+``ferrolm.functional``; both are tested equal. For generation, ``make_kv_cache`` gives a
+preallocated key/value cache and ``forward(ids, kv_cache=...)`` computes only the new
+positions (``attention_mask`` handles left-padded prompts).
+
+Accounting for a ``ModelConfig``: ``count_parameters(cfg)`` and ``flops_per_token(cfg)``
+(forward; training is 3x), for MFU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ferrolm import functional
+
+__all__ = [
+    "ModelConfig",
+    "Linear",
+    "Embedding",
+    "RMSNorm",
+    "SwiGLU",
+    "SiLUFFN",
+    "RotaryEmbedding",
+    "CausalSelfAttention",
+    "TransformerBlock",
+    "TransformerLM",
+    "KVCache",
+    "causal_mask",
+    "count_parameters",
+    "flops_per_token",
+]
+
+# --------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------
+
+_CHOICES = {
+    "norm": ("rms", "none"),
+    "norm_position": ("pre", "post"),
+    "positions": ("rope", "none"),
+    "ffn": ("swiglu", "silu"),
+    "attention": ("fast", "reference"),
+}
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a TransformerLM plus the ablation switches of the seed's experiments.
+
+    - ``norm``: "rms" (RMSNorm everywhere) or "none" (no normalization at all: the
+      per-block norms and the final norm become identities and have no weights).
+    - ``norm_position``: "pre" (h = x + Attn(N(x))) or "post" (h = N(x + Attn(x))); the
+      final norm before the LM head is kept in both.
+    - ``positions``: "rope" or "none" (no positional information; causal masking alone).
+    - ``ffn``: "swiglu" or "silu"; the SiLU FFN W2 SiLU(W1 x) has two matrices instead of
+      three, so it uses ``d_ff_silu`` (default round(3 d_ff / 2)) to match parameters.
+    - ``tie_embeddings``: share one (vocab, d_model) matrix between the embedding and the
+      LM head. It is initialized like the LM head (std sqrt(2/(vocab+d_model))), since a
+      std-1 output projection would start with logits of std sqrt(d_model).
+    - ``attention``: "fast" (torch's fused SDPA) or "reference" (the literal equation).
+    """
+
+    vocab_size: int
+    context_length: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    d_ff: int
+    rope_theta: float = 10000.0
+    norm: str = "rms"
+    norm_position: str = "pre"
+    positions: str = "rope"
+    ffn: str = "swiglu"
+    tie_embeddings: bool = False
+    attention: str = "fast"
+    d_ff_silu: Optional[int] = None
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"ModelConfig.{name} must be one of {allowed}, got {value!r}")
+        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        if self.positions == "rope" and self.d_head % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got d_head={self.d_head}")
+        if self.d_ff_silu is None:
+            self.d_ff_silu = round(3 * self.d_ff / 2)
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        """Width of the FFN's hidden layer for the chosen FFN."""
+        return self.d_ff if self.ffn == "swiglu" else int(self.d_ff_silu)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python dict (safe inside a ``weights_only=True`` checkpoint)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+# --------------------------------------------------------------------------------------
+# Parameters: Linear and Embedding
+# --------------------------------------------------------------------------------------
+
+
+def _trunc_normal_(w: Tensor, std: float) -> Tensor:
+    return nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+class Linear(nn.Module):
+    """y = x W^T with W of shape (out_features, in_features) and no bias."""
+
+    def __init__(self, in_features: int, out_features: int, device=None, dtype=None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        _trunc_normal_(self.weight, std=math.sqrt(2.0 / (self.in_features + self.out_features)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)  # x @ W^T, one GEMM
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class Embedding(nn.Module):
+    """Row lookup e = E[ids] in a (num_embeddings, embedding_dim) matrix."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        _trunc_normal_(self.weight, std=1.0)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight)  # weight[ids]
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+# --------------------------------------------------------------------------------------
+# RMSNorm and the feed-forward networks
+# --------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g, computed in float32 and cast back."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.d_model = d_model
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        in_dtype = x.dtype
+        x = x.to(torch.promote_types(in_dtype, torch.float32))  # bf16/fp16 -> fp32; fp64 stays
+        inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x * inv_rms * self.weight.to(x.dtype)).to(in_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+
+class SwiGLU(nn.Module):
+    """SwiGLU(x) = W2 (SiLU(W1 x) * W3 x)."""
+
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+        self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # F.silu is torch's fused x * sigmoid(x) (== functional.silu, tested).
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class SiLUFFN(nn.Module):
+    """The ungated ablation: FFN(x) = W2 SiLU(W1 x)."""
+
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)))
+
+
+# --------------------------------------------------------------------------------------
+# Rotary position embedding
+# --------------------------------------------------------------------------------------
+
+
+def _rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The same rotation in real arithmetic: (x_2k cos - x_2k+1 sin, x_2k sin + x_2k+1 cos)."""
+    x_even, x_odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1).flatten(-2)
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE: rotate each pair (x[2k], x[2k+1]) by the angle  position * theta^(-2k/d_head).
+
+        [x'_2k  ]   [cos a  -sin a] [x_2k  ]
+        [x'_2k+1] = [sin a   cos a] [x_2k+1]
+
+    which is the complex product  (x_2k + i x_2k+1) * e^(i a)  -- the form used below
+    (one fused multiply instead of six elementwise ops; 5-10x faster on CPU).
+    Since q and k at positions m and n are both rotated, q'.k' depends on n - m only.
+    The cos/sin tables (max_seq_len, d_head/2) are float32 non-persistent buffers; the
+    rotation runs in (at least) float32 and the result has the input's dtype.
+    """
+
+    def __init__(self, theta: float, d_head: int, max_seq_len: int, device=None):
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"RoPE needs an even d_head, got {d_head}")
+        self.theta = theta
+        self.d_head = d_head
+        self.max_seq_len = max_seq_len
+        k = torch.arange(0, d_head // 2, device=device, dtype=torch.float64)
+        inv_freq = theta ** (-2.0 * k / d_head)  # (d_head/2,)
+        positions = torch.arange(max_seq_len, device=device, dtype=torch.float64)
+        angles = torch.outer(positions, inv_freq)  # (max_seq_len, d_head/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor, token_positions: Optional[Tensor] = None, *, offset: int = 0) -> Tensor:
+        """x: (..., seq, d_head); token_positions: (seq,) or (batch, seq).
+
+        Without token_positions the positions are offset, offset+1, ..., offset+seq-1.
+        Positions broadcast against x's leading dims; (batch, seq) positions with an x of
+        shape (batch, heads, seq, d_head) broadcast over the heads.
+        """
+        seq = x.shape[-2]
+        if token_positions is None:
+            if offset + seq > self.max_seq_len:
+                raise ValueError(f"RoPE table has {self.max_seq_len} positions; asked for up to {offset + seq}")
+            cos, sin = self.cos[offset : offset + seq], self.sin[offset : offset + seq]
+        else:
+            if token_positions.dim() >= 2 and x.dim() == token_positions.dim() + 2:
+                token_positions = token_positions.unsqueeze(-2)  # (batch, 1, seq): over heads
+            cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., seq, d/2)
+        work = x.to(torch.promote_types(x.dtype, torch.float32))
+        if _compiling():  # inductor cannot generate code for complex ops; it fuses this form
+            return _rotate_pairs_real(work, cos, sin).to(x.dtype)
+        if work.stride(-1) != 1 or work.storage_offset() % 2 or any(st % 2 for st in work.stride()[:-1]):
+            work = work.contiguous()  # view_as_complex needs (re, im) adjacent and aligned
+        pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))  # x_2k + i x_2k+1
+        rotation = torch.complex(cos.to(work.dtype), sin.to(work.dtype))  # e^(i a)
+        return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() / .bfloat16() on the model must not round the tables:
+        # follow device moves but keep them float32.
+        cos, sin = self.cos, self.sin
+        super()._apply(fn, recurse)
+        self.cos = cos.to(self.cos.device)
+        self.sin = sin.to(self.sin.device)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"theta={self.theta}, d_head={self.d_head}, max_seq_len={self.max_seq_len}"
+
+
+# --------------------------------------------------------------------------------------
+# Causal multi-head self-attention
+# --------------------------------------------------------------------------------------
+
+
+def causal_mask(num_queries: int, num_keys: int, device=None) -> Tensor:
+    """Bool (num_queries, num_keys): query i (at absolute position num_keys - num_queries + i)
+    may attend key j iff j <= its position."""
+    offset = num_keys - num_queries
+    q_pos = torch.arange(offset, num_keys, device=device).unsqueeze(-1)
+    k_pos = torch.arange(num_keys, device=device)
+    return k_pos <= q_pos
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with separate Q, K, V and output projections.
+
+    For each head h:  head_h = softmax(Q_h K_h^T / sqrt(d_head) + M) V_h,  with M the
+    causal mask (-inf above the diagonal); out = W_O concat(head_1..head_H).
+    RoPE (when given) rotates Q and K; V is never rotated.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        rope: Optional[RotaryEmbedding] = None,
+        attention: str = "fast",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        if attention not in _CHOICES["attention"]:
+            raise ValueError(f"attention must be one of {_CHOICES['attention']}, got {attention!r}")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_head = d_model // num_heads
+        self.attention = attention
+        self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.k_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.rope = rope
+
+    def forward(
+        self,
+        x: Tensor,
+        token_positions: Optional[Tensor] = None,
+        *,
+        mask: Optional[Tensor] = None,
+        kv_cache: Optional[tuple[Tensor, Tensor]] = None,
+        start_pos: int = 0,
+    ) -> Tensor:
+        """x: (batch, seq, d_model) -> (batch, seq, d_model).
+
+        ``mask``: optional bool mask broadcastable to (batch, heads, seq, keys), True =
+        may attend; None means causal (query i, at position start_pos + i, sees keys
+        0 .. start_pos + i). ``kv_cache``: this layer's (k, v) buffers of shape
+        (batch, heads, max_len, d_head); the new keys (already rotated) and values are
+        written at [start_pos, start_pos + seq) and the queries attend over
+        [0, start_pos + seq). Use the cache under ``torch.no_grad()`` (generation).
+        """
+        batch, seq, _ = x.shape
+        heads, d_head = self.num_heads, self.d_head
+
+        def split_heads(t: Tensor) -> Tensor:  # (batch, seq, d_model) -> (batch, heads, seq, d_head)
+            return t.view(batch, seq, heads, d_head).transpose(1, 2)
+
+        q = split_heads(self.q_proj(x))
+        k = split_heads(self.k_proj(x))
+        v = split_heads(self.v_proj(x))
+
+        if self.rope is not None:  # positions default to start_pos, ..., start_pos + seq - 1
+            q = self.rope(q, token_positions, offset=start_pos)
+            k = self.rope(k, token_positions, offset=start_pos)
+
+        if kv_cache is not None:
+            k_cache, v_cache = kv_cache
+            end = start_pos + seq
+            k_cache[:, :, start_pos:end] = k
+            v_cache[:, :, start_pos:end] = v
+            k = k_cache[:, :, :end].to(q.dtype)
+            v = v_cache[:, :, :end].to(q.dtype)
+
+        # Which mask: given; plain causal (square); none (one new query sees the whole
+        # cache); or causal with the queries at the end of a longer key range.
+        num_keys = k.shape[-2]
+        is_causal = mask is None and num_keys == seq
+        if mask is None and seq > 1 and num_keys > seq:
+            mask = causal_mask(seq, num_keys, device=x.device)
+
+        if self.attention == "fast":
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        else:
+            if is_causal:
+                mask = causal_mask(seq, num_keys, device=x.device)
+            out = functional.scaled_dot_product_attention(q, k, v, mask)
+
+        out = out.transpose(1, 2).reshape(batch, seq, self.d_model)  # concat heads
+        return self.output_proj(out)
+
+
+# --------------------------------------------------------------------------------------
+# The Transformer block and the language model
+# --------------------------------------------------------------------------------------
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm:  h = x + Attn(RMSNorm(x));  y = h + FFN(RMSNorm(h)).
+    Post-norm (ablation):  h = RMSNorm(x + Attn(x));  y = RMSNorm(h + FFN(h))."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        rope: Optional[RotaryEmbedding] = None,
+        *,
+        norm: str = "rms",
+        norm_position: str = "pre",
+        ffn: str = "swiglu",
+        attention: str = "fast",
+        eps: float = 1e-5,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if norm_position not in _CHOICES["norm_position"]:
+            raise ValueError(f"norm_position must be one of {_CHOICES['norm_position']}, got {norm_position!r}")
+        self.norm_position = norm_position
+        self.ln1 = _make_norm(norm, d_model, eps, device, dtype)
+        self.attn = CausalSelfAttention(d_model, num_heads, rope, attention=attention, device=device, dtype=dtype)
+        self.ln2 = _make_norm(norm, d_model, eps, device, dtype)
+        if ffn == "swiglu":
+            self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
+        elif ffn == "silu":
+            self.ffn = SiLUFFN(d_model, d_ff, device=device, dtype=dtype)
+        else:
+            raise ValueError(f"ffn must be one of {_CHOICES['ffn']}, got {ffn!r}")
+
+    def forward(self, x: Tensor, token_positions: Optional[Tensor] = None, **attn_kwargs) -> Tensor:
+        if self.norm_position == "pre":
+            h = x + self.attn(self.ln1(x), token_positions, **attn_kwargs)
+            return h + self.ffn(self.ln2(h))
+        h = self.ln1(x + self.attn(x, token_positions, **attn_kwargs))
+        return self.ln2(h + self.ffn(h))
+
+
+def _make_norm(norm: str, d_model: int, eps: float, device, dtype) -> nn.Module:
+    if norm == "rms":
+        return RMSNorm(d_model, eps, device=device, dtype=dtype)
+    if norm == "none":
+        return nn.Identity()
+    raise ValueError(f"norm must be one of {_CHOICES['norm']}, got {norm!r}")
+
+
+class TransformerLM(nn.Module):
+    """ids (batch, seq) -> logits (batch, seq, vocab):
+    embedding -> num_layers blocks -> final norm -> LM head."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        context_length: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        d_ff: int,
+        rope_theta: float = 10000.0,
+        *,
+        device=None,
+        dtype=None,
+        **ablations: Any,
+    ):
+        super().__init__()
+        cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **ablations)
+        self.config = cfg
+        self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
+        rope = None
+        if cfg.positions == "rope":
+            rope = RotaryEmbedding(rope_theta, cfg.d_head, context_length, device=device)
+        self.layers = nn.ModuleList(
+            TransformerBlock(
+                d_model,
+                num_heads,
+                cfg.ffn_hidden,
+                rope,
+                norm=cfg.norm,
+                norm_position=cfg.norm_position,
+                ffn=cfg.ffn,
+                attention=cfg.attention,
+                eps=cfg.norm_eps,
+                device=device,
+                dtype=dtype,
+            )
+            for _ in range(num_layers)
+        )
+        self.ln_final = _make_norm(cfg.norm, d_model, cfg.norm_eps, device, dtype)
+        self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
+        if cfg.tie_embeddings:
+            # One matrix, initialized as the LM head (see ModelConfig.tie_embeddings).
+            self.token_embeddings.weight = self.lm_head.weight
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> "TransformerLM":
+        d = cfg.to_dict()
+        core = [d.pop(k) for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")]
+        return cls(*core, device=device, dtype=dtype, **d)
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        kv_cache: Optional["KVCache"] = None,
+        start_pos: Optional[int] = None,
+        attention_mask: Optional[Tensor] = None,
+        token_positions: Optional[Tensor] = None,
+    ) -> Tensor:
+        """Logits (batch, seq, vocab) for ``ids`` (batch, seq).
+
+        - ``kv_cache`` (from ``make_kv_cache``): the new positions' keys and values are
+          stored at [start_pos, start_pos + seq) and attention covers the cached prefix;
+          only the new positions are computed. ``start_pos`` defaults to the cache's
+          ``length``, which is advanced to start_pos + seq. One start position is shared
+          by the whole batch.
+        - ``attention_mask`` (batch, keys) bool, True = a real token: keys that are
+          padding are never attended (for left-padded prompts). ``keys`` is seq without
+          a cache and start_pos + seq with one. Because RoPE depends only on distances,
+          left padding with shared positions gives the real tokens the same logits as
+          without padding. Padded query rows attend to themselves and are garbage.
+        - ``token_positions`` (seq,) or (batch, seq): explicit RoPE positions.
+        """
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (batch, seq), got shape {tuple(ids.shape)}")
+        batch, seq = ids.shape
+        cfg = self.config
+        start = 0
+        if kv_cache is not None:
+            start = kv_cache.length if start_pos is None else int(start_pos)
+            if start + seq > kv_cache.max_seq_len:
+                raise ValueError(f"KV cache holds {kv_cache.max_seq_len} positions; {start} + {seq} do not fit")
+            if kv_cache.batch_size != batch:
+                raise ValueError(f"KV cache is for batch {kv_cache.batch_size}, got batch {batch}")
+        elif start_pos:
+            raise ValueError("start_pos needs a kv_cache")
+        end = start + seq
+        if token_positions is None and cfg.positions == "rope" and end > cfg.context_length:
+            raise ValueError(f"sequence reaches position {end}, beyond context_length {cfg.context_length}")
+
+        mask = None  # None: causal, built by each attention layer as needed
+        if attention_mask is not None:
+            if attention_mask.shape != (batch, end):
+                raise ValueError(f"attention_mask must be (batch, {end}), got {tuple(attention_mask.shape)}")
+            mask = causal_mask(seq, end, device=ids.device) & attention_mask.bool()[:, None, None, :]
+            # every query may see itself, so a row of padding never becomes all -inf (NaN)
+            mask = mask | (torch.arange(end, device=ids.device) == torch.arange(start, end, device=ids.device)[:, None])
+
+        x = self.token_embeddings(ids)
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if kv_cache is None else (kv_cache.keys[i], kv_cache.values[i])
+            x = layer(x, token_positions, mask=mask, kv_cache=layer_cache, start_pos=start)
+        if kv_cache is not None:
+            kv_cache.length = end
+        return self.lm_head(self.ln_final(x))
+
+    def make_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None, device=None, dtype=None) -> "KVCache":
+        """A zeroed KVCache for ``batch_size`` sequences of up to ``max_seq_len`` positions
+        (default context_length), on the parameters' device and dtype unless given."""
+        cfg = self.config
+        max_seq_len = cfg.context_length if max_seq_len is None else max_seq_len
+        if cfg.positions == "rope" and max_seq_len > cfg.context_length:
+            raise ValueError(f"max_seq_len {max_seq_len} exceeds context_length {cfg.context_length} (RoPE table)")
+        p = self.lm_head.weight
+        return KVCache.empty(
+            cfg.num_layers, batch_size, cfg.num_heads, max_seq_len, cfg.d_head,
+            device=p.device if device is None else device, dtype=p.dtype if dtype is None else dtype,
+        )
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied matrix counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+class KVCache:
+    """Preallocated per-layer keys and values, (batch, heads, max_seq_len, d_head) each.
+
+    Keys are stored after RoPE. ``length`` is how many positions are filled; the model
+    advances it. ``reset()`` reuses the buffers for a new batch of prompts.
+    """
+
+    def __init__(self, keys: list[Tensor], values: list[Tensor]):
+        self.keys = keys
+        self.values = values
+        self.length = 0
+
+    @classmethod
+    def empty(cls, num_layers: int, batch_size: int, num_heads: int, max_seq_len: int, d_head: int, device=None, dtype=None) -> "KVCache":
+        shape = (batch_size, num_heads, max_seq_len, d_head)
+        keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        return cls(keys, values)
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.keys[0].shape[2]
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+# --------------------------------------------------------------------------------------
+# Accounting: parameters and FLOPs
+# --------------------------------------------------------------------------------------
+
+
+def count_parameters(cfg: ModelConfig) -> int:
+    """Number of parameters of ``TransformerLM.from_config(cfg)`` (tied matrix once):
+
+        V d                          token embedding
+      + L (4 d^2                     q, k, v, output projections
+           + 3 d d_ff | 2 d d_ff'    SwiGLU | SiLU FFN
+           + 2 d)                    ln1, ln2 gains        (0 with norm="none")
+      + d                            final norm gain       (0 with norm="none")
+      + V d                          LM head               (0 when tied)
+    """
+    d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
+    ffn = 3 * d * cfg.d_ff if cfg.ffn == "swiglu" else 2 * d * cfg.ffn_hidden
+    norms = d if cfg.norm == "rms" else 0
+    per_layer = 4 * d * d + ffn + 2 * norms
+    return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d)
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: Optional[int] = None) -> int:
+    """Forward FLOPs per token at sequence length ``seq_len`` (default context_length):
+
+        2 N_matmul  +  2 * 2 * L * T * d
+
+    N_matmul counts the weights used in matrix multiplies: per layer 4 d^2 (attention
+    projections) plus the FFN's, plus V d for the LM head (the embedding is a lookup,
+    norms are elementwise). A multiply-add is 2 FLOPs. The second term is attention:
+    per layer, Q K^T and (softmax) V each cost 2 T d per token, counted over the whole
+    window T, not halved for causality (the convention of Kaplan et al. and PaLM's MFU).
+    Training (forward + backward) is 3x this; MFU = 3 * flops_per_token * tokens/s / peak.
+    """
+    T = cfg.context_length if seq_len is None else seq_len
+    d, L = cfg.d_model, cfg.num_layers
+    ffn = 3 * d * cfg.d_ff if cfg.ffn == "swiglu" else 2 * d * cfg.ffn_hidden
+    n_matmul = L * (4 * d * d + ffn) + cfg.vocab_size * d
+    return 2 * n_matmul + 2 * 2 * L * T * d

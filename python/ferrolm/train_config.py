@@ -1,0 +1,377 @@
+"""Training configuration: five dataclass sections read from TOML, overridable by ``--set``.
+
+    [model]      the Transformer's shape (ferrolm.model.TransformerLM's arguments)
+    [data]       train / validation shards, optionally the tokenizer to check them against
+    [optimizer]  AdamW and gradient clipping
+    [schedule]   steps, batch, tokens per step, warmup + cosine, time budget
+    [run]        output directory, seed, device, precision, evaluation, logging, checkpoints
+
+``load_config("cpu-small", ["optimizer.lr=3e-3"])`` reads a preset (or a TOML path) and
+applies overrides. Every field has a default; an unknown section or field is an error that
+names it (with the closest known name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.9/3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "ModelSection",
+    "DataSection",
+    "OptimizerSection",
+    "ScheduleSection",
+    "RunSection",
+    "TrainConfig",
+    "ConfigError",
+    "load_config",
+    "preset_names",
+    "preset_path",
+    "to_toml",
+]
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+CONFIG_NAME = "config.toml"  # the resolved config inside a run directory
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the field."""
+
+
+@dataclass
+class ModelSection:
+    """Arguments of ferrolm.model.TransformerLM."""
+
+    vocab_size: int = 10_000
+    context_length: int = 256
+    d_model: int = 512
+    num_layers: int = 4
+    num_heads: int = 16
+    d_ff: int = 1344
+    rope_theta: float = 10_000.0
+
+
+@dataclass
+class DataSection:
+    """Shards as written by `ferrolm encode`: a prefix, a .json/.bin path, a manifest, or a list."""
+
+    train: Any = ""  # str or list of str
+    val: Any = ""  # str or list of str
+    tokenizer: str = ""  # optional tokenizer dir / fingerprint the shards must match
+
+
+@dataclass
+class OptimizerSection:
+    lr: float = 1e-3  # peak learning rate (after warmup)
+    min_lr: float = 1e-4  # learning rate at the end of the cosine
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # applied to matrices only (not embeddings, not norm gains)
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+
+
+@dataclass
+class ScheduleSection:
+    max_steps: int = 5000  # optimizer steps (the schedule's unit)
+    warmup_steps: int = 100
+    cosine_steps: int = 0  # the step where the cosine reaches min_lr; 0 means max_steps
+    batch_size: int = 32  # sequences per micro-batch, per process
+    tokens_per_step: int = 0  # tokens per optimizer step over all processes; 0: one micro-batch each
+    max_time_s: float = 0.0  # stop after this much training time (s); 0: no limit
+    schedule_by: str = "steps"  # "steps", or "time": the lr follows the fraction of max_time_s
+
+
+@dataclass
+class RunSection:
+    out_dir: str = "runs/ferrolm"
+    seed: int = 1337
+    device: str = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps
+    num_threads: int = 0  # torch CPU threads (0: torch's default, one per core)
+    autocast_bf16: bool = True  # bf16 autocast for the forward pass (CUDA; CPU too when true)
+    compile: bool = False  # torch.compile the model
+    tf32: bool = True  # allow TF32 matmuls on CUDA
+    eval_every: int = 200  # steps between validation evaluations (0: only at the end)
+    eval_batches: int = 20  # fixed validation windows: eval_batches x batch_size of them
+    eval_at_start: bool = True
+    log_every: int = 10  # steps between JSONL records / progress updates
+    checkpoint_every: int = 1000  # steps between checkpoints (0: only at the end / on a signal)
+    keep_last: int = 2  # step checkpoints kept (older ones are deleted)
+    keep_best: bool = True  # also keep best.pt, the checkpoint with the lowest val loss
+    progress: bool = True  # tqdm progress bar
+    wandb: str = ""  # wandb project name (logs there too when wandb is installed); "" = off
+    tensorboard: bool = False  # also write TensorBoard scalars to out_dir/tb when installed
+
+
+SECTIONS = {
+    "model": ModelSection,
+    "data": DataSection,
+    "optimizer": OptimizerSection,
+    "schedule": ScheduleSection,
+    "run": RunSection,
+}
+
+
+@dataclass
+class TrainConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    run: RunSection = field(default_factory=RunSection)
+
+    # -- conversion -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> "TrainConfig":
+        cfg = cls()
+        cfg.update(d, source=source)
+        return cfg
+
+    def update(self, d: dict[str, Any], *, source: str = "config") -> None:
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source}: expected a table of sections, got {type(d).__name__}")
+        for section, values in d.items():
+            if section not in SECTIONS:
+                raise ConfigError(f"{source}: unknown config section [{section}]{_suggest(section, SECTIONS)}; sections are {', '.join(SECTIONS)}")
+            if not isinstance(values, dict):
+                raise ConfigError(f"{source}: [{section}] must be a table, got {type(values).__name__}")
+            for key, value in values.items():
+                self.set(f"{section}.{key}", value, source=source)
+
+    def set(self, dotted: str, value: Any, *, source: str = "override") -> None:
+        """Set one field, ``section.name``, converting `value` to the field's type."""
+        section, _, name = dotted.partition(".")
+        if not name:
+            # A bare field name is accepted when it names exactly one field.
+            owners = [s for s, c in SECTIONS.items() if name_in(dotted, c)]
+            if len(owners) == 1:
+                section, name = owners[0], dotted
+            else:
+                raise ConfigError(f"{source}: config field {dotted!r} must be written section.field{_suggest_dotted(dotted)}")
+        if section not in SECTIONS:
+            raise ConfigError(f"{source}: unknown config section {section!r} in {dotted!r}{_suggest(section, SECTIONS)}; sections are {', '.join(SECTIONS)}")
+        obj = getattr(self, section)
+        names = {f.name: f for f in dataclasses.fields(obj)}
+        if name not in names:
+            raise ConfigError(
+                f"{source}: unknown config field '{section}.{name}'{_suggest(name, names, prefix=section + '.')}; "
+                f"fields of [{section}]: {', '.join(names)}"
+            )
+        default = names[name].default
+        setattr(obj, name, _coerce(f"{section}.{name}", value, default, source))
+
+    # -- checks ----------------------------------------------------------------------------
+    def validate(self) -> "TrainConfig":
+        m, s, o, r = self.model, self.schedule, self.optimizer, self.run
+        positive = {
+            "model.vocab_size": m.vocab_size, "model.context_length": m.context_length, "model.d_model": m.d_model,
+            "model.num_layers": m.num_layers, "model.num_heads": m.num_heads, "model.d_ff": m.d_ff,
+            "schedule.max_steps": s.max_steps, "schedule.batch_size": s.batch_size, "run.log_every": r.log_every,
+            "run.eval_batches": r.eval_batches,
+        }
+        for k, v in positive.items():
+            if v <= 0:
+                raise ConfigError(f"{k} must be positive, got {v}")
+        non_negative = {
+            "schedule.warmup_steps": s.warmup_steps, "schedule.cosine_steps": s.cosine_steps,
+            "schedule.tokens_per_step": s.tokens_per_step, "schedule.max_time_s": s.max_time_s,
+            "run.eval_every": r.eval_every, "run.checkpoint_every": r.checkpoint_every, "run.keep_last": r.keep_last,
+            "optimizer.weight_decay": o.weight_decay, "optimizer.grad_clip": o.grad_clip, "optimizer.min_lr": o.min_lr,
+        }
+        for k, v in non_negative.items():
+            if v < 0:
+                raise ConfigError(f"{k} must be >= 0, got {v}")
+        if m.d_model % m.num_heads:
+            raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})")
+        if (m.d_model // m.num_heads) % 2:
+            raise ConfigError(f"RoPE needs an even head size: model.d_model / model.num_heads = {m.d_model // m.num_heads}")
+        if not (o.lr > 0 and math.isfinite(o.lr)):
+            raise ConfigError(f"optimizer.lr must be a positive number, got {o.lr}")
+        for k in ("beta1", "beta2"):
+            if not 0 <= getattr(o, k) < 1:
+                raise ConfigError(f"optimizer.{k} must be in [0, 1), got {getattr(o, k)}")
+        if s.schedule_by not in ("steps", "time"):
+            raise ConfigError(f"schedule.schedule_by must be 'steps' or 'time', got {s.schedule_by!r}")
+        if s.schedule_by == "time" and s.max_time_s <= 0:
+            raise ConfigError("schedule.schedule_by = 'time' needs schedule.max_time_s > 0")
+        if s.warmup_steps > s.max_steps:
+            raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
+        if s.cosine_steps and s.cosine_steps < s.warmup_steps:
+            raise ConfigError(f"schedule.cosine_steps ({s.cosine_steps}) is before the end of warmup ({s.warmup_steps})")
+        for k in ("train", "val"):
+            v = getattr(self.data, k)
+            if isinstance(v, list) and not v:
+                raise ConfigError(f"data.{k} is an empty list")
+        return self
+
+    def require_data(self) -> None:
+        for k in ("train", "val"):
+            if not getattr(self.data, k):
+                raise ConfigError(f"data.{k} is not set: give the shard prefix, e.g. --set data.{k}=data/{k}")
+
+
+def name_in(name: str, section_cls) -> bool:
+    return any(f.name == name for f in dataclasses.fields(section_cls))
+
+
+def _suggest(name: str, options: Iterable[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+
+
+def _suggest_dotted(name: str) -> str:
+    everything = [f"{s}.{f.name}" for s, c in SECTIONS.items() for f in dataclasses.fields(c)]
+    close = difflib.get_close_matches(name, [e.split(".", 1)[1] for e in everything], n=1, cutoff=0.6)
+    if close:
+        full = [e for e in everything if e.endswith("." + close[0])]
+        return f" (did you mean '{full[0]}'?)"
+    return ""
+
+
+def _coerce(name: str, value: Any, default: Any, source: str) -> Any:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{source}: {name} must be {expected}, got {value!r}")
+
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise bad("true or false")
+    if isinstance(default, int):
+        if isinstance(value, bool):
+            raise bad("an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value.replace("_", ""))
+            except ValueError:
+                raise bad("an integer") from None
+            if f.is_integer():
+                return int(f)
+        raise bad("an integer")
+    if isinstance(default, float):
+        if isinstance(value, bool):
+            raise bad("a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad("a number") from None
+        raise bad("a number")
+    if name in ("data.train", "data.val"):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise bad("a path or a list of paths")
+    if isinstance(default, str):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise bad("a string")
+    return value
+
+
+def _parse_value(text: str) -> Any:
+    """A ``--set`` value: TOML syntax when it parses (numbers, booleans, lists, quoted strings), else the raw text."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}{_suggest(name, preset_names())}; presets: {', '.join(preset_names())}")
+    return path
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def load_config(config: str | Path | None = None, overrides: Iterable[str] = ()) -> TrainConfig:
+    """A TrainConfig from a preset name or TOML path (None: defaults), then ``section.field=value`` overrides."""
+    cfg = TrainConfig()
+    if config is not None:
+        path = Path(config)
+        if path.is_file():
+            cfg.update(read_toml(path), source=str(path))
+        elif path.suffix == ".toml" or "/" in str(config) or path.exists():
+            raise FileNotFoundError(f"config file not found: {config}")
+        else:
+            p = preset_path(str(config))
+            cfg.update(read_toml(p), source=f"preset {config}")
+    apply_overrides(cfg, overrides)
+    return cfg.validate()
+
+
+def apply_overrides(cfg: TrainConfig, overrides: Iterable[str]) -> TrainConfig:
+    for item in overrides:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected section.field=value, e.g. optimizer.lr=3e-4")
+        cfg.set(key.strip(), _parse_value(text.strip()), source=f"--set {key.strip()}")
+    return cfg
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return {True: "inf", False: "-inf"}[v > 0] if math.isinf(v) else "nan"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def to_toml(cfg: TrainConfig) -> str:
+    """The resolved config as TOML text (read back by load_config to the same TrainConfig)."""
+    lines = []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"[{section}]")
+        for k, v in values.items():
+            lines.append(f"{k} = {_toml_value(v)}")
+        lines.append("")
+    return "\n".join(lines)

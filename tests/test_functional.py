@@ -1,0 +1,205 @@
+"""ferrolm.functional against hand-worked numbers and against torch's own ops.
+
+Expected values in the hand-worked tests are written out as decimals and re-derived
+with the standard library's math.exp / math.log, never with the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ferrolm import functional
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ------------------------------------------------------------------- softmax ----------
+
+
+def test_softmax_of_2_1_minus1_at_temperature_1_and_2():
+    x = torch.tensor([2.0, 1.0, -1.0], dtype=torch.float64)
+    # τ = 1: e^2 = 7.389056, e^1 = 2.718282, e^-1 = 0.367879, sum 10.475217
+    by_hand_t1 = [0.705385, 0.259496, 0.035119]
+    exps = [math.exp(2), math.exp(1), math.exp(-1)]
+    assert [e / sum(exps) for e in exps] == pytest.approx(by_hand_t1, abs=1e-6)
+    # τ = 2: x/τ = (1, 0.5, -0.5): e^1 = 2.718282, e^0.5 = 1.648721, e^-0.5 = 0.606531, sum 4.973534
+    by_hand_t2 = [0.546549, 0.331498, 0.121952]
+    exps = [math.exp(1), math.exp(0.5), math.exp(-0.5)]
+    assert [e / sum(exps) for e in exps] == pytest.approx(by_hand_t2, abs=1e-6)
+
+    assert functional.softmax(x / 1.0, dim=-1).tolist() == pytest.approx(by_hand_t1, abs=1e-6)
+    assert functional.softmax(x / 2.0, dim=-1).tolist() == pytest.approx(by_hand_t2, abs=1e-6)
+    # a higher temperature flattens the distribution
+    assert functional.softmax(x / 2.0, dim=-1)[0] < functional.softmax(x, dim=-1)[0]
+
+
+def test_softmax_matches_torch_on_any_dim():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 7, generator=g)
+    for dim in (0, 1, 2, -1):
+        torch.testing.assert_close(functional.softmax(x, dim), F.softmax(x, dim=dim))
+
+
+def test_softmax_is_stable_for_large_inputs():
+    x = torch.tensor([[1e4, 1e4 - 1.0, -1e4], [1000.0, 1000.0, 1000.0]])
+    out = functional.softmax(x, dim=-1)
+    assert torch.isfinite(out).all()
+    # shifting by a constant changes nothing: same as softmax(0, -1, -2e4)
+    torch.testing.assert_close(out[0], functional.softmax(torch.tensor([0.0, -1.0, -2e4]), dim=-1))
+    torch.testing.assert_close(out[1], torch.full((3,), 1 / 3))
+
+
+# ------------------------------------------------------------------- silu -------------
+
+
+def test_silu_by_hand_and_against_torch():
+    # silu(0) = 0, silu(1) = 1/(1+e^-1) = 0.731059, silu(-2) = -2/(1+e^2) = -0.238406
+    x = torch.tensor([0.0, 1.0, -2.0], dtype=torch.float64)
+    assert functional.silu(x).tolist() == pytest.approx([0.0, 0.731059, -0.238406], abs=1e-6)
+    y = torch.randn(4, 9, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(functional.silu(y), F.silu(y))
+
+
+# ------------------------------------------------------------------- cross-entropy ----
+
+
+def test_cross_entropy_two_token_example():
+    # Token 1: uniform logits over 3 classes, target 2: loss = ln 3 = 1.098612.
+    # Token 2: logits (2, 1, -1), target 0: loss = ln(e^2 + e^1 + e^-1) - 2
+    #          = ln 10.475217 - 2 = 2.349012 - 2 = 0.349012.
+    # Mean over the two positions: (1.098612 + 0.349012) / 2 = 0.723812.
+    logits = torch.tensor([[0.0, 0.0, 0.0], [2.0, 1.0, -1.0]], dtype=torch.float64)
+    targets = torch.tensor([2, 0])
+    by_hand = 0.723812
+    assert (math.log(3) + math.log(math.exp(2) + math.exp(1) + math.exp(-1)) - 2) / 2 == pytest.approx(by_hand, abs=1e-6)
+    assert functional.cross_entropy(logits, targets).item() == pytest.approx(by_hand, abs=1e-6)
+
+
+def test_cross_entropy_matches_torch_with_batch_dims():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 6, 11, generator=g) * 3
+    targets = torch.randint(0, 11, (4, 6), generator=g)
+    expected = F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1))
+    torch.testing.assert_close(functional.cross_entropy(logits, targets), expected)
+    # gradients agree too
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    functional.cross_entropy(a, targets).backward()
+    F.cross_entropy(b.reshape(-1, 11), targets.reshape(-1)).backward()
+    torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_cross_entropy_is_finite_for_logits_of_1e4():
+    logits = torch.tensor([[1e4, 0.0, -1e4], [1e4, 1e4, 1e4], [-1e4, 1e4, 0.0]])
+    targets = torch.tensor([0, 1, 0])
+    loss = functional.cross_entropy(logits, targets)
+    assert torch.isfinite(loss)
+    # by hand: position 0 loss ≈ 0, position 1 loss = ln 3, position 2 loss = 2e4
+    assert loss.item() == pytest.approx((0.0 + math.log(3) + 2e4) / 3, rel=1e-6)
+    x = logits.clone().requires_grad_()
+    functional.cross_entropy(x, targets).backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_cross_entropy_of_bfloat16_logits_is_computed_in_float32():
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(5, 1000, generator=g) * 4).bfloat16()
+    targets = torch.randint(0, 1000, (5,), generator=g)
+    loss = functional.cross_entropy(logits, targets)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, F.cross_entropy(logits.float(), targets))
+    x = logits.clone().requires_grad_()
+    functional.cross_entropy(x, targets).backward()
+    y = logits.float().requires_grad_()
+    F.cross_entropy(y, targets).backward()
+    assert x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x.grad, y.grad.bfloat16())
+
+
+def test_cross_entropy_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="targets"):
+        functional.cross_entropy(torch.zeros(2, 3, 5), torch.zeros(3, 2, dtype=torch.long))
+
+
+# ------------------------------------------------------------------- attention --------
+
+
+def test_attention_three_position_causal_example():
+    # d_k = 4, so scores are q.k / 2. Queries and keys (one row per position):
+    #   q0 = (2,0,0,0)  q1 = (0,2,0,0)  q2 = (2,2,0,0)
+    #   k0 = (1,0,0,0)  k1 = (0,1,0,0)  k2 = (0,0,1,0)
+    # Scaled scores s[i][j] = q_i.k_j / 2:
+    #   row 0: (1, 0, 0)    row 1: (0, 1, 0)    row 2: (1, 1, 0)
+    # Causal mask keeps j <= i:
+    #   row 0: only key 0 -> weights (1, 0, 0)
+    #   row 1: keys 0,1 scores (0, 1) -> (1/(1+e), e/(1+e)) = (0.268941, 0.731059)
+    #   row 2: keys 0,1,2 scores (1, 1, 0) -> (e, e, 1)/(2e+1) = (0.422319, 0.422319, 0.155362)
+    # Values v0 = (1, 0), v1 = (0, 1), v2 = (10, 10):
+    #   out0 = v0 = (1, 0)
+    #   out1 = (0.268941, 0.731059)
+    #   out2 = 0.422319*(1,0) + 0.422319*(0,1) + 0.155362*(10,10) = (e + 10)/(2e + 1) = (1.975943, 1.975943)
+    e = math.e
+    assert [1 / (1 + e), e / (1 + e)] == pytest.approx([0.268941, 0.731059], abs=1e-6)
+    assert e / (2 * e + 1) + 10 / (2 * e + 1) == pytest.approx(1.975943, abs=1e-6)
+    q = torch.tensor([[2.0, 0, 0, 0], [0, 2, 0, 0], [2, 2, 0, 0]], dtype=torch.float64)
+    k = torch.tensor([[1.0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]], dtype=torch.float64)
+    v = torch.tensor([[1.0, 0], [0, 1], [10, 10]], dtype=torch.float64)
+    mask = torch.tensor([[True, False, False], [True, True, False], [True, True, True]])
+    out = functional.scaled_dot_product_attention(q, k, v, mask)
+    expected = [[1.0, 0.0], [0.268941, 0.731059], [1.975943, 1.975943]]
+    for row, exp_row in zip(out.tolist(), expected):
+        assert row == pytest.approx(exp_row, abs=1e-6)
+    # without the mask, position 0 would see the others
+    unmasked = functional.scaled_dot_product_attention(q, k, v)
+    assert unmasked[0, 0].item() != pytest.approx(1.0, abs=1e-3)
+
+
+def test_attention_matches_torch_sdpa_with_and_without_mask():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 3, 5, 8, generator=g)
+    k = torch.randn(2, 3, 7, 8, generator=g)
+    v = torch.randn(2, 3, 7, 6, generator=g)
+    torch.testing.assert_close(functional.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    mask = torch.rand(2, 1, 5, 7, generator=g) > 0.4
+    mask[..., 0] = True  # no fully-masked rows
+    torch.testing.assert_close(
+        functional.scaled_dot_product_attention(q, k, v, mask),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    )
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    torch.testing.assert_close(
+        functional.scaled_dot_product_attention(q, k[:, :, :5], v[:, :, :5], causal),
+        F.scaled_dot_product_attention(q, k[:, :, :5], v[:, :, :5], is_causal=True),
+    )
+
+
+def test_attention_masked_keys_get_exactly_zero_weight():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 8, generator=g)
+    k = torch.randn(1, 6, 8, generator=g)
+    v = torch.randn(1, 6, 3, generator=g)
+    mask = torch.tensor([True, True, False, True, False, False]).expand(4, 6)
+    out = functional.scaled_dot_product_attention(q, k, v, mask)
+    v2 = v.clone()
+    v2[:, ~mask[0]] = 1e6  # masked values cannot leak in
+    torch.testing.assert_close(out, functional.scaled_dot_product_attention(q, k, v2, mask))
+
+
+def test_attention_gradcheck_float64():
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(2, 5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(2, 5, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    mask = torch.ones(4, 5, dtype=torch.bool).tril(diagonal=1)
+    assert torch.autograd.gradcheck(lambda a, b, c: functional.scaled_dot_product_attention(a, b, c, mask), (q, k, v))

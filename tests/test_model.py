@@ -1,0 +1,564 @@
+"""ferrolm.model: modules against their equations, properties, the KV cache, accounting.
+
+Small shapes throughout so the file runs in seconds on one CPU thread.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ferrolm import functional
+from ferrolm.model import (
+    CausalSelfAttention,
+    Embedding,
+    Linear,
+    ModelConfig,
+    RMSNorm,
+    RotaryEmbedding,
+    SiLUFFN,
+    SwiGLU,
+    TransformerBlock,
+    TransformerLM,
+    count_parameters,
+    flops_per_token,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+SMALL = dict(vocab_size=97, context_length=24, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0)
+
+
+def small_model(seed: int = 0, **kw) -> TransformerLM:
+    torch.manual_seed(seed)
+    return TransformerLM(**{**SMALL, **kw}).eval()
+
+
+def random_ids(batch: int, seq: int, seed: int = 1, vocab: int = SMALL["vocab_size"]) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------- state_dict & init ------
+
+
+def test_state_dict_keys_are_the_checkpoint_format():
+    model = small_model()
+    expected = ["token_embeddings.weight"]
+    for i in range(2):
+        expected += [f"layers.{i}.ln1.weight"]
+        expected += [f"layers.{i}.attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "output_proj")]
+        expected += [f"layers.{i}.ln2.weight"]
+        expected += [f"layers.{i}.ffn.{w}.weight" for w in ("w1", "w2", "w3")]
+    expected += ["ln_final.weight", "lm_head.weight"]
+    sd = model.state_dict()
+    assert list(sd) == expected  # RoPE's cos/sin buffers are not saved
+    assert sd["layers.1.attn.q_proj.weight"].shape == (32, 32)
+    assert sd["layers.0.ffn.w1.weight"].shape == (48, 32)
+    assert sd["layers.0.ffn.w2.weight"].shape == (32, 48)
+    assert sd["layers.0.ffn.w3.weight"].shape == (48, 32)
+    assert sd["token_embeddings.weight"].shape == sd["lm_head.weight"].shape == (97, 32)
+    # but the RoPE buffers exist and move with the module
+    assert {n for n, _ in model.named_buffers()} == {"layers.0.attn.rope.cos", "layers.0.attn.rope.sin"}
+
+
+def test_state_dict_round_trip_and_strict_load():
+    a, b = small_model(0), small_model(1)
+    ids = random_ids(2, 10)
+    assert not torch.allclose(a(ids), b(ids))
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)
+    buf.seek(0)
+    b.load_state_dict(torch.load(buf, weights_only=True))
+    torch.testing.assert_close(a(ids), b(ids), atol=0, rtol=0)
+    with pytest.raises(RuntimeError):
+        b.load_state_dict({k: v for k, v in a.state_dict().items() if k != "lm_head.weight"})
+
+
+def test_ablation_state_dicts():
+    sd = small_model(norm="none").state_dict()
+    assert not any(".ln" in k or k.startswith("ln_") for k in sd)
+    sd = small_model(ffn="silu").state_dict()
+    assert "layers.0.ffn.w3.weight" not in sd and sd["layers.0.ffn.w1.weight"].shape == (72, 32)  # 3*48/2
+    tied = small_model(tie_embeddings=True)
+    sd = tied.state_dict()
+    assert sd["token_embeddings.weight"].data_ptr() == sd["lm_head.weight"].data_ptr()
+    assert tied.token_embeddings.weight is tied.lm_head.weight
+    # loading a tied checkpoint restores the shared matrix
+    other = small_model(5, tie_embeddings=True)
+    other.load_state_dict(sd)
+    ids = random_ids(1, 8)
+    torch.testing.assert_close(other(ids), tied(ids), atol=0, rtol=0)
+
+
+def test_init_is_truncated_normal_with_the_documented_std():
+    torch.manual_seed(0)
+    lin = Linear(300, 500)
+    std = math.sqrt(2 / 800)
+    w = lin.weight.detach()
+    assert w.shape == (500, 300)
+    assert w.abs().max() <= 3 * std + 1e-7
+    # a normal truncated at ±3σ has std 0.9866σ
+    assert w.std().item() == pytest.approx(0.9866 * std, rel=0.02)
+    assert w.mean().abs().item() < 0.01 * std * 10
+    emb = Embedding(1000, 64).weight.detach()
+    assert emb.abs().max() <= 3.0 + 1e-6
+    assert emb.std().item() == pytest.approx(0.9866, rel=0.02)
+    assert torch.equal(RMSNorm(16).weight.detach(), torch.ones(16))
+    # the LM uses the same init: q_proj std sqrt(2/(d+d)), lm_head sqrt(2/(V+d))
+    model = small_model()
+    assert model.layers[0].attn.q_proj.weight.abs().max() <= 3 * math.sqrt(2 / 64) + 1e-7
+    assert model.lm_head.weight.abs().max() <= 3 * math.sqrt(2 / (97 + 32)) + 1e-7
+    assert model.token_embeddings.weight.std().item() > 0.8
+
+
+# ------------------------------------------------------------- modules vs equations ---
+
+
+def test_linear_and_embedding_compute_their_equations():
+    torch.manual_seed(0)
+    lin = Linear(5, 3)
+    x = torch.randn(2, 4, 5)
+    torch.testing.assert_close(lin(x), x @ lin.weight.T)
+    emb = Embedding(10, 6)
+    ids = torch.tensor([[3, 0, 9], [9, 9, 1]])
+    torch.testing.assert_close(emb(ids), emb.weight[ids])
+
+
+def test_rmsnorm_against_formula_and_torch():
+    torch.manual_seed(0)
+    norm = RMSNorm(8)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(8))
+    x = torch.randn(3, 5, 8) * 4
+    by_formula = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    torch.testing.assert_close(norm(x), by_formula)
+    if hasattr(F, "rms_norm"):
+        torch.testing.assert_close(norm(x), F.rms_norm(x, (8,), norm.weight, eps=1e-5))
+    # a hand example: x = (3, 4): mean(x²) = 12.5, rms = sqrt(12.5 + 1e-5)
+    n2 = RMSNorm(2)
+    out = n2(torch.tensor([3.0, 4.0])).tolist()
+    assert out == pytest.approx([3 / math.sqrt(12.50001), 4 / math.sqrt(12.50001)], rel=1e-6)
+
+
+def test_rmsnorm_computes_in_float32_and_casts_back():
+    torch.manual_seed(0)
+    norm = RMSNorm(64)
+    x = (torch.randn(4, 64) * 100).bfloat16()
+    out = norm(x)
+    assert out.dtype == torch.bfloat16
+    expected = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+    assert torch.equal(out, expected)
+
+
+def test_swiglu_and_silu_ffn_against_formula():
+    torch.manual_seed(0)
+    ffn = SwiGLU(8, 12)
+    x = torch.randn(2, 3, 8)
+    w1, w2, w3 = ffn.w1.weight, ffn.w2.weight, ffn.w3.weight
+    assert w1.shape == w3.shape == (12, 8) and w2.shape == (8, 12)
+    expected = (functional.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+    torch.testing.assert_close(ffn(x), expected)
+    plain = SiLUFFN(8, 18)
+    torch.testing.assert_close(plain(x), functional.silu(x @ plain.w1.weight.T) @ plain.w2.weight.T)
+
+
+def _rope_by_rotation_matrices(x: torch.Tensor, positions: list[int], theta: float) -> torch.Tensor:
+    """RoPE written as the block-diagonal rotation matrix R_i applied to each x_i."""
+    seq, d = x.shape
+    out = torch.empty_like(x)
+    for i, pos in enumerate(positions):
+        R = torch.zeros(d, d, dtype=x.dtype)
+        for k in range(d // 2):
+            angle = pos * theta ** (-2 * k / d)
+            c, s = math.cos(angle), math.sin(angle)
+            R[2 * k, 2 * k], R[2 * k, 2 * k + 1] = c, -s
+            R[2 * k + 1, 2 * k], R[2 * k + 1, 2 * k + 1] = s, c
+        out[i] = R @ x[i]
+    return out
+
+
+def test_rope_against_rotation_matrices():
+    rope = RotaryEmbedding(10000.0, 8, 32)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    positions = [0, 1, 7, 30, 3]
+    expected = _rope_by_rotation_matrices(x, positions, 10000.0)
+    torch.testing.assert_close(rope(x, torch.tensor(positions)), expected, atol=1e-6, rtol=1e-5)
+    # default positions are 0..seq-1; position 0 is the identity
+    torch.testing.assert_close(rope(x), _rope_by_rotation_matrices(x, list(range(5)), 10000.0), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(rope(x)[0], x[0])
+    assert rope(x.float()).dtype == torch.float32
+    # any memory layout: a slice at an odd offset, a transposed view
+    wide = torch.randn(5, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(rope(wide[:, 1:9]), _rope_by_rotation_matrices(wide[:, 1:9], list(range(5)), 10000.0))
+    torch.testing.assert_close(rope(x.T.contiguous().T), rope(x))
+    # offset shifts the default positions; the table's end is enforced
+    torch.testing.assert_close(rope(x, offset=3), rope(x, torch.arange(3, 8)))
+    with pytest.raises(ValueError, match="RoPE table"):
+        rope(x, offset=28)
+    # a hand example: d=2, theta irrelevant for k=0 (angle = pos): rotate (1, 0) by 1 radian
+    r2 = RotaryEmbedding(10000.0, 2, 4)
+    assert r2(torch.tensor([[1.0, 0.0]]), torch.tensor([1])).tolist()[0] == pytest.approx([math.cos(1), math.sin(1)], abs=1e-6)
+
+
+def test_rope_dot_product_depends_only_on_distance():
+    rope = RotaryEmbedding(10000.0, 16, 64)
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(16, generator=g), torch.randn(16, generator=g)
+
+    def score(m: int, n: int) -> float:
+        qm = rope(q[None], torch.tensor([m]))[0]
+        kn = rope(k[None], torch.tensor([n]))[0]
+        return float(qm @ kn)
+
+    for m, n in [(0, 3), (5, 5), (10, 2), (40, 13)]:
+        for shift in (1, 7, 20):
+            assert score(m + shift, n + shift) == pytest.approx(score(m, n), abs=1e-4)
+    assert score(0, 3) != pytest.approx(score(0, 9), abs=1e-3)  # but it does depend on the distance
+
+
+def test_rope_positions_broadcast_over_heads_and_batch():
+    rope = RotaryEmbedding(10000.0, 8, 16)
+    x = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(2))  # (batch, heads, seq, d)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [4, 6, 8, 10, 12]])  # (batch, seq)
+    out = rope(x, pos)
+    for b in range(2):
+        for h in range(3):
+            torch.testing.assert_close(out[b, h], rope(x[b, h], pos[b]))
+    torch.testing.assert_close(rope(x, pos[0]), rope(x))  # (seq,) positions == default
+    assert "cos" not in rope.state_dict() and "sin" not in rope.state_dict()
+
+
+def _attention_by_hand(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    """Per-head loop over the literal equation, with RoPE as rotation matrices."""
+    batch, seq, d = x.shape
+    H, dh = attn.num_heads, attn.d_head
+    Q, K, V = x @ attn.q_proj.weight.T, x @ attn.k_proj.weight.T, x @ attn.v_proj.weight.T
+    heads = []
+    for h in range(H):
+        sl = slice(h * dh, (h + 1) * dh)
+        outs = []
+        for b in range(batch):
+            q, k, v = Q[b, :, sl], K[b, :, sl], V[b, :, sl]
+            if attn.rope is not None:
+                q = _rope_by_rotation_matrices(q, list(range(seq)), attn.rope.theta)
+                k = _rope_by_rotation_matrices(k, list(range(seq)), attn.rope.theta)
+            scores = q @ k.T / math.sqrt(dh)
+            scores = scores + torch.full((seq, seq), float("-inf"), dtype=x.dtype).triu(1)
+            outs.append(torch.softmax(scores, -1) @ v)
+        heads.append(torch.stack(outs))
+    return torch.cat(heads, dim=-1) @ attn.output_proj.weight.T
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_attention_against_per_head_equation(path):
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(10000.0, 8, 16, device=None)
+    attn = CausalSelfAttention(32, 4, rope, attention=path).double()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), _attention_by_hand(attn, x))
+    no_rope = CausalSelfAttention(32, 4, None, attention=path).double()
+    torch.testing.assert_close(no_rope(x), _attention_by_hand(no_rope, x))
+
+
+def test_fast_and_reference_attention_give_the_same_model():
+    fast = small_model(3)
+    ref = small_model(3, attention="reference")
+    ref.load_state_dict(fast.state_dict())
+    ids = random_ids(3, 20)
+    torch.testing.assert_close(fast(ids), ref(ids), atol=1e-5, rtol=1e-5)
+    # gradients too
+    lf = functional.cross_entropy(fast(ids[:, :-1]), ids[:, 1:])
+    lr = functional.cross_entropy(ref(ids[:, :-1]), ids[:, 1:])
+    lf.backward()
+    lr.backward()
+    for (n, a), b in zip(fast.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_pre_norm_block_equation():
+    torch.manual_seed(0)
+    block = TransformerBlock(16, 2, 24)
+    x = torch.randn(1, 5, 16)
+    h = x + block.attn(block.ln1(x))
+    torch.testing.assert_close(block(x), h + block.ffn(block.ln2(h)))
+    post = TransformerBlock(16, 2, 24, norm_position="post")
+    h = post.ln1(x + post.attn(x))
+    torch.testing.assert_close(post(x), post.ln2(h + post.ffn(h)))
+
+
+# ------------------------------------------------------------- gradients --------------
+
+
+def test_gradcheck_float64_rmsnorm_rope_attention_swiglu():
+    torch.manual_seed(0)
+    gc = torch.autograd.gradcheck
+    norm = RMSNorm(6).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    assert gc(lambda t, g: _with_weight(norm, g)(t), (x, norm.weight.detach().clone().requires_grad_()))
+
+    rope = RotaryEmbedding(100.0, 6, 8).double()
+    assert gc(lambda t: rope(t, torch.tensor([0, 3, 7])), (x,))
+
+    x12 = torch.randn(2, 3, 12, dtype=torch.float64, requires_grad=True)
+    for path in ("fast", "reference"):
+        attn = CausalSelfAttention(12, 2, rope, attention=path).double()  # d_head 6
+        assert gc(attn, (x12,))
+
+    ffn = SwiGLU(6, 5).double()
+    assert gc(ffn, (x,))
+    # and the weights of SwiGLU
+    assert gc(lambda w1: F.linear(F.silu(F.linear(x, w1)) * ffn.w3(x), ffn.w2.weight), (ffn.w1.weight.detach().clone().requires_grad_(),))
+
+
+def _with_weight(norm: RMSNorm, g: torch.Tensor) -> RMSNorm:
+    clone = RMSNorm(norm.d_model, norm.eps)
+    del clone.weight
+    clone.weight = g  # a plain tensor so gradcheck can differentiate through it
+    return clone
+
+
+# ------------------------------------------------------------- LM properties ----------
+
+
+@pytest.mark.parametrize("ablation", [{}, {"attention": "reference"}, {"positions": "none"}, {"norm_position": "post"}, {"norm": "none"}, {"ffn": "silu"}])
+def test_causality_later_tokens_never_change_earlier_logits(ablation):
+    model = small_model(4, **ablation)
+    ids = random_ids(2, 16, seed=5)
+    base = model(ids)
+    for t in (0, 7, 14):
+        changed = ids.clone()
+        changed[:, t + 1 :] = random_ids(2, 16 - t - 1, seed=6 + t)
+        assert not torch.equal(changed, ids)
+        out = model(changed)
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=0)
+        assert not torch.allclose(out[:, t + 1 :], base[:, t + 1 :])
+
+
+def test_without_positions_the_prefix_order_does_not_matter():
+    # One layer of causal attention without positions sees its prefix as a set: permuting
+    # the tokens before the last leaves the last logits unchanged. RoPE makes order matter.
+    # (With more layers each prefix position's own prefix changes, so this is 1-layer only.)
+    ids = random_ids(1, 12)
+    shuffled = torch.cat([ids[:, :11].flip(1), ids[:, 11:]], dim=1)
+    nope = small_model(6, positions="none", num_layers=1)
+    assert [n for n, _ in nope.named_buffers()] == []
+    torch.testing.assert_close(nope(shuffled)[0, -1], nope(ids)[0, -1], atol=1e-5, rtol=0)
+    rope_model = small_model(6, num_layers=1)
+    assert not torch.allclose(rope_model(shuffled)[0, -1], rope_model(ids)[0, -1], atol=1e-3)
+    # explicit token_positions equal to the defaults change nothing; others do
+    torch.testing.assert_close(rope_model(ids, token_positions=torch.arange(12)), rope_model(ids))
+    assert not torch.allclose(rope_model(ids, token_positions=torch.arange(12) * 2), rope_model(ids))
+
+
+def test_lm_rejects_bad_input():
+    model = small_model()
+    with pytest.raises(ValueError, match="context_length"):
+        model(random_ids(1, 25))
+    with pytest.raises(ValueError, match="batch, seq"):
+        model(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="divisible"):
+        TransformerLM(10, 8, 30, 1, 4, 16)
+    with pytest.raises(ValueError, match="norm"):
+        TransformerLM(10, 8, 32, 1, 4, 16, norm="layer")
+
+
+def test_config_round_trip():
+    cfg = ModelConfig(**SMALL, ffn="silu", tie_embeddings=True)
+    model = TransformerLM.from_config(cfg)
+    assert model.config == cfg
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert all(isinstance(v, (int, float, str, bool)) for v in cfg.to_dict().values())
+    assert TransformerLM(**SMALL).config == ModelConfig(**SMALL)
+    with pytest.raises(ValueError, match="unknown"):
+        ModelConfig.from_dict({**SMALL, "dropout": 0.1})
+
+
+# ------------------------------------------------------------- KV cache ---------------
+
+
+@pytest.mark.parametrize("ablation", [{}, {"attention": "reference"}, {"positions": "none"}])
+def test_kv_cache_stepwise_equals_full_recomputation(ablation):
+    model = small_model(7, **ablation)
+    ids = random_ids(3, 20, seed=8)
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.make_kv_cache(batch_size=3)
+        assert cache.keys[0].shape == (3, 4, 24, 8) and cache.length == 0
+        pieces = [model(ids[:, :5], kv_cache=cache)]  # prefill 5 positions
+        assert cache.length == 5
+        for t in range(5, 12):  # decode one at a time
+            pieces.append(model(ids[:, t : t + 1], kv_cache=cache))
+        pieces.append(model(ids[:, 12:20], kv_cache=cache))  # a chunk after the prefix
+        assert cache.length == 20
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_kv_cache_stores_rotated_keys_and_can_be_reset():
+    model = small_model(9)
+    ids = random_ids(1, 6)
+    with torch.no_grad():
+        cache = model.make_kv_cache(1, max_seq_len=8)
+        model(ids, kv_cache=cache)
+        attn = model.layers[0].attn
+        x = model.layers[0].ln1(model.token_embeddings(ids))
+        k = attn.k_proj(x).view(1, 6, 4, 8).transpose(1, 2)
+        torch.testing.assert_close(cache.keys[0][:, :, :6], attn.rope(k, torch.arange(6)))
+        assert cache.keys[0][:, :, 6:].abs().sum() == 0
+        cache.reset()
+        again = model(ids, kv_cache=cache)
+        torch.testing.assert_close(again, model(ids))
+        with pytest.raises(ValueError, match="do not fit"):
+            model(random_ids(1, 3), kv_cache=cache)  # 6 + 3 > 8
+        with pytest.raises(ValueError, match="batch"):
+            model(random_ids(2, 1), kv_cache=cache, start_pos=0)
+    with pytest.raises(ValueError, match="context_length"):
+        model.make_kv_cache(1, max_seq_len=25)
+
+
+def test_left_padded_batch_matches_unpadded_sequences():
+    model = small_model(10)
+    a, b = random_ids(1, 9, seed=11)[0], random_ids(1, 5, seed=12)[0]
+    pad = 0
+    ids = torch.stack([a, torch.cat([torch.full((4,), pad), b])])
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, :4] = False
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask)
+        torch.testing.assert_close(out[0], model(a[None])[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out[1, 4:], model(b[None])[0], atol=1e-5, rtol=0)
+        assert torch.isfinite(out).all()
+        # the same through the cache: prefill with the mask, then decode with it extended
+        cache = model.make_kv_cache(2)
+        nxt = torch.tensor([[3], [4]])
+        model(ids, kv_cache=cache, attention_mask=mask)
+        step = model(nxt, kv_cache=cache, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.bool)], 1))
+        torch.testing.assert_close(step[0, 0], model(torch.cat([a, nxt[0]])[None])[0, -1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(step[1, 0], model(torch.cat([b, nxt[1]])[None])[0, -1], atol=1e-5, rtol=0)
+        # without the mask the padding would leak into sequence b
+        assert not torch.allclose(model(ids)[1, 4:], out[1, 4:], atol=1e-4)
+
+
+# ------------------------------------------------------------- dtype / autocast -------
+
+
+def test_cpu_bfloat16_autocast_forward_backward():
+    model = small_model(11)
+    ids = random_ids(2, 16)
+    ref = model(ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids)
+        loss = functional.cross_entropy(logits[:, :-1], ids[:, 1:])
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert (logits.float() - ref).abs().max() < 0.1 * ref.abs().max()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = model.make_kv_cache(2, dtype=torch.bfloat16)
+        model(ids[:, :8], kv_cache=cache)
+        step = model(ids[:, 8:9], kv_cache=cache)
+    assert torch.isfinite(step).all()
+
+
+def test_model_in_bfloat16_parameters():
+    model = small_model(12).to(torch.bfloat16)
+    out = model(random_ids(2, 8))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert model.layers[0].attn.rope.cos.dtype == torch.float32  # tables stay float32
+
+
+# ------------------------------------------------------------- accounting -------------
+
+
+@pytest.mark.parametrize(
+    "ablation",
+    [{}, {"tie_embeddings": True}, {"norm": "none"}, {"ffn": "silu"}, {"positions": "none", "norm_position": "post"}],
+)
+def test_count_parameters_equals_numel(ablation):
+    cfg = ModelConfig(**SMALL, **ablation)
+    model = TransformerLM.from_config(cfg)
+    assert count_parameters(cfg) == model.num_parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_silu_ffn_is_parameter_matched():
+    cfg = ModelConfig(**{**SMALL, "d_ff": 1344, "d_model": 512})
+    silu = ModelConfig(**{**SMALL, "d_ff": 1344, "d_model": 512, "ffn": "silu"})
+    assert silu.d_ff_silu == 2016
+    assert count_parameters(cfg) == count_parameters(silu)
+
+
+def test_tinystories_shape_accounting_by_hand():
+    # vocab 10,000, context 256, d 512, 4 layers, 16 heads, d_ff 1,344
+    cfg = ModelConfig(10_000, 256, 512, 4, 16, 1344)
+    per_layer = 4 * 512 * 512 + 3 * 512 * 1344 + 2 * 512  # 1,048,576 + 2,064,384 + 1,024 = 3,113,984
+    assert per_layer == 3_113_984
+    assert count_parameters(cfg) == 2 * 5_120_000 + 4 * 3_113_984 + 512 == 22_696_448
+    # forward FLOPs/token: 2 * (4 * (1,048,576 + 2,064,384) + 5,120,000) + 4 * 4 * 256 * 512
+    #                    = 2 * 17,571,840 + 2,097,152 = 37,240,832
+    assert flops_per_token(cfg) == 37_240_832
+    assert flops_per_token(cfg, seq_len=128) == 2 * 17_571_840 + 4 * 4 * 128 * 512
+
+
+# ------------------------------------------------------------- HF parity --------------
+
+
+@pytest.mark.slow
+def test_logits_equal_hf_llama_with_converted_weights():
+    """Independent check of the whole stack: HF's LlamaForCausalLM with our weights.
+
+    HF rotates halves (x[i], x[i + d/2]) where we rotate pairs (x[2i], x[2i+1]), so each
+    head's q/k rows are permuted (evens, then odds) in the conversion.
+    """
+    transformers = pytest.importorskip("transformers")
+    model = small_model(13)
+    c = SMALL
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["d_ff"],
+        num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"], num_key_value_heads=c["num_heads"],
+        max_position_embeddings=c["context_length"], rms_norm_eps=1e-5, rope_theta=c["rope_theta"],
+        attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
+    )
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    dh = c["d_model"] // c["num_heads"]
+    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
+    rows = torch.cat([h * dh + perm for h in range(c["num_heads"])])
+    sd = model.state_dict()
+    new = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"], "lm_head.weight": sd["lm_head.weight"]}
+    for i in range(c["num_layers"]):
+        p, q = f"layers.{i}.", f"model.layers.{i}."
+        new[q + "self_attn.q_proj.weight"] = sd[p + "attn.q_proj.weight"][rows]
+        new[q + "self_attn.k_proj.weight"] = sd[p + "attn.k_proj.weight"][rows]
+        new[q + "self_attn.v_proj.weight"] = sd[p + "attn.v_proj.weight"]
+        new[q + "self_attn.o_proj.weight"] = sd[p + "attn.output_proj.weight"]
+        new[q + "mlp.gate_proj.weight"] = sd[p + "ffn.w1.weight"]
+        new[q + "mlp.up_proj.weight"] = sd[p + "ffn.w3.weight"]
+        new[q + "mlp.down_proj.weight"] = sd[p + "ffn.w2.weight"]
+        new[q + "input_layernorm.weight"] = sd[p + "ln1.weight"]
+        new[q + "post_attention_layernorm.weight"] = sd[p + "ln2.weight"]
+    missing, unexpected = hf.load_state_dict(new, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing)
+    ids = random_ids(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_rope_real_form_equals_complex_form():
+    # the form used under torch.compile (inductor has no complex codegen) is the same map
+    from ferrolm.model import _rotate_pairs_real
+
+    rope = RotaryEmbedding(10000.0, 8, 16)
+    x = torch.randn(2, 3, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(_rotate_pairs_real(x, rope.cos.double(), rope.sin.double()), rope(x))

@@ -1,0 +1,214 @@
+"""ferrolm.optim: AdamW against torch.optim.AdamW, the schedule's values, clipping."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from ferrolm.model import TransformerLM
+from ferrolm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _problem(seed: int = 0):
+    """A small least-squares problem with a 2-D and a 1-D parameter."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 10, generator=g)
+    y = torch.randn(64, 3, generator=g)
+    w = torch.randn(3, 10, generator=g) * 0.1
+    b = torch.zeros(3)
+    return x, y, w, b
+
+
+def _run(opt_cls, steps: int, **kw):
+    x, y, w0, b0 = _problem()
+    w = w0.clone().requires_grad_()
+    b = b0.clone().requires_grad_()
+    opt = opt_cls([{"params": [w]}, {"params": [b], "weight_decay": 0.0}], **kw)
+    for it in range(steps):
+        for group in opt.param_groups:  # a changing lr, as the training loop sets it
+            group["lr"] = cosine_lr(it, 1e-2, 1e-3, 50, steps)
+        opt.zero_grad()
+        loss = ((x @ w.T + b - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+    return w.detach(), b.detach(), opt
+
+
+def test_adamw_matches_torch_adamw_over_1000_steps():
+    kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    w_ours, b_ours, _ = _run(AdamW, 1000, **kw)
+    w_torch, b_torch, _ = _run(torch.optim.AdamW, 1000, **kw)
+    x, y, w0, _ = _problem()
+    assert (w_ours - w0).abs().max() > 0.1  # it did move
+    torch.testing.assert_close(w_ours, w_torch, atol=1e-5, rtol=0)
+    torch.testing.assert_close(b_ours, b_torch, atol=1e-5, rtol=0)
+
+
+def test_adamw_weight_decay_is_decoupled():
+    # zero gradient: Adam's update is 0, so only θ ← θ(1 − lr λ) acts
+    p = torch.nn.Parameter(torch.full((4,), 2.0))
+    opt = AdamW([p], lr=0.1, weight_decay=0.5)
+    p.grad = torch.zeros(4)
+    opt.step()
+    torch.testing.assert_close(p.detach(), torch.full((4,), 2.0 * (1 - 0.1 * 0.5)))
+
+
+def test_adamw_first_step_is_lr_times_sign():
+    # after bias correction, step 1 moves each coordinate by lr·g/(|g| + ε') ≈ lr·sign(g)
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = AdamW([p], lr=0.01, weight_decay=0.0)
+    p.grad = torch.tensor([3.0, -0.5, 1e-3])
+    opt.step()
+    torch.testing.assert_close(p.detach(), torch.tensor([-0.01, 0.01, -0.01]), atol=1e-6, rtol=0)
+
+
+def test_adamw_state_round_trips_through_state_dict():
+    x, y, w0, b0 = _problem()
+
+    def make(w, b):
+        return AdamW([{"params": [w]}, {"params": [b], "weight_decay": 0.0}], lr=1e-2, weight_decay=0.1)
+
+    def steps(opt, w, b, n):
+        for _ in range(n):
+            opt.zero_grad()
+            ((x @ w.T + b - y) ** 2).mean().backward()
+            opt.step()
+
+    # 30 uninterrupted steps
+    w_ref, b_ref = w0.clone().requires_grad_(), b0.clone().requires_grad_()
+    steps(make(w_ref, b_ref), w_ref, b_ref, 30)
+
+    # 20 steps, save through torch.save / weights_only load, restore into a fresh optimizer, 10 more
+    w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
+    opt = make(w, b)
+    steps(opt, w, b, 20)
+    sd = opt.state_dict()
+    assert sd["state"][0]["step"] == 20 and set(sd["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    w2, b2 = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    opt2 = make(w2, b2)
+    opt2.load_state_dict(torch.load(buf, weights_only=True))
+    steps(opt2, w2, b2, 10)
+    torch.testing.assert_close(w2.detach(), w_ref.detach(), atol=0, rtol=0)
+    torch.testing.assert_close(b2.detach(), b_ref.detach(), atol=0, rtol=0)
+
+    # without the restored state the trajectory differs (so the check above can fail)
+    w3, b3 = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    steps(make(w3, b3), w3, b3, 10)
+    assert not torch.allclose(w3, w_ref, atol=1e-6)
+
+
+def test_adamw_rejects_bad_hyperparameters():
+    p = [torch.nn.Parameter(torch.zeros(1))]
+    with pytest.raises(ValueError):
+        AdamW(p, lr=-1)
+    with pytest.raises(ValueError):
+        AdamW(p, betas=(1.0, 0.9))
+    with pytest.raises(ValueError):
+        AdamW(p, weight_decay=-0.1)
+
+
+def test_param_groups_for_decay_skips_norms_and_embeddings():
+    model = TransformerLM(50, 8, 16, 2, 2, 24)
+    groups = param_groups_for_decay(model, 0.1)
+    decay_ids = {id(p) for p in groups[0]["params"]}
+    no_decay_ids = {id(p) for p in groups[1]["params"]}
+    assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
+    names = dict((id(p), n) for n, p in model.named_parameters())
+    assert {names[i] for i in no_decay_ids} == {
+        "token_embeddings.weight", "ln_final.weight",
+        *(f"layers.{i}.{ln}.weight" for i in range(2) for ln in ("ln1", "ln2")),
+    }
+    assert "lm_head.weight" in {names[i] for i in decay_ids}
+    assert len(decay_ids) + len(no_decay_ids) == len(list(model.parameters()))
+    AdamW(groups, lr=1e-3)  # usable as is
+
+    tied = TransformerLM(50, 8, 16, 1, 2, 24, tie_embeddings=True)
+    groups = param_groups_for_decay(tied, 0.1)
+    all_params = groups[0]["params"] + groups[1]["params"]
+    assert len(all_params) == len({id(p) for p in all_params}) == len(list(tied.parameters()))
+    assert any(p is tied.lm_head.weight for p in groups[1]["params"])
+
+
+# ------------------------------------------------------------------- schedule ---------
+
+
+def test_cosine_lr_values():
+    max_lr, min_lr, warmup, cycle = 1.0, 0.1, 10, 110
+    assert cosine_lr(0, max_lr, min_lr, warmup, cycle) == 0.0
+    assert cosine_lr(5, max_lr, min_lr, warmup, cycle) == pytest.approx(0.5)  # warmup: 5/10
+    assert cosine_lr(9, max_lr, min_lr, warmup, cycle) == pytest.approx(0.9)
+    assert cosine_lr(10, max_lr, min_lr, warmup, cycle) == pytest.approx(1.0)  # peak
+    # mid-cycle: cos(π/2) = 0 -> min + (max - min)/2 = 0.55
+    assert cosine_lr(60, max_lr, min_lr, warmup, cycle) == pytest.approx(0.55)
+    # a quarter in: min + ½(1 + cos(π/4))(max - min) = 0.1 + 0.5 (1 + 0.707107) 0.9 = 0.868198
+    assert cosine_lr(35, max_lr, min_lr, warmup, cycle) == pytest.approx(0.868198, abs=1e-6)
+    assert cosine_lr(110, max_lr, min_lr, warmup, cycle) == pytest.approx(0.1)  # end of cycle
+    assert cosine_lr(111, max_lr, min_lr, warmup, cycle) == 0.1  # after the cycle
+    assert cosine_lr(10_000, max_lr, min_lr, warmup, cycle) == 0.1
+
+
+def test_cosine_lr_is_monotone_after_warmup_and_handles_no_warmup():
+    lrs = [cosine_lr(it, 3e-4, 3e-5, 0, 100) for it in range(120)]
+    assert lrs[0] == pytest.approx(3e-4)
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    assert cosine_lr(5, 1.0, 0.0, 5, 5) == 1.0 and cosine_lr(6, 1.0, 0.0, 5, 5) == 0.0
+
+
+# ------------------------------------------------------------------- clipping ---------
+
+
+def _params_with_grads(grads):
+    params = []
+    for g in grads:
+        p = torch.nn.Parameter(torch.zeros_like(g))
+        p.grad = g.clone()
+        params.append(p)
+    return params
+
+
+def test_clip_leaves_small_gradients_unchanged():
+    grads = [torch.tensor([0.3, -0.4]), torch.tensor([[0.0, 1.2]])]  # norm sqrt(.09+.16+1.44) = 1.3
+    params = _params_with_grads(grads)
+    norm = clip_grad_norm(params, max_norm=2.0)
+    assert float(norm) == pytest.approx(1.3, abs=1e-6)
+    for p, g in zip(params, grads):
+        assert torch.equal(p.grad, g)
+
+
+def test_clip_scales_large_gradients_to_the_norm():
+    grads = [torch.tensor([3.0, 0.0]), torch.tensor([[0.0, 4.0]]), torch.tensor([12.0])]  # norm 13
+    params = _params_with_grads(grads)
+    params.append(torch.nn.Parameter(torch.ones(2)))  # no grad: skipped
+    norm = clip_grad_norm(params, max_norm=1.0)
+    assert float(norm) == pytest.approx(13.0)
+    total = math.sqrt(sum(float((p.grad**2).sum()) for p in params if p.grad is not None))
+    assert total == pytest.approx(1.0, abs=1e-6)
+    # direction kept: every gradient scaled by the same 1/13
+    torch.testing.assert_close(params[0].grad, torch.tensor([3 / 13, 0.0]))
+    torch.testing.assert_close(params[2].grad, torch.tensor([12 / 13]))
+
+
+def test_clip_matches_torch_clip_grad_norm():
+    g = torch.Generator().manual_seed(7)
+    grads = [torch.randn(5, 4, generator=g) * 10, torch.randn(7, generator=g)]
+    ours, theirs = _params_with_grads(grads), _params_with_grads(grads)
+    n1 = clip_grad_norm(ours, 0.5)
+    n2 = torch.nn.utils.clip_grad_norm_(theirs, 0.5)
+    torch.testing.assert_close(n1, n2)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)
