@@ -793,7 +793,8 @@ fn pattern_source(name: &str) -> PyResult<&'static str> {
 }
 
 /// For each char of `text`, the bit flags of the pre-tokenizer's Unicode classes
-/// (see `pretokenize::char_class_flags`). For exhaustive tests against `regex`.
+/// (see `pretokenize::char_class_flags`), as bytes: one flag byte per char. For
+/// exhaustive tests against `regex`.
 #[pyfunction]
 fn _char_classes(text: &str) -> Vec<u8> {
     text.chars()
