@@ -132,7 +132,7 @@ def test_stdlib_files_exclude_tests_and_site_packages():
     assert any(r == "os.py" for r in rels)
     for r in rels:
         parts = r.split("/")
-        assert not {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"} & set(parts), r
+        assert not {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "encodings"} & set(parts), r
         assert not parts[-1].startswith("test_"), r
         assert r.endswith((".py", ".txt", ".rst"))
     assert all(p.is_relative_to(stdlib_root()) for _, p in files[:50])

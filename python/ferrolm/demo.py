@@ -4,8 +4,8 @@
 
 Default data is text that every Python installation already has: the source of its own
 standard library (``sysconfig.get_paths()["stdlib"]``: ``.py`` modules plus ``.txt`` /
-``.rst`` files, without ``site-packages`` and the test suites). Nothing is downloaded and
-no corpus ships with ferrolm. ``data=[paths]`` uses the user's own files instead (plain
+``.rst`` files, without ``site-packages``, the test suites and the generated codec tables
+of ``encodings/``). Nothing is downloaded and no corpus ships with ferrolm. ``data=[paths]`` uses the user's own files instead (plain
 text whose documents are separated by ``<|endoftext|>``, as TinyStories and the CS336
 OpenWebText sample; ``.gz`` / ``.zst`` too).
 
@@ -69,8 +69,9 @@ PRESET = "cpu-small"
 DEFAULT_PROMPTS = ["import os\n", "def ", "class "]  # for the standard library's code
 USER_PROMPTS = ["", "", ""]  # new documents, started from <|endoftext|>
 
-#: Directory names under the stdlib that are not the standard library's own text.
-_EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "lib-dynload", "test", "tests", "idle_test", "ensurepip"}
+#: Directory names under the stdlib that are not the standard library's own text (or, for
+#: `encodings`, are mostly generated character-map tables rather than code or prose).
+_EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "lib-dynload", "test", "tests", "idle_test", "ensurepip", "encodings"}
 _TEXT_SUFFIXES = (".py", ".txt", ".rst")
 #: What this module creates inside the output directory (and replaces on a re-run).
 _OWNED = ["data", "tokenizer", "shards", "run", "loss.png", "samples.txt", "report.md", MARKER]
@@ -419,7 +420,7 @@ def run_demo(
             f"schedule.max_time_s={minutes * 60.0}",
             'schedule.schedule_by="time"',
             # Frequent, small evaluations: a curve with many points for ~5 % of the time.
-            "run.eval_every=25",
+            "run.eval_every=20",
             "run.eval_batches=4",
             "run.checkpoint_every=0",
             "run.keep_last=1",
