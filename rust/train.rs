@@ -37,7 +37,7 @@ use merge::{learn_merges, MergeTimes, Words};
 use read::SpecialSplitter;
 
 /// Default chunk size for reading files.
-pub const DEFAULT_CHUNK_SIZE: usize = 16 << 20;
+pub const DEFAULT_CHUNK_SIZE: usize = 8 << 20;
 
 /// Shared between the trainer and whoever watches it: progress counters and a
 /// cancellation flag (set by the Python side on Ctrl-C). All fields are atomics.
