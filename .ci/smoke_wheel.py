@@ -17,7 +17,7 @@ assert shutil.which("cargo") is None, "the smoke test must run without a Rust to
 print("ferrolm", ferrolm.__version__, "from", Path(ferrolm.__file__).parent)
 
 text = "\n<|endoftext|>\n".join(f"Story {i}: the cat sat on the mat and looked at the {i % 7} birds." for i in range(300))
-tok = ferrolm.Tokenizer.train([text], vocab_size=300, special_tokens=["<|endoftext|>"], progress=False)
+tok = ferrolm.Tokenizer.train(iter([text]), vocab_size=300, special_tokens=["<|endoftext|>"], progress=False)
 ids = tok.encode("the cat sat<|endoftext|>")
 assert tok.decode(ids) == "the cat sat<|endoftext|>", ids
 with tempfile.TemporaryDirectory() as d:
