@@ -15,8 +15,9 @@
 //! among pairs of equal count the lexicographically greatest (bytes, bytes) wins.
 //! Results do not depend on the number of threads or on chunk sizes.
 //!
-//! Memory: the unique pre-token table, the words built from it, and one chunk
-//! (8-64 MB) per file being read.
+//! Memory: the unique pre-token tables (one per worker until they are merged), the
+//! words and pair index built from them, and at most three 8 MiB chunks of the file
+//! being read. It does not grow with the size of the corpus beyond the unique pre-tokens.
 
 pub mod count;
 pub mod merge;
@@ -37,7 +38,7 @@ use merge::{learn_merges, MergeTimes, Words};
 use read::SpecialSplitter;
 
 /// Default chunk size for reading files.
-pub const DEFAULT_CHUNK_SIZE: usize = 16 << 20;
+pub const DEFAULT_CHUNK_SIZE: usize = 8 << 20;
 
 /// Shared between the trainer and whoever watches it: progress counters and a
 /// cancellation flag (set by the Python side on Ctrl-C). All fields are atomics.

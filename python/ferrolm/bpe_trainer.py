@@ -22,7 +22,7 @@ __all__ = ["train", "train_bpe"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# Bytes the core reads from a file at a time (None: the core's default, 16 MiB). Tests
+# Bytes the core reads from a file at a time (None: the core's default, 8 MiB). Tests
 # set it small to exercise chunk boundaries.
 _CHUNK_SIZE: int | None = None
 

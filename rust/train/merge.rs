@@ -141,8 +141,11 @@ impl Words {
 
 struct PairStats {
     count: i64,
-    words: Vec<u32>,
+    /// Most pairs occur in a few words only: those lists live inline, unallocated.
+    words: WordList,
 }
+
+type WordList = smallvec::SmallVec<[u32; 4]>;
 
 /// Pair statistics in shards by a hash of the pair, so that they can be built in
 /// parallel without a final merge.
@@ -186,7 +189,7 @@ impl Pairs {
                         if Self::shard_index(key, n) != shard {
                             continue;
                         }
-                        let e = m.entry(key).or_insert_with(|| PairStats { count: 0, words: Vec::new() });
+                        let e = m.entry(key).or_insert_with(|| PairStats { count: 0, words: WordList::new() });
                         e.count += c;
                         if e.words.last() != Some(&w) {
                             e.words.push(w);
@@ -598,7 +601,7 @@ fn learn_merges_with(
                 Entry::Vacant(v) => {
                     debug_assert!(d.count >= 0);
                     if d.count > 0 {
-                        let mut list = Vec::with_capacity(d.n as usize);
+                        let mut list = WordList::with_capacity(d.n as usize);
                         list.extend(d0.words(d.head));
                         v.insert(PairStats { count: d.count, words: list });
                         heap.push(&tokens, (d.count, key));
