@@ -140,15 +140,26 @@ impl Builtin {
     }
 }
 
+#[derive(Clone)]
 enum Engine {
     Scanner(Builtin),
     Regex(Box<fancy_regex::Regex>),
 }
 
 /// A compiled pre-tokenizer. Cheap to share between threads (`Sync`).
+#[derive(Clone)]
 pub struct PreTokenizer {
     source: String,
     engine: Engine,
+}
+
+impl fmt::Debug for PreTokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreTokenizer")
+            .field("builtin", &self.builtin())
+            .field("pattern", &self.source)
+            .finish()
+    }
 }
 
 impl PreTokenizer {
@@ -289,7 +300,8 @@ const SET_W: u8 = bit(LOWER) | bit(OLET) | bit(MARK);
 
 #[inline(always)]
 fn in_set(c: u8, set: u8) -> bool {
-    (set >> c) & 1 != 0
+    // In u32, whose shift needs no masking of the amount on x86 (c < 8 anyway).
+    ((set as u32) >> (c as u32)) & 1 != 0
 }
 
 const fn ascii_table() -> [u8; 128] {
@@ -362,6 +374,40 @@ pub fn char_class_flags(c: char) -> u8 {
         | (in_set(k, SET_W) as u8) << 5
 }
 
+/// Not a class: a group of code points of several classes.
+const MIXED: u8 = 0xff;
+
+/// For the code points U+0000..U+FFFF in groups of 64 (`cp >> 6`, i.e. the lead byte's
+/// low four bits and the first continuation byte's six bits of a three-byte UTF-8
+/// sequence), the class all of them share, or MIXED.
+static THREE_BYTE_GROUPS: [u8; 1024] = three_byte_groups();
+
+const fn three_byte_groups() -> [u8; 1024] {
+    let mut t = [MIXED; 1024];
+    let mut g = 0;
+    while g < 1024 {
+        let first = class_of_cp_const((g as u32) << 6);
+        let mut same = true;
+        let mut k = 1;
+        while k < 64 {
+            if class_of_cp_const(((g as u32) << 6) | k) != first {
+                same = false;
+            }
+            k += 1;
+        }
+        if same {
+            t[g] = first;
+        }
+        g += 1;
+    }
+    t
+}
+
+const fn class_of_cp_const(cp: u32) -> u8 {
+    let block = STAGE1[(cp >> BLOCK_SHIFT) as usize] as usize;
+    STAGE2[(block << BLOCK_SHIFT) | (cp & BLOCK_MASK) as usize]
+}
+
 /// Decode the non-ASCII UTF-8 sequence at `b[i]` (a lead byte) and classify it.
 /// `b` must be valid UTF-8 (it comes from a `&str`).
 #[inline(always)]
@@ -374,17 +420,21 @@ fn decode_class(b: &[u8], i: usize) -> (u8, usize) {
         if b0 < 0xe0 {
             // Below DIRECT: STAGE2 holds these classes in code point order.
             (*STAGE2.get_unchecked((((b0 & 0x1f) << 6) | b1) as usize), 2)
+        } else if b0 < 0xf0 {
+            // Most 64-code-point groups (one lead byte and one continuation byte) are of
+            // one class, e.g. all CJK ideographs.
+            let prefix = ((b0 & 0x0f) << 6) | b1;
+            let c = *THREE_BYTE_GROUPS.get_unchecked(prefix as usize);
+            if c != MIXED {
+                return (c, 3);
+            }
+            let b2 = (*b.get_unchecked(i + 2) & 0x3f) as u32;
+            (class_of_cp((prefix << 6) | b2), 3)
         } else {
             let b2 = (*b.get_unchecked(i + 2) & 0x3f) as u32;
-            if b0 < 0xf0 {
-                (class_of_cp(((b0 & 0x0f) << 12) | (b1 << 6) | b2), 3)
-            } else {
-                let b3 = (*b.get_unchecked(i + 3) & 0x3f) as u32;
-                (
-                    class_of_cp(((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3),
-                    4,
-                )
-            }
+            let b3 = (*b.get_unchecked(i + 3) & 0x3f) as u32;
+            let cp = ((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3;
+            (class_of_cp(cp), 4)
         }
     }
 }
@@ -1275,6 +1325,15 @@ mod tests {
     }
 
     #[test]
+    fn pre_tokenizers_are_shareable() {
+        fn send_sync_clone<T: Send + Sync + Clone + std::fmt::Debug>() {}
+        send_sync_clone::<PreTokenizer>();
+        let p = PreTokenizer::new("o200k").unwrap();
+        assert!(format!("{p:?}").contains("O200k"));
+        assert_eq!(p.clone().pieces("Hi there"), vec!["Hi", " there"]);
+    }
+
+    #[test]
     fn invalid_custom_pattern_is_an_error() {
         assert!(PreTokenizer::new("(unclosed").is_err());
     }
@@ -1372,6 +1431,16 @@ mod tests {
                 assert_eq!(non_letter_mask16(&bytes, 0, lower_only), want, "{bytes:?}");
             }
         }
+    }
+
+    #[test]
+    fn three_byte_groups_agree_with_the_tables() {
+        for cp in 0..0x10000u32 {
+            let g = THREE_BYTE_GROUPS[(cp >> 6) as usize];
+            assert!(g == MIXED || g == class_of_cp(cp), "U+{cp:04X}");
+        }
+        let mixed = THREE_BYTE_GROUPS.iter().filter(|&&g| g == MIXED).count();
+        assert!(mixed < 300, "{mixed} mixed groups");
     }
 
     #[test]
@@ -1590,18 +1659,30 @@ mod tests {
 
     #[test]
     fn linear_time_on_long_runs() {
-        // Each is a few MB; a quadratic scanner would not finish.
+        // Each is about a MB; a quadratic scanner would not finish.
+        let m = 1 << 20;
         let inputs = [
-            "!".repeat(1 << 20),
-            " ".repeat(1 << 20),
-            "a".repeat(1 << 20),
-            "A".repeat(1 << 20),
-            "\u{2b0}".repeat(1 << 19) + "A",
-            "A".repeat(1 << 19) + "\u{2b0}" + &"A".repeat(1 << 19),
-            "\u{301}".repeat(1 << 19),
-            " \n".repeat(1 << 19),
-            "1".repeat(1 << 20),
-            "'".repeat(1 << 20),
+            "!".repeat(m),
+            " ".repeat(m),
+            " ".repeat(m) + "x",
+            "\n".repeat(m) + "x",
+            "\u{a0}".repeat(m / 2) + "x",
+            "a".repeat(m),
+            "A".repeat(m),
+            "\u{4e2d}".repeat(m / 3),
+            "\u{2b0}".repeat(m / 2) + "A",
+            "A".repeat(m / 2) + "\u{2b0}" + &"A".repeat(m / 2),
+            "\u{301}".repeat(m / 2),
+            "A\u{301}".repeat(m / 3),
+            " \n".repeat(m / 2),
+            "\n ".repeat(m / 2) + "x",
+            "1".repeat(m),
+            "'".repeat(m),
+            "'s".repeat(m / 2),
+            "a'".repeat(m / 2),
+            "aB".repeat(m / 2),
+            "!\n/".repeat(m / 3),
+            "\u{e9} a".repeat(m / 4),
         ];
         for name in ["gpt2", "cl100k", "o200k"] {
             let p = PreTokenizer::new(name).unwrap();

@@ -155,6 +155,7 @@ def encode(
     chunk_size: int | None = None,
     commit_interval: float = DEFAULT_COMMIT_INTERVAL,
     progress: bool | None = True,
+    hash_inputs: bool = True,
 ) -> dict:
     """Encode ``inputs`` into the shard ``out`` (``out.bin`` + ``out.json``); return the sidecar.
 
@@ -170,6 +171,8 @@ def encode(
       equal the whole.
     * ``errors``: ``strict`` (invalid UTF-8 is an error naming file and byte offset) or
       ``replace`` (U+FFFD).
+    * ``hash_inputs``: record the sha256 of each input in the sidecar (computed while reading;
+      ``False`` saves its CPU time and records ``null``).
 
     The output is byte-identical for any ``threads`` and ``chunk_size``. A run that is killed
     (Ctrl-C or kill -9) leaves ``out.bin.partial`` and ``out.progress.json``; calling again
@@ -219,6 +222,7 @@ def encode(
             "input_format": input_format,
             "errors": errors,
             "newline_cuts": newline_cuts,
+            "hash": bool(hash_inputs),
         },
         sort_keys=True,
     )
@@ -240,6 +244,7 @@ def encode(
             params=params,
             commit_interval=float(commit_interval),
             progress=bar,
+            hash=bool(hash_inputs),
         )
     finally:
         bar.close()

@@ -283,14 +283,16 @@ pub(crate) struct Chunk {
 /// sha256 and byte count of everything read through it.
 struct RawReader {
     inner: io::Take<File>,
-    hasher: Sha256,
+    hasher: Option<Sha256>,
     count: u64,
 }
 
 impl Read for RawReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
+        if let Some(h) = &mut self.hasher {
+            h.update(&buf[..n]);
+        }
         self.count += n as u64;
         Ok(n)
     }
@@ -348,7 +350,7 @@ struct OpenFile {
 pub(crate) struct FileSummary {
     pub path: PathBuf,
     pub size: u64,
-    pub sha256: String,
+    pub sha256: Option<String>,
     pub range: (u64, u64),
     pub uncompressed: Option<u64>,
 }
@@ -427,7 +429,7 @@ impl<'a> ChunkReader<'a> {
         }
         let raw = RawReader {
             inner: file.take(range.1 - range.0),
-            hasher: Sha256::new(),
+            hasher: self.job.hash.then(Sha256::new),
             count: 0,
         };
         let src = match spec.compression {
@@ -511,12 +513,7 @@ impl<'a> ChunkReader<'a> {
                 got: raw.count,
             });
         }
-        let sha256 = raw
-            .hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha256 = raw.hasher.map(|h| h.finalize().iter().map(|b| format!("{b:02x}")).collect());
         self.records.push(FileSummary {
             path: spec.path.clone(),
             size: self.sizes[f.idx],
