@@ -561,11 +561,19 @@ where
     } else {
         job.window.max(1)
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("ferrolm-encode-{i}"))
-        .build()
-        .map_err(|e| ShardError::Invalid(format!("cannot start {threads} threads: {e}")))?;
+    // rayon's global pool when it has the requested size (its threads keep their encoder
+    // caches between calls), else a pool of our own for this job.
+    let pool = if threads == rayon::current_num_threads() {
+        None
+    } else {
+        Some(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("ferrolm-encode-{i}"))
+                .build()
+                .map_err(|e| ShardError::Invalid(format!("cannot start {threads} threads: {e}")))?,
+        )
+    };
     // Read buffers and output buffers are pooled apart (their sizes differ).
     let out_bufs = Pool { bufs: Mutex::new(Vec::new()) };
     let bufs = Pool {
@@ -585,7 +593,16 @@ where
     let mut last_commit = Instant::now();
     let mut committed_tokens = tokens;
 
-    let result: Result<(), ShardError> = pool.in_place_scope(|scope| {
+    // The same loop on either pool (a macro: the scope's lifetime cannot be named in a closure type).
+    macro_rules! in_scope {
+        (|$scope:ident| $body:block) => {
+            match &pool {
+                Some(p) => p.in_place_scope(|$scope| $body),
+                None => rayon::in_place_scope(|$scope| $body),
+            }
+        };
+    }
+    let result: Result<(), ShardError> = in_scope!(|scope| {
         let (tx, rx) = mpsc::channel::<(u64, Result<Encoded, ShardError>)>();
         let mut next_read: u64 = 0; // sequence number of the next chunk to read
         let mut next_write: u64 = 0; // sequence number of the next chunk to write
