@@ -685,7 +685,7 @@ mod tests {
         for _ in 0..20_000 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let len = 2 + (x >> 60) as usize;
-            let w: String = (0..len).map(|k| (b'a' + ((x >> (4 * k)) % 6) as u8) as char).collect();
+            let w: String = (0..len).map(|k| (b'a' + (x.rotate_right((4 * k) as u32) % 6) as u8) as char).collect();
             text.push((w, 1 + (x >> 40) % 5));
         }
         let run = |threads: usize, parallel_list: usize| {
