@@ -553,3 +553,12 @@ def test_logits_equal_hf_llama_with_converted_weights():
     ids = random_ids(2, 20)
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_rope_real_form_equals_complex_form():
+    # the form used under torch.compile (inductor has no complex codegen) is the same map
+    from ferrolm.model import _rotate_pairs_real
+
+    rope = RotaryEmbedding(10000.0, 8, 16)
+    x = torch.randn(2, 3, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(_rotate_pairs_real(x, rope.cos.double(), rope.sin.double()), rope(x))

@@ -33,7 +33,10 @@ Speed: attention uses torch's ``scaled_dot_product_attention`` (flash kernels on
 and CPU) unless ``attention="reference"``, which runs the literal equation from
 ``ferrolm.functional``; both are tested equal. For generation, ``make_kv_cache`` gives a
 preallocated key/value cache and ``forward(ids, kv_cache=...)`` computes only the new
-positions.
+positions (``attention_mask`` handles left-padded prompts).
+
+Accounting for a ``ModelConfig``: ``count_parameters(cfg)`` and ``flops_per_token(cfg)``
+(forward; training is 3x), for MFU.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerLM",
     "KVCache",
+    "causal_mask",
     "count_parameters",
     "flops_per_token",
 ]
@@ -252,6 +256,17 @@ class SiLUFFN(nn.Module):
 # --------------------------------------------------------------------------------------
 
 
+def _rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The same rotation in real arithmetic: (x_2k cos - x_2k+1 sin, x_2k sin + x_2k+1 cos)."""
+    x_even, x_odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1).flatten(-2)
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE: rotate each pair (x[2k], x[2k+1]) by the angle  position * theta^(-2k/d_head).
 
@@ -296,6 +311,8 @@ class RotaryEmbedding(nn.Module):
                 token_positions = token_positions.unsqueeze(-2)  # (batch, 1, seq): over heads
             cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., seq, d/2)
         work = x.to(torch.promote_types(x.dtype, torch.float32))
+        if _compiling():  # inductor cannot generate code for complex ops; it fuses this form
+            return _rotate_pairs_real(work, cos, sin).to(x.dtype)
         if work.stride(-1) != 1 or work.storage_offset() % 2 or any(st % 2 for st in work.stride()[:-1]):
             work = work.contiguous()  # view_as_complex needs (re, im) adjacent and aligned
         pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))  # x_2k + i x_2k+1
@@ -373,10 +390,11 @@ class CausalSelfAttention(nn.Module):
         """x: (batch, seq, d_model) -> (batch, seq, d_model).
 
         ``mask``: optional bool mask broadcastable to (batch, heads, seq, keys), True =
-        may attend; None means the plain causal mask. ``kv_cache``: this layer's (k, v)
-        buffers of shape (batch, heads, max_len, d_head); the new keys (already rotated)
-        and values are written at [start_pos, start_pos + seq) and the queries attend
-        over [0, start_pos + seq).
+        may attend; None means causal (query i, at position start_pos + i, sees keys
+        0 .. start_pos + i). ``kv_cache``: this layer's (k, v) buffers of shape
+        (batch, heads, max_len, d_head); the new keys (already rotated) and values are
+        written at [start_pos, start_pos + seq) and the queries attend over
+        [0, start_pos + seq). Use the cache under ``torch.no_grad()`` (generation).
         """
         batch, seq, _ = x.shape
         heads, d_head = self.num_heads, self.d_head
@@ -399,17 +417,19 @@ class CausalSelfAttention(nn.Module):
             v_cache[:, :, start_pos:end] = v
             k = k_cache[:, :, :end].to(q.dtype)
             v = v_cache[:, :, :end].to(q.dtype)
-            if mask is None and start_pos > 0:
-                mask = causal_mask(seq, end, device=x.device)
+
+        # Which mask: given; plain causal (square); none (one new query sees the whole
+        # cache); or causal with the queries at the end of a longer key range.
+        num_keys = k.shape[-2]
+        is_causal = mask is None and num_keys == seq
+        if mask is None and seq > 1 and num_keys > seq:
+            mask = causal_mask(seq, num_keys, device=x.device)
 
         if self.attention == "fast":
-            if mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         else:
-            if mask is None:
-                mask = causal_mask(seq, k.shape[-2], device=x.device)
+            if is_causal:
+                mask = causal_mask(seq, num_keys, device=x.device)
             out = functional.scaled_dot_product_attention(q, k, v, mask)
 
         out = out.transpose(1, 2).reshape(batch, seq, self.d_model)  # concat heads
@@ -563,15 +583,13 @@ class TransformerLM(nn.Module):
         if token_positions is None and cfg.positions == "rope" and end > cfg.context_length:
             raise ValueError(f"sequence reaches position {end}, beyond context_length {cfg.context_length}")
 
-        mask = None  # None = the plain causal mask over [0, seq)
+        mask = None  # None: causal, built by each attention layer as needed
         if attention_mask is not None:
             if attention_mask.shape != (batch, end):
                 raise ValueError(f"attention_mask must be (batch, {end}), got {tuple(attention_mask.shape)}")
             mask = causal_mask(seq, end, device=ids.device) & attention_mask.bool()[:, None, None, :]
             # every query may see itself, so a row of padding never becomes all -inf (NaN)
             mask = mask | (torch.arange(end, device=ids.device) == torch.arange(start, end, device=ids.device)[:, None])
-        elif start > 0:
-            mask = causal_mask(seq, end, device=ids.device)
 
         x = self.token_embeddings(ids)
         for i, layer in enumerate(self.layers):
