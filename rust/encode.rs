@@ -19,6 +19,7 @@
 
 mod bpe;
 mod cache;
+mod pairs;
 mod parallel;
 mod specials;
 mod stream;
@@ -71,12 +72,14 @@ impl From<PatternError> for EncodeError {
     }
 }
 
-/// No pair / no merge.
-const NO_MERGE: u64 = u64::MAX;
+use pairs::NO_MERGE;
 
 /// Ids are `u32`; the vocabulary may be sparse but not absurdly so (the decode
 /// table is dense).
 const MAX_SPARSE_SLACK: u64 = 1 << 22;
+
+/// Pieces looked up together (see `Encoder::encode_pieces`).
+const PIECE_BATCH: usize = 32;
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
@@ -99,10 +102,10 @@ pub struct Encoder {
     /// The id of each single byte.
     byte_ids: [u32; 256],
     /// (left << 32 | right) -> (rank << 32 | merged id).
-    pairs: FxHashMap<u64, u64>,
+    pairs: pairs::PairTable,
     /// Bytes -> id for every ordinary token: a pre-token found here is that single
-    /// token.
-    whole: cache::BytesMap,
+    /// token. Each thread encodes with a copy that also caches merged pieces.
+    base: cache::PieceTable,
     specials: Specials,
     pretok: PreTokenizer,
     num_merges: usize,
@@ -180,8 +183,8 @@ impl Encoder {
             arena.extend_from_slice(bytes);
         }
         let mut byte_ids = [0u32; 256];
-        let mut pairs: FxHashMap<u64, u64> = FxHashMap::default();
-        let mut whole_map = cache::BytesMap::default();
+        let mut pairs = pairs::PairTable::with_capacity(merges.len());
+        let mut whole_map = cache::PieceTable::with_capacity(vocab.len());
 
         // Bytes -> id; when several ids carry the same bytes the smallest wins (as in
         // the reference tokenizer).
@@ -238,7 +241,6 @@ impl Encoder {
         if merges.len() >= u32::MAX as usize - 1 {
             return Err(EncodeError::Merges("more than 2^32 merges".into()));
         }
-        pairs.reserve(merges.len());
         let mut joined = Vec::new();
         for (rank, (a, b)) in merges.iter().enumerate() {
             let lookup = |t: &[u8], what: &str| -> Result<u32, EncodeError> {
@@ -257,10 +259,7 @@ impl Encoder {
             joined.extend_from_slice(a);
             joined.extend_from_slice(b);
             let merged = lookup(&joined, "merged token")?;
-            let key = ((left as u64) << 32) | right as u64;
-            if let std::collections::hash_map::Entry::Vacant(v) = pairs.entry(key) {
-                v.insert(((rank as u64) << 32) | merged as u64);
-            }
+            pairs.insert_new(left, right, ((rank as u64) << 32) | merged as u64);
             produced.insert(merged);
         }
         // "The vocab is the cache": every token except the special tokens (unless a
@@ -271,7 +270,7 @@ impl Encoder {
             special_ids.iter().map(|&(_, id)| id).filter(|id| !produced.contains(id)).collect();
         for (bytes, &id) in &by_bytes {
             if !special_only.contains(&id) {
-                whole_map.insert(bytes, id);
+                whole_map.insert(bytes, &[id]);
             }
         }
         drop(by_bytes);
@@ -283,7 +282,7 @@ impl Encoder {
             len,
             byte_ids,
             pairs,
-            whole: whole_map,
+            base: whole_map,
             specials: Specials::default(),
             pretok,
             num_merges: merges.len(),
@@ -347,7 +346,7 @@ impl Encoder {
 
     /// Encode `text`, appending the ids to `out`.
     pub fn encode_into(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) {
-        cache::with_cache(self.uid, |cache| self.encode_with(text, allow_special, cache, out));
+        cache::with_cache(self.uid, &self.base, |cache| self.encode_with(text, allow_special, cache, out));
     }
 
     fn encode_with(&self, text: &str, allow_special: bool, cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
@@ -369,35 +368,71 @@ impl Encoder {
         if text.is_empty() {
             return;
         }
-        self.pretok.for_each_piece(text, |piece| self.encode_piece(piece.as_bytes(), cache, out));
+        let mut batch: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
+        let mut n = 0;
+        self.pretok.for_each_piece(text, |piece| {
+            batch[n] = piece.as_bytes();
+            n += 1;
+            if n == PIECE_BATCH {
+                self.encode_pieces(&batch, cache, out);
+                n = 0;
+            }
+        });
+        self.encode_pieces(&batch[..n], cache, out);
     }
 
+    /// Encode consecutive pieces; the lookups of the batch are started together so that
+    /// their cache misses overlap.
     #[inline]
-    fn encode_piece(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
-        if let Some(id) = self.whole.get(piece) {
-            out.push(id);
-            return;
-        }
-        if piece.len() <= cache::MAX_CACHED_PIECE {
-            if let Some(ids) = cache.get(piece) {
-                out.extend_from_slice(ids);
-                return;
+    fn encode_pieces(&self, pieces: &[&[u8]], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        let mut probes = [cache::Probe::default(); PIECE_BATCH];
+        {
+            let table = cache.table();
+            for (p, piece) in probes.iter_mut().zip(pieces) {
+                *p = table.probe(piece);
+                table.prefetch(p);
             }
-            let at = out.len();
-            self.bpe(piece, out);
-            cache.insert(piece, &out[at..]);
-        } else {
-            self.bpe(piece, out);
+        }
+        for (p, piece) in probes.iter().zip(pieces) {
+            match cache.table().get_probed(p, piece) {
+                Some(&[id]) => out.push(id),
+                Some(ids) => out.extend_from_slice(ids),
+                None => self.encode_miss(piece, cache, out),
+            }
+        }
+    }
+
+    /// Encode one piece.
+    #[inline]
+    pub(crate) fn encode_piece(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        match cache.table().get(piece) {
+            Some(&[id]) => out.push(id),
+            Some(ids) => out.extend_from_slice(ids),
+            None => self.encode_miss(piece, cache, out),
+        }
+    }
+
+    /// A piece seen for the first time (by this thread): merges, then remember it.
+    #[inline(never)]
+    fn encode_miss(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        let at = out.len();
+        self.bpe(piece, out);
+        cache.insert(&self.base, piece, &out[at..]);
+    }
+
+    /// The id of a piece that is a single ordinary token.
+    #[cfg(test)]
+    pub(crate) fn whole_token(&self, piece: &[u8]) -> Option<u32> {
+        match self.base.get(piece) {
+            Some(&[id]) => Some(id),
+            _ => None,
         }
     }
 
     /// (priority << 32 | merged id) of merging `left` and `right`, or NO_MERGE.
     #[inline(always)]
     fn pair(&self, left: u32, right: u32) -> u64 {
-        match self.pairs.get(&(((left as u64) << 32) | right as u64)) {
-            Some(&v) => v,
-            None => NO_MERGE,
-        }
+        self.pairs.get(left, right)
     }
 
     /// Apply merges to one piece (not found whole in the vocab); append its ids.
@@ -450,6 +485,12 @@ impl Encoder {
     /// ends); about every `every` bytes. Used by the parallel encoders and shard writers.
     pub fn safe_cuts(&self, text: &str, allow_special: bool, every: usize) -> Vec<usize> {
         parallel::safe_cuts(self, text, allow_special, every)
+    }
+}
+
+impl Drop for Encoder {
+    fn drop(&mut self) {
+        cache::forget(self.uid);
     }
 }
 

@@ -5,6 +5,9 @@
 
 pub mod encode;
 pub mod pretokenize;
+pub mod shards;
+pub mod train;
+mod unicode_tables;
 
 #[cfg(feature = "python")]
 mod python;

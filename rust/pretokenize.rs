@@ -2,10 +2,57 @@
 //!
 //! Semantics are those of Python's `regex` module applied with `finditer`:
 //! leftmost-first alternation, pieces are the successive matches.
-//! Built-in patterns are selected by name ("gpt2", "cl100k", "o200k");
-//! any other string is compiled as a custom regex.
+//! Built-in patterns are selected by name ("gpt2", "cl100k", "o200k") or by their exact
+//! source; they run on hand-written scanners (below) that give exactly the spans
+//! `regex.findall` gives, in linear time. Any other string is compiled as a custom
+//! regex with fancy-regex.
+//!
+//! # How the scanners follow the regexes
+//!
+//! Each scanner has a scalar part, a function `end = next_end(bytes, start)` giving the
+//! end of the match that `regex` finds at `start` (the general `*_end` functions below,
+//! behind fast paths for ASCII words). Every one of the three patterns matches at
+//! every position (each code point is a letter, a number, whitespace or "other", and
+//! each of those classes has an alternative that accepts it), so the pieces tile the
+//! text and no position is ever skipped. Code points are classified with a table
+//! generated from the `regex` module itself (`unicode_tables.rs`); ASCII uses a
+//! 128-entry table.
+//!
+//! On x86_64, ASCII text goes 64 bytes at a time instead: a window starts at a piece
+//! start, SSE2 compares give bit masks of byte classes, and the piece starts follow
+//! from neighbouring bytes by bit operations (see "windows" below); the few starts that
+//! need more context (contractions, whitespace runs with newlines) are settled one by
+//! one. Where a window cannot finish a piece (non-ASCII text), the scalar part does.
+//!
+//! Classes: `\p{L}` = UPPER (Lu, Lt) | LOWER (Ll) | OLET (Lm, Lo); `\p{M}` = MARK;
+//! `\p{N}` = NUM; `\s` = WS; everything else OTHER. The classes are disjoint (the
+//! generator checks it).
+//!
+//! Tests: unit tests here (hand-picked cases, a random differential test against
+//! fancy-regex, linear time on long runs); tests/test_pretokenize.py compares with
+//! Python's `regex` module itself (every code point's class, hypothesis, corpora).
 
 use std::fmt;
+
+use crate::unicode_tables::{BLOCK_MASK, BLOCK_SHIFT, DIRECT, STAGE1, STAGE2};
+
+/// Run a scanner's `next_end(bytes, start) -> end` from the start of `b` to its end,
+/// reporting each piece to `f(start, end)`. (A macro, so that the scanner is inlined
+/// into the loop rather than called through a function pointer.)
+#[allow(unused_macros)]
+macro_rules! drive {
+    ($b:expr, $next_end:ident, $f:expr) => {{
+        let b: &[u8] = $b;
+        let mut f = $f;
+        let mut i = 0;
+        while i < b.len() {
+            let e = $next_end(b, i);
+            debug_assert!(e > i && e <= b.len());
+            f(i, e);
+            i = e;
+        }
+    }};
+}
 
 /// GPT-2's pattern (also r50k/p50k).
 pub const GPT2_PATTERN: &str =
@@ -33,11 +80,9 @@ pub const O200K_PATTERN: &str = concat!(
 
 /// Resolve a pattern name to its regex source; other strings are returned as given.
 pub fn resolve_pattern(name_or_regex: &str) -> &str {
-    match name_or_regex {
-        "gpt2" | "r50k" | "p50k" => GPT2_PATTERN,
-        "cl100k" | "cl100k_base" => CL100K_PATTERN,
-        "o200k" | "o200k_base" => O200K_PATTERN,
-        other => other,
+    match Builtin::by_name(name_or_regex) {
+        Some(b) => b.source(),
+        None => name_or_regex,
     }
 }
 
@@ -52,18 +97,83 @@ impl fmt::Display for PatternError {
 
 impl std::error::Error for PatternError {}
 
+/// Which built-in scanner a pattern source corresponds to, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    Gpt2,
+    Cl100k,
+    O200k,
+}
+
+impl Builtin {
+    /// The built-in whose regex source is exactly `source`.
+    pub fn from_source(source: &str) -> Option<Builtin> {
+        if source == GPT2_PATTERN {
+            Some(Builtin::Gpt2)
+        } else if source == CL100K_PATTERN {
+            Some(Builtin::Cl100k)
+        } else if source == O200K_PATTERN {
+            Some(Builtin::O200k)
+        } else {
+            None
+        }
+    }
+
+    /// The built-in of a pattern name ("gpt2", "r50k", "p50k", "cl100k", "cl100k_base",
+    /// "o200k", "o200k_base").
+    pub fn by_name(name: &str) -> Option<Builtin> {
+        match name {
+            "gpt2" | "r50k" | "p50k" => Some(Builtin::Gpt2),
+            "cl100k" | "cl100k_base" => Some(Builtin::Cl100k),
+            "o200k" | "o200k_base" => Some(Builtin::O200k),
+            _ => None,
+        }
+    }
+
+    /// The regex source this scanner implements.
+    pub fn source(self) -> &'static str {
+        match self {
+            Builtin::Gpt2 => GPT2_PATTERN,
+            Builtin::Cl100k => CL100K_PATTERN,
+            Builtin::O200k => O200K_PATTERN,
+        }
+    }
+}
+
+enum Engine {
+    Scanner(Builtin),
+    Regex(Box<fancy_regex::Regex>),
+}
+
 /// A compiled pre-tokenizer. Cheap to share between threads (`Sync`).
 pub struct PreTokenizer {
     source: String,
-    regex: fancy_regex::Regex,
+    engine: Engine,
 }
 
 impl PreTokenizer {
     /// `pattern` is "gpt2", "cl100k", "o200k" or a regex in Python `regex` syntax.
+    /// The built-in patterns (by name or by exact source) use the hand-written scanners.
     pub fn new(pattern: &str) -> Result<Self, PatternError> {
+        let source = resolve_pattern(pattern);
+        match Builtin::from_source(source) {
+            Some(b) => Ok(PreTokenizer {
+                source: source.to_string(),
+                engine: Engine::Scanner(b),
+            }),
+            None => Self::new_regex(source),
+        }
+    }
+
+    /// Compile `pattern` (a name or a regex) with fancy-regex even when it is a built-in.
+    /// For differential tests and benchmarks of the scanners.
+    pub fn new_regex(pattern: &str) -> Result<Self, PatternError> {
         let source = resolve_pattern(pattern).to_string();
         let regex = fancy_regex::Regex::new(&source).map_err(|e| PatternError(e.to_string()))?;
-        Ok(PreTokenizer { source, regex })
+        Ok(PreTokenizer {
+            source,
+            engine: Engine::Regex(Box::new(regex)),
+        })
     }
 
     /// The regex source this pre-tokenizer implements.
@@ -71,17 +181,66 @@ impl PreTokenizer {
         &self.source
     }
 
-    /// Call `f` on each piece of `text`, in order. Pieces cover the matched text;
-    /// text the pattern does not match (possible only with custom patterns) is skipped,
-    /// as `regex.finditer` skips it.
-    pub fn for_each_piece<'t>(&self, text: &'t str, mut f: impl FnMut(&'t str)) {
-        for m in self.regex.find_iter(text) {
-            match m {
-                Ok(m) => f(m.as_str()),
-                // fancy-regex gives up only on pathological backtracking in custom patterns.
-                Err(_) => break,
+    /// True when a hand-written scanner (not a regex engine) does the work.
+    pub fn is_builtin(&self) -> bool {
+        matches!(self.engine, Engine::Scanner(_))
+    }
+
+    /// The built-in scanner in use, if any.
+    pub fn builtin(&self) -> Option<Builtin> {
+        match self.engine {
+            Engine::Scanner(b) => Some(b),
+            Engine::Regex(_) => None,
+        }
+    }
+
+    /// Call `f(start, end)` with the byte range of each piece of `text`, in order.
+    /// Ranges are on char boundaries. With a built-in pattern they tile the text; text a
+    /// custom pattern does not match is skipped, as `regex.finditer` skips it.
+    #[inline]
+    pub fn for_each_piece_range(&self, text: &str, mut f: impl FnMut(usize, usize)) {
+        match &self.engine {
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::Gpt2) => {
+                drive_windows(text.as_bytes(), f, gpt2_window, gpt2_next)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::Cl100k) => {
+                drive_windows(text.as_bytes(), f, cl100k_window, cl100k_next)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::O200k) => {
+                drive_windows(text.as_bytes(), f, o200k_window, o200k_next)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
+            #[cfg(not(target_arch = "x86_64"))]
+            Engine::Scanner(Builtin::Cl100k) => drive!(text.as_bytes(), cl100k_next, f),
+            #[cfg(not(target_arch = "x86_64"))]
+            Engine::Scanner(Builtin::O200k) => drive!(text.as_bytes(), o200k_next, f),
+            Engine::Regex(regex) => {
+                for m in regex.find_iter(text) {
+                    match m {
+                        Ok(m) => f(m.start(), m.end()),
+                        // fancy-regex gives up only on pathological backtracking in custom patterns.
+                        Err(_) => break,
+                    }
+                }
             }
         }
+    }
+
+    /// Call `f` on each piece of `text`, in order. With a built-in pattern the pieces
+    /// cover the text; text a custom pattern does not match is skipped, as
+    /// `regex.finditer` skips it.
+    #[inline]
+    pub fn for_each_piece<'t>(&self, text: &'t str, mut f: impl FnMut(&'t str)) {
+        self.for_each_piece_range(text, |s, e| {
+            debug_assert!(s < e && text.is_char_boundary(s) && text.is_char_boundary(e));
+            // SAFETY: scanners advance by whole UTF-8 sequences of a valid &str, and regex
+            // matches are on char boundaries, so s..e is a valid char range of `text`.
+            f(unsafe { text.get_unchecked(s..e) })
+        });
     }
 
     /// The pieces of `text` as a vector (convenient for tests and small inputs).
@@ -90,20 +249,1363 @@ impl PreTokenizer {
         self.for_each_piece(text, |p| out.push(p));
         out
     }
+
+    /// The byte ranges of the pieces of `text`.
+    pub fn piece_ranges(&self, text: &str) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        self.for_each_piece_range(text, |s, e| out.push((s, e)));
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Character classes
+
+const OTHER: u8 = 0;
+const WS: u8 = 1;
+const NUM: u8 = 2;
+const MARK: u8 = 3;
+const UPPER: u8 = 4; // Lu, Lt
+const LOWER: u8 = 5; // Ll
+const OLET: u8 = 6; // Lm, Lo
+/// Past the end of the text; in no set.
+const END: u8 = 7;
+
+const fn bit(c: u8) -> u8 {
+    1 << c
+}
+/// `\p{L}`
+const SET_L: u8 = bit(UPPER) | bit(LOWER) | bit(OLET);
+/// `\p{N}`
+const SET_N: u8 = bit(NUM);
+/// `\s`
+const SET_WS: u8 = bit(WS);
+/// `[^\s\p{L}\p{N}]`
+const SET_PUNCT: u8 = bit(OTHER) | bit(MARK);
+/// o200k's `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`
+const SET_U: u8 = bit(UPPER) | bit(OLET) | bit(MARK);
+/// o200k's `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`
+const SET_W: u8 = bit(LOWER) | bit(OLET) | bit(MARK);
+
+#[inline(always)]
+fn in_set(c: u8, set: u8) -> bool {
+    (set >> c) & 1 != 0
+}
+
+const fn ascii_table() -> [u8; 128] {
+    let mut t = [OTHER; 128];
+    let mut i = 0;
+    while i < 128 {
+        let b = i as u8;
+        t[i] = if b.is_ascii_uppercase() {
+            UPPER
+        } else if b.is_ascii_lowercase() {
+            LOWER
+        } else if b.is_ascii_digit() {
+            NUM
+        } else if matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r') {
+            WS
+        } else {
+            OTHER
+        };
+        i += 1;
+    }
+    t
+}
+
+static ASCII: [u8; 128] = ascii_table();
+
+// The tables cover every code point, and every STAGE1 entry names a whole STAGE2 block
+// (the generator writes them so; `class_of_cp` relies on it, `table_shapes` tests it).
+const _: () = assert!(STAGE1.len() << BLOCK_SHIFT == 0x110000);
+const _: () = {
+    // Two-byte UTF-8 (cp < 0x800) looks its class up in STAGE2 directly.
+    assert!(DIRECT == 0x800 && STAGE2.len() >= DIRECT as usize);
+    let mut k = 0;
+    while k < (DIRECT >> BLOCK_SHIFT) as usize {
+        assert!(STAGE1[k] as usize == k);
+        k += 1;
+    }
+};
+
+/// The class of a code point, as the `regex` module classifies it.
+#[inline(always)]
+fn class_of_cp(cp: u32) -> u8 {
+    debug_assert!(cp < 0x110000);
+    // SAFETY: cp < 0x110000 (it was decoded from valid UTF-8), so cp >> BLOCK_SHIFT is
+    // within STAGE1, whose entries index whole blocks of STAGE2.
+    unsafe {
+        let block = *STAGE1.get_unchecked((cp >> BLOCK_SHIFT) as usize) as usize;
+        *STAGE2.get_unchecked((block << BLOCK_SHIFT) | (cp & BLOCK_MASK) as usize)
+    }
+}
+
+/// The class of a `char` (exposed for tests of the tables).
+pub fn char_class(c: char) -> u8 {
+    if (c as u32) < 128 {
+        ASCII[c as usize]
+    } else {
+        class_of_cp(c as u32)
+    }
+}
+
+/// Bit flags of a `char`'s memberships in the classes the built-in patterns use:
+/// 1 `\p{L}`, 2 `\p{N}`, 4 `\s`, 8 `\p{M}`, 16 `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`,
+/// 32 `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`. For exhaustive tests against the `regex` module.
+pub fn char_class_flags(c: char) -> u8 {
+    let k = char_class(c);
+    (in_set(k, SET_L) as u8)
+        | (in_set(k, SET_N) as u8) << 1
+        | (in_set(k, SET_WS) as u8) << 2
+        | ((k == MARK) as u8) << 3
+        | (in_set(k, SET_U) as u8) << 4
+        | (in_set(k, SET_W) as u8) << 5
+}
+
+/// Decode the non-ASCII UTF-8 sequence at `b[i]` (a lead byte) and classify it.
+/// `b` must be valid UTF-8 (it comes from a `&str`).
+#[inline(always)]
+fn decode_class(b: &[u8], i: usize) -> (u8, usize) {
+    debug_assert!(b[i] >= 0x80);
+    // SAFETY: `b` is valid UTF-8 and b[i] is a lead byte, so its continuation bytes exist.
+    unsafe {
+        let b0 = *b.get_unchecked(i) as u32;
+        let b1 = (*b.get_unchecked(i + 1) & 0x3f) as u32;
+        if b0 < 0xe0 {
+            // Below DIRECT: STAGE2 holds these classes in code point order.
+            (*STAGE2.get_unchecked((((b0 & 0x1f) << 6) | b1) as usize), 2)
+        } else {
+            let b2 = (*b.get_unchecked(i + 2) & 0x3f) as u32;
+            if b0 < 0xf0 {
+                (class_of_cp(((b0 & 0x0f) << 12) | (b1 << 6) | b2), 3)
+            } else {
+                let b3 = (*b.get_unchecked(i + 3) & 0x3f) as u32;
+                (
+                    class_of_cp(((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3),
+                    4,
+                )
+            }
+        }
+    }
+}
+
+/// Class and byte length of the char at `i`; `(END, 0)` at or past the end.
+#[inline(always)]
+fn class_at(b: &[u8], i: usize) -> (u8, usize) {
+    match b.get(i) {
+        None => (END, 0),
+        Some(&x) if x < 0x80 => (ASCII[x as usize], 1),
+        Some(_) => decode_class(b, i),
+    }
+}
+
+/// End of the run of chars in `set` starting at `j`.
+#[inline(always)]
+fn scan(b: &[u8], mut j: usize, set: u8) -> usize {
+    while let Some(&x) = b.get(j) {
+        if x < 0x80 {
+            if !in_set(ASCII[x as usize], set) {
+                break;
+            }
+            j += 1;
+        } else {
+            let (c, l) = decode_class(b, j);
+            if !in_set(c, set) {
+                break;
+            }
+            j += l;
+        }
+    }
+    j
+}
+
+/// Bit k set when byte k of the 16 at `b[j..j + 16]` is not an ASCII letter
+/// (`lower_only`: not an ASCII lowercase letter). Requires `j + 16 <= b.len()`.
+#[inline(always)]
+fn non_letter_mask16(b: &[u8], j: usize, lower_only: bool) -> u32 {
+    debug_assert!(j + 16 <= b.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of x86_64; the 16 bytes are in bounds (checked by callers).
+        unsafe {
+            let v = _mm_loadu_si128(b.as_ptr().add(j) as *const __m128i);
+            // Folding case with | 0x20 keeps bytes >= 0x80 negative, i.e. below 'a'.
+            let y = if lower_only {
+                v
+            } else {
+                _mm_or_si128(v, _mm_set1_epi8(0x20))
+            };
+            let ge_a = _mm_cmpgt_epi8(y, _mm_set1_epi8(0x60));
+            let le_z = _mm_cmpgt_epi8(_mm_set1_epi8(0x7b), y);
+            !(_mm_movemask_epi8(_mm_and_si128(ge_a, le_z)) as u32) & 0xffff
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        non_letter_mask16_swar(b, j, lower_only)
+    }
+}
+
+/// `non_letter_mask16` without SIMD instructions, eight bytes at a time.
+#[cfg(any(test, not(target_arch = "x86_64")))]
+#[inline(always)]
+fn non_letter_mask16_swar(b: &[u8], j: usize, lower_only: bool) -> u32 {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    // Per byte: y = the low 7 bits (lowercased); y + 0x1f has bit 7 iff y >= 'a';
+    // y + 0x05 has bit 7 iff y > 'z'. No byte carries into the next.
+    let half = |w: u64| {
+        let y = if lower_only {
+            w & !HI
+        } else {
+            (w | 0x2020_2020_2020_2020) & !HI
+        };
+        let bad = !((y + 0x1f1f_1f1f_1f1f_1f1f) & !(y + 0x0505_0505_0505_0505) & !w) & HI;
+        // Gather the eight high bits into the low byte.
+        ((bad >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
+    };
+    let lo = half(u64::from_le_bytes(b[j..j + 8].try_into().unwrap()));
+    let hi = half(u64::from_le_bytes(b[j + 8..j + 16].try_into().unwrap()));
+    lo | (hi << 8)
+}
+
+/// End of the run of `\p{L}` starting at `j` (the hot loop): sixteen ASCII bytes at a
+/// time, non-ASCII chars through the class table.
+#[inline(always)]
+fn scan_letters(b: &[u8], mut j: usize) -> usize {
+    let n = b.len();
+    loop {
+        // ASCII letters, sixteen at a time.
+        if j + 16 <= n {
+            let m = non_letter_mask16(b, j, false);
+            if m == 0 {
+                j += 16;
+                continue;
+            }
+            j += m.trailing_zeros() as usize;
+        } else {
+            while j < n && b[j].is_ascii_alphabetic() {
+                j += 1;
+            }
+            if j == n {
+                return j;
+            }
+        }
+        // b[j] is not an ASCII letter: non-ASCII letters one by one, until an ASCII
+        // letter (back to the loop above) or a non-letter (the end).
+        loop {
+            // SAFETY: j < n (the mask had a bit set within the 16 bytes, or checked).
+            let x = unsafe { *b.get_unchecked(j) };
+            if x < 0x80 {
+                if x.is_ascii_alphabetic() {
+                    break;
+                }
+                return j;
+            }
+            let (c, l) = decode_class(b, j);
+            if !in_set(c, SET_L) {
+                return j;
+            }
+            j += l;
+            if j == n {
+                return j;
+            }
+        }
+    }
+}
+
+/// End of the run of ASCII lowercase letters at `j`.
+#[inline(always)]
+fn scan_ascii_lower(b: &[u8], mut j: usize) -> usize {
+    let n = b.len();
+    while j + 16 <= n {
+        let m = non_letter_mask16(b, j, true);
+        if m != 0 {
+            return j + m.trailing_zeros() as usize;
+        }
+        j += 16;
+    }
+    while j < n && b[j].is_ascii_lowercase() {
+        j += 1;
+    }
+    j
+}
+
+/// End of the run of bytes in `[\r\n]` (and `/` when `slash`) starting at `j`.
+#[inline(always)]
+fn scan_newlines(b: &[u8], mut j: usize, slash: bool) -> usize {
+    while let Some(&x) = b.get(j) {
+        if x == b'\r' || x == b'\n' || (slash && x == b'/') {
+            j += 1;
+        } else {
+            break;
+        }
+    }
+    j
+}
+
+/// After an apostrophe: the end of `(?:[sdmt]|ll|ve|re)` at `j`, case-sensitive.
+#[inline(always)]
+fn contraction(b: &[u8], j: usize) -> Option<usize> {
+    match b.get(j)? {
+        b's' | b'd' | b'm' | b't' => Some(j + 1),
+        b'l' if b.get(j + 1) == Some(&b'l') => Some(j + 2),
+        b'v' | b'r' if b.get(j + 1) == Some(&b'e') => Some(j + 2),
+        _ => None,
+    }
+}
+
+/// After an apostrophe: the end of `(?i:[sdmt]|ll|ve|re)` at `j`. Python `regex` folds
+/// case simply, so besides ASCII case only U+017F (LATIN SMALL LETTER LONG S) matches `s`.
+#[inline(always)]
+fn contraction_ci(b: &[u8], j: usize) -> Option<usize> {
+    let lower = |k: usize| {
+        b.get(k)
+            .map(|&x| if x.is_ascii_uppercase() { x | 0x20 } else { x })
+    };
+    match lower(j)? {
+        b's' | b'd' | b'm' | b't' => Some(j + 1),
+        b'l' if lower(j + 1) == Some(b'l') => Some(j + 2),
+        b'v' | b'r' if lower(j + 1) == Some(b'e') => Some(j + 2),
+        0xc5 if b.get(j + 1) == Some(&0xbf) => Some(j + 2),
+        _ => None,
+    }
+}
+
+/// Up to `more` further `\p{N}` chars after `j`.
+#[inline(always)]
+fn scan_numbers_max(b: &[u8], mut j: usize, more: usize) -> usize {
+    for _ in 0..more {
+        let (c, l) = class_at(b, j);
+        if c != NUM {
+            break;
+        }
+        j += l;
+    }
+    j
+}
+
+/// The whitespace run starting at `i` (whose first char is `l` bytes long).
+struct WsRun {
+    /// End of the run.
+    end: usize,
+    /// Start of the run's last char.
+    last: usize,
+    /// End of the last `\r` or `\n` in the run (0 if none).
+    newline_end: usize,
+}
+
+#[inline(always)]
+fn ws_run(b: &[u8], i: usize, l: usize) -> WsRun {
+    let mut last = i;
+    let mut j = i + l;
+    let mut newline_end = if b[i] == b'\r' || b[i] == b'\n' {
+        i + 1
+    } else {
+        0
+    };
+    loop {
+        match b.get(j) {
+            Some(&x) if x < 0x80 => {
+                if ASCII[x as usize] != WS {
+                    break;
+                }
+                last = j;
+                j += 1;
+                if x == b'\r' || x == b'\n' {
+                    newline_end = j;
+                }
+            }
+            Some(_) => {
+                let (c, l) = decode_class(b, j);
+                if c != WS {
+                    break;
+                }
+                last = j;
+                j += l;
+            }
+            None => break,
+        }
+    }
+    WsRun {
+        end: j,
+        last,
+        newline_end,
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Fast paths for the most common pieces of ASCII text (an ASCII word, with or without
+// a leading space); everything else goes to the general scanners below.
+
+/// gpt2 and cl100k: `( ?|[^\r\n\p{L}\p{N}]?)\p{L}+` for a word starting with an ASCII letter.
+#[inline(always)]
+fn ascii_word_end(b: &[u8], i: usize) -> Option<usize> {
+    // One branch for both "word" and " word".
+    let s = i + (b[i] == b' ') as usize;
+    match b.get(s) {
+        Some(y) if y.is_ascii_alphabetic() => Some(scan_letters(b, s + 1)),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn gpt2_next(b: &[u8], i: usize) -> usize {
+    match ascii_word_end(b, i) {
+        Some(e) => e,
+        None => gpt2_end(b, i),
+    }
+}
+
+#[inline(always)]
+fn cl100k_next(b: &[u8], i: usize) -> usize {
+    // A contraction starts with an apostrophe, never with a space or a letter.
+    match ascii_word_end(b, i) {
+        Some(e) => e,
+        None => cl100k_end(b, i),
+    }
+}
+
+#[inline(always)]
+fn o200k_next(b: &[u8], i: usize) -> usize {
+    let n = b.len();
+    let s = i + (b[i] == b' ') as usize;
+    if !b.get(s).is_some_and(u8::is_ascii_alphabetic) {
+        return o200k_end(b, i);
+    }
+    // `[A-Z]*[a-z]+` (alternative 1) or else `[A-Z]+` (alternative 2), as long as the
+    // runs end at an ASCII char; otherwise the general scanner decides.
+    let mut j = s;
+    while j < n && b[j].is_ascii_uppercase() {
+        j += 1;
+    }
+    let j = scan_ascii_lower(b, j);
+    if j < n && b[j] >= 0x80 {
+        return o200k_end(b, i);
+    }
+    o200k_suffix(b, j)
+}
+
+// ---------------------------------------------------------------------------------
+// Windows: ASCII text 64 bytes at a time (x86_64).
+//
+// A window starts at a piece start. For its ASCII prefix, where a piece starts follows
+// from the classes of neighbouring bytes, as bit masks (bit k = byte k). For GPT-2
+// (L letter, N digit, W whitespace, P other; cl100k and o200k: see `shared_window`):
+//   - a piece starts where the class changes;
+//   - except before a non-space preceded by ' ' (the space opens ` ?\p{L}+` etc.);
+//   - and at the last char of a whitespace run followed by a non-space (`\s+(?!\S)`
+//     gives it back; the text end is never inside a window);
+//   - an apostrophe at a piece start followed by s, d, m, t, ll, ve or re is a piece of
+//     its own (those are rare; the scalar `contraction` decides each one).
+// So a start at k depends only on bytes k-4..=k+1: the starts before the last ASCII
+// byte but one are certain. The pieces between them are reported and the next window
+// begins at the last certain start; where no piece completes (a non-ASCII char, a
+// very long piece) the scalar scanner takes one piece.
+
+/// Class masks of the 64 bytes at `b[i..i + 64]`.
+struct Window {
+    letter: u64,
+    upper: u64,
+    digit: u64,
+    space: u64,
+    white: u64,
+    apostrophe: u64,
+    /// \r \n
+    newline: u64,
+    slash: u64,
+    non_ascii: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn window_masks(b: &[u8], i: usize) -> Window {
+    use std::arch::x86_64::*;
+    assert!(i + 64 <= b.len());
+    let mut w = Window {
+        letter: 0,
+        upper: 0,
+        digit: 0,
+        space: 0,
+        white: 0,
+        apostrophe: 0,
+        newline: 0,
+        slash: 0,
+        non_ascii: 0,
+    };
+    // SAFETY: SSE2 is part of x86_64; the 64 bytes are in bounds (asserted).
+    unsafe {
+        let set = |x: u8| _mm_set1_epi8(x as i8);
+        for k in 0..4 {
+            let v = _mm_loadu_si128(b.as_ptr().add(i + 16 * k) as *const __m128i);
+            let mask = |m: __m128i| (_mm_movemask_epi8(m) as u32 as u64) << (16 * k);
+            let folded = _mm_or_si128(v, set(0x20));
+            let letter = _mm_and_si128(
+                _mm_cmpgt_epi8(folded, set(b'a' - 1)),
+                _mm_cmpgt_epi8(set(b'z' + 1), folded),
+            );
+            let digit = _mm_and_si128(
+                _mm_cmpgt_epi8(v, set(b'0' - 1)),
+                _mm_cmpgt_epi8(set(b'9' + 1), v),
+            );
+            let space = _mm_cmpeq_epi8(v, set(b' '));
+            // \t \n \v \f \r
+            let ctl = _mm_and_si128(_mm_cmpgt_epi8(v, set(0x08)), _mm_cmpgt_epi8(set(0x0e), v));
+            w.letter |= mask(letter);
+            w.upper |= mask(_mm_and_si128(
+                _mm_cmpgt_epi8(v, set(b'A' - 1)),
+                _mm_cmpgt_epi8(set(b'Z' + 1), v),
+            ));
+            w.digit |= mask(digit);
+            w.space |= mask(space);
+            w.white |= mask(_mm_or_si128(space, ctl));
+            w.apostrophe |= mask(_mm_cmpeq_epi8(v, set(b'\'')));
+            w.newline |= mask(_mm_or_si128(_mm_cmpeq_epi8(v, set(b'\n')), _mm_cmpeq_epi8(v, set(b'\r'))));
+            w.slash |= mask(_mm_cmpeq_epi8(v, set(b'/')));
+            w.non_ascii |= mask(v);
+        }
+    }
+    w
+}
+
+/// Report the pieces between the start bits of `starts` that are in `valid`; returns
+/// the last of those starts (where the unfinished piece begins), 0 if none finished.
+#[inline(always)]
+fn emit_window(i: usize, starts: u64, valid: u64, f: &mut impl FnMut(usize, usize)) -> usize {
+    let mut m = starts & valid & !1;
+    let mut s = 0;
+    while m != 0 {
+        let e = m.trailing_zeros() as usize;
+        m &= m - 1;
+        f(i + s, i + e);
+        s = e;
+    }
+    s
+}
+
+/// Remove the starts inside the piece `[k, k + len)` of a window and start one after it.
+#[inline(always)]
+fn make_piece(starts: u64, k: usize, len: usize) -> u64 {
+    let inside = ((1u64 << len) - 2) << k;
+    let after = if k + len < 64 { 1u64 << (k + len) } else { 0 };
+    (starts & !inside) | after
+}
+
+/// Digit pieces of cl100k and o200k: `\p{N}{1,3}`, i.e. a start at each run of digits
+/// and every three digits along it.
+#[inline(always)]
+fn digit_group_starts(digit: u64) -> u64 {
+    let three = digit & (digit << 1) & (digit << 2);
+    let mut g = digit & !(digit << 1);
+    loop {
+        let next = g | ((g << 3) & three);
+        if next == g {
+            return g;
+        }
+        g = next;
+    }
+}
+
+/// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
+/// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
+/// `limit` are simple), the scalar `next_end` elsewhere.
+#[inline(always)]
+fn drive_windows(
+    b: &[u8],
+    mut f: impl FnMut(usize, usize),
+    window: impl Fn(&[u8], usize) -> Result<(u64, u64), usize>,
+    next_end: impl Fn(&[u8], usize) -> usize,
+) {
+    let n = b.len();
+    let mut i = 0;
+    // Where to try a window again after one made no progress, and how many failed in
+    // a row (text that is mostly not ASCII should not pay for windows).
+    let mut retry_at = 0;
+    let mut failures = 0u32;
+    while i < n {
+        if i + 64 <= n && i >= retry_at {
+            let limit = match window(b, i) {
+                Ok((starts, valid)) => {
+                    let s = emit_window(i, starts, valid, &mut f);
+                    if s != 0 {
+                        i += s;
+                        failures = 0;
+                        continue;
+                    }
+                    64
+                }
+                Err(limit) => limit,
+            };
+            // Past the byte that stopped this window, later if windows keep failing.
+            failures += 1;
+            retry_at = i
+                + limit
+                + 1
+                + if failures > 2 {
+                    32 << failures.min(6)
+                } else {
+                    0
+                };
+        }
+        let e = next_end(b, i);
+        debug_assert!(e > i && e <= n);
+        f(i, e);
+        i = e;
+    }
+}
+
+/// The GPT-2 piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn gpt2_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let w = window_masks(b, i);
+    // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
+    let limit = w.non_ascii.trailing_zeros();
+    if limit < 8 {
+        return Err(limit as usize);
+    }
+    let valid = (1u64 << (limit - 1)) - 1;
+    let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+    let change = (w.letter ^ (w.letter << 1))
+        | (w.digit ^ (w.digit << 1))
+        | (w.white ^ (w.white << 1))
+        | (punct ^ (punct << 1));
+    // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+` take a space before them.
+    let joined = (w.space << 1) & !w.white;
+    // `\s+(?!\S)` leaves the last char of a run before a non-space.
+    let ws_last = w.white & !(w.white >> 1);
+    let mut starts = (change & !joined) | ws_last;
+    let mut apostrophes = w.apostrophe & starts & valid;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if let Some(e) = contraction(b, i + k + 1) {
+            starts = make_piece(starts, k, e - i - k);
+        }
+    }
+    Ok((starts, valid))
+}
+
+/// What cl100k and o200k share on a window of ASCII.
+struct SharedStarts {
+    w: Window,
+    /// Certain starts.
+    valid: u64,
+    /// Punctuation chars that start a piece.
+    punct_start: u64,
+    /// Starts of all pieces but for o200k's case rule and the contractions.
+    starts: u64,
+}
+
+/// Bits `lo..hi` (`lo <= hi <= 64`).
+#[inline(always)]
+fn bit_range(lo: usize, hi: usize) -> u64 {
+    let below = |k: usize| if k >= 64 { u64::MAX } else { (1u64 << k) - 1 };
+    below(hi) & !below(lo)
+}
+
+/// The starts cl100k and o200k share, on the ASCII prefix of the window at `i`.
+/// `tail` is what a punctuation run takes after it: `[\r\n]*` (cl100k) or `[\r\n/]*`
+/// (o200k). The whitespace rules of both (for a run not at the end of the text):
+/// a run containing a newline gives `\s*[\r\n]` up to its last newline; the rest, or
+/// a run without newline, gives back its last char (`\s+(?!\S)`), which opens a
+/// letter run after it (`[^\r\n\p{L}\p{N}]?`) or, if a space, a punctuation run.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn shared_window(b: &[u8], i: usize, tail_slash: bool) -> Result<SharedStarts, usize> {
+    let w = window_masks(b, i);
+    // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain (and, in a
+    // whitespace run with a newline, only if the run ends before the limit).
+    let limit = w.non_ascii.trailing_zeros() as usize;
+    if limit < 8 {
+        return Err(limit);
+    }
+    let mut valid = (1u64 << (limit - 1)) - 1;
+    let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+    // The tail of each punctuation run: from a newline right after punctuation to the
+    // end of that run of tail chars (a '/' before the newline is in the punctuation run).
+    let tail = if tail_slash { w.newline | w.slash } else { w.newline };
+    let mut seeds = w.newline & (punct << 1);
+    let mut absorbed = 0;
+    while seeds != 0 {
+        let k = seeds.trailing_zeros() as usize;
+        let e = (k + (!tail >> k).trailing_zeros() as usize).min(64);
+        absorbed |= bit_range(k, e);
+        seeds &= !bit_range(k, e);
+    }
+    let punct = punct & !absorbed;
+    let white = w.white & !absorbed;
+    // A punctuation run starts a piece unless a space opens it (` ?[^\s\p{L}\p{N}]+`).
+    let punct_start = punct & !(punct << 1) & !(w.space << 1);
+    // Whitespace other than \r \n, or a punctuation char that starts a piece, opens
+    // the letter run after it.
+    let joined = w.letter & (((white & !w.newline) << 1) | (punct_start << 1));
+    let letter_start = w.letter & !(w.letter << 1) & !joined;
+    // Whitespace runs: at their first char, and at their last before a non-space.
+    let white_start = (white & !(white << 1)) | (white & !(white >> 1));
+    let mut starts = 1 | punct_start | letter_start | white_start | digit_group_starts(w.digit);
+    // Whitespace runs with a newline: redo the starts inside.
+    let mut newlines = w.newline & white & valid;
+    while newlines != 0 {
+        let q0 = newlines.trailing_zeros() as usize;
+        // The run is [a, e).
+        let a = 64 - (!white & bit_range(0, q0)).leading_zeros() as usize;
+        let e = q0 + (!white >> q0).trailing_zeros() as usize;
+        if e >= limit {
+            // Unfinished: only its first start is certain.
+            valid &= bit_range(0, a + 1);
+            break;
+        }
+        let q = 63 - (w.newline & bit_range(a, e)).leading_zeros() as usize;
+        starts &= !bit_range(a + 1, e);
+        if q + 1 < e {
+            starts |= (1u64 << (q + 1)) | (1u64 << (e - 1));
+        }
+        newlines &= !bit_range(a, e);
+    }
+    Ok(SharedStarts {
+        w,
+        valid,
+        punct_start,
+        starts,
+    })
+}
+
+/// The cl100k piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn cl100k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let sh = shared_window(b, i, false)?;
+    let mut starts = sh.starts;
+    // `'(?i:[sdmt]|ll|ve|re)` at an apostrophe that starts a piece.
+    let mut apostrophes = sh.w.apostrophe & sh.punct_start & sh.valid;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if let Some(e) = contraction_ci(b, i + k + 1) {
+            starts = make_piece(starts, k, e - i - k);
+        }
+    }
+    Ok((starts, sh.valid))
+}
+
+/// The o200k piece starts of the window at `i` and the certain ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn o200k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+    let sh = shared_window(b, i, true)?;
+    let lower = sh.w.letter & !sh.w.upper;
+    // `[A-Z]*[a-z]+|[A-Z]+`: an upper-case letter after a lower-case one starts a piece.
+    let mut starts = sh.starts | (sh.w.upper & (lower << 1));
+    // The contraction suffix `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` of a letter piece: at an
+    // apostrophe after a letter, unless that letter ends a suffix itself.
+    let mut apostrophes = sh.w.apostrophe & (sh.w.letter << 1) & sh.valid;
+    let mut suffix_end = usize::MAX;
+    while apostrophes != 0 {
+        let k = apostrophes.trailing_zeros() as usize;
+        apostrophes &= apostrophes - 1;
+        if k == suffix_end {
+            continue;
+        }
+        if let Some(e) = contraction_ci(b, i + k + 1) {
+            let len = e - i - k;
+            // The apostrophe no longer starts a piece either.
+            starts = make_piece(starts, k, len) & !(1u64 << k);
+            suffix_end = k + len;
+        }
+    }
+    Ok((starts, sh.valid))
+}
+
+// ---------------------------------------------------------------------------------
+// GPT-2: '(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+
+/// End of the GPT-2 piece starting at `i` (< len).
+#[inline(always)]
+fn gpt2_end(b: &[u8], i: usize) -> usize {
+    let x = b[i];
+    let (c, l) = if x < 0x80 {
+        (ASCII[x as usize], 1)
+    } else {
+        decode_class(b, i)
+    };
+    if in_set(c, SET_L) {
+        return scan_letters(b, i + l);
+    }
+    match c {
+        NUM => scan(b, i + l, SET_N),
+        WS => {
+            if x == b' ' {
+                // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+` with the space.
+                let (c1, l1) = class_at(b, i + 1);
+                if in_set(c1, SET_L) {
+                    return scan_letters(b, i + 1 + l1);
+                }
+                match c1 {
+                    NUM => return scan(b, i + 1 + l1, SET_N),
+                    OTHER | MARK => return scan(b, i + 1 + l1, SET_PUNCT),
+                    _ => {}
+                }
+            }
+            // `\s+(?!\S)`: a run followed by \S gives back its last char; `\s+` for a
+            // single char followed by \S.
+            let run = ws_run(b, i, l);
+            if run.end == b.len() || run.last == i {
+                run.end
+            } else {
+                run.last
+            }
+        }
+        _ => {
+            // OTHER or MARK
+            if x == b'\'' {
+                if let Some(e) = contraction(b, i + 1) {
+                    return e;
+                }
+            }
+            scan(b, i + l, SET_PUNCT)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// cl100k: '(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+
+//         | ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s
+
+/// End of the cl100k piece starting at `i` (< len).
+#[inline(always)]
+fn cl100k_end(b: &[u8], i: usize) -> usize {
+    let x = b[i];
+    let (c, l) = if x < 0x80 {
+        (ASCII[x as usize], 1)
+    } else {
+        decode_class(b, i)
+    };
+    if in_set(c, SET_L) {
+        return scan_letters(b, i + l);
+    }
+    if c == NUM {
+        return scan_numbers_max(b, i + l, 2);
+    }
+    // c is OTHER, MARK or WS.
+    if x == b'\'' {
+        if let Some(e) = contraction_ci(b, i + 1) {
+            return e;
+        }
+    }
+    let (c1, l1) = class_at(b, i + l);
+    // `[^\r\n\p{L}\p{N}]?+\p{L}++` with the optional char.
+    if in_set(c1, SET_L) && x != b'\r' && x != b'\n' {
+        return scan_letters(b, i + l + l1);
+    }
+    if c != WS {
+        // ` ?[^\s\p{L}\p{N}]++[\r\n]*+` without the space.
+        let e = scan(b, i + l, SET_PUNCT);
+        return scan_newlines(b, e, false);
+    }
+    if x == b' ' && in_set(c1, SET_PUNCT) {
+        let e = scan(b, i + 1 + l1, SET_PUNCT);
+        return scan_newlines(b, e, false);
+    }
+    let run = ws_run(b, i, l);
+    if run.end == b.len() {
+        // `\s++$` (the possessive run ends before a non-space, so `$` can only hold at
+        // the very end)
+        run.end
+    } else if run.newline_end != 0 {
+        // `\s*[\r\n]`
+        run.newline_end
+    } else if run.last != i {
+        // `\s+(?!\S)`
+        run.last
+    } else {
+        // `\s`
+        run.end
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// o200k:  [^\r\n\p{L}\p{N}]?U*W+C? | [^\r\n\p{L}\p{N}]?U+W*C? | \p{N}{1,3}
+//         | ?[^\s\p{L}\p{N}]+[\r\n/]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+// with U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], W = [\p{Ll}\p{Lm}\p{Lo}\p{M}],
+// C = (?i:'s|'t|'re|'ve|'m|'ll|'d).
+
+/// `U*W+` at `s` with `regex`'s backtracking: `Ok(end)` on a match, else `Err(e)` where
+/// `[s, e)` is the (then all Lu/Lt) run `U+` would take.
+///
+/// U* takes the run of U chars up to the first Ll (or non-letter). If that is an Ll,
+/// W+ takes the W run from there. Otherwise U* gives back chars until W+ can start:
+/// at the last Lm/Lo/M of the run, which W+ takes alone (the chars after it are Lu/Lt).
+#[inline(always)]
+fn o200k_upper_lower(b: &[u8], s: usize) -> Result<usize, usize> {
+    let mut j = s;
+    let mut last_b_end = 0;
+    loop {
+        let (c, l) = class_at(b, j);
+        match c {
+            OLET | MARK => {
+                j += l;
+                last_b_end = j;
+            }
+            UPPER => j += l,
+            LOWER => return Ok(scan(b, j + l, SET_W)),
+            _ => {
+                return if last_b_end != 0 {
+                    Ok(last_b_end)
+                } else {
+                    Err(j)
+                }
+            }
+        }
+    }
+}
+
+/// Add the optional contraction suffix `(?i:'s|'t|'re|'ve|'m|'ll|'d)` at `e`.
+#[inline(always)]
+fn o200k_suffix(b: &[u8], e: usize) -> usize {
+    if b.get(e) == Some(&b'\'') {
+        if let Some(end) = contraction_ci(b, e + 1) {
+            return end;
+        }
+    }
+    e
+}
+
+/// End of the o200k piece starting at `i` (< len).
+#[inline(always)]
+fn o200k_end(b: &[u8], i: usize) -> usize {
+    let x = b[i];
+    let (c, l) = if x < 0x80 {
+        (ASCII[x as usize], 1)
+    } else {
+        decode_class(b, i)
+    };
+    if in_set(c, SET_L) {
+        // No prefix char (a letter is not in [^\r\n\p{L}\p{N}]); alternative 1, else 2
+        // (which then takes exactly the Lu/Lt run).
+        let e = match o200k_upper_lower(b, i) {
+            Ok(e) | Err(e) => e,
+        };
+        return o200k_suffix(b, e);
+    }
+    if c == NUM {
+        return scan_numbers_max(b, i + l, 2);
+    }
+    // c is OTHER, MARK or WS.
+    if x != b'\r' && x != b'\n' {
+        // The prefix char taken: alternative 1.
+        match o200k_upper_lower(b, i + l) {
+            Ok(e) => return o200k_suffix(b, e),
+            Err(e) => {
+                // Alternative 1 without the prefix: succeeds (with just this char) only
+                // for a mark, which is in both U and W.
+                if c == MARK {
+                    return o200k_suffix(b, i + l);
+                }
+                // Alternative 2 with the prefix char.
+                if e > i + l {
+                    return o200k_suffix(b, e);
+                }
+                // Alternative 2 without it needs c in U: not the case here.
+            }
+        }
+    }
+    if c != WS {
+        // ` ?[^\s\p{L}\p{N}]+[\r\n/]*` without the space.
+        let e = scan(b, i + l, SET_PUNCT);
+        return scan_newlines(b, e, true);
+    }
+    if x == b' ' {
+        let (c1, l1) = class_at(b, i + 1);
+        if in_set(c1, SET_PUNCT) {
+            let e = scan(b, i + 1 + l1, SET_PUNCT);
+            return scan_newlines(b, e, true);
+        }
+    }
+    let run = ws_run(b, i, l);
+    if run.newline_end != 0 {
+        // `\s*[\r\n]+`
+        run.newline_end
+    } else if run.end == b.len() || run.last == i {
+        // `\s+(?!\S)` at the end, or `\s+` for a single char before \S
+        run.end
+    } else {
+        // `\s+(?!\S)`
+        run.last
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn scan_pieces(name: &str, text: &str) -> Vec<String> {
+        PreTokenizer::new(name)
+            .unwrap()
+            .pieces(text)
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
+    fn regex_pieces(name: &str, text: &str) -> Vec<String> {
+        PreTokenizer::new_regex(name)
+            .unwrap()
+            .pieces(text)
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
     #[test]
     fn gpt2_splits_contractions_and_spaces() {
         let p = PreTokenizer::new("gpt2").unwrap();
-        assert_eq!(p.pieces("I'll  go!\n\n x"), vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]);
+        assert!(p.is_builtin());
+        assert_eq!(
+            p.pieces("I'll  go!\n\n x"),
+            vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]
+        );
     }
 
     #[test]
     fn invalid_custom_pattern_is_an_error() {
         assert!(PreTokenizer::new("(unclosed").is_err());
+    }
+
+    #[test]
+    fn custom_patterns_use_the_regex_engine() {
+        let p = PreTokenizer::new(r"\d+").unwrap();
+        assert!(!p.is_builtin());
+        assert_eq!(p.pieces("a12b345"), vec!["12", "345"]);
+        assert_eq!(p.piece_ranges("a12b345"), vec![(1, 3), (4, 7)]);
+    }
+
+    #[test]
+    fn builtin_sources_select_the_scanners() {
+        for (name, src) in [
+            ("gpt2", GPT2_PATTERN),
+            ("cl100k", CL100K_PATTERN),
+            ("o200k", O200K_PATTERN),
+        ] {
+            let by_name = PreTokenizer::new(name).unwrap();
+            let by_source = PreTokenizer::new(src).unwrap();
+            assert!(by_name.is_builtin() && by_source.is_builtin());
+            assert_eq!(by_name.pattern(), src);
+            assert_eq!(by_name.builtin(), by_source.builtin());
+            assert!(!PreTokenizer::new_regex(name).unwrap().is_builtin());
+        }
+    }
+
+    /// Expected pieces checked against Python's `regex.findall` (regex 2026.5.9).
+    #[test]
+    fn tricky_cases_match_python_regex() {
+        let cases: &[(&str, &str, &[&str])] = &[
+            ("o200k", "\u{301}AB", &["\u{301}", "AB"]),
+            ("cl100k", "\u{301}AB", &["\u{301}AB"]),
+            ("gpt2", "\u{301}AB", &["\u{301}", "AB"]),
+            ("o200k", "\u{301}'sX", &["\u{301}'s", "X"]),
+            ("cl100k", "\u{301}'sX", &["\u{301}'", "sX"]),
+            ("o200k", "!\n/\nx", &["!\n/\n", "x"]),
+            ("cl100k", "!\n/\nx", &["!\n", "/\n", "x"]),
+            ("gpt2", "!\n/\nx", &["!", "\n", "/", "\n", "x"]),
+            ("o200k", "'sam", &["'sam"]),
+            ("cl100k", "'sam", &["'s", "am"]),
+            ("o200k", "aBC", &["a", "BC"]),
+            ("cl100k", "aBC", &["aBC"]),
+            ("o200k", "\u{2b0}AB", &["\u{2b0}", "AB"]),
+            ("o200k", "A\u{2b0}'S", &["A\u{2b0}'S"]),
+            ("cl100k", "A\u{2b0}'S", &["A\u{2b0}", "'S"]),
+            ("gpt2", "A\u{2b0}'S", &["A\u{2b0}", "'", "S"]),
+            ("o200k", "x  \n\n  \n y", &["x", "  \n\n  \n", " y"]),
+            ("gpt2", "  a\t\tb\n", &[" ", " a", "\t", "\t", "b", "\n"]),
+            ("cl100k", "  a\t\tb\n", &[" ", " a", "\t", "\tb", "\n"]),
+            ("o200k", "a \u{a0}b", &["a", " ", "\u{a0}b"]),
+            ("gpt2", "a \u{a0}b", &["a", " ", "\u{a0}", "b"]),
+            ("cl100k", "\u{17f} '\u{17f}", &["\u{17f}", " '", "\u{17f}"]),
+            ("cl100k", "x'\u{17f}", &["x", "'\u{17f}"]),
+            ("cl100k", "x'LL'Ve", &["x", "'LL", "'Ve"]),
+            ("gpt2", "x'LL'Ve", &["x", "'", "LL", "'", "Ve"]),
+            ("cl100k", "12345", &["123", "45"]),
+            ("o200k", "12345", &["123", "45"]),
+            ("gpt2", "12345 6", &["12345", " 6"]),
+            ("cl100k", "a\n  ", &["a", "\n  "]),
+            ("o200k", "a\n  ", &["a", "\n", "  "]),
+            ("cl100k", "a \n b", &["a", " \n", " b"]),
+        ];
+        for (name, text, want) in cases {
+            assert_eq!(scan_pieces(name, text), *want, "{name} on {text:?}");
+            assert_eq!(
+                regex_pieces(name, text),
+                *want,
+                "fancy-regex, {name} on {text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn swar_letter_masks_equal_the_simple_definition() {
+        let mut rng = Rng(12345);
+        for _ in 0..20000 {
+            let bytes: Vec<u8> = (0..16).map(|_| rng.next() as u8).collect();
+            for lower_only in [false, true] {
+                let want = (0..16)
+                    .filter(|&k| {
+                        if lower_only {
+                            !bytes[k].is_ascii_lowercase()
+                        } else {
+                            !bytes[k].is_ascii_alphabetic()
+                        }
+                    })
+                    .fold(0u32, |m, k| m | 1 << k);
+                assert_eq!(
+                    non_letter_mask16_swar(&bytes, 0, lower_only),
+                    want,
+                    "{bytes:?}"
+                );
+                assert_eq!(non_letter_mask16(&bytes, 0, lower_only), want, "{bytes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn table_shapes() {
+        let blocks = STAGE2.len() >> BLOCK_SHIFT;
+        assert_eq!(STAGE2.len(), blocks << BLOCK_SHIFT);
+        assert!(STAGE1.iter().all(|&k| (k as usize) < blocks));
+        assert!(STAGE2.iter().all(|&c| c < END));
+    }
+
+    #[test]
+    fn classes_of_sample_chars() {
+        assert_eq!(char_class('a'), LOWER);
+        assert_eq!(char_class('\u{1c5}'), UPPER); // Lt
+        assert_eq!(char_class('\u{2b0}'), OLET); // Lm
+        assert_eq!(char_class('中'), OLET);
+        assert_eq!(char_class('\u{301}'), MARK);
+        assert_eq!(char_class('\u{663}'), NUM);
+        assert_eq!(char_class('\u{85}'), WS);
+        assert_eq!(char_class('\u{3000}'), WS);
+        assert_eq!(char_class('\u{1c}'), OTHER); // not \s in the regex module
+        assert_eq!(char_class('\u{10ffff}'), OTHER);
+        assert_eq!(char_class_flags('\u{301}'), 8 | 16 | 32);
+    }
+
+    /// Chars assigned long ago (classified alike by every recent Unicode version), biased
+    /// to the characters the patterns treat specially.
+    const ALPHABET: &[char] = &[
+        ' ',
+        ' ',
+        ' ',
+        '\t',
+        '\n',
+        '\n',
+        '\r',
+        '\u{b}',
+        '\u{c}',
+        '\u{85}',
+        '\u{a0}',
+        '\u{3000}',
+        '\u{2028}',
+        '\u{1c}',
+        '\0',
+        '\'',
+        '\'',
+        '\'',
+        's',
+        'S',
+        't',
+        'T',
+        'l',
+        'L',
+        'v',
+        'V',
+        'e',
+        'E',
+        'r',
+        'R',
+        'd',
+        'D',
+        'm',
+        'M',
+        'a',
+        'z',
+        'Q',
+        '\u{17f}',
+        '\u{212a}',
+        'é',
+        'É',
+        'ß',
+        '\u{1c5}',
+        '\u{2b0}',
+        'ª',
+        '中',
+        'あ',
+        'Ж',
+        'ж',
+        'א',
+        '\u{301}',
+        '\u{903}',
+        '\u{20dd}',
+        '0',
+        '7',
+        '\u{663}',
+        '\u{216b}',
+        '½',
+        '²',
+        '!',
+        '.',
+        ',',
+        '/',
+        '/',
+        '-',
+        '"',
+        '(',
+        '😀',
+        '\u{200d}',
+        '\u{1f3fb}',
+        '\u{fe0f}',
+        '\u{10400}',
+        '\u{10428}',
+        '\u{1d400}',
+    ];
+
+    /// ASCII chars, weighted like prose.
+    const ASCII_ALPHABET: &[char] = &[
+        ' ', ' ', ' ', ' ', '\n', '\n', '\t', '\r', '\'', '\'', 's', 't', 'l', 'v', 'e', 'r', 'd',
+        'm', 'a', 'b', 'x', 'S', 'L', 'E', 'T', 'R', 'A', '0', '1', '9', '.', ',', '!', '/', '-',
+        '"', '(', '\u{b}', '\u{c}',
+    ];
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            // xorshift64*
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn random_differential_against_fancy_regex() {
+        let names = ["gpt2", "cl100k", "o200k"];
+        let scanners: Vec<_> = names
+            .iter()
+            .map(|n| PreTokenizer::new(n).unwrap())
+            .collect();
+        let regexes: Vec<_> = names
+            .iter()
+            .map(|n| PreTokenizer::new_regex(n).unwrap())
+            .collect();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for round in 0..4000 {
+            // A small sub-alphabet makes runs and repeated structures likely; long,
+            // mostly ASCII texts exercise the 64-byte windows.
+            let long = round % 2 == 1;
+            let k = 2 + rng.below(8);
+            let sub: Vec<char> = (0..k)
+                .map(|_| {
+                    if long && rng.below(4) != 0 {
+                        ASCII_ALPHABET[rng.below(ASCII_ALPHABET.len())]
+                    } else {
+                        ALPHABET[rng.below(ALPHABET.len())]
+                    }
+                })
+                .collect();
+            let len = if long {
+                60 + rng.below(200)
+            } else {
+                rng.below(24)
+            };
+            let text: String = (0..len).map(|_| sub[rng.below(sub.len())]).collect();
+            for ((name, s), r) in names.iter().zip(&scanners).zip(&regexes) {
+                assert_eq!(
+                    s.pieces(&text),
+                    r.pieces(&text),
+                    "round {round}, {name} on {text:?}"
+                );
+            }
+        }
+    }
+
+    /// fancy-regex follows Python `regex` on the built-in patterns wherever both agree
+    /// on the Unicode classes; check the tables against fancy-regex's own (Unicode 16)
+    /// classes on all code points, allowing differences only for code points the newer
+    /// Unicode of the `regex` module assigns (Cn for the regex crate) and for known
+    /// category changes. (tests/test_pretokenize.py checks the tables against `regex`.)
+    #[test]
+    fn tables_agree_with_regex_crate_up_to_new_assignments() {
+        let all: String = (0..0xd800u32)
+            .chain(0xe000..0x110000)
+            .map(|cp| char::from_u32(cp).unwrap())
+            .collect();
+        let members = |pattern: &str| {
+            let re = fancy_regex::Regex::new(pattern).unwrap();
+            let mut set = std::collections::HashSet::new();
+            for m in re.find_iter(&all) {
+                let m = m.unwrap();
+                set.extend(m.as_str().chars());
+            }
+            set
+        };
+        let unassigned = members(r"\p{Cn}+");
+        let classes = [
+            (r"\p{L}+", SET_L),
+            (r"\p{N}+", SET_N),
+            (r"\s+", SET_WS),
+            (r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+", SET_U),
+            (r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]+", SET_W),
+        ];
+        let mut differ = std::collections::HashSet::new();
+        for (pattern, set) in classes {
+            let theirs = members(pattern);
+            for ch in all.chars() {
+                if theirs.contains(&ch) != in_set(char_class(ch), set) && !unassigned.contains(&ch)
+                {
+                    differ.insert(ch as u32);
+                }
+            }
+        }
+        let mut differ: Vec<u32> = differ.into_iter().collect();
+        differ.sort();
+        // U+0295 (LATIN LETTER PHARYNGEAL VOICED FRICATIVE) moved from Ll to Lo in
+        // Unicode 17, which the `regex` module follows.
+        assert_eq!(
+            differ,
+            vec![0x295],
+            "code points classified unlike the regex crate"
+        );
+    }
+
+    #[test]
+    fn linear_time_on_long_runs() {
+        // Each is a few MB; a quadratic scanner would not finish.
+        let inputs = [
+            "!".repeat(1 << 20),
+            " ".repeat(1 << 20),
+            "a".repeat(1 << 20),
+            "A".repeat(1 << 20),
+            "\u{2b0}".repeat(1 << 19) + "A",
+            "A".repeat(1 << 19) + "\u{2b0}" + &"A".repeat(1 << 19),
+            "\u{301}".repeat(1 << 19),
+            " \n".repeat(1 << 19),
+            "1".repeat(1 << 20),
+            "'".repeat(1 << 20),
+        ];
+        for name in ["gpt2", "cl100k", "o200k"] {
+            let p = PreTokenizer::new(name).unwrap();
+            for text in &inputs {
+                let mut covered = 0;
+                p.for_each_piece_range(text, |s, e| {
+                    assert_eq!(s, covered);
+                    covered = e;
+                });
+                assert_eq!(covered, text.len());
+            }
+        }
     }
 }

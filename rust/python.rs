@@ -340,6 +340,13 @@ mod encoder_bindings {
         }
     }
 
+    // For the shards section: the shard writer encodes with this same compiled encoder.
+    impl PyEncoder {
+        pub(crate) fn shared(&self) -> Arc<Encoder> {
+            self.inner.clone()
+        }
+    }
+
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<PyEncoder>()?;
         m.add_class::<PyStreamEncoder>()?;
@@ -348,10 +355,450 @@ mod encoder_bindings {
 }
 // ====================== end of the encoder section ==========================
 
+// =====================================================================// Shard writer: `ferrolm encode` (issue 5; branch `shards`).
+// Type conversion, GIL release and Ctrl-C only; the pipeline lives in rust/shards*.
+// ============================================================================
+
+mod shards_bindings {
+    use std::path::PathBuf;
+    use std::time::{Duration, Instant};
+
+    use pyo3::exceptions::{PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyValueError};
+    use pyo3::prelude::*;
+    use pyo3::types::{PyDict, PyList};
+
+    use super::encoder_bindings::PyEncoder;
+    use crate::shards::{self, Dtype, EncodeJob, Format, InputSpec, ShardError, Utf8Errors};
+
+    fn shard_err(e: ShardError) -> PyErr {
+        let msg = e.to_string();
+        match &e {
+            ShardError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                PyFileNotFoundError::new_err(msg)
+            }
+            ShardError::Io { source, .. } => match source.raw_os_error() {
+                Some(errno) => PyOSError::new_err((errno, msg)),
+                None => PyOSError::new_err(msg),
+            },
+            ShardError::Interrupted => PyKeyboardInterrupt::new_err(msg),
+            _ => PyValueError::new_err(msg),
+        }
+    }
+
+    /// Encode input files into `out_bin` (written as `out_bin + ".partial"`, resumable
+    /// through `P.progress.json`). Returns a dict describing the result; the caller
+    /// renames the partial file and writes the sidecar. `progress(raw_done, raw_total,
+    /// tokens, documents)` is called with the GIL held after a written chunk, at most every
+    /// `progress_interval` seconds; signals are checked after every chunk, so Ctrl-C stops
+    /// the job cleanly (what was written is committed for a rerun to resume).
+    #[pyfunction]
+    #[pyo3(signature = (
+        encoder, inputs, out_bin, *, dtype, eos = None, jsonl_field = "text", input_format = None,
+        errors = "strict", chunk_size = 4 << 20, threads = 0, window = 0, part = None,
+        newline_cuts = true, params = String::new(), commit_interval = 5.0, progress = None,
+        progress_interval = 0.1
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_shard<'py>(
+        py: Python<'py>,
+        encoder: &Bound<'py, PyEncoder>,
+        inputs: Vec<PathBuf>,
+        out_bin: PathBuf,
+        dtype: &str,
+        eos: Option<(String, u32)>,
+        jsonl_field: &str,
+        input_format: Option<&str>,
+        errors: &str,
+        chunk_size: usize,
+        threads: usize,
+        window: usize,
+        part: Option<(u64, u64)>,
+        newline_cuts: bool,
+        params: String,
+        commit_interval: f64,
+        progress: Option<Py<PyAny>>,
+        progress_interval: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let dtype = Dtype::parse(dtype)
+            .ok_or_else(|| PyValueError::new_err(format!("dtype must be uint16 or uint32, got {dtype:?}")))?;
+        let format = match input_format {
+            None | Some("auto") => None,
+            Some("text") => Some(Format::Text),
+            Some("jsonl") => Some(Format::Jsonl),
+            Some(other) => {
+                return Err(PyValueError::new_err(format!("input format must be auto, text or jsonl, got {other:?}")))
+            }
+        };
+        let errors = match errors {
+            "strict" => Utf8Errors::Strict,
+            "replace" => Utf8Errors::Replace,
+            other => return Err(PyValueError::new_err(format!("errors must be strict or replace, got {other:?}"))),
+        };
+        if !(commit_interval >= 0.0 && commit_interval.is_finite()) {
+            return Err(PyValueError::new_err("commit_interval must be a non-negative number of seconds"));
+        }
+        let job = EncodeJob {
+            inputs: inputs.into_iter().map(|p| InputSpec::detect(p, format)).collect(),
+            out_bin,
+            dtype,
+            eos,
+            jsonl_field: jsonl_field.to_string(),
+            errors,
+            chunk_size,
+            threads,
+            window,
+            part,
+            newline_cuts,
+            params,
+            commit_interval: Duration::from_secs_f64(commit_interval),
+        };
+        let enc = encoder.get().shared();
+        let interval = Duration::from_secs_f64(progress_interval.max(0.0));
+        let mut last = Instant::now() - interval;
+        let mut stopped: Option<PyErr> = None;
+        let result = py.detach(|| {
+            shards::encode_to_shard(&job, &*enc, |p| {
+                // After every written chunk: Ctrl-C; at most every `interval`: the callback.
+                let report = last.elapsed() >= interval || p.raw_done >= p.raw_total;
+                Python::attach(|py| {
+                    if let Err(e) = py.check_signals() {
+                        stopped = Some(e);
+                        return false;
+                    }
+                    if let (true, Some(cb)) = (report, &progress) {
+                        last = Instant::now();
+                        if let Err(e) = cb.call1(py, (p.raw_done, p.raw_total, p.tokens, p.documents)) {
+                            stopped = Some(e);
+                            return false;
+                        }
+                    }
+                    true
+                })
+            })
+        });
+        let summary = match result {
+            Ok(s) => s,
+            Err(ShardError::Interrupted) if stopped.is_some() => return Err(stopped.unwrap()),
+            Err(e) => return Err(shard_err(e)),
+        };
+        let d = PyDict::new(py);
+        d.set_item("num_tokens", summary.num_tokens)?;
+        d.set_item("num_documents", summary.num_documents)?;
+        d.set_item("dtype", summary.dtype.name())?;
+        d.set_item("byte_range", (summary.byte_range.0, summary.byte_range.1))?;
+        d.set_item("resumed_tokens", summary.resumed_tokens)?;
+        d.set_item("restart_reason", summary.restart_reason)?;
+        d.set_item("partial_path", summary.partial_path)?;
+        let records = PyList::empty(py);
+        for r in summary.inputs {
+            let rd = PyDict::new(py);
+            rd.set_item("path", r.path)?;
+            rd.set_item("bytes", r.bytes)?;
+            rd.set_item("sha256", r.sha256)?;
+            rd.set_item("range", (r.range.0, r.range.1))?;
+            rd.set_item("uncompressed_bytes", r.uncompressed_bytes)?;
+            records.append(rd)?;
+        }
+        d.set_item("inputs", records)?;
+        Ok(d)
+    }
+
+    /// The byte range `(start, end)` of the concatenated inputs that part `i` of `n` covers.
+    #[pyfunction]
+    #[pyo3(signature = (inputs, i, n, *, eos = None, input_format = None, newline_cuts = true))]
+    fn shard_part_range(
+        py: Python<'_>,
+        inputs: Vec<PathBuf>,
+        i: u64,
+        n: u64,
+        eos: Option<String>,
+        input_format: Option<&str>,
+        newline_cuts: bool,
+    ) -> PyResult<(u64, u64)> {
+        let format = match input_format {
+            Some("jsonl") => Some(Format::Jsonl),
+            Some("text") => Some(Format::Text),
+            _ => None,
+        };
+        if n == 0 || i >= n {
+            return Err(PyValueError::new_err(format!("part {i}/{n}: need 0 <= I < N")));
+        }
+        let specs: Vec<InputSpec> = inputs.into_iter().map(|p| InputSpec::detect(p, format)).collect();
+        py.detach(|| {
+            let sizes = specs
+                .iter()
+                .map(|s| std::fs::metadata(&s.path).map(|m| m.len()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ShardError::Invalid(e.to_string()))?;
+            shards::part_range(&specs, &sizes, i, n, eos.as_deref(), newline_cuts)
+        })
+        .map_err(shard_err)
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_function(wrap_pyfunction!(encode_shard, m)?)?;
+        m.add_function(wrap_pyfunction!(shard_part_range, m)?)?;
+        Ok(())
+    }
+}
+// ====================== end of the shards section ===========================
+
+// ===================================================================================
+// BPE trainer (section owned by the trainer; algorithm in rust/train.rs)
+// ===================================================================================
+
+mod trainer_binding {
+    use std::path::PathBuf;
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
+
+    use pyo3::exceptions::{
+        PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError, PyPermissionError,
+        PyRuntimeError, PyValueError,
+    };
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyDict};
+
+    use crate::train::{Control, TrainError, Trainer, Utf8Errors, DEFAULT_CHUNK_SIZE};
+
+    /// How often the waiting thread takes the GIL to check for Ctrl-C and report progress.
+    const POLL: Duration = Duration::from_millis(50);
+
+    fn to_pyerr(e: TrainError) -> PyErr {
+        match e {
+            TrainError::Io { path, err } => {
+                let path = path.display().to_string();
+                let errno = err.raw_os_error();
+                let mut msg = err.to_string();
+                if let Some(i) = msg.find(" (os error") {
+                    msg.truncate(i);
+                }
+                match err.kind() {
+                    std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err((errno.unwrap_or(2), msg, path)),
+                    std::io::ErrorKind::PermissionDenied => {
+                        PyPermissionError::new_err((errno.unwrap_or(13), msg, path))
+                    }
+                    std::io::ErrorKind::IsADirectory => PyIsADirectoryError::new_err((errno.unwrap_or(21), msg, path)),
+                    _ => PyOSError::new_err((errno.unwrap_or(5), msg, path)),
+                }
+            }
+            TrainError::Cancelled => PyKeyboardInterrupt::new_err("training was cancelled"),
+            e @ (TrainError::InvalidUtf8 { .. } | TrainError::InvalidInput(_) | TrainError::Pattern(_)) => {
+                PyValueError::new_err(e.to_string())
+            }
+        }
+    }
+
+    /// Run `job` on a worker thread with the GIL released; every POLL, take the GIL to
+    /// check for signals (Ctrl-C -> cancel the job, wait for it, re-raise) and to call
+    /// `progress(done, total)`.
+    fn run_watched<T: Send>(
+        py: Python<'_>,
+        ctl: &Control,
+        progress: Option<&Bound<'_, PyAny>>,
+        job: impl FnOnce() -> T + Send,
+    ) -> PyResult<T> {
+        let report = || -> PyResult<()> {
+            if let Some(cb) = progress {
+                let (done, total) = ctl.progress();
+                cb.call1((done, total))?;
+            }
+            Ok(())
+        };
+        let finished = (Mutex::new(false), Condvar::new());
+        std::thread::scope(|s| {
+            let handle = s.spawn(|| {
+                let out = job();
+                *finished.0.lock().unwrap() = true;
+                finished.1.notify_all();
+                out
+            });
+            let wait = |timeout: Option<Duration>| {
+                let mut done = finished.0.lock().unwrap();
+                while !*done {
+                    match timeout {
+                        Some(t) => {
+                            let (d, r) = finished.1.wait_timeout(done, t).unwrap();
+                            done = d;
+                            if r.timed_out() {
+                                break;
+                            }
+                        }
+                        None => done = finished.1.wait(done).unwrap(),
+                    }
+                }
+                *done
+            };
+            let mut pending: Option<PyErr> = None;
+            loop {
+                if py.detach(|| wait(Some(POLL))) {
+                    break;
+                }
+                if let Err(e) = py.check_signals().and_then(|_| report()) {
+                    ctl.cancel();
+                    py.detach(|| wait(None));
+                    pending = Some(e);
+                    break;
+                }
+            }
+            let out = match handle.join() {
+                Ok(v) => v,
+                Err(_) => return Err(PyRuntimeError::new_err("the BPE training thread panicked (a bug in ferrolm)")),
+            };
+            if let Some(e) = pending {
+                return Err(e);
+            }
+            report()?;
+            Ok(out)
+        })
+    }
+
+    /// One BPE training run: `count_files` / `count_texts` any number of times, then
+    /// `learn` once. Called by `ferrolm.bpe_trainer`; not a public API.
+    #[pyclass(name = "BpeTrainer", module = "ferrolm._core")]
+    pub struct PyBpeTrainer {
+        inner: Option<Trainer>,
+        ctl: Control,
+    }
+
+    impl PyBpeTrainer {
+        /// Run `f` on the trainer on a watched worker thread. A trainer that failed is spent.
+        fn run<T: Send>(
+            &mut self,
+            py: Python<'_>,
+            progress: Option<&Bound<'_, PyAny>>,
+            f: impl FnOnce(&mut Trainer, &Control) -> Result<T, TrainError> + Send,
+        ) -> PyResult<T> {
+            let mut trainer = self
+                .inner
+                .take()
+                .ok_or_else(|| PyRuntimeError::new_err("this BpeTrainer failed or was interrupted earlier; make a new one"))?;
+            let ctl = &self.ctl;
+            let (trainer, result) = run_watched(py, ctl, progress, move || {
+                let r = f(&mut trainer, ctl);
+                (trainer, r)
+            })?;
+            match result {
+                Ok(v) => {
+                    self.inner = Some(trainer);
+                    Ok(v)
+                }
+                Err(e) => Err(to_pyerr(e)),
+            }
+        }
+    }
+
+    #[pymethods]
+    impl PyBpeTrainer {
+        #[new]
+        #[pyo3(signature = (special_tokens, pattern = "gpt2", num_threads = None, errors = "strict", chunk_size = None))]
+        fn new(
+            special_tokens: Vec<String>,
+            pattern: &str,
+            num_threads: Option<usize>,
+            errors: &str,
+            chunk_size: Option<usize>,
+        ) -> PyResult<Self> {
+            let errors = match errors {
+                "strict" => Utf8Errors::Strict,
+                "replace" => Utf8Errors::Replace,
+                other => {
+                    return Err(PyValueError::new_err(format!("errors must be \"strict\" or \"replace\", got {other:?}")))
+                }
+            };
+            let t = Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
+                .map_err(to_pyerr)?;
+            Ok(PyBpeTrainer { inner: Some(t), ctl: Control::default() })
+        }
+
+        /// Count the pre-tokens of these files (each its own text). `progress(done, total)`
+        /// is called with bytes.
+        #[pyo3(signature = (paths, progress = None))]
+        fn count_files(
+            &mut self,
+            py: Python<'_>,
+            paths: Vec<PathBuf>,
+            progress: Option<&Bound<'_, PyAny>>,
+        ) -> PyResult<()> {
+            self.run(py, progress, move |t, ctl| t.count_files(&paths, ctl))
+        }
+
+        /// Feed text to the text stream: everything fed until `finish_text` is one
+        /// continuous text. `progress(done, total)` is called with bytes.
+        #[pyo3(signature = (text, progress = None))]
+        fn feed_text(&mut self, py: Python<'_>, text: String, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+            self.run(py, progress, move |t, ctl| t.feed_text(&text, ctl))
+        }
+
+        /// End the text stream (count what is buffered).
+        #[pyo3(signature = (progress = None))]
+        fn finish_text(&mut self, py: Python<'_>, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+            self.run(py, progress, move |t, ctl| t.finish_text(ctl))
+        }
+
+        /// Learn up to `num_merges` merges; returns them as (bytes, bytes) pairs in order.
+        /// `progress(done, total)` is called with merges.
+        #[pyo3(signature = (num_merges, progress = None))]
+        fn learn<'py>(
+            &mut self,
+            py: Python<'py>,
+            num_merges: usize,
+            progress: Option<&Bound<'py, PyAny>>,
+        ) -> PyResult<Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+            let merges = self.run(py, progress, move |t, ctl| t.learn(num_merges, ctl))?;
+            Ok(merges.iter().map(|(a, b)| (PyBytes::new(py, a), PyBytes::new(py, b))).collect())
+        }
+
+        /// Seconds per stage and sizes of the last run (for profiling).
+        fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let d = PyDict::new(py);
+            if let Some(t) = &self.inner {
+                let s = &t.stats;
+                d.set_item("read_s", s.read_s)?;
+                d.set_item("count_s", s.count_s)?;
+                d.set_item("merge_tables_s", s.merge_tables_s)?;
+                d.set_item("build_s", s.build_s)?;
+                d.set_item("merge_s", s.merge_s)?;
+                d.set_item("bytes", s.bytes)?;
+                d.set_item("unique_pretokens", s.unique_pretokens)?;
+                d.set_item("words", s.words)?;
+                d.set_item("merges", s.merges)?;
+            }
+            Ok(d)
+        }
+    }
+}
+
+// ---- pre-tokenizer debug bindings (owner: pretokenize) ----
+
+/// The regex source of a built-in pattern name ("gpt2", "cl100k", "o200k"); a test
+/// checks it equals ferrolm.patterns.
+#[pyfunction]
+fn pattern_source(name: &str) -> PyResult<&'static str> {
+    crate::pretokenize::Builtin::by_name(name)
+        .map(|b| b.source())
+        .ok_or_else(|| PyValueError::new_err(format!("unknown built-in pattern name: {name:?}")))
+}
+
+/// For each char of `text`, the bit flags of the pre-tokenizer's Unicode classes
+/// (see `pretokenize::char_class_flags`). For exhaustive tests against `regex`.
+#[pyfunction]
+fn _char_classes(text: &str) -> Vec<u8> {
+    text.chars()
+        .map(crate::pretokenize::char_class_flags)
+        .collect()
+}
+
+// ---- end of pre-tokenizer debug bindings ----
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(pretokenize, m)?)?;
     encoder_bindings::register(m)?; // encoder section
+    shards_bindings::register(m)?; // shards section
+    m.add_class::<trainer_binding::PyBpeTrainer>()?; // BPE trainer
+    m.add_function(wrap_pyfunction!(pattern_source, m)?)?;
+    m.add_function(wrap_pyfunction!(_char_classes, m)?)?;
     Ok(())
 }

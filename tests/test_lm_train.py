@@ -167,6 +167,20 @@ def test_resume_with_a_different_model_is_refused(shards, tmp_path):
         train(cfg, resume=tmp_path / "r")
 
 
+def test_resume_skips_a_corrupt_latest_checkpoint_and_refuses_when_none_is_usable(shards, tmp_path):
+    run = tmp_path / "r"
+    train(tiny_config(shards, run, schedule={"max_steps": 10}))
+    latest = run / "checkpoints" / "step_00000010.pt"
+    latest.write_bytes(latest.read_bytes()[:1000])  # e.g. a copy cut short
+    with pytest.warns(UserWarning, match="corrupt"):
+        summary = train(tiny_config(shards, run, schedule={"max_steps": 10}), resume=run)
+    assert summary.status == "done" and [r["step"] for r in summary.records] == [10]  # resumed from step 5
+    for p in (run / "checkpoints").iterdir():
+        p.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt"), pytest.warns(UserWarning, match="trying the previous"):
+        train(tiny_config(shards, run, schedule={"max_steps": 10}), resume=run)
+
+
 def test_shard_tokenizer_mismatch_is_refused(shards, tmp_path):
     cfg = tiny_config(shards, tmp_path / "r", data={"tokenizer": "cd" * 32})
     with pytest.raises(ShardError, match="tokenizer mismatch"):
@@ -296,3 +310,24 @@ def test_ddp_two_cpu_processes(shards, tmp_path):
     assert not torch.equal(ckpt["sampler_states"][0], ckpt["sampler_states"][1]), "each rank draws its own batches"
     model = TransformerLM(**TINY_MODEL)
     assert load_checkpoint(tmp_path / "ddp" / "checkpoints" / "step_00000006.pt", model, None) == 6
+
+
+# ------------------------------------------------------------------- schedule ----------
+
+
+def test_lr_follows_steps_or_the_time_budget():
+    from ferrolm.train import lr_at
+
+    cfg = load_config("cpu-small", ["schedule.schedule_by=steps", "schedule.max_steps=100", "schedule.warmup_steps=10",
+                                    "optimizer.lr=1e-3", "optimizer.min_lr=1e-4"])
+    assert lr_at(cfg, 5, elapsed_s=999.0) == pytest.approx(5e-4)  # warmup, by step; time ignored
+    assert lr_at(cfg, 10, 0.0) == pytest.approx(1e-3)
+    assert lr_at(cfg, 100, 0.0) == pytest.approx(1e-4)
+    cfg = load_config("cpu-small", ["schedule.schedule_by=time", "schedule.max_time_s=600", "schedule.max_steps=100",
+                                    "schedule.warmup_steps=10", "optimizer.lr=1e-3", "optimizer.min_lr=1e-4"])
+    assert lr_at(cfg, 0, elapsed_s=30.0) == pytest.approx(5e-4)  # 30 s of 600 = step 5 of 100
+    assert lr_at(cfg, 0, elapsed_s=60.0) == pytest.approx(1e-3)
+    assert lr_at(cfg, 0, elapsed_s=330.0) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half-way through the cosine
+    assert lr_at(cfg, 0, elapsed_s=5000.0) == pytest.approx(1e-4)
+    with pytest.raises(ConfigError, match="max_time_s > 0"):
+        load_config("cpu-small", ["schedule.max_time_s=0"])

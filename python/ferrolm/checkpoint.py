@@ -166,8 +166,11 @@ def read_checkpoint(src: Target, map_location: str | torch.device = "cpu") -> di
     except FileNotFoundError:
         raise
     except Exception as e:  # zip errors, unpickling errors, EOF: all mean the file is unusable
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {name} is corrupt or not a ferrolm checkpoint ({type(e).__name__}: {first[:200]})") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if "weights_only" in first:  # torch's advice to unpickle arbitrary objects does not apply
+            first = "it holds data that is not plain tensors and values"
+        detail = f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
+        raise CheckpointError(f"checkpoint {name} is corrupt or not a ferrolm checkpoint ({detail})") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{name} is not a ferrolm checkpoint (no \"format\": \"{FORMAT}\" entry)")
     if not isinstance(obj.get("format_version"), int) or obj["format_version"] > FORMAT_VERSION:

@@ -63,7 +63,8 @@ def _run_train(args) -> int:
     overrides = list(args.overrides)
     if args.resume and config is None:
         rdir = Path(args.resume)
-        rdir = rdir if rdir.is_dir() else rdir.parent.parent
+        if not rdir.is_dir():  # a checkpoint file: RUN/checkpoints/step_N.pt or RUN/best.pt
+            rdir = rdir.parent.parent if rdir.parent.name == "checkpoints" else rdir.parent
         config = rdir / CONFIG_NAME
         if not config.is_file():
             raise FileNotFoundError(f"--resume {args.resume}: {config} not found (pass --config too)")
@@ -203,6 +204,351 @@ def _run_generate(args) -> int:
 COMMANDS.append(add_generate_command)
 
 # --- end generate ---------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------
+# Corpus commands (issue 5): train-tokenizer, encode, decode, shards.
+# ---------------------------------------------------------------------------------------
+
+
+def _peak_rss_mb() -> float | None:
+    """This process's peak resident memory (VmHWM), in MB."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except (ImportError, OSError):  # pragma: no cover
+        return None
+
+
+def _read_sample(path: str, limit: int) -> str:
+    """Up to `limit` bytes of text from the start of a (possibly .gz/.zst) file."""
+    if path.endswith(".gz"):
+        import gzip
+
+        f = gzip.open(path, "rb")
+    elif path.endswith((".zst", ".zstd")):
+        import zstandard
+
+        f = zstandard.open(path, "rb")
+    else:
+        f = open(path, "rb")
+    with f:
+        return f.read(limit).decode("utf-8", errors="ignore")
+
+
+def _add_train_tokenizer(sub) -> None:
+    p = sub.add_parser(
+        "train-tokenizer",
+        help="train a byte-level BPE tokenizer on text files",
+        description="Train a byte-level BPE tokenizer (Rust trainer, all cores) and save it as a tokenizer "
+        "directory (vocab.json, merges.txt, tokenizer.json). Prints a summary at the end: time, peak memory, "
+        "number of merges, the longest tokens and the compression (bytes per token) on a sample of the input.",
+    )
+    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="training text files")
+    p.add_argument("--vocab-size", type=int, required=True, metavar="N",
+                   help="final vocabulary size: 256 bytes + merges + special tokens")
+    p.add_argument("--special-token", action="append", default=None, metavar="T", dest="special_tokens",
+                   help="a special token (repeatable; default: <|endoftext|>)")
+    p.add_argument("--pattern", default="gpt2",
+                   help="pre-tokenization pattern: gpt2, cl100k, o200k or a regex (default: gpt2)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="threads (default: all cores)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output tokenizer directory")
+    p.add_argument("--sample-bytes", type=int, default=1 << 20, metavar="B",
+                   help="bytes of the first input used to measure compression (default: 1 MiB)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=_run_train_tokenizer)
+
+
+def _run_train_tokenizer(args) -> int:
+    import os
+    import time
+
+    from ferrolm.tokenizer import Tokenizer
+
+    for path in args.input:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"input file not found: {path}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    specials = args.special_tokens if args.special_tokens is not None else ["<|endoftext|>"]
+    t0 = time.perf_counter()
+    tok = Tokenizer.train(args.input if len(args.input) > 1 else args.input[0], args.vocab_size, specials,
+                          pattern=args.pattern, num_threads=args.threads, progress=not args.no_progress)
+    elapsed = time.perf_counter() - t0
+    out = tok.save(args.out)
+    peak = _peak_rss_mb()
+    sample = _read_sample(args.input[0], args.sample_bytes)
+    n_ids = len(tok.encode(sample)) if sample else 0
+    longest = sorted((b for i, b in tok.vocab.items() if b.decode("utf-8", "replace") not in specials),
+                     key=lambda b: (-len(b), b))[:10]
+    print(f"saved {out} (vocab_size {tok.vocab_size}, fingerprint {tok.fingerprint[:12]})")
+    print(f"time          {elapsed:.1f} s")
+    print(f"peak memory   {peak:,.0f} MB (VmHWM)" if peak is not None else "peak memory   unknown")
+    print(f"merges        {len(tok.merges):,}")
+    print(f"special       {', '.join(specials) or '(none)'}")
+    if n_ids:
+        nbytes = len(sample.encode("utf-8"))
+        print(f"compression   {nbytes / n_ids:.2f} bytes/token on the first {nbytes:,} bytes of {args.input[0]}")
+    print("longest tokens:")
+    for b in longest:
+        print(f"  {len(b):3d} bytes  {b.decode('utf-8', 'replace')!r}")
+    return 0
+
+
+def _add_encode(sub) -> None:
+    p = sub.add_parser(
+        "encode",
+        help="encode text files into a uint16/uint32 token shard (PREFIX.bin + PREFIX.json)",
+        description="Encode a corpus into a flat little-endian token file PREFIX.bin (uint16, or uint32 when the "
+        "vocab does not fit) and its sidecar PREFIX.json (counts, vocab size, eos id, tokenizer fingerprint, "
+        "inputs with sizes and sha256). Inputs: plain text whose documents are separated by <|endoftext|>, "
+        ".gz and .zst compressed text, JSON Lines (*.jsonl; one document per line). Uses all cores; the output is "
+        "byte-identical for any --threads. Resumable: if the run is killed (Ctrl-C, kill -9), rerun the same "
+        "command and it continues from the last completed chunk. The final names appear only when complete.",
+    )
+    p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory (from train-tokenizer or Tokenizer.save)")
+    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="input files, encoded in this order")
+    p.add_argument("--out", required=True, metavar="PREFIX", help="output prefix: writes PREFIX.bin and PREFIX.json")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="encoding threads (default: all cores)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "uint16", "uint32"],
+                   help="token dtype (default: auto = uint16 when the vocab fits)")
+    p.add_argument("--part", default=None, metavar="I/N",
+                   help="encode only the I-th (0-based) of N byte ranges of the inputs, cut at document boundaries, "
+                   "into PREFIX.part-I-of-N.bin/.json (for N machines or jobs; `ferrolm shards PREFIX` checks the set)")
+    p.add_argument("--jsonl-field", default="text", metavar="NAME", help="JSON Lines field holding the text (default: text)")
+    p.add_argument("--format", default="auto", choices=["auto", "text", "jsonl"], dest="input_format",
+                   help="input format (default: auto: *.jsonl/*.ndjson[.gz|.zst] are JSON Lines, others text)")
+    p.add_argument("--errors", default="strict", choices=["strict", "replace"],
+                   help="invalid UTF-8: strict = error with file and byte offset (default), replace = U+FFFD")
+    p.add_argument("--chunk-size", type=float, default=None, metavar="MB",
+                   help="size of the chunks encoded as one task, in MB (default: 4; does not change the output)")
+    p.add_argument("--commit-interval", type=float, default=None, metavar="S",
+                   help="seconds between progress-journal commits (default: 5; 0 = after every chunk)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_encode)
+
+
+def _run_encode(args) -> int:
+    import time
+
+    from ferrolm import shards
+    from ferrolm.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(args.tokenizer)
+    t0 = time.perf_counter()
+    try:
+        sc = shards.encode(
+            tok, args.input, args.out, threads=args.threads, dtype=args.dtype, part=args.part,
+            jsonl_field=args.jsonl_field, input_format=args.input_format, errors=args.errors,
+            chunk_size=int(args.chunk_size * 1_000_000) if args.chunk_size else None,
+            commit_interval=args.commit_interval if args.commit_interval is not None else shards.DEFAULT_COMMIT_INTERVAL,
+            progress=False if args.no_progress else None,
+        )
+    except KeyboardInterrupt:
+        print("ferrolm encode: interrupted; rerun the same command to continue from the last completed chunk",
+              file=sys.stderr)
+        raise
+    elapsed = time.perf_counter() - t0
+    bin_path, json_path = shards.output_paths(args.out, shards.parse_part(args.part))
+    in_bytes = (sc["byte_range"][1] - sc["byte_range"][0]) if sc["byte_range"] else sc["total_input_bytes"]
+    if sc.get("restart_reason"):
+        print(f"note: started over: {sc['restart_reason']}", file=sys.stderr)
+    if sc.get("resumed_tokens"):
+        print(f"resumed after {sc['resumed_tokens']:,} tokens already written", file=sys.stderr)
+    print(f"wrote {bin_path} ({sc['num_tokens']:,} {sc['dtype']} tokens, {sc['num_documents']:,} documents) and {json_path}")
+    print(f"{in_bytes / 1e6:,.1f} MB in {elapsed:.2f} s: {in_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
+          f"{sc['num_tokens'] / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s"
+          + (f", {in_bytes / max(sc['num_tokens'], 1):.2f} bytes/token" if sc['num_tokens'] else ""))
+    return 0
+
+
+def _add_decode(sub) -> None:
+    p = sub.add_parser(
+        "decode",
+        help="print the text of (a slice of) a token shard",
+        description="Decode token ids from a shard back to text and print them, to eyeball a shard. "
+        "The dtype comes from the sidecar PREFIX.json (or --dtype when there is none); the tokenizer's "
+        "fingerprint must match the sidecar's.",
+    )
+    p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory")
+    p.add_argument("--input", required=True, metavar="PREFIX.bin", help="shard data file (or its prefix)")
+    p.add_argument("--offset", type=int, default=0, metavar="K", help="first token to decode (default: 0)")
+    p.add_argument("--count", type=int, default=None, metavar="M", help="number of tokens (default: to the end)")
+    p.add_argument("--dtype", default=None, choices=["uint16", "uint32"], help="dtype when the .bin has no sidecar")
+    p.set_defaults(run=_run_decode)
+
+
+def _run_decode(args) -> int:
+    import codecs
+    import json
+    import os
+
+    import numpy as np
+
+    from ferrolm.tokenizer import Tokenizer
+
+    path = args.input if args.input.endswith(".bin") else args.input + ".bin"
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"shard data file not found: {path}")
+    tok = Tokenizer.load(args.tokenizer)
+    sidecar_path = path[:-4] + ".json"
+    dtype = args.dtype
+    if os.path.isfile(sidecar_path):
+        with open(sidecar_path, encoding="utf-8") as f:
+            sidecar = json.load(f)
+        if dtype is not None and dtype != sidecar.get("dtype"):
+            raise ValueError(f"--dtype {dtype} contradicts the sidecar's dtype {sidecar.get('dtype')}")
+        dtype = sidecar.get("dtype")
+        fp = sidecar.get("tokenizer_fingerprint")
+        if fp and fp != tok.fingerprint:
+            raise ValueError(f"the tokenizer in {args.tokenizer} (fingerprint {tok.fingerprint[:12]}) is not the one "
+                             f"this shard was encoded with ({fp[:12]})")
+    elif dtype is None:
+        dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
+    data = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+    if args.offset < 0 or args.offset > len(data):
+        raise ValueError(f"--offset {args.offset} is outside the shard's {len(data):,} tokens")
+    if args.count is not None and args.count < 0:
+        raise ValueError("--count must be >= 0")
+    end = len(data) if args.count is None else min(len(data), args.offset + args.count)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    out = sys.stdout
+    block = 1 << 20
+    for start in range(args.offset, end, block):
+        ids = np.asarray(data[start:min(end, start + block)])
+        bad = ids[ids >= tok.vocab_size]
+        if bad.size:
+            raise ValueError(f"{path}: token id {int(bad[0])} is not in the tokenizer's vocabulary (size {tok.vocab_size})")
+        out.write(decoder.decode(tok.decode_bytes(ids.tolist())))
+    out.write(decoder.decode(b"", final=True))
+    if end > args.offset:
+        out.write("\n")
+    out.flush()
+    return 0
+
+
+def _add_shards(sub) -> None:
+    p = sub.add_parser(
+        "shards",
+        help="list token shards and check them (counts, dtypes, fingerprints, parts)",
+        description="List shards (a prefix, a PREFIX.json/.bin, a manifest, or several) with their token and "
+        "document counts, and validate them: data sizes match the sidecars, all parts of an N-way --part split "
+        "are present and tile the inputs, dtype/vocab/eos/fingerprint agree. Exit status 1 when a problem is found.",
+    )
+    p.add_argument("src", nargs="+", metavar="SHARD", help="shard prefix, sidecar, .bin or manifest")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="also check the shards were made with this tokenizer")
+    p.add_argument("--deep", action="store_true", help="also read every token id and check it is in the vocabulary")
+    p.set_defaults(run=_run_shards)
+
+
+def _run_shards(args) -> int:
+    from ferrolm import shards
+
+    try:
+        records = shards.list_shards(args.src)
+    except (shards.ShardError, FileNotFoundError) as e:
+        print(f"ferrolm shards: {e}", file=sys.stderr)
+        return 1
+    print(shards.format_listing(records))
+    problems = shards.validate_shards(args.src, tokenizer=args.tokenizer, deep=args.deep)
+    if problems:
+        print(f"\n{len(problems)} problem(s):", file=sys.stderr)
+        for msg in problems:
+            print(f"  - {msg}", file=sys.stderr)
+        return 1
+    print(f"ok: {len(records)} shard file(s) consistent")
+    return 0
+
+
+COMMANDS.extend([_add_train_tokenizer, _add_encode, _add_decode, _add_shards])
+
+# ----------------------------------------------------------- end of the corpus commands
+
+
+# --- demo / download (issue 9; ferrolm.demo, ferrolm.download) ----------------------------
+
+
+def add_demo_command(sub) -> None:
+    from ferrolm.demo import DEFAULT_MAX_MB, DEFAULT_MINUTES, DEFAULT_OUT, DEFAULT_VOCAB_SIZE
+
+    p = sub.add_parser(
+        "demo",
+        help="run the whole pipeline on real text in a few minutes",
+        description="Train a BPE tokenizer, encode token shards, train the cpu-small Transformer LM for a few "
+        "minutes, sample from it and plot its loss curve; every artefact goes under one directory. Default "
+        "data: the source of this Python's own standard library (nothing is downloaded). With the defaults "
+        "it takes under 10 minutes on a 2-core machine.",
+    )
+    p.add_argument("--data", nargs="+", metavar="PATH",
+                   help="your own text files (or directories of .txt files): plain text with documents separated "
+                   "by <|endoftext|>, as TinyStories or OpenWebText (.gz/.zst too); a validation slice is split off")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"output directory (default ./{DEFAULT_OUT}; a previous demo there is replaced)")
+    p.add_argument("--minutes", type=float, default=DEFAULT_MINUTES, metavar="M",
+                   help=f"training time in minutes (default {DEFAULT_MINUTES:g})")
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, metavar="N",
+                   help=f"tokenizer vocabulary size (default {DEFAULT_VOCAB_SIZE})")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
+    p.add_argument("--max-mb", type=float, default=DEFAULT_MAX_MB, metavar="MB",
+                   help=f"use at most this much text (default {DEFAULT_MAX_MB:g}; 0: all of it)")
+    p.add_argument("--prompt", action="append", default=None, metavar="TEXT", dest="prompts",
+                   help="a prompt to sample from (repeatable; default: a few code openings for the standard "
+                   "library, new documents for --data)")
+    p.add_argument("--max-new-tokens", type=int, default=200, metavar="N", help="tokens per sample (default 200)")
+    p.add_argument("--seed", type=int, default=1337, help="seed of training and sampling (default 1337)")
+    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the cpu-small training config, e.g. --set model.num_layers=2 (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args) -> int:
+    from ferrolm.demo import run_demo
+
+    run_demo(
+        args.out, args.data, minutes=args.minutes, vocab_size=args.vocab_size, device=args.device,
+        max_mb=args.max_mb, overrides=args.overrides, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, progress=not args.no_progress,
+    )
+    return 0
+
+
+def add_download_command(sub) -> None:
+    from ferrolm.download import DATASETS
+
+    p = sub.add_parser(
+        "download",
+        help="download a public corpus (TinyStories, an OpenWebText sample)",
+        description="Download the files of a public corpus with a progress bar; an interrupted download resumes "
+        "where it stopped, and each file's sha256 is checked (recorded on the first complete download). "
+        + "; ".join(f"{k}: {', '.join(r.filename for r in v)}" for k, v in sorted(DATASETS.items())),
+    )
+    p.add_argument("dataset", choices=sorted(DATASETS), help="which corpus")
+    p.add_argument("--out", default="data", metavar="DIR", help="directory for the files (default ./data)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_download)
+
+
+def _run_download(args) -> int:
+    from ferrolm.download import download_dataset
+
+    paths = download_dataset(args.dataset, args.out, progress=not args.no_progress)
+    for path in paths:
+        print(path)
+    print(f"train on it: ferrolm demo --data {paths[0]}", file=sys.stderr)
+    return 0
+
+
+COMMANDS.extend([add_demo_command, add_download_command])
+
+# --- end demo / download ------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,6 +126,8 @@ def read_vocab(path: str | os.PathLike, special_tokens: Sequence[str] = ()) -> d
             raise TokenizerFileError(f"{path}: id of {token!r} must be a non-negative integer, got {i!r}")
         if i in vocab:
             raise TokenizerFileError(f"{path}: id {i} is used twice")
+        if not token:
+            raise TokenizerFileError(f"{path}: the empty string is not a token (id {i})")
         if token in specials:
             vocab[i] = token.encode("utf-8")
         else:
@@ -282,6 +284,11 @@ def hf_tokenizer_json(vocab: dict[int, bytes], merges: Sequence[tuple[bytes, byt
         if i in special_set:
             continue
         model_vocab.setdefault(token_to_str(vocab[i]), i)
+    # HF takes an added token's id from the model vocab when the content is there (and
+    # otherwise numbers it after the vocab), so special tokens go in too, as in GPT-2's file.
+    for s, i in special_ids:
+        if model_vocab.setdefault(s, i) != i:
+            raise ValueError(f"special token {s!r} (id {i}) has the same text as token {model_vocab[s]} in byte-level form; tokenizer.json cannot hold both")
     return {
         "version": "1.0",
         "truncation": None,

@@ -542,7 +542,8 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    raw_model = unwrap_model(model)
+    raw_model = unwrap_model(model)  # what checkpoints save
+    eval_model = model.module if dist_.enabled else model  # no DDP hooks, but compiled when compile is on
 
     # Fixed validation windows, drawn once from their own seed; each process takes a slice.
     val_gen = torch.Generator()
@@ -563,7 +564,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
             for i in range(0, len(val_starts), B):
                 x, y = val_data.windows_at(val_starts[i : i + B], T, device)
                 with _autocast(device, bf16):
-                    logits = raw_model(x)
+                    logits = eval_model(x)
                 loss = _loss_fn(logits, y)
                 total[0] += loss.double() * x.shape[0]
                 total[1] += x.shape[0]
@@ -637,7 +638,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
     if main and cfg.run.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.schedule.max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr)
+        bar = tqdm(total=cfg.schedule.max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
 
     records: list[dict] = []
     status, message = "done", ""
@@ -734,8 +735,6 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
                 dt = time.perf_counter() - t0
                 time_s += dt
                 wall_s = wall_base + (time.perf_counter() - wall_start)
@@ -754,8 +753,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                     records.append(rec)
                     if val_loss is not None:
                         final_val = val_loss
-                        if bar is not None:
-                            bar.write(f"step {step}: val loss {val_loss:.4f} (ppl {rec['val_ppl']:.2f})", file=sys.stderr)
+                        _say(f"step {step}: val loss {val_loss:.4f} (ppl {rec['val_ppl']:.2f}), {rec['time_s']:.0f} s")
                         if best_val is None or val_loss < best_val:
                             best_val = val_loss
                             if cfg.run.keep_best and step > 0:

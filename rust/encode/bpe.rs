@@ -30,6 +30,9 @@ fn bpe_small(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
         ids[i] = enc.byte_ids[b as usize];
     }
     for i in 0..n - 1 {
+        enc.pairs.prefetch(ids[i], ids[i + 1]);
+    }
+    for i in 0..n - 1 {
         pv[i] = enc.pair(ids[i], ids[i + 1]);
     }
     while n > 1 {

@@ -1,5 +1,12 @@
-//! Lookup tables on the hot path: the vocab ("bytes -> id" for every token BPE can
-//! produce) and the per-thread piece cache ("bytes -> ids" for pieces that needed merges).
+//! The lookup table on the hot path: piece bytes -> ids.
+//!
+//! Each encoder builds a base table holding every ordinary token (a piece that is a
+//! token is that token: "the vocab is the cache"). Each thread encodes with its own
+//! copy of it, into which the ids of pieces that needed merges are added, so that any
+//! piece seen before costs one lookup, usually one cache line.
+//!
+//! Slots are 32 bytes: keys of up to 16 bytes and up to 3 ids live inline (no pointer
+//! chase); longer keys and longer id lists go to side storage.
 
 use std::cell::RefCell;
 
@@ -7,81 +14,292 @@ use rustc_hash::FxHashMap;
 
 /// Pieces longer than this are not cached (they rarely repeat).
 pub(crate) const MAX_CACHED_PIECE: usize = 128;
-/// The cache is emptied when it holds this many pieces ...
+/// A thread's table is reset to the base when it holds this many cached pieces ...
 const MAX_CACHED_PIECES: usize = 1 << 18;
-/// ... or this many ids.
-const MAX_CACHED_IDS: usize = 1 << 21;
+/// ... or this many ids outside the slots.
+const MAX_OVERFLOW_IDS: usize = 1 << 22;
+/// Encoders whose tables a thread keeps at once.
+const TABLES_PER_THREAD: usize = 4;
 
-/// Bytes -> id.
-#[derive(Default)]
-pub(crate) struct BytesMap {
-    map: FxHashMap<Box<[u8]>, u32>,
+const INLINE_KEY: usize = 16;
+const INLINE_IDS: usize = 3;
+const COUNT_SHIFT: u32 = 8;
+
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+struct Slot {
+    /// Key bytes 0..8, little-endian, zero padded.
+    lo: u64,
+    /// Key bytes 8..16.
+    hi: u64,
+    /// Key length (low 8 bits; 0 = empty slot) | number of ids << 8.
+    meta: u32,
+    /// The ids when there are at most 3, else (offset, count) in `overflow`.
+    ids: [u32; INLINE_IDS],
 }
 
-impl BytesMap {
-    pub(crate) fn insert(&mut self, key: &[u8], id: u32) {
-        self.map.insert(key.into(), id);
+const K1: u64 = 0x9E37_79B9_7F4A_7C15;
+const K2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+
+/// The bytes of a key of at most 16 bytes as two little-endian words, zero padded.
+#[inline(always)]
+fn pack(key: &[u8]) -> (u64, u64) {
+    let n = key.len();
+    debug_assert!(n <= INLINE_KEY);
+    let rd8 = |i: usize| u64::from_le_bytes(key[i..i + 8].try_into().unwrap());
+    let rd4 = |i: usize| u32::from_le_bytes(key[i..i + 4].try_into().unwrap()) as u64;
+    if n >= 8 {
+        let hi = if n == 8 { 0 } else { rd8(n - 8) >> (8 * (16 - n)) };
+        (rd8(0), hi)
+    } else if n >= 4 {
+        (rd4(0) | (rd4(n - 4) << (8 * (n - 4))), 0)
+    } else if n > 0 {
+        let (a, b, c) = (key[0] as u64, key[n / 2] as u64, key[n - 1] as u64);
+        (a | (b << (8 * (n / 2))) | (c << (8 * (n - 1))), 0)
+    } else {
+        (0, 0)
+    }
+}
+
+#[inline(always)]
+fn hash(lo: u64, hi: u64, len: usize) -> u64 {
+    let h = (lo ^ (hi.rotate_left(23) ^ len as u64).wrapping_mul(K2)).wrapping_mul(K1);
+    h ^ (h >> 29)
+}
+
+/// A prepared lookup (see [`PieceTable::probe`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Probe {
+    lo: u64,
+    hi: u64,
+    hash: u64,
+    n: u32,
+}
+
+/// Piece bytes -> ids. Open addressing, linear probing, load factor at most 1/2.
+#[derive(Clone, Default)]
+pub(crate) struct PieceTable {
+    slots: Vec<Slot>,
+    mask: usize,
+    count: usize,
+    overflow: Vec<u32>,
+    long: FxHashMap<Box<[u8]>, (u32, u32)>,
+}
+
+impl PieceTable {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        let size = (n.max(8) * 2).next_power_of_two();
+        PieceTable { slots: vec![Slot::default(); size], mask: size - 1, count: 0, overflow: Vec::new(), long: FxHashMap::default() }
+    }
+
+    /// Number of pieces held.
+    pub(crate) fn len(&self) -> usize {
+        self.count + self.long.len()
+    }
+
+    /// Ids held outside the slots.
+    fn overflow_len(&self) -> usize {
+        self.overflow.len()
     }
 
     #[inline(always)]
-    pub(crate) fn get(&self, key: &[u8]) -> Option<u32> {
-        self.map.get(key).copied()
+    fn ids_of<'a>(&'a self, s: &'a Slot) -> &'a [u32] {
+        let c = (s.meta >> COUNT_SHIFT) as usize;
+        if c <= INLINE_IDS {
+            &s.ids[..c]
+        } else {
+            let o = s.ids[0] as usize;
+            &self.overflow[o..o + c]
+        }
+    }
+
+    /// The hash of `key` and its packed form; [`PieceTable::prefetch`] it, then
+    /// [`PieceTable::get_probed`] (a batch of lookups then overlaps its cache misses).
+    #[inline(always)]
+    pub(crate) fn probe(&self, key: &[u8]) -> Probe {
+        let n = key.len();
+        if n == 0 || n > INLINE_KEY {
+            return Probe { lo: 0, hi: 0, hash: 0, n: u32::MAX };
+        }
+        let (lo, hi) = pack(key);
+        Probe { lo, hi, hash: hash(lo, hi, n), n: n as u32 }
+    }
+
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, p: &Probe) {
+        #[cfg(target_arch = "x86_64")]
+        if p.n != u32::MAX {
+            // SAFETY: the index is masked to the table size; prefetch never faults anyway.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                let at = p.hash as usize & self.mask;
+                _mm_prefetch(self.slots.as_ptr().add(at) as *const i8, _MM_HINT_T0);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+
+    #[inline(always)]
+    pub(crate) fn get_probed(&self, p: &Probe, key: &[u8]) -> Option<&[u32]> {
+        if p.n == u32::MAX {
+            return self.get_long(key);
+        }
+        let mut i = p.hash as usize & self.mask;
+        loop {
+            // SAFETY: i is masked to slots.len() - 1.
+            let s = unsafe { self.slots.get_unchecked(i) };
+            if s.meta & 0xFF == p.n && s.lo == p.lo && s.hi == p.hi {
+                return Some(self.ids_of(s));
+            }
+            if s.meta == 0 {
+                return None;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&[u32]> {
+        let p = self.probe(key);
+        self.get_probed(&p, key)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn get_long(&self, key: &[u8]) -> Option<&[u32]> {
+        if key.is_empty() || self.long.is_empty() {
+            return None;
+        }
+        self.long.get(key).map(|&(o, c)| &self.overflow[o as usize..(o + c) as usize])
+    }
+
+    /// Insert or replace; `ids` is not empty.
+    pub(crate) fn insert(&mut self, key: &[u8], ids: &[u32]) {
+        let n = key.len();
+        assert!(n > 0 && !ids.is_empty() && ids.len() < (1 << 24), "bad piece table entry");
+        if n > INLINE_KEY {
+            let o = self.overflow.len() as u32;
+            self.overflow.extend_from_slice(ids);
+            self.long.insert(key.into(), (o, ids.len() as u32));
+            return;
+        }
+        if (self.count + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let (lo, hi) = pack(key);
+        let mut slot = Slot { lo, hi, meta: n as u32 | ((ids.len() as u32) << COUNT_SHIFT), ids: [0; INLINE_IDS] };
+        if ids.len() <= INLINE_IDS {
+            slot.ids[..ids.len()].copy_from_slice(ids);
+        } else {
+            slot.ids[0] = self.overflow.len() as u32;
+            slot.ids[1] = ids.len() as u32;
+            self.overflow.extend_from_slice(ids);
+        }
+        let mut i = hash(lo, hi, n) as usize & self.mask;
+        loop {
+            let s = &mut self.slots[i];
+            if s.meta == 0 {
+                *s = slot;
+                self.count += 1;
+                return;
+            }
+            if s.meta & 0xFF == n as u32 && s.lo == lo && s.hi == hi {
+                *s = slot;
+                return;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    fn grow(&mut self) {
+        let old = std::mem::take(&mut self.slots);
+        let size = (old.len() * 2).max(16);
+        self.slots = vec![Slot::default(); size];
+        self.mask = size - 1;
+        for s in old {
+            if s.meta == 0 {
+                continue;
+            }
+            let mut i = hash(s.lo, s.hi, (s.meta & 0xFF) as usize) as usize & self.mask;
+            while self.slots[i].meta != 0 {
+                i = (i + 1) & self.mask;
+            }
+            self.slots[i] = s;
+        }
     }
 }
 
-/// Piece bytes -> ids, for pieces that are not a single token.
+/// One thread's table for one encoder: the encoder's base table plus cached pieces.
 pub(crate) struct PieceCache {
     owner: u64,
-    map: FxHashMap<Box<[u8]>, (u32, u32)>,
-    ids: Vec<u32>,
+    table: PieceTable,
+    base_len: usize,
+    base_overflow: usize,
 }
 
 impl PieceCache {
-    fn new(owner: u64) -> Self {
-        PieceCache { owner, map: FxHashMap::default(), ids: Vec::new() }
-    }
-
-    fn reset(&mut self, owner: u64) {
-        self.owner = owner;
-        self.map.clear();
-        self.ids.clear();
+    fn new(owner: u64, base: &PieceTable) -> Self {
+        PieceCache { owner, table: base.clone(), base_len: base.len(), base_overflow: base.overflow_len() }
     }
 
     #[inline(always)]
-    pub(crate) fn get(&self, piece: &[u8]) -> Option<&[u32]> {
-        self.map.get(piece).map(|&(s, l)| &self.ids[s as usize..(s + l) as usize])
+    pub(crate) fn table(&self) -> &PieceTable {
+        &self.table
     }
 
-    pub(crate) fn insert(&mut self, piece: &[u8], ids: &[u32]) {
-        if self.map.len() >= MAX_CACHED_PIECES || self.ids.len() + ids.len() > MAX_CACHED_IDS {
-            self.map.clear();
-            self.ids.clear();
+    /// Remember the ids of a piece that needed merges.
+    pub(crate) fn insert(&mut self, base: &PieceTable, piece: &[u8], ids: &[u32]) {
+        if piece.len() > MAX_CACHED_PIECE || ids.is_empty() {
+            return;
         }
-        let s = self.ids.len() as u32;
-        self.ids.extend_from_slice(ids);
-        self.map.insert(piece.into(), (s, ids.len() as u32));
+        if self.table.len() - self.base_len >= MAX_CACHED_PIECES
+            || self.table.overflow_len() - self.base_overflow + ids.len() > MAX_OVERFLOW_IDS
+        {
+            self.table = base.clone();
+        }
+        self.table.insert(piece, ids);
     }
 }
 
 thread_local! {
-    static CACHE: RefCell<PieceCache> = RefCell::new(PieceCache::new(0));
+    /// Most recently used first.
+    static CACHES: RefCell<Vec<PieceCache>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Run `f` with this thread's piece cache for encoder `owner` (emptied when it last
-/// served another encoder). Re-entrant calls get a fresh temporary cache.
-pub(crate) fn with_cache<R>(owner: u64, f: impl FnOnce(&mut PieceCache) -> R) -> R {
+/// Run `f` with this thread's table for encoder `owner` (made from `base` the first
+/// time; a thread keeps the tables of its last few encoders). Re-entrant calls get a
+/// temporary table.
+pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut PieceCache) -> R) -> R {
     let mut f = Some(f);
-    let done = CACHE.try_with(|cell| match cell.try_borrow_mut() {
-        Ok(mut cache) => {
-            if cache.owner != owner {
-                cache.reset(owner);
+    let done = CACHES.try_with(|cell| {
+        let mut caches = cell.try_borrow_mut().ok()?;
+        match caches.iter().position(|c| c.owner == owner) {
+            Some(0) => {}
+            Some(i) => {
+                let c = caches.remove(i);
+                caches.insert(0, c);
             }
-            Some((f.take().unwrap())(&mut cache))
+            None => {
+                if caches.len() >= TABLES_PER_THREAD {
+                    caches.pop();
+                }
+                caches.insert(0, PieceCache::new(owner, base));
+            }
         }
-        Err(_) => None,
+        Some((f.take().unwrap())(&mut caches[0]))
     });
     match done {
         Ok(Some(r)) => r,
-        _ => (f.take().unwrap())(&mut PieceCache::new(owner)),
+        _ => (f.take().unwrap())(&mut PieceCache::new(owner, base)),
     }
+}
+
+/// Forget the tables this thread holds for encoder `owner` (when the encoder is dropped).
+pub(crate) fn forget(owner: u64) {
+    let _ = CACHES.try_with(|cell| {
+        if let Ok(mut caches) = cell.try_borrow_mut() {
+            caches.retain(|c| c.owner != owner);
+        }
+    });
 }

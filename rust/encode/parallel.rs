@@ -7,7 +7,6 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use super::Encoder;
-use crate::pretokenize::{CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN};
 
 /// `None`: all cores (rayon's global pool); `Some(1)`: on the calling thread;
 /// `Some(n)`: a pool of `n` threads (kept for reuse).
@@ -84,8 +83,7 @@ impl Encoder {
     /// after a non-space character always starts a new piece that does not depend on
     /// the text before it.
     pub fn has_builtin_pattern(&self) -> bool {
-        let p = self.pretok.pattern();
-        p == GPT2_PATTERN || p == CL100K_PATTERN || p == O200K_PATTERN
+        self.pretok.is_builtin()
     }
 }
 

@@ -19,7 +19,7 @@ impl Encoder {
     /// Encode the longest prefix of `text` whose ids cannot change when more text is
     /// appended; return its length in bytes (a char boundary).
     pub fn encode_stable_prefix(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) -> usize {
-        cache::with_cache(self.uid, |cache| {
+        cache::with_cache(self.uid, &self.base, |cache| {
             let total = text.len();
             let mut pos = 0;
             let mut limit = total;

@@ -79,7 +79,7 @@ fn small_and_large_bpe_agree_with_naive() {
             .collect();
         let want: Vec<u32> = naive(&merges, &s)
             .iter()
-            .map(|p| e.whole.get(p).expect("naive produced a token"))
+            .map(|p| e.whole_token(p).expect("naive produced a token"))
             .collect();
         assert_eq!(bpe::bpe_small_for_test(&e, s.as_bytes()), want, "small {s}");
         assert_eq!(bpe::bpe_large_for_test(&e, s.as_bytes()), want, "large {s}");
@@ -179,4 +179,163 @@ fn duplicate_token_bytes_from_training() {
     assert_eq!(e.encode("abc", false), vec![257]);
     assert_eq!(e.encode("xabcab", false), vec![b'x' as u32, 257, 258]);
     assert_eq!(e.token_bytes(259), Some(&b"abc"[..]));
+}
+
+/// Timing of the piece loop alone (lookups, cache, merges) on real text with GPT-2's
+/// vocab: `FERROLM_SHARED=../shared cargo test --release --lib piece_loop_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn piece_loop_speed() {
+    // CPU time of this process (the machine is shared; wall time is noise).
+    struct Instant(f64);
+    impl Instant {
+        fn now() -> Self {
+            let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            let f: Vec<&str> = rest.split(' ').collect();
+            let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+            Instant(ticks / 100.0)
+        }
+        fn elapsed(&self) -> std::time::Duration {
+            std::time::Duration::from_secs_f64(Instant::now().0 - self.0)
+        }
+    }
+    let shared = std::env::var("FERROLM_SHARED").unwrap_or_else(|_| "../shared".into());
+    let vocab_json = std::fs::read_to_string(format!("{shared}/fixtures/gpt2_vocab.json")).unwrap();
+    let merges_txt = std::fs::read_to_string(format!("{shared}/fixtures/gpt2_merges.txt")).unwrap();
+    // GPT-2's byte-to-unicode map, inverted.
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut map = std::collections::HashMap::new();
+    let mut extra = 0;
+    for b in 0..256u32 {
+        if printable.contains(&b) {
+            map.insert(char::from_u32(b).unwrap(), b as u8);
+        } else {
+            map.insert(char::from_u32(256 + extra).unwrap(), b as u8);
+            extra += 1;
+        }
+    }
+    printable.clear();
+    let decode = |s: &str| -> Vec<u8> { s.chars().map(|c| map[&c]).collect() };
+    // Minimal JSON object reader for {"token": id, ...}.
+    let mut vocab = Vec::new();
+    let body = vocab_json.trim().trim_start_matches('{').trim_end_matches('}');
+    let mut chars = body.chars().peekable();
+    loop {
+        while matches!(chars.peek(), Some(' ') | Some(',') | Some('\n')) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            break;
+        }
+        assert_eq!(chars.next(), Some('"'));
+        let mut key = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => {
+                    let e = chars.next().unwrap();
+                    match e {
+                        'u' => {
+                            let h: String = (0..4).map(|_| chars.next().unwrap()).collect();
+                            key.push(char::from_u32(u32::from_str_radix(&h, 16).unwrap()).unwrap());
+                        }
+                        other => key.push(other),
+                    }
+                }
+                '"' => break,
+                c => key.push(c),
+            }
+        }
+        assert_eq!(chars.next(), Some(':'));
+        while chars.peek() == Some(&' ') {
+            chars.next();
+        }
+        let mut num = String::new();
+        while matches!(chars.peek(), Some(c) if c.is_ascii_digit()) {
+            num.push(chars.next().unwrap());
+        }
+        let id: u64 = num.parse().unwrap();
+        let bytes = if key == "<|endoftext|>" { key.into_bytes() } else { decode(&key) };
+        vocab.push((id, bytes));
+    }
+    let merges: Vec<(Vec<u8>, Vec<u8>)> = merges_txt
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap();
+            (decode(a), decode(b))
+        })
+        .collect();
+    let t = Instant::now();
+    let e = Encoder::new(vocab, merges, vec!["<|endoftext|>".into()], "gpt2").unwrap();
+    println!("build {:?}", t.elapsed());
+    let text = std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
+    let t = Instant::now();
+    let pieces = e.pretok.pieces(&text);
+    let dt = t.elapsed().as_secs_f64();
+    println!("pretokenize {:.1} MB/s, {} pieces", text.len() as f64 / 1e6 / dt, pieces.len());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let mut acc = 0u64;
+        for p in &pieces {
+            acc = acc.wrapping_add(p.len() as u64 ^ p.as_bytes()[0] as u64);
+        }
+        let dt = t.elapsed().as_secs_f64();
+        println!("calibration (touch pieces only): {:.1} ns/piece {acc}", dt * 1e9 / pieces.len() as f64);
+    }
+    for round in 0..8 {
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let t = Instant::now();
+        let batched = round % 2 == 1;
+        cache::with_cache(e.uid, &e.base, |c| {
+            if batched {
+                let bytes: Vec<&[u8]> = Vec::new();
+                let _ = bytes;
+                for chunk in pieces.chunks(PIECE_BATCH) {
+                    let mut b: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
+                    for (d, p) in b.iter_mut().zip(chunk) {
+                        *d = p.as_bytes();
+                    }
+                    e.encode_pieces(&b[..chunk.len()], c, &mut out);
+                }
+            } else {
+                for p in &pieces {
+                    e.encode_piece(p.as_bytes(), c, &mut out);
+                }
+            }
+        });
+        let dt = t.elapsed().as_secs_f64();
+        let whole = pieces.iter().filter(|p| e.whole_token(p.as_bytes()).is_some()).count();
+        println!(
+            "round {round} (batched {batched}): piece loop {:.1} MB/s, {:.1} ns/piece, {} ids, {:.1}% pieces whole tokens",
+            text.len() as f64 / 1e6 / dt,
+            dt * 1e9 / pieces.len() as f64,
+            out.len(),
+            100.0 * whole as f64 / pieces.len() as f64
+        );
+    }
+}
+
+#[test]
+fn piece_table_all_lengths() {
+    let mut t = cache::PieceTable::default();
+    let keys: Vec<Vec<u8>> = (1..40usize)
+        .flat_map(|n| (0..20u8).map(move |k| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(k)).collect()))
+        .collect();
+    let ids_for = |i: usize| -> Vec<u32> { (0..(i % 6) + 1).map(|j| (i * 7 + j) as u32).collect() };
+    for (i, k) in keys.iter().enumerate() {
+        t.insert(k, &ids_for(i));
+    }
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(t.get(k), Some(&ids_for(i)[..]));
+        let mut other = k.clone();
+        other.push(0);
+        assert_ne!(t.get(&other), Some(&ids_for(i)[..]));
+        let mut z = k.clone();
+        *z.last_mut().unwrap() ^= 0x80;
+        assert_ne!(t.get(&z), Some(&ids_for(i)[..]));
+    }
+    assert_eq!(t.get(b""), None);
+    assert_eq!(t.get(&[0u8, 0, 0]), None);
 }

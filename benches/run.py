@@ -1,0 +1,480 @@
+"""Run every side-by-side benchmark in one go and rewrite benches/RESULTS.md and docs/bench_*.png.
+
+    python benches/run.py            # the full benchmarks (long: tens of minutes on 2 cores)
+    python benches/run.py --quick    # smaller inputs, one timed run each: under 10 minutes on 2 cores
+    python benches/run.py --only train encode --quick
+
+Each benchmark script (benches/bench_*.py) already runs every library in its own process and
+checks that they compute the same thing before timing; this runner calls the scripts one
+after the other, each as its own process, with the options below (in --quick mode only the
+options a script's --help lists are passed, so a script that changes its options still
+runs). Their output goes to benches/out/<area>.log (and <area>.json where the script writes
+JSON). RESULTS.md gets the machine (CPU model, cores, RAM, load average), the versions of
+ferrolm and its peers, the date, the command, and each script's own tables; every column
+of ratios in those tables ("1.8x", "vs ferrolm", "A / B") becomes a bar chart in
+docs/bench_<area>.png. Each script's method and discussion stay in benches/results/<area>.md.
+Ratios, not absolute timings, are what carry over to other machines; run on a quiet machine
+(the load average is recorded) and read differences under ~15 % as noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+BENCHES_DIR = Path(__file__).resolve().parent
+REPO = BENCHES_DIR.parent
+SHARED = Path(os.environ.get("FERROLM_SHARED", REPO.parent / "shared"))
+OUT_DIR = BENCHES_DIR / "out"
+DOCS_DIR = REPO / "docs"
+RESULTS = BENCHES_DIR / "RESULTS.md"
+PEERS = ["ferrolm", "torch", "tiktoken", "tokenizers", "gigatoken", "rustbpe", "transformers", "numpy", "regex"]
+
+
+@dataclass
+class Bench:
+    area: str  # benches/results/<area>.md, docs/bench_<area>.png
+    script: str  # under benches/
+    title: str
+    full: list = field(default_factory=list)  # extra arguments of the full run
+    quick: list = field(default_factory=list)  # (flag, value, ...) groups for --quick
+    json_flag: bool = True  # pass --json benches/out/<area>.json when the script has it
+    quick_timeout: float = 240.0
+    # How to read its ratios, shown under the chart.
+    reading: str = ""
+
+
+def _shared(rel: str) -> Optional[str]:
+    p = SHARED / rel
+    return str(p) if p.exists() else None
+
+
+TS_HEAD = "corpora/tinystories/TinyStories-v1-train_head_2MiB.txt"
+
+BENCHES = [
+    Bench(
+        "train", "bench_train.py", "BPE training: ferrolm vs gigatoken, rustbpe, HF tokenizers and the pure-Python reference",
+        quick=[("--files", _shared("corpora/webtext/enwiki_2016_wikiextractor.txt")), ("--vocab", "10000"), ("--runs", "1")],
+        quick_timeout=300,
+        reading="time of each library / time of ferrolm: above 1 means ferrolm is faster",
+    ),
+    Bench(
+        "encode", "bench_encode.py", "Encoding with the GPT-2 vocabulary: ferrolm vs tiktoken, HF tokenizers, gigatoken",
+        quick=[("--runs", "1"), ("--max-mb", "4")],
+        reading="see the column headers: each ratio names what it divides",
+    ),
+    Bench(
+        "shards", "bench_shards.py", "Corpus to uint16 .bin shards: ferrolm encode vs gigatoken files vs tiktoken nanoGPT-style",
+        quick=[("--runs", "1")],
+        reading="see the column headers: each ratio names what it divides",
+    ),
+    Bench(
+        "pretokenize", "bench_pretokenize.py", "Pre-tokenization: ferrolm's scanners vs fancy-regex vs Python regex",
+        quick=[("--max-mb", "1"), ("--runs", "1")], json_flag=False, quick_timeout=420,
+        reading="scanner speed / the other's speed (by CPU time): above 1 means the scanner is faster",
+    ),
+    Bench(
+        "model", "bench_model.py", "Training step: ferrolm TransformerLM vs HF transformers LlamaForCausalLM",
+        quick=[("--shapes", "small"), ("--runs", "1"), ("--steps", "1")],
+        reading="ferrolm tokens/s / HF tokens/s: above 1 means ferrolm is faster",
+    ),
+    Bench(
+        "generate", "bench_generate.py", "Generation: ferrolm sampler (KV cache, no cache) vs HF generate",
+        quick=[("--shapes", "cpu-small"), ("--runs", "1")],
+        reading="tokens/s of the row / tokens/s of the column's baseline",
+    ),
+    Bench(
+        "reference", "bench_reference_train.py", "The pure-Python reference BPE trainer",
+        quick=[("--only", "tinystories"), ("--repeat", "1")], json_flag=False,
+    ),
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Machine and versions
+# ---------------------------------------------------------------------------------------
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram = int(line.split()[1]) * 1024
+                break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable = os.cpu_count()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "ram_gb": round(ram / 2**30, 1) if ram else None,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for name in PEERS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def git_commit() -> Optional[str]:
+    try:
+        r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Running one script
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    bench: Bench
+    status: str  # ok, failed, timeout, missing, skipped
+    command: list = field(default_factory=list)
+    seconds: float = 0.0
+    stdout: str = ""
+    stderr_tail: str = ""
+    returncode: Optional[int] = None
+    json_path: Optional[Path] = None
+    chart: Optional[Path] = None
+
+
+def script_help(path: Path) -> str:
+    try:
+        r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+        return r.stdout + r.stderr
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def build_command(bench: Bench, quick: bool, help_text: str) -> list:
+    cmd = [sys.executable, str(BENCHES_DIR / bench.script)]
+    if quick:
+        for group in bench.quick:
+            flag, *values = group
+            if any(v is None for v in values):
+                continue  # input not available here: the script's default applies
+            if re.search(rf"(^|[\s\[,]){re.escape(flag)}\b", help_text):
+                cmd += [flag, *values]
+    else:
+        cmd += list(bench.full)
+    if bench.json_flag and re.search(r"(^|[\s\[,])--json\b", help_text):
+        cmd += ["--json", str(OUT_DIR / f"{bench.area}.json")]
+    return cmd
+
+
+def _pump(stream, sink: list, echo, prefix: str) -> None:
+    for line in iter(stream.readline, ""):
+        sink.append(line)
+        echo.write(prefix + line)
+        echo.flush()
+    stream.close()
+
+
+def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
+    path = BENCHES_DIR / bench.script
+    if not path.is_file():
+        return Outcome(bench, "missing")
+    help_text = script_help(path)
+    cmd = build_command(bench, quick, help_text)
+    shown = [os.path.relpath(c, REPO) if os.path.isabs(c) and c.startswith(str(REPO)) else c for c in cmd]
+    shown[0] = "python"
+    print(f"\n=== {bench.area}: {' '.join(shlex.quote(c) for c in shown)}", flush=True)
+    json_path = OUT_DIR / f"{bench.area}.json"
+    if json_path.exists():
+        json_path.unlink()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
+    out_lines: list = []
+    err_lines: list = []
+    threads = [
+        threading.Thread(target=_pump, args=(proc.stdout, out_lines, sys.stdout, "  "), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, err_lines, sys.stderr, "  "), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    status = "ok"
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        status = "timeout"
+    for t in threads:
+        t.join(timeout=10)
+    seconds = time.perf_counter() - t0
+    if status == "ok" and proc.returncode != 0:
+        status = "failed"
+    stdout, stderr = "".join(out_lines), "".join(err_lines)
+    (OUT_DIR / f"{bench.area}.log").write_text(
+        f"$ {' '.join(shown)}\n# exit {proc.returncode}, {seconds:.1f} s\n\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8"
+    )
+    return Outcome(
+        bench, status, shown, seconds, stdout, "".join(err_lines[-15:]), proc.returncode,
+        json_path if json_path.exists() else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Tables, ratios, charts
+# ---------------------------------------------------------------------------------------
+
+_RATIO = re.compile(r"^\**\s*([0-9]+(?:\.[0-9]+)?)\s*[x×]\s*\**$")
+
+
+def markdown_tables(text: str) -> list[dict]:
+    """Every markdown table in `text`: {"heading": last heading/comment line before it, "header": [...], "rows": [[...]]}."""
+    tables, heading, lines = [], "", text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        if line.startswith("|") and i + 1 < len(lines) and re.match(r"^\|\s*:?-{3,}", lines[i + 1].strip()):
+            header = [c.strip() for c in line.strip("|").split("|")]
+            rows = []
+            i += 2
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+                i += 1
+            tables.append({"heading": heading, "header": header, "rows": rows})
+            continue
+        i += 1
+    return tables
+
+
+def ratio_series(tables: list[dict]) -> list[tuple[str, list[tuple[str, float]]]]:
+    """(title, [(row label, ratio)]) for every table column holding ratios like "1.8x"."""
+    series = []
+    for t in tables:
+        header = t["header"]
+        for j, name in enumerate(header):
+            points = []
+            for row in t["rows"]:
+                if j >= len(row):
+                    continue
+                m = _RATIO.match(row[j])
+                if not m:
+                    continue
+                label_cells = [c.replace("*", "") for c in row[:j] if c and not _RATIO.match(c) and not _is_number(c)]
+                points.append((" ".join(label_cells)[:48] or f"row {len(points) + 1}", float(m.group(1))))
+            if points:
+                title = name.replace("*", "")
+                if t["heading"]:
+                    title = f"{t['heading'][:60]}: {title}"
+                series.append((title, points))
+    return series
+
+
+def _is_number(cell: str) -> bool:
+    return bool(re.fullmatch(r"[\d,.\s]+(?:\s*[A-Za-z%/]+)?", cell.replace("*", ""))) and any(ch.isdigit() for ch in cell)
+
+
+def draw_chart(area: str, title: str, series, reading: str) -> Optional[Path]:
+    if not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = series[:6]
+    heights = [max(1.2, 0.32 * len(points) + 0.9) for _, points in series]
+    fig, axes = plt.subplots(len(series), 1, figsize=(8.5, sum(heights) + 0.8), dpi=110,
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    for ax, (name, points) in zip(axes[:, 0], series):
+        labels = [p[0] for p in points]
+        values = [p[1] for p in points]
+        colors = ["#c0392b" if "ferrolm" in lab.lower() else "#5d6d7e" for lab in labels]
+        y = range(len(points))
+        ax.barh(list(y), values, color=colors, height=0.6)
+        ax.set_yticks(list(y))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_title(name, fontsize=9, loc="left")
+        top = max(values + [1.0])
+        for yi, v in zip(y, values):
+            ax.text(v + top * 0.01, yi, f"{v:.2f}x" if v < 10 else f"{v:.0f}x", va="center", fontsize=8)
+        ax.set_xlim(0, top * 1.15)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(title + (f"\n({reading})" if reading else ""), fontsize=10)
+    fig.tight_layout()
+    DOCS_DIR.mkdir(parents=True, exist_ok=True)
+    path = DOCS_DIR / f"bench_{area}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# RESULTS.md
+# ---------------------------------------------------------------------------------------
+
+
+def render_output(stdout: str) -> str:
+    """A script's stdout for RESULTS.md: tables and headings as markdown, other lines verbatim in code blocks."""
+    out, block = [], []
+
+    def flush_block():
+        if any(b.strip() for b in block):
+            out.append("```")
+            out.extend(b.rstrip() for b in block)
+            out.append("```")
+        block.clear()
+
+    for line in stdout.splitlines():
+        s = line.strip()
+        if s.startswith("{") and s.endswith("}"):
+            continue  # a JSON record meant for a parent process
+        if s.startswith("|"):
+            flush_block()
+            out.append(s)
+        elif s.startswith("## ") or s.startswith("### "):
+            flush_block()
+            out += ["", "#### " + s.lstrip("#").strip(), ""]
+        elif not s and not block:
+            if out and out[-1] != "":
+                out.append("")
+        else:
+            if out and out[-1].startswith("|"):
+                out.append("")
+            block.append(line)
+    flush_block()
+    return "\n".join(out).strip()
+
+
+def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, started: str, total_s: float) -> Path:
+    cmd = "python benches/run.py" + (" --quick" if args.quick else "") + (f" --only {' '.join(args.only)}" if args.only else "")
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `{cmd}` on {started} ({total_s / 60:.1f} minutes in all). "
+        + ("**Quick mode**: smaller inputs and one timed run each; the full run is `python benches/run.py`. " if args.quick else "")
+        + "Each benchmark runs every library in its own process on the same input and checks that they "
+        "compute the same thing before timing; ratios, not absolute times, are what carry over to other machines.",
+        "",
+        "**Machine**: " + f"{machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable), "
+        f"{machine['ram_gb']} GiB RAM, {machine['os']}, Python {machine['python']}; "
+        f"load average before the run {machine['load_average']} (a busy machine inflates timings).",
+        "",
+        "**Versions**: " + ", ".join(f"{k} {v}" for k, v in vers.items()) + (f"; ferrolm commit `{args.commit}`" if args.commit else ""),
+        "",
+        "| benchmark | status | time | command |",
+        "|---|---|---:|---|",
+    ]
+    for o in outcomes:
+        status = {"missing": f"not in this checkout (benches/{o.bench.script})", "skipped": "not run (--only)"}.get(o.status, o.status)
+        if o.status in ("failed", "timeout"):
+            status = f"**{o.status}**" + (f" (exit {o.returncode})" if o.status == "failed" else "")
+        cmd_s = f"`{' '.join(shlex.quote(c) for c in o.command)}`" if o.command else ""
+        lines.append(f"| [{o.bench.area}](#{o.bench.area}) | {status} | {o.seconds:.0f} s | {cmd_s} |" if o.command else
+                     f"| {o.bench.area} | {status} | | |")
+    for o in outcomes:
+        if o.status in ("missing", "skipped"):
+            continue
+        lines += ["", f"## {o.bench.area}", "", f"**{o.bench.title}**", ""]
+        lines += [f"Command: `{' '.join(shlex.quote(c) for c in o.command)}` ({o.seconds:.0f} s, {o.status})", ""]
+        if o.chart is not None:
+            rel = os.path.relpath(o.chart, RESULTS.parent)
+            lines += [f"![{o.bench.area} ratios]({rel})", ""]
+            if o.bench.reading:
+                lines += [f"Chart: {o.bench.reading}.", ""]
+        body = render_output(o.stdout)
+        if body:
+            lines += [body, ""]
+        if o.status != "ok":
+            lines += ["Last lines of its stderr:", "", "```", o.stderr_tail.rstrip(), "```", ""]
+        notes = BENCHES_DIR / "results" / f"{o.bench.area}.md"
+        if notes.exists():
+            lines += [f"Method and discussion: [results/{o.bench.area}.md](results/{o.bench.area}.md). "
+                      f"Full log: benches/out/{o.bench.area}.log.", ""]
+    RESULTS.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return RESULTS
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small inputs, one timed run each (under 10 minutes on 2 cores)")
+    ap.add_argument("--only", nargs="+", metavar="AREA", choices=[b.area for b in BENCHES], help="run only these benchmarks")
+    ap.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="seconds per benchmark before it is stopped (default: per-benchmark limits with --quick, none otherwise)")
+    ap.add_argument("--list", action="store_true", help="list the benchmarks and the commands they would run, then exit")
+    args = ap.parse_args(argv)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    if args.list:
+        for b in BENCHES:
+            path = BENCHES_DIR / b.script
+            if path.is_file():
+                print(f"{b.area:12s} {' '.join(build_command(b, args.quick, script_help(path))[1:])}")
+            else:
+                print(f"{b.area:12s} (missing: benches/{b.script})")
+        return 0
+    machine = machine_info()
+    vers = versions()
+    args.commit = git_commit()
+    started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    print(f"machine: {machine}\nversions: {vers}", flush=True)
+    t0 = time.perf_counter()
+    outcomes = []
+    for b in BENCHES:
+        if args.only and b.area not in args.only:
+            outcomes.append(Outcome(b, "skipped"))
+            continue
+        timeout = args.timeout if args.timeout is not None else (b.quick_timeout if args.quick else None)
+        o = run_bench(b, args.quick, timeout)
+        if o.status == "ok":
+            try:
+                o.chart = draw_chart(b.area, b.title, ratio_series(markdown_tables(o.stdout)), b.reading)
+            except Exception as e:  # a chart must never lose the numbers
+                print(f"  (no chart for {b.area}: {e})", file=sys.stderr)
+        print(f"=== {b.area}: {o.status} in {o.seconds:.0f} s" + (f", chart {o.chart}" if o.chart else ""), flush=True)
+        outcomes.append(o)
+    path = write_results(outcomes, args, machine, vers, started, time.perf_counter() - t0)
+    print(f"\nwrote {path} in {(time.perf_counter() - t0) / 60:.1f} minutes")
+    for o in outcomes:
+        print(f"  {o.bench.area:12s} {o.status}")
+    return 0 if all(o.status in ("ok", "missing", "skipped") for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,220 @@
+"""Train a byte-level BPE tokenizer with the Rust core.
+
+``train`` reads files in chunks (never a whole file at once), pre-tokenizes and counts
+in parallel, then learns the merges; it returns ``(vocab, merges)`` with ids as
+DESIGN.md fixes them: 0-255 the single bytes, then one id per merge in merge order,
+then the special tokens. Among pairs of equal count the lexicographically greatest
+``(bytes, bytes)`` is merged first. The result does not depend on ``num_threads``.
+
+The GIL is released while the core works; Ctrl-C stops training with
+KeyboardInterrupt within a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, Iterable, Sequence, Union
+
+from ferrolm import _core
+
+__all__ = ["train", "train_bpe"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Bytes the core reads from a file at a time (None: the core's default, 16 MiB). Tests
+# set it small to exercise chunk boundaries.
+_CHUNK_SIZE: int | None = None
+
+# Strings from an iterable are handed to the core in batches of about this many characters.
+_TEXT_BATCH_CHARS = 4 << 20
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _fix_surrogates(text: str) -> str:
+    """Lone surrogates become U+FFFD and surrogate pairs their character (as tiktoken does)."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _feed_texts(trainer, texts: Iterable[str], report) -> None:
+    """Feed an iterable of str to the core's text stream, in batches (one continuous text)."""
+    batch: list[str] = []
+    size = 0
+
+    def flush(final: bool) -> None:
+        nonlocal batch, size
+        text = "".join(batch)
+        carry = ""
+        if not final and text and "\ud800" <= text[-1] <= "\udbff":
+            # A high surrogate may pair with a low one at the start of the next string.
+            text, carry = text[:-1], text[-1]
+        try:
+            trainer.feed_text(text, report)
+        except UnicodeEncodeError:
+            trainer.feed_text(_fix_surrogates(text), report)
+        batch, size = ([carry], len(carry)) if carry else ([], 0)
+
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"an iterable input must yield str, got {type(text).__name__}")
+        batch.append(text)
+        size += len(text)
+        if size >= _TEXT_BATCH_CHARS:
+            flush(final=False)
+    flush(final=True)
+    trainer.finish_text(report)
+
+
+def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
+    if special_tokens is None:
+        return []
+    if isinstance(special_tokens, (str, bytes)):
+        raise TypeError(f"special_tokens must be a list of strings, not a single {type(special_tokens).__name__}")
+    out = list(special_tokens)
+    for s in out:
+        if not isinstance(s, str):
+            raise TypeError(f"special tokens must be str, got {type(s).__name__}: {s!r}")
+        if not s:
+            raise ValueError("a special token must not be the empty string")
+    duplicates = sorted({s for s in out if out.count(s) > 1})
+    if duplicates:
+        raise ValueError(f"special token(s) listed twice: {duplicates}")
+    return out
+
+
+def _as_paths(input) -> list[str] | None:
+    """The list of file paths `input` names, or None when it is an iterable of texts.
+
+    A str or os.PathLike is one path; a list or tuple is a list of paths; any other
+    iterable (a generator, an iterator, ...) yields the text itself, in pieces.
+    """
+    if isinstance(input, (str, os.PathLike)):
+        return [os.fspath(input)]
+    if isinstance(input, (bytes, bytearray)):
+        raise TypeError("input must be a path, a list of paths or an iterable of str, not bytes")
+    if isinstance(input, (list, tuple)):
+        paths = []
+        for p in input:
+            if not isinstance(p, (str, os.PathLike)):
+                raise TypeError(f"a list input must hold file paths (str or os.PathLike), got {type(p).__name__}")
+            paths.append(os.fspath(p))
+        return paths
+    if not hasattr(input, "__iter__"):
+        raise TypeError(f"input must be a path, a list of paths or an iterable of str, got {type(input).__name__}")
+    return None
+
+
+class _Progress:
+    """tqdm bars fed by the core's (done, total) reports; a no-op when disabled."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+
+    def stage(self, desc: str, unit: str, total: int | None = None) -> Callable[[int, int], None] | None:
+        """A new bar; returns the callback the core calls with (done, total)."""
+        if not self.enabled:
+            return None
+        from tqdm.auto import tqdm
+
+        self.close()
+        scale = unit == "B"
+        self.bar = bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000)
+
+        def report(done: int, total_now: int) -> None:
+            if total_now and bar.total != total_now:
+                bar.total = total_now
+            bar.n = done
+            bar.refresh()
+
+        return report
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def train(
+    input: PathLike | Sequence[PathLike] | Iterable[str],
+    vocab_size: int,
+    special_tokens: Iterable[str] | None = ("<|endoftext|>",),
+    *,
+    pattern: str = "gpt2",
+    num_threads: int | None = None,
+    progress: bool = True,
+    errors: str = "strict",
+    stats: dict | None = None,
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+    """Train byte-level BPE on `input` and return ``(vocab, merges)``.
+
+    input: a path, a list (or tuple) of paths, or any other iterable of str (e.g.
+        ``iter(documents)``). Each file is its own text (no pre-token spans two files);
+        the strings of an iterable are one continuous text, as if concatenated (separate
+        documents with a special token). A list of str is read as paths.
+    vocab_size: total size, 256 bytes + merges + special tokens. Training stops early
+        if no pair is left to merge.
+    special_tokens: split the text and are never merged across; added after the merges.
+    pattern: "gpt2" (default), "cl100k", "o200k" or a custom regex (Python `regex` syntax).
+    num_threads: worker threads (default: all cores); the result does not depend on it.
+    progress: show tqdm progress bars (counting, then merging).
+    errors: "strict" (invalid UTF-8 raises ValueError naming the file and byte offset)
+        or "replace" (invalid bytes become U+FFFD, as bytes.decode(errors="replace")).
+    stats: if a dict is given, it receives seconds per stage and sizes (for profiling).
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    specials = _check_special_tokens(special_tokens)
+    if vocab_size < 256 + len(specials):
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: it must be at least {256 + len(specials)} (256 bytes + {len(specials)} special tokens)"
+        )
+    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
+        raise ValueError(f"num_threads must be None or a positive int, got {num_threads!r}")
+    if errors not in ("strict", "replace"):
+        raise ValueError(f'errors must be "strict" or "replace", got {errors!r}')
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+
+    paths = _as_paths(input)
+    if paths is not None and not paths:
+        raise ValueError("the corpus is empty: no input files given")
+    trainer = _core.BpeTrainer(specials, pattern, num_threads, errors, _CHUNK_SIZE)
+    bars = _Progress(progress)
+    try:
+        if paths is not None:
+            try:
+                trainer.count_files(paths, bars.stage("counting", "B"))
+            except FileNotFoundError as e:
+                if isinstance(input, (list, tuple)):
+                    e.strerror = f"{e.strerror} (a list is read as file paths; to train on strings pass an iterator, e.g. iter(texts))"
+                raise
+        else:
+            _feed_texts(trainer, input, bars.stage("counting", "B"))  # type: ignore[arg-type]
+        num_merges = vocab_size - 256 - len(specials)
+        merges = trainer.learn(num_merges, bars.stage("merging", "merge", num_merges))
+    finally:
+        bars.close()
+    if stats is not None:
+        stats.update(trainer.stats())
+
+    vocab: dict[int, bytes] = {i: bytes([i]) for i in range(256)}
+    for a, b in merges:
+        vocab[len(vocab)] = a + b
+    for s in specials:
+        vocab[len(vocab)] = s.encode("utf-8")
+    return vocab, merges
+
+
+def train_bpe(
+    input_path: PathLike | Sequence[PathLike] | Iterable[str],
+    vocab_size: int,
+    special_tokens: Iterable[str] | None = ("<|endoftext|>",),
+    **kwargs,
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+    """``train`` without progress bars by default: returns ``(vocab, merges)``."""
+    kwargs.setdefault("progress", False)
+    return train(input_path, vocab_size, special_tokens, **kwargs)

@@ -1,0 +1,752 @@
+//! The shard writer behind `ferrolm encode`: text files in, a flat little-endian
+//! uint16/uint32 token file out, at the encoder's speed.
+//!
+//! Pipeline (one call of [`encode_to_shard`]):
+//!
+//! * the calling thread reads the inputs in large chunks cut at document boundaries
+//!   (right after an end-of-text separator, or after a newline for JSON Lines), hashing
+//!   every raw byte it reads (sha256) and decompressing `.gz` / `.zst` on the way;
+//! * a rayon pool encodes the chunks in parallel; at most `window` chunks are in flight,
+//!   so memory is bounded by the window, not by the input;
+//! * the calling thread writes the encoded chunks in input order to `P.bin.partial`, and
+//!   every `commit_interval` it fsyncs the data and then atomically rewrites the progress
+//!   journal `P.progress.json` (input position of the last written chunk, token count,
+//!   parameters). A rerun of the same job truncates the partial file to the journal's
+//!   token count and continues after that chunk, so a run killed at any moment (kill -9
+//!   included) ends with the same bytes as an uninterrupted one.
+//!
+//! Encoding a chunk cut right after a special token gives exactly the ids of encoding the
+//! whole text (special tokens are hard boundaries), so the output does not depend on the
+//! chunk size or on the number of threads.
+//!
+//! The encoder is injected ([`TextEncoder`]), so this module does not depend on how BPE
+//! is implemented; the final rename and the sidecar JSON are the caller's (Python's) job.
+
+mod input;
+mod jsonl;
+mod writer;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub use input::{part_range, Compression, Format, InputSpec};
+use input::{Chunk, ChunkReader, FileSummary};
+use writer::{Journal, PartialWriter};
+
+/// Turns text into token ids, appending to `out`. Must be deterministic and `Sync`
+/// (one instance is shared by all encoding threads).
+pub trait TextEncoder: Sync {
+    /// Encode with special tokens recognised (used for plain text, whose documents are
+    /// separated by the end-of-text special token).
+    fn encode(&self, text: &str, out: &mut Vec<u32>);
+    /// Encode with special tokens treated as ordinary text (used for JSON Lines documents,
+    /// which are delimited by the file structure). Defaults to [`TextEncoder::encode`].
+    fn encode_ordinary(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode(text, out)
+    }
+}
+
+/// The real BPE encoder: special tokens allowed in plain text, ordinary in JSON Lines.
+impl TextEncoder for crate::encode::Encoder {
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode_into(text, true, out)
+    }
+    fn encode_ordinary(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode_into(text, false, out)
+    }
+}
+
+impl<F: Fn(&str, &mut Vec<u32>) + Sync> TextEncoder for F {
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        self(text, out)
+    }
+}
+
+/// Element type of the output file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    U16,
+    U32,
+}
+
+impl Dtype {
+    pub fn itemsize(self) -> u64 {
+        match self {
+            Dtype::U16 => 2,
+            Dtype::U32 => 4,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::U16 => "uint16",
+            Dtype::U32 => "uint32",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Dtype> {
+        match s {
+            "uint16" | "u16" => Some(Dtype::U16),
+            "uint32" | "u32" => Some(Dtype::U32),
+            _ => None,
+        }
+    }
+}
+
+/// What to do with bytes that are not UTF-8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Utf8Errors {
+    /// Stop with an error naming the file and the byte offset.
+    Strict,
+    /// Replace each invalid sequence by U+FFFD (as Python's `errors="replace"`).
+    Replace,
+}
+
+/// Everything that defines one encode job. Output paths are derived from `out_bin`
+/// (`P.bin` → `P.bin.partial`, `P.progress.json`).
+#[derive(Debug, Clone)]
+pub struct EncodeJob {
+    pub inputs: Vec<InputSpec>,
+    /// The final name of the token file (`P.bin`); this module writes `P.bin.partial`.
+    pub out_bin: PathBuf,
+    pub dtype: Dtype,
+    /// The end-of-text token: its text (the document separator of plain-text inputs) and id.
+    pub eos: Option<(String, u32)>,
+    /// Field of a JSON Lines record that holds the document text.
+    pub jsonl_field: String,
+    pub errors: Utf8Errors,
+    /// Target chunk size in bytes (a chunk grows past it only to reach a document boundary).
+    pub chunk_size: usize,
+    /// Encoding threads (0: all cores).
+    pub threads: usize,
+    /// Chunks in flight at once (0: automatic, twice the threads plus two).
+    pub window: usize,
+    /// `Some((i, n))`: encode only the i-th (0-based) of n byte ranges of the inputs.
+    pub part: Option<(u64, u64)>,
+    /// Allow cutting a document without separator at a newline between two printable ASCII
+    /// characters (exact for the built-in gpt2/cl100k/o200k patterns, see `input.rs`).
+    pub newline_cuts: bool,
+    /// Opaque description of the job (tokenizer fingerprint, options, input sizes...):
+    /// a journal is resumed only if it records exactly this string.
+    pub params: String,
+    /// Minimum time between two commits of the progress journal (zero: after every chunk).
+    pub commit_interval: Duration,
+}
+
+impl EncodeJob {
+    pub fn partial_path(&self) -> PathBuf {
+        with_suffix(&self.out_bin, ".partial")
+    }
+    pub fn journal_path(&self) -> PathBuf {
+        let s = self.out_bin.to_string_lossy();
+        let stem = s.strip_suffix(".bin").unwrap_or(&s);
+        PathBuf::from(format!("{stem}.progress.json"))
+    }
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Progress reported after each written chunk.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    /// Raw (on-disk) input bytes consumed so far, out of `raw_total`.
+    pub raw_done: u64,
+    pub raw_total: u64,
+    pub tokens: u64,
+    pub documents: u64,
+}
+
+/// One input as it went into the shard.
+#[derive(Debug, Clone)]
+pub struct InputRecord {
+    pub path: PathBuf,
+    /// Size of the file on disk.
+    pub bytes: u64,
+    /// sha256 of the raw bytes of `range` (the whole file unless `--part` split it).
+    pub sha256: String,
+    /// Byte range of the file this shard encoded, `[start, end)`.
+    pub range: (u64, u64),
+    /// Decompressed size, for `.gz` / `.zst` inputs.
+    pub uncompressed_bytes: Option<u64>,
+}
+
+/// The result of a completed job.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub num_tokens: u64,
+    pub num_documents: u64,
+    pub dtype: Dtype,
+    pub inputs: Vec<InputRecord>,
+    /// Range of the concatenated raw inputs this shard covers.
+    pub byte_range: (u64, u64),
+    /// Tokens that were already on disk from an interrupted run (0 for a fresh start).
+    pub resumed_tokens: u64,
+    /// Why an existing journal was not resumed, if there was one.
+    pub restart_reason: Option<String>,
+    /// The partial file, complete and fsynced, for the caller to rename to `out_bin`.
+    pub partial_path: PathBuf,
+}
+
+/// Everything that can go wrong, each with enough context for a one-line message.
+#[derive(Debug)]
+pub enum ShardError {
+    /// An I/O error on `path` while `doing` something (reading, writing, ...).
+    Io {
+        path: PathBuf,
+        doing: &'static str,
+        source: io::Error,
+    },
+    /// Compressed data that does not decompress.
+    Corrupt {
+        path: PathBuf,
+        format: &'static str,
+        raw_offset: u64,
+        source: io::Error,
+    },
+    /// Bytes that are not UTF-8 (offset in the decompressed stream for compressed files).
+    Utf8 {
+        path: PathBuf,
+        offset: u64,
+        compressed: bool,
+    },
+    /// A JSON Lines record that is not an object with a string field.
+    Jsonl {
+        path: PathBuf,
+        line: u64,
+        message: String,
+    },
+    /// A token id that the output dtype cannot hold.
+    DtypeOverflow {
+        id: u32,
+        dtype: Dtype,
+        path: PathBuf,
+        chunk_offset: u64,
+    },
+    /// An input changed size while it was being read.
+    Changed {
+        path: PathBuf,
+        expected: u64,
+        got: u64,
+    },
+    /// The progress callback asked to stop (Ctrl-C); everything written so far is committed.
+    Interrupted,
+    /// A bad argument.
+    Invalid(String),
+    /// A bug: an encoding thread panicked.
+    Panic(String),
+}
+
+impl ShardError {
+    fn io(path: &Path, doing: &'static str, source: io::Error) -> Self {
+        ShardError::Io {
+            path: path.to_path_buf(),
+            doing,
+            source,
+        }
+    }
+    /// True for "no space left on device" (and "file too large") write errors.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            ShardError::Io { source, .. } => is_disk_full(source),
+            _ => false,
+        }
+    }
+}
+
+pub(crate) fn is_disk_full(e: &io::Error) -> bool {
+    // ENOSPC = 28, EFBIG = 27, EDQUOT = 122 on Linux.
+    matches!(e.raw_os_error(), Some(28) | Some(27) | Some(122))
+}
+
+impl fmt::Display for ShardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShardError::Io { path, doing, source } if is_disk_full(source) => write!(
+                f,
+                "no space left while {doing} {}: {source}. Nothing was written at the final name; \
+                 free some space and rerun the same command to resume from the last completed chunk",
+                path.display()
+            ),
+            ShardError::Io { path, doing, source } if source.kind() == io::ErrorKind::NotFound => {
+                write!(f, "{doing} {}: file not found", path.display())
+            }
+            ShardError::Io { path, doing, source } => write!(f, "{doing} {}: {source}", path.display()),
+            ShardError::Corrupt { path, format, raw_offset, source } => write!(
+                f,
+                "{}: corrupt or truncated {format} data (after {raw_offset} compressed bytes): {source}",
+                path.display()
+            ),
+            ShardError::Utf8 { path, offset, compressed } => write!(
+                f,
+                "{}: invalid UTF-8 at byte offset {offset}{} (pass --errors replace to substitute U+FFFD)",
+                path.display(),
+                if *compressed { " of the decompressed text" } else { "" }
+            ),
+            ShardError::Jsonl { path, line, message } => write!(f, "{}:{line}: {message}", path.display()),
+            ShardError::DtypeOverflow { id, dtype, path, chunk_offset } => write!(
+                f,
+                "token id {id} does not fit in {} (in {} near byte offset {chunk_offset}); use --dtype uint32 or auto",
+                dtype.name(),
+                path.display()
+            ),
+            ShardError::Changed { path, expected, got } => write!(
+                f,
+                "{} changed while it was read (expected {expected} bytes, read {got})",
+                path.display()
+            ),
+            ShardError::Interrupted => write!(f, "interrupted"),
+            ShardError::Invalid(msg) => write!(f, "{msg}"),
+            ShardError::Panic(msg) => write!(f, "internal error: an encoding thread panicked: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for ShardError {}
+
+/// What an encoding task hands back to the writer.
+struct Encoded {
+    seq: u64,
+    bytes: Vec<u8>,
+    tokens: u64,
+    documents: u64,
+    /// Input position right after this chunk: (file index, logical offset).
+    next_pos: (usize, u64),
+    raw_done: u64,
+}
+
+/// Reusable buffers, so steady state allocates nothing per chunk.
+struct Pool {
+    bufs: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Pool {
+    fn get(&self) -> Vec<u8> {
+        self.bufs
+            .lock()
+            .map(|mut v| v.pop())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+    fn put(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        if let Ok(mut v) = self.bufs.lock() {
+            if v.len() < 64 {
+                v.push(buf);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Encode one chunk into the output dtype's little-endian bytes.
+fn encode_chunk<E: TextEncoder + ?Sized>(
+    enc: &E,
+    job: &EncodeJob,
+    chunk: &Chunk,
+    mut out: Vec<u8>,
+) -> Result<(Vec<u8>, u64, u64), ShardError> {
+    let spec = &job.inputs[chunk.file];
+    let text: Cow<str> = match std::str::from_utf8(&chunk.data) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(e) => match job.errors {
+            Utf8Errors::Replace => String::from_utf8_lossy(&chunk.data),
+            Utf8Errors::Strict => {
+                return Err(ShardError::Utf8 {
+                    path: spec.path.clone(),
+                    offset: chunk.start + e.valid_up_to() as u64,
+                    compressed: spec.compression != Compression::None,
+                })
+            }
+        },
+    };
+    SCRATCH.with(|cell| {
+        let mut ids = cell.borrow_mut();
+        ids.clear();
+        let eos = job.eos.as_ref();
+        let mut documents = 0u64;
+        match spec.format {
+            Format::Text => {
+                enc.encode(&text, &mut ids);
+                if let Some((sep, id)) = eos {
+                    documents = ids.iter().filter(|&&t| t == *id).count() as u64;
+                    // A file whose last document has no separator: end that document.
+                    if chunk.at_file_end {
+                        let tail = match memchr::memmem::rfind(text.as_bytes(), sep.as_bytes()) {
+                            Some(p) => &text[p + sep.len()..],
+                            None => &text[..],
+                        };
+                        if !tail.trim().is_empty() {
+                            ids.push(*id);
+                            documents += 1;
+                        }
+                    }
+                }
+            }
+            Format::Jsonl => {
+                let mut line_no = chunk.first_line;
+                for line in text.split('\n') {
+                    line_no += 1;
+                    let line = line.strip_suffix('\r').unwrap_or(line);
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    let doc = jsonl::field(line, &job.jsonl_field).map_err(|message| {
+                        ShardError::Jsonl {
+                            path: spec.path.clone(),
+                            line: line_no,
+                            message,
+                        }
+                    })?;
+                    enc.encode_ordinary(&doc, &mut ids);
+                    if let Some((_, id)) = eos {
+                        ids.push(*id);
+                    }
+                    documents += 1;
+                }
+            }
+        }
+        out.clear();
+        match job.dtype {
+            Dtype::U16 => {
+                out.reserve(ids.len() * 2);
+                for &t in ids.iter() {
+                    if t > u16::MAX as u32 {
+                        return Err(ShardError::DtypeOverflow {
+                            id: t,
+                            dtype: Dtype::U16,
+                            path: spec.path.clone(),
+                            chunk_offset: chunk.start,
+                        });
+                    }
+                    out.extend_from_slice(&(t as u16).to_le_bytes());
+                }
+            }
+            Dtype::U32 => {
+                out.reserve(ids.len() * 4);
+                for &t in ids.iter() {
+                    out.extend_from_slice(&t.to_le_bytes());
+                }
+            }
+        }
+        Ok((out, ids.len() as u64, documents))
+    })
+}
+
+/// Run an encode job to completion (or resume an interrupted one).
+///
+/// `progress` is called on the calling thread after each written chunk; returning `false`
+/// stops the job cleanly (what was written is committed to the journal) with
+/// [`ShardError::Interrupted`].
+pub fn encode_to_shard<E, P>(
+    job: &EncodeJob,
+    encoder: &E,
+    mut progress: P,
+) -> Result<Summary, ShardError>
+where
+    E: TextEncoder + ?Sized,
+    P: FnMut(&Progress) -> bool,
+{
+    if job.inputs.is_empty() {
+        return Err(ShardError::Invalid("no input files".into()));
+    }
+    if job.chunk_size == 0 {
+        return Err(ShardError::Invalid("chunk size must be positive".into()));
+    }
+    if let Some((i, n)) = job.part {
+        if n == 0 || i >= n {
+            return Err(ShardError::Invalid(format!(
+                "--part {i}/{n}: need 0 <= I < N"
+            )));
+        }
+    }
+    if let Some((sep, _)) = &job.eos {
+        if sep.is_empty() {
+            return Err(ShardError::Invalid("the end-of-text token is empty".into()));
+        }
+    }
+    let itemsize = job.dtype.itemsize();
+
+    // Plan: sizes, this part's byte range.
+    let sizes = input::file_sizes(&job.inputs)?;
+    let total: u64 = sizes.iter().sum();
+    let byte_range = match job.part {
+        Some((i, n)) => part_range(
+            &job.inputs,
+            &sizes,
+            i,
+            n,
+            job.eos.as_ref().map(|e| e.0.as_str()),
+            job.newline_cuts,
+        )?,
+        None => (0, total),
+    };
+
+    // Resume or start over.
+    let partial_path = job.partial_path();
+    let journal_path = job.journal_path();
+    let mut restart_reason = None;
+    let mut resume: Option<Journal> = None;
+    match Journal::read(&journal_path) {
+        Ok(None) => {}
+        Ok(Some(j)) => match j.check(&job.params, &partial_path, &job.out_bin, itemsize) {
+            Ok(()) => resume = Some(j),
+            Err(why) => restart_reason = Some(why),
+        },
+        Err(why) => restart_reason = Some(why),
+    }
+    if let Some(j) = &resume {
+        if j.complete {
+            // The caller may already have renamed the partial file before it was killed.
+            let done = if partial_path.exists() { &partial_path } else { &job.out_bin };
+            if let Some(summary) = j.summary(job, done) {
+                return Ok(summary);
+            }
+            restart_reason = Some("the journal of the completed run is unreadable".into());
+            resume = None;
+        }
+    }
+    if resume.is_none() {
+        // A journal that does not match is removed before the partial file is reset,
+        // so a crash in between never pairs an old journal with new data.
+        if let Err(e) = std::fs::remove_file(&journal_path) {
+            if e.kind() != io::ErrorKind::NotFound {
+                return Err(ShardError::io(
+                    &journal_path,
+                    "removing the stale progress journal",
+                    e,
+                ));
+            }
+        }
+    }
+    let (start_pos, mut tokens, mut documents) = match &resume {
+        Some(j) => ((j.next_file, j.next_offset), j.tokens, j.documents),
+        None => ((0, 0), 0, 0),
+    };
+    let resumed_tokens = tokens;
+
+    let mut out = PartialWriter::open(&partial_path, tokens * itemsize, resume.is_none())?;
+    let mut reader = ChunkReader::new(
+        job,
+        &sizes,
+        byte_range,
+        if resume.is_some() {
+            Some(start_pos)
+        } else {
+            None
+        },
+    )?;
+
+    let threads = if job.threads == 0 {
+        rayon::current_num_threads().max(1)
+    } else {
+        job.threads
+    };
+    let window = if job.window == 0 {
+        2 * threads + 2
+    } else {
+        job.window.max(1)
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("ferrolm-encode-{i}"))
+        .build()
+        .map_err(|e| ShardError::Invalid(format!("cannot start {threads} threads: {e}")))?;
+    let bufs = Pool {
+        bufs: Mutex::new(Vec::new()),
+    };
+
+    let mut journal = Journal {
+        params: job.params.clone(),
+        next_file: start_pos.0,
+        next_offset: start_pos.1,
+        tokens,
+        documents,
+        complete: false,
+        summary: None,
+    };
+    let raw_total = byte_range.1 - byte_range.0;
+    let mut last_commit = Instant::now();
+    let mut committed_tokens = tokens;
+
+    let result: Result<(), ShardError> = pool.in_place_scope(|scope| {
+        let (tx, rx) = mpsc::channel::<(u64, Result<Encoded, ShardError>)>();
+        let mut next_read: u64 = 0; // sequence number of the next chunk to read
+        let mut next_write: u64 = 0; // sequence number of the next chunk to write
+        let mut in_flight = 0usize;
+        let mut pending: std::collections::BTreeMap<u64, Result<Encoded, ShardError>> =
+            Default::default();
+        let mut reader_done = false;
+        // The first error in input order wins; `stop_at` is the sequence number at which
+        // writing stops (a reader error happens "at" the chunk it could not produce).
+        let mut stop_at: Option<(u64, ShardError)> = None;
+
+        loop {
+            // Keep the window full.
+            while !reader_done && stop_at.is_none() && in_flight < window {
+                match reader.next_chunk(&bufs) {
+                    Ok(Some(chunk)) => {
+                        let seq = next_read;
+                        next_read += 1;
+                        in_flight += 1;
+                        let tx = tx.clone();
+                        let out_buf = bufs.get();
+                        let bufs = &bufs;
+                        scope.spawn(move |_| {
+                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                encode_chunk(encoder, job, &chunk, out_buf)
+                            }));
+                            let r = match r {
+                                Ok(Ok((bytes, tokens, documents))) => Ok(Encoded {
+                                    seq,
+                                    bytes,
+                                    tokens,
+                                    documents,
+                                    next_pos: chunk.next_pos,
+                                    raw_done: chunk.raw_done,
+                                }),
+                                Ok(Err(e)) => Err(e),
+                                Err(p) => Err(ShardError::Panic(panic_message(&p))),
+                            };
+                            bufs.put(chunk.data);
+                            let _ = tx.send((seq, r));
+                        });
+                    }
+                    Ok(None) => reader_done = true,
+                    Err(e) => stop_at = Some((next_read, e)),
+                }
+            }
+            if let Some((at, _)) = &stop_at {
+                if next_write == *at {
+                    break;
+                }
+            }
+            if in_flight == 0 {
+                break;
+            }
+            let (seq, r) = rx.recv().expect("encoding threads hold a sender");
+            in_flight -= 1;
+            pending.insert(seq, r);
+            // Write everything that is now in order.
+            while let Some(r) = pending.remove(&next_write) {
+                match r {
+                    Ok(enc) => {
+                        debug_assert_eq!(enc.seq, next_write);
+                        out.write(&enc.bytes)?;
+                        bufs.put(enc.bytes);
+                        tokens += enc.tokens;
+                        documents += enc.documents;
+                        next_write += 1;
+                        journal.next_file = enc.next_pos.0;
+                        journal.next_offset = enc.next_pos.1;
+                        journal.tokens = tokens;
+                        journal.documents = documents;
+                        if last_commit.elapsed() >= job.commit_interval {
+                            out.sync()?;
+                            journal.write(&journal_path)?;
+                            committed_tokens = tokens;
+                            last_commit = Instant::now();
+                        }
+                        let p = Progress {
+                            raw_done: enc.raw_done,
+                            raw_total,
+                            tokens,
+                            documents,
+                        };
+                        if !progress(&p) && stop_at.is_none() {
+                            stop_at = Some((next_write, ShardError::Interrupted));
+                        }
+                    }
+                    Err(e) => {
+                        if stop_at.as_ref().map_or(true, |(at, _)| next_write < *at) {
+                            stop_at = Some((next_write, e));
+                        }
+                        break;
+                    }
+                }
+                if let Some((at, _)) = &stop_at {
+                    if next_write >= *at {
+                        break;
+                    }
+                }
+            }
+            if let Some((at, _)) = &stop_at {
+                if next_write >= *at {
+                    // Let the tasks still running finish (their results are dropped).
+                    while in_flight > 0 {
+                        let _ = rx.recv();
+                        in_flight -= 1;
+                    }
+                    break;
+                }
+            }
+        }
+        match stop_at {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    });
+
+    match result {
+        Ok(()) => {
+            out.sync()?;
+            let summary = Summary {
+                num_tokens: tokens,
+                num_documents: documents,
+                dtype: job.dtype,
+                inputs: reader.records(),
+                byte_range,
+                resumed_tokens,
+                restart_reason,
+                partial_path,
+            };
+            journal.complete = true;
+            journal.summary = Some(writer::summary_to_json(&summary));
+            journal.write(&journal_path)?;
+            Ok(summary)
+        }
+        Err(e) => {
+            // Commit what was written so a rerun continues from here (best effort: after a
+            // failed write, the disk may refuse this too; the previous commit then stands).
+            if tokens != committed_tokens {
+                let _ = out.sync().and_then(|_| journal.write(&journal_path));
+            }
+            Err(e)
+        }
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+impl From<FileSummary> for InputRecord {
+    fn from(s: FileSummary) -> Self {
+        InputRecord {
+            path: s.path,
+            bytes: s.size,
+            sha256: s.sha256,
+            range: s.range,
+            uncompressed_bytes: s.uncompressed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,532 @@
+//! Tests of the shard pipeline with injected encoders. The main one maps each
+//! pre-token piece to an id derived from its bytes, so any chunk cut that changed the
+//! pre-tokenization would change the output.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+use crate::pretokenize::PreTokenizer;
+
+const EOT: &str = "<|endoftext|>";
+const EOT_ID: u32 = 50_000;
+
+/// Special-aware encoder: `<|endoftext|>` → EOT_ID; other text cut by the pattern, each
+/// piece → a hash of its bytes below 50,000.
+struct PieceEncoder {
+    pre: PreTokenizer,
+}
+
+impl PieceEncoder {
+    fn new(pattern: &str) -> Self {
+        PieceEncoder {
+            pre: PreTokenizer::new(pattern).unwrap(),
+        }
+    }
+    fn ordinary(&self, text: &str, out: &mut Vec<u32>) {
+        self.pre.for_each_piece(text, |p| {
+            let mut h: u32 = 2166136261;
+            for &b in p.as_bytes() {
+                h = (h ^ b as u32).wrapping_mul(16777619);
+            }
+            out.push(h % 50_000);
+        });
+    }
+}
+
+impl TextEncoder for PieceEncoder {
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        let mut rest = text;
+        while let Some(p) = rest.find(EOT) {
+            self.ordinary(&rest[..p], out);
+            out.push(EOT_ID);
+            rest = &rest[p + EOT.len()..];
+        }
+        self.ordinary(rest, out);
+    }
+    fn encode_ordinary(&self, text: &str, out: &mut Vec<u32>) {
+        self.ordinary(text, out)
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "ferrolm-shards-test-{}-{}-{name}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn write(&self, name: &str, data: &[u8]) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, data).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A small deterministic pseudo-random generator (no extra dependency).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Text with the awkward bits: runs of spaces and newlines, punctuation before newlines,
+/// digits, contractions, non-ASCII letters, CRLF, tabs.
+fn random_doc(rng: &mut Rng, words: usize) -> String {
+    const PARTS: &[&str] = &[
+        "the",
+        "cat",
+        "Ünïcode",
+        "数据",
+        "it's",
+        "we'll",
+        "123",
+        "45678",
+        ".",
+        "!!",
+        "?",
+        "\n",
+        "\n\n",
+        "  ",
+        " ",
+        "\t",
+        "\r\n",
+        "...\n",
+        "x",
+        "Hello",
+        "naïve",
+        "—",
+        ":)",
+        "\n  \n",
+        "don't",
+        "ÉCOLE",
+        "a1b2",
+        "\u{00a0}",
+    ];
+    let mut s = String::new();
+    for _ in 0..words {
+        s.push_str(PARTS[rng.below(PARTS.len() as u64) as usize]);
+        if rng.below(3) > 0 {
+            s.push(' ');
+        }
+    }
+    s
+}
+
+fn corpus(seed: u64, docs: usize) -> String {
+    let mut rng = Rng(seed);
+    let mut s = String::new();
+    for _ in 0..docs {
+        let n = 5 + rng.below(200) as usize;
+        s.push_str(&random_doc(&mut rng, n));
+        s.push('\n');
+        s.push_str(EOT);
+        s.push('\n');
+    }
+    s
+}
+
+fn job(dir: &TempDir, inputs: &[PathBuf], out: &str) -> EncodeJob {
+    EncodeJob {
+        inputs: inputs.iter().map(|p| InputSpec::detect(p, None)).collect(),
+        out_bin: dir.path(out),
+        dtype: Dtype::U16,
+        eos: Some((EOT.to_string(), EOT_ID)),
+        jsonl_field: "text".into(),
+        errors: Utf8Errors::Strict,
+        chunk_size: 4096,
+        threads: 2,
+        window: 0,
+        part: None,
+        newline_cuts: true,
+        params: "test".into(),
+        // fsync per chunk is slow on this disk; the resume test commits every chunk.
+        commit_interval: Duration::from_secs(3600),
+    }
+}
+
+fn run(job: &EncodeJob, enc: &dyn TextEncoder) -> Result<(Summary, Vec<u32>), ShardError> {
+    let s = encode_to_shard(job, enc, |_| true)?;
+    Ok((s.clone(), read_ids(&s.partial_path, job.dtype)))
+}
+
+fn read_ids(path: &Path, dtype: Dtype) -> Vec<u32> {
+    let bytes = std::fs::read(path).unwrap();
+    match dtype {
+        Dtype::U16 => bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
+            .collect(),
+        Dtype::U32 => bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    }
+}
+
+fn whole(enc: &dyn TextEncoder, text: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    enc.encode(text, &mut v);
+    v
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn output_equals_whole_text_encoding_for_any_chunk_size_and_threads() {
+    let dir = TempDir::new("chunks");
+    let text = corpus(1, 300);
+    let input = dir.write("in.txt", text.as_bytes());
+    let enc = PieceEncoder::new("gpt2");
+    let expected = whole(&enc, &text);
+    assert_eq!(expected.iter().filter(|&&t| t == EOT_ID).count(), 300);
+    for (chunk_size, threads, window) in [
+        (64, 1, 0),
+        (100, 2, 0),
+        (4096, 3, 1),
+        (1 << 20, 2, 0),
+        (777, 4, 3),
+    ] {
+        let mut j = job(
+            &dir,
+            &[input.clone()],
+            &format!("out-{chunk_size}-{threads}.bin"),
+        );
+        j.chunk_size = chunk_size;
+        j.threads = threads;
+        j.window = window;
+        let (s, ids) = run(&j, &enc).unwrap();
+        assert_eq!(ids, expected, "chunk_size {chunk_size} threads {threads}");
+        assert_eq!(s.num_tokens, expected.len() as u64);
+        assert_eq!(s.num_documents, 300);
+        assert_eq!(s.inputs.len(), 1);
+        assert_eq!(s.inputs[0].sha256, sha256_hex(text.as_bytes()));
+        assert_eq!(s.inputs[0].bytes, text.len() as u64);
+    }
+}
+
+#[test]
+fn newline_cuts_are_exact_for_builtin_patterns() {
+    // One long document without any separator: only newline cuts are possible.
+    let dir = TempDir::new("newline");
+    let mut rng = Rng(7);
+    let mut text = String::new();
+    for _ in 0..400 {
+        let n = 3 + rng.below(40) as usize;
+        text.push_str(&random_doc(&mut rng, n));
+        text.push_str(["x\ny", ".\nA", "a\n\nb", " \n c", "!\n'", "1\n2"][rng.below(6) as usize]);
+    }
+    text.push_str("end.");
+    let input = dir.write("long.txt", text.as_bytes());
+    for pattern in ["gpt2", "cl100k", "o200k"] {
+        let enc = PieceEncoder::new(pattern);
+        let mut expected = whole(&enc, &text);
+        expected.push(EOT_ID); // the unterminated last document gets its eos
+        for chunk_size in [16, 200, 5000] {
+            let mut j = job(
+                &dir,
+                &[input.clone()],
+                &format!("nl-{pattern}-{chunk_size}.bin"),
+            );
+            j.chunk_size = chunk_size;
+            let (_, ids) = run(&j, &enc).unwrap();
+            assert_eq!(ids, expected, "pattern {pattern} chunk {chunk_size}");
+        }
+    }
+}
+
+#[test]
+fn a_document_longer_than_the_chunk_grows_the_chunk_when_no_cut_is_allowed() {
+    let dir = TempDir::new("grow");
+    let text = format!("{}{EOT}\nshort{EOT}\n", "word \n\n ".repeat(5000));
+    let input = dir.write("in.txt", text.as_bytes());
+    let enc = PieceEncoder::new("gpt2");
+    let mut j = job(&dir, &[input], "out.bin");
+    j.chunk_size = 100;
+    j.newline_cuts = false;
+    let (s, ids) = run(&j, &enc).unwrap();
+    assert_eq!(ids, whole(&enc, &text));
+    assert_eq!(s.num_documents, 2);
+}
+
+#[test]
+fn unterminated_last_document_gets_an_eos_but_whitespace_tail_does_not() {
+    let dir = TempDir::new("tail");
+    let enc = PieceEncoder::new("gpt2");
+    let a = dir.write("a.txt", format!("one{EOT}\ntwo").as_bytes());
+    let b = dir.write("b.txt", format!("three{EOT}\n\n").as_bytes());
+    let c = dir.write("c.txt", b"");
+    let (s, ids) = run(&job(&dir, &[a, c, b], "out.bin"), &enc).unwrap();
+    let mut expected = whole(&enc, &format!("one{EOT}\ntwo"));
+    expected.push(EOT_ID);
+    expected.extend(whole(&enc, &format!("three{EOT}\n\n")));
+    assert_eq!(ids, expected);
+    assert_eq!(s.num_documents, 3);
+    assert_eq!(s.inputs.len(), 3);
+    assert_eq!(s.inputs[1].sha256, sha256_hex(b""));
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+#[test]
+fn gzip_and_zstd_inputs_give_the_plain_output_and_hash_the_compressed_bytes() {
+    let dir = TempDir::new("compressed");
+    let text = corpus(3, 200);
+    let enc = PieceEncoder::new("gpt2");
+    let plain = dir.write("in.txt", text.as_bytes());
+    // Two gzip members concatenated (as `cat a.gz b.gz`): MultiGzDecoder reads both.
+    let half = text.len() / 2;
+    let mut gz = gzip(&text.as_bytes()[..half]);
+    gz.extend(gzip(&text.as_bytes()[half..]));
+    let gz_path = dir.write("in.txt.gz", &gz);
+    let zst = zstd::encode_all(text.as_bytes(), 3).unwrap();
+    let zst_path = dir.write("in.txt.zst", &zst);
+    let (_, expected) = run(&job(&dir, &[plain], "plain.bin"), &enc).unwrap();
+    for (path, raw) in [(gz_path, gz.clone()), (zst_path, zst.clone())] {
+        let out = format!("{}.bin", path.file_name().unwrap().to_string_lossy());
+        let (s, ids) = run(&job(&dir, &[path.clone()], &out), &enc).unwrap();
+        assert_eq!(ids, expected, "{}", path.display());
+        assert_eq!(s.inputs[0].sha256, sha256_hex(&raw));
+        assert_eq!(s.inputs[0].bytes, raw.len() as u64);
+        assert_eq!(s.inputs[0].uncompressed_bytes, Some(text.len() as u64));
+    }
+}
+
+#[test]
+fn corrupt_and_truncated_gzip_are_errors_naming_the_file() {
+    let dir = TempDir::new("corrupt");
+    let enc = PieceEncoder::new("gpt2");
+    let gz = gzip(corpus(4, 50).as_bytes());
+    let mut corrupt = gz.clone();
+    for b in &mut corrupt[20..60] {
+        *b ^= 0x5a;
+    }
+    let truncated = &gz[..gz.len() / 2];
+    for (name, data) in [
+        ("corrupt.txt.gz", &corrupt[..]),
+        ("truncated.txt.gz", truncated),
+        ("notgz.txt.gz", b"hello"),
+    ] {
+        let p = dir.write(name, data);
+        let err = run(&job(&dir, &[p], "out.bin"), &enc).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ShardError::Corrupt { .. }), "{name}: {msg}");
+        assert!(msg.contains(name) && msg.contains("gzip"), "{msg}");
+    }
+}
+
+#[test]
+fn missing_input_is_an_error_before_anything_is_written() {
+    let dir = TempDir::new("missing");
+    let j = job(&dir, &[dir.path("nope.txt")], "out.bin");
+    let err = run(&j, &PieceEncoder::new("gpt2")).unwrap_err();
+    assert!(
+        err.to_string().contains("nope.txt") && err.to_string().contains("not found"),
+        "{err}"
+    );
+    assert!(!j.partial_path().exists());
+}
+
+#[test]
+fn invalid_utf8_is_an_error_with_offset_or_replaced() {
+    let dir = TempDir::new("utf8");
+    let enc = PieceEncoder::new("gpt2");
+    let mut data = corpus(5, 40).into_bytes();
+    let bad_at = data.len() / 2;
+    // Put the bad byte right after an ASCII byte, so it is not inside a multi-byte character.
+    let bad_at = (bad_at..data.len())
+        .find(|&i| data[i - 1].is_ascii() && data[i].is_ascii())
+        .unwrap();
+    data[bad_at] = 0xff;
+    let p = dir.write("bad.txt", &data);
+    let mut j = job(&dir, &[p.clone()], "out.bin");
+    j.chunk_size = 256;
+    let err = run(&j, &enc).unwrap_err();
+    match &err {
+        ShardError::Utf8 { offset, .. } => assert_eq!(*offset, bad_at as u64),
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains(&format!("offset {bad_at}")));
+    j.errors = Utf8Errors::Replace;
+    j.out_bin = dir.path("replaced.bin");
+    let (_, ids) = run(&j, &enc).unwrap();
+    assert_eq!(ids, whole(&enc, &String::from_utf8_lossy(&data)));
+}
+
+#[test]
+fn jsonl_documents_are_encoded_as_ordinary_text_each_followed_by_eos() {
+    let dir = TempDir::new("jsonl");
+    let enc = PieceEncoder::new("gpt2");
+    let docs = [
+        "first doc",
+        "second\n\"quoted\" <|endoftext|> inside",
+        "third é",
+    ];
+    let mut data = String::new();
+    for (i, d) in docs.iter().enumerate() {
+        data.push_str(&serde_json::json!({"id": i, "text": d}).to_string());
+        data.push_str(if i == 1 { "\r\n\n" } else { "\n" });
+    }
+    let p = dir.write("docs.jsonl", data.as_bytes());
+    let (s, ids) = run(&job(&dir, &[p], "out.bin"), &enc).unwrap();
+    let mut expected = Vec::new();
+    for d in docs {
+        enc.encode_ordinary(d, &mut expected);
+        expected.push(EOT_ID);
+    }
+    assert_eq!(ids, expected);
+    assert_eq!(s.num_documents, 3);
+
+    let bad = dir.write("bad.jsonl", b"{\"text\": \"ok\"}\n{\"body\": \"x\"}\n");
+    let err = run(&job(&dir, &[bad], "bad.bin"), &enc).unwrap_err();
+    assert!(
+        err.to_string().contains("bad.jsonl:2:") && err.to_string().contains("\"text\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn token_ids_that_do_not_fit_the_dtype_are_an_error() {
+    let dir = TempDir::new("dtype");
+    let p = dir.write("in.txt", b"abc");
+    let big = |t: &str, out: &mut Vec<u32>| out.extend(t.bytes().map(|b| 70_000 + b as u32));
+    let j = job(&dir, &[p], "out.bin");
+    let err = run(&j, &big).unwrap_err();
+    assert!(
+        err.to_string().contains("70097") && err.to_string().contains("uint16"),
+        "{err}"
+    );
+    let mut j32 = j.clone();
+    j32.dtype = Dtype::U32;
+    j32.eos = None;
+    let (_, ids) = run(&j32, &big).unwrap();
+    assert_eq!(ids, vec![70_097, 70_098, 70_099]);
+}
+
+#[test]
+fn an_interrupted_run_resumes_to_the_same_bytes() {
+    let dir = TempDir::new("resume");
+    let text = corpus(9, 400);
+    let input = dir.write("in.txt", text.as_bytes());
+    let enc = PieceEncoder::new("gpt2");
+    let mut j = job(&dir, &[input], "out.bin");
+    j.chunk_size = 1000;
+    j.commit_interval = Duration::ZERO;
+    let reference = {
+        let mut r = j.clone();
+        r.out_bin = dir.path("ref.bin");
+        run(&r, &enc).unwrap().1
+    };
+    for stop_after in [1usize, 5, 17] {
+        let _ = std::fs::remove_file(j.journal_path());
+        let mut calls = 0;
+        let err = encode_to_shard(&j, &enc, |_| {
+            calls += 1;
+            calls < stop_after
+        })
+        .unwrap_err();
+        assert!(matches!(err, ShardError::Interrupted));
+        // What a kill -9 after the last commit leaves: junk after the committed tokens.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(j.partial_path())
+            .unwrap();
+        f.write_all(&[0xAB; 999]).unwrap();
+        drop(f);
+        let s = encode_to_shard(&j, &enc, |_| true).unwrap();
+        assert!(s.resumed_tokens > 0, "stop_after {stop_after}");
+        assert_eq!(
+            read_ids(&s.partial_path, j.dtype),
+            reference,
+            "stop_after {stop_after}"
+        );
+        assert_eq!(s.inputs[0].sha256, sha256_hex(text.as_bytes()));
+        // Running again once complete returns the recorded summary without re-encoding.
+        let again = encode_to_shard(&j, &enc, |_| panic!("no work expected")).unwrap();
+        assert_eq!(again.num_tokens, s.num_tokens);
+        assert_eq!(again.inputs[0].sha256, s.inputs[0].sha256);
+    }
+    // A journal with other parameters is not resumed.
+    let _ = std::fs::remove_file(j.journal_path());
+    let mut calls = 0;
+    let _ = encode_to_shard(&j, &enc, |_| {
+        calls += 1;
+        calls < 3
+    });
+    let mut other = j.clone();
+    other.params = "other".into();
+    let s = encode_to_shard(&other, &enc, |_| true).unwrap();
+    assert_eq!(s.resumed_tokens, 0);
+    assert!(s.restart_reason.is_some());
+    assert_eq!(read_ids(&s.partial_path, j.dtype), reference);
+}
+
+#[test]
+fn parts_tile_the_inputs_and_concatenate_to_the_whole() {
+    let dir = TempDir::new("parts");
+    let enc = PieceEncoder::new("gpt2");
+    let a = dir.write("a.txt", corpus(11, 120).as_bytes());
+    let b = dir.write("b.txt.gz", &gzip(corpus(12, 60).as_bytes()));
+    let mut jl = String::new();
+    for i in 0..50 {
+        jl.push_str(&serde_json::json!({"text": format!("json doc {i}\n")}).to_string());
+        jl.push('\n');
+    }
+    let c = dir.write("c.jsonl", jl.as_bytes());
+    let d = dir.write("d.txt", b"no separator at all\nin this\nfile");
+    let inputs = vec![a, b, c, d];
+    let (_, whole_ids) = run(&job(&dir, &inputs, "whole.bin"), &enc).unwrap();
+    for n in [1u64, 2, 3, 7, 40] {
+        let mut cat = Vec::new();
+        let mut prev_end = 0;
+        for i in 0..n {
+            let mut j = job(&dir, &inputs, &format!("p{i}of{n}.bin"));
+            j.part = Some((i, n));
+            j.chunk_size = 500;
+            let (s, ids) = run(&j, &enc).unwrap();
+            assert_eq!(s.byte_range.0, prev_end, "part {i}/{n}");
+            prev_end = s.byte_range.1;
+            cat.extend(ids);
+        }
+        let total: u64 = inputs
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum();
+        assert_eq!(prev_end, total);
+        assert_eq!(cat, whole_ids, "n = {n}");
+    }
+}

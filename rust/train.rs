@@ -1,0 +1,354 @@
+//! Byte-level BPE training: exact, streaming, parallel.
+//!
+//! Stages, each its own function:
+//! 1. [`read::for_each_chunk`]: read a file in bounded chunks (never the whole file),
+//!    cut at special tokens or other exact boundaries;
+//! 2. [`count::Counter::count_segments`]: pre-tokenize in parallel and count unique
+//!    pre-tokens, one table per worker, merged at the end;
+//! 3. and 4. [`merge::learn_merges`]: build words, pair counts and the pair -> words
+//!    index, then merge with a lazily invalidated max-heap, rewriting only the
+//!    affected words.
+//!
+//! Semantics (DESIGN.md): special tokens split the text and are never part of a
+//! pre-token; each file is its own text (no pre-token spans two), and the texts fed to
+//! the text stream are one continuous text;
+//! among pairs of equal count the lexicographically greatest (bytes, bytes) wins.
+//! Results do not depend on the number of threads or on chunk sizes.
+//!
+//! Memory: the unique pre-token table, the words built from it, and one chunk
+//! (8-64 MB) per file being read.
+
+pub mod count;
+pub mod merge;
+pub mod read;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::pretokenize::{PatternError, PreTokenizer};
+
+pub use count::Utf8Errors;
+pub use count::PieceCounts;
+use count::{Counter, Segment};
+use merge::{learn_merges, MergeTimes, Words};
+use read::SpecialSplitter;
+
+/// Default chunk size for reading files.
+pub const DEFAULT_CHUNK_SIZE: usize = 16 << 20;
+
+/// Shared between the trainer and whoever watches it: progress counters and a
+/// cancellation flag (set by the Python side on Ctrl-C). All fields are atomics.
+#[derive(Default)]
+pub struct Control {
+    cancel: AtomicBool,
+    done: AtomicU64,
+    total: AtomicU64,
+}
+
+impl Control {
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+    pub fn add_done(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn set_done(&self, n: u64) {
+        self.done.store(n, Ordering::Relaxed);
+    }
+    pub fn set_total(&self, n: u64) {
+        self.total.store(n, Ordering::Relaxed);
+    }
+    /// (done, total) of the current stage.
+    pub fn progress(&self) -> (u64, u64) {
+        (self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed))
+    }
+}
+
+#[derive(Debug)]
+pub enum TrainError {
+    /// Opening or reading `path` failed.
+    Io { path: PathBuf, err: io::Error },
+    /// `source` is not UTF-8 at byte `offset` (and errors = strict).
+    InvalidUtf8 { source: String, offset: u64 },
+    /// A bad argument or an unusable corpus; the message says which.
+    InvalidInput(String),
+    Pattern(PatternError),
+    /// Stopped through [`Control::cancel`].
+    Cancelled,
+}
+
+impl fmt::Display for TrainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrainError::Io { path, err } => write!(f, "{}: {}", path.display(), err),
+            TrainError::InvalidUtf8 { source, offset } => write!(
+                f,
+                "{source}: invalid UTF-8 at byte offset {offset} (pass errors=\"replace\" to replace invalid bytes with U+FFFD)"
+            ),
+            TrainError::InvalidInput(msg) => f.write_str(msg),
+            TrainError::Pattern(e) => write!(f, "{e}"),
+            TrainError::Cancelled => f.write_str("training was cancelled"),
+        }
+    }
+}
+
+impl std::error::Error for TrainError {}
+
+impl From<PatternError> for TrainError {
+    fn from(e: PatternError) -> Self {
+        TrainError::Pattern(e)
+    }
+}
+
+/// Wall-clock seconds spent in each stage, and sizes, for profiling.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// Reading files (I/O and cutting chunks), outside pre-tokenization.
+    pub read_s: f64,
+    /// Pre-tokenizing and counting (parallel).
+    pub count_s: f64,
+    /// Merging the workers' tables.
+    pub merge_tables_s: f64,
+    /// Building words, pair counts, the pair index and the heap.
+    pub build_s: f64,
+    /// The merge loop.
+    pub merge_s: f64,
+    pub bytes: u64,
+    pub unique_pretokens: u64,
+    pub words: u64,
+    pub merges: u64,
+}
+
+/// A BPE training run: count any number of files and texts, then learn merges.
+pub struct Trainer {
+    pre: PreTokenizer,
+    builtin: bool,
+    splitter: SpecialSplitter,
+    pool: rayon::ThreadPool,
+    counter: Option<Counter>,
+    errors: Utf8Errors,
+    chunk_size: usize,
+    /// The text stream's unprocessed tail, and where it starts in the stream.
+    text_buf: Vec<u8>,
+    stream_offset: u64,
+    pub stats: Stats,
+}
+
+impl Trainer {
+    /// `num_threads`: None = all cores. `chunk_size`: bytes read from a file at a time.
+    pub fn new(
+        special_tokens: &[String],
+        pattern: &str,
+        num_threads: Option<usize>,
+        errors: Utf8Errors,
+        chunk_size: usize,
+    ) -> Result<Self, TrainError> {
+        if special_tokens.iter().any(|s| s.is_empty()) {
+            return Err(TrainError::InvalidInput("special tokens must not be empty strings".into()));
+        }
+        if num_threads == Some(0) {
+            return Err(TrainError::InvalidInput("num_threads must be at least 1".into()));
+        }
+        let pre = PreTokenizer::new(pattern)?;
+        let builtin = pre.is_builtin();
+        let mut b = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("ferrolm-train-{i}"));
+        if let Some(n) = num_threads {
+            b = b.num_threads(n);
+        }
+        let pool = b.build().map_err(|e| TrainError::InvalidInput(format!("cannot start threads: {e}")))?;
+        let counter = Some(Counter::new(pool.current_num_threads()));
+        Ok(Trainer {
+            pre,
+            builtin,
+            splitter: SpecialSplitter::new(special_tokens),
+            pool,
+            counter,
+            errors,
+            chunk_size: chunk_size.max(64),
+            text_buf: Vec::new(),
+            stream_offset: 0,
+            stats: Stats::default(),
+        })
+    }
+
+    fn counter(&self) -> Result<&Counter, TrainError> {
+        self.counter.as_ref().ok_or_else(|| TrainError::InvalidInput("this trainer has already learned its merges".into()))
+    }
+
+    /// Check that every path is a readable regular file; returns the total size.
+    pub fn check_files(paths: &[PathBuf]) -> Result<u64, TrainError> {
+        let mut total = 0;
+        for p in paths {
+            let io_err = |err| TrainError::Io { path: p.clone(), err };
+            let meta = std::fs::metadata(p).map_err(io_err)?;
+            if meta.is_dir() {
+                return Err(io_err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory, not a text file")));
+            }
+            // Opening now reports unreadable files before any work is done.
+            std::fs::File::open(p).map_err(io_err)?;
+            total += meta.len();
+        }
+        Ok(total)
+    }
+
+    /// Count the pre-tokens of each file (each file is its own text).
+    pub fn count_files(&mut self, paths: &[PathBuf], ctl: &Control) -> Result<(), TrainError> {
+        let total = Self::check_files(paths)?;
+        ctl.set_total(total);
+        ctl.set_done(0);
+        for p in paths {
+            self.count_file(p, ctl)?;
+        }
+        Ok(())
+    }
+
+    fn count_file(&mut self, path: &Path, ctl: &Control) -> Result<(), TrainError> {
+        self.counter()?;
+        let name = path.display().to_string();
+        let t0 = Instant::now();
+        let mut count_s = 0.0;
+        let mut bytes = 0u64;
+        let res = read::for_each_chunk(
+            path,
+            self.chunk_size,
+            |buf| self.cut(buf),
+            |n| bytes += n as u64,
+            |chunk, offset| -> Result<(), ChunkError> {
+                let t = Instant::now();
+                let r = self.count_buffer(chunk, offset, &name, ctl);
+                count_s += t.elapsed().as_secs_f64();
+                r.map_err(ChunkError::Train)
+            },
+        );
+        let elapsed = t0.elapsed().as_secs_f64();
+        self.stats.count_s += count_s;
+        self.stats.read_s += elapsed - count_s;
+        self.stats.bytes += bytes;
+        match res {
+            Ok(()) => Ok(()),
+            Err(ChunkError::Io(err)) => Err(TrainError::Io { path: path.to_path_buf(), err }),
+            Err(ChunkError::Train(e)) => Err(e),
+        }
+    }
+
+    /// Where to cut a buffer of text that continues beyond it: an exact cut (a special
+    /// token, or a safe point for a built-in pattern) if there is one; in a buffer over
+    /// twice the chunk size without one, the hold-back cut of `read::hold_back_cut`;
+    /// else None (read more first).
+    fn cut(&self, buf: &[u8]) -> Option<usize> {
+        read::find_cut(buf, &self.splitter, self.builtin).or_else(|| {
+            if buf.len() >= 2 * self.chunk_size {
+                read::hold_back_cut(buf, &self.splitter, &self.pre)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Pre-tokenize and count `buf` (free of partial special tokens at its ends).
+    /// `offset`: where `buf` starts in its source, for error messages.
+    fn count_buffer(&self, buf: &[u8], offset: u64, source: &str, ctl: &Control) -> Result<(), TrainError> {
+        let counter = self.counter()?;
+        let mut ranges = Vec::new();
+        self.splitter.segments(buf, 0, &mut ranges);
+        let segs = ranges.into_iter().map(|(s, e)| Segment { offset: offset + s as u64, bytes: &buf[s..e] }).collect();
+        counter.count_segments(&self.pool, &self.pre, self.builtin, self.errors, segs, source, ctl)
+    }
+
+    /// Add text to the text stream: all text fed until `finish_text` is one continuous
+    /// text (as if concatenated), counted in chunks as it arrives.
+    pub fn feed_text(&mut self, text: &str, ctl: &Control) -> Result<(), TrainError> {
+        self.counter()?;
+        self.text_buf.extend_from_slice(text.as_bytes());
+        while self.text_buf.len() >= self.chunk_size {
+            let Some(cut) = self.cut(&self.text_buf) else { break };
+            self.count_stream(cut, ctl)?;
+        }
+        Ok(())
+    }
+
+    /// End the text stream: count what is left of it.
+    pub fn finish_text(&mut self, ctl: &Control) -> Result<(), TrainError> {
+        self.counter()?;
+        let n = self.text_buf.len();
+        self.count_stream(n, ctl)?;
+        self.text_buf = Vec::new();
+        self.stream_offset = 0;
+        Ok(())
+    }
+
+    /// Count the first `cut` bytes of the text stream's buffer and drop them.
+    fn count_stream(&mut self, cut: usize, ctl: &Control) -> Result<(), TrainError> {
+        let t = Instant::now();
+        let buf = std::mem::take(&mut self.text_buf);
+        let r = self.count_buffer(&buf[..cut], self.stream_offset, "text", ctl);
+        self.text_buf = buf;
+        self.text_buf.drain(..cut);
+        self.stream_offset += cut as u64;
+        self.stats.count_s += t.elapsed().as_secs_f64();
+        self.stats.bytes += cut as u64;
+        r
+    }
+
+    /// The unique pre-tokens counted so far, with their counts (merging the workers'
+    /// tables). Consumes the counts: a trainer learns once.
+    pub fn take_counts(&mut self) -> Result<PieceCounts, TrainError> {
+        self.counter()?;
+        let counter = self.counter.take().unwrap();
+        let t = Instant::now();
+        let counts = self.pool.install(|| counter.into_counts());
+        self.stats.merge_tables_s = t.elapsed().as_secs_f64();
+        self.stats.unique_pretokens = counts.len() as u64;
+        Ok(counts)
+    }
+
+    /// Learn up to `num_merges` merges from everything counted so far (stops early when
+    /// no pair is left). Consumes the counts: a trainer learns once.
+    pub fn learn(&mut self, num_merges: usize, ctl: &Control) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+        let counts = self.take_counts()?;
+        self.learn_from_counts(counts, num_merges, ctl)
+    }
+
+    /// Learn merges from a table of pre-token counts.
+    pub fn learn_from_counts(
+        &mut self,
+        counts: PieceCounts,
+        num_merges: usize,
+        ctl: &Control,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+        ctl.set_total(num_merges as u64);
+        ctl.set_done(0);
+        if counts.is_empty() {
+            return Err(TrainError::InvalidInput(
+                "the corpus is empty: no text to train on (only empty input or special tokens)".into(),
+            ));
+        }
+        let t = Instant::now();
+        let words = self.pool.install(|| Words::from_counts(counts))?;
+        self.stats.words = words.len() as u64;
+        let words_s = t.elapsed().as_secs_f64();
+        let mut times = MergeTimes::default();
+        let merges = self.pool.install(|| learn_merges(words, num_merges, ctl, &mut times))?;
+        self.stats.build_s = words_s + times.build_s;
+        self.stats.merge_s = times.merge_s;
+        self.stats.merges = merges.len() as u64;
+        Ok(merges)
+    }
+}
+
+enum ChunkError {
+    Io(io::Error),
+    Train(TrainError),
+}
+
+impl From<io::Error> for ChunkError {
+    fn from(e: io::Error) -> Self {
+        ChunkError::Io(e)
+    }
+}

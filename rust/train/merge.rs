@@ -1,0 +1,613 @@
+//! Stages 3 and 4: build words and pair counts, then merge.
+//!
+//! * Words are the unique pre-tokens as symbol sequences in one flat array; a merge
+//!   rewrites a word in place (it only gets shorter), in one left-to-right pass.
+//! * `pairs` maps each adjacent symbol pair to its weighted count and the list of
+//!   words that contain it. Lists are append-only and may hold stale or repeated
+//!   word ids (deduplicated lazily); every word that contains the pair is in it.
+//! * A max-heap orders pairs by (count, bytes of left, bytes of right), so among
+//!   equal counts the lexicographically greatest pair wins. Entries are invalidated
+//!   lazily: a popped entry whose count is no longer current is re-pushed or dropped.
+//! * Symbols are identified by their bytes: if a merge produces bytes that some
+//!   earlier merge already produced, both merges yield the same symbol, as in a
+//!   trainer that keeps pre-tokens as tuples of bytes.
+
+use hashbrown::hash_map::Entry;
+use hashbrown::HashMap;
+use rustc_hash::FxBuildHasher;
+
+use super::count::PieceCounts;
+use super::{Control, TrainError};
+
+type FxMap<K, V> = HashMap<K, V, FxBuildHasher>;
+
+/// How many words ahead of the one being rewritten to prefetch.
+const PREFETCH: usize = 8;
+
+#[inline]
+fn pack(a: u32, b: u32) -> u64 {
+    ((a as u64) << 32) | b as u64
+}
+
+#[inline]
+fn unpack(p: u64) -> (u32, u32) {
+    ((p >> 32) as u32, p as u32)
+}
+
+/// The unique pre-tokens of a corpus as symbol sequences, with their counts.
+/// Pre-tokens of a single byte have no pair and are not stored.
+///
+/// One flat array of records `[len, count_lo, count_hi, sym_0, .., sym_len-1, (spare)]`;
+/// a word's id is the offset of its record, so visiting a word touches one place in
+/// memory. A merge shrinks `len` and leaves the spare slots at the end.
+#[derive(Default)]
+pub struct Words {
+    data: Vec<u32>,
+    n: usize,
+}
+
+const HEADER: usize = 3;
+
+impl Words {
+    pub fn with_capacity(words: usize, bytes: usize) -> Self {
+        Words { data: Vec::with_capacity(words * HEADER + bytes), n: 0 }
+    }
+
+    /// Add a pre-token. Fails only when the table outgrows 32-bit word ids (16 GiB).
+    pub fn push(&mut self, bytes: &[u8], count: u64) -> Result<(), TrainError> {
+        if bytes.len() < 2 || count == 0 {
+            return Ok(());
+        }
+        if self.data.len() + HEADER + bytes.len() > u32::MAX as usize {
+            return Err(TrainError::InvalidInput(
+                "too many distinct pre-tokens for one training run (over 4 G symbols)".into(),
+            ));
+        }
+        self.data.push(bytes.len() as u32);
+        self.data.push(count as u32);
+        self.data.push((count >> 32) as u32);
+        self.data.extend(bytes.iter().map(|&b| b as u32));
+        self.n += 1;
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Words from a table of pre-token counts, built shard by shard in parallel
+    /// (on the current rayon pool). Frees the table as it goes.
+    pub fn from_counts(counts: PieceCounts) -> Result<Words, TrainError> {
+        use rayon::prelude::*;
+        let parts: Vec<Result<Words, TrainError>> = counts
+            .shards
+            .into_par_iter()
+            .map(|shard| {
+                let mut w = Words::with_capacity(shard.len(), shard.total_bytes());
+                let mut res = Ok(());
+                shard.for_each(|piece, n| {
+                    if res.is_ok() {
+                        res = w.push(piece, n);
+                    }
+                });
+                res.map(|_| w)
+            })
+            .collect();
+        let mut parts = parts.into_iter().collect::<Result<Vec<Words>, TrainError>>()?;
+        let total: usize = parts.iter().map(|p| p.data.len()).sum();
+        if total > u32::MAX as usize {
+            return Err(TrainError::InvalidInput(
+                "too many distinct pre-tokens for one training run (over 4 G symbols)".into(),
+            ));
+        }
+        let mut out = Words { data: Vec::with_capacity(total), n: 0 };
+        for p in parts.iter_mut() {
+            out.data.extend_from_slice(&p.data);
+            out.n += p.n;
+            p.data = Vec::new();
+        }
+        Ok(out)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Ids of all words, in order.
+    fn ids(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.n);
+        let mut at = 0;
+        while at < self.data.len() {
+            out.push(at as u32);
+            at += HEADER + self.data[at] as usize;
+        }
+        out
+    }
+
+    #[inline]
+    fn count(&self, w: u32) -> i64 {
+        let w = w as usize;
+        (self.data[w + 1] as u64 | (self.data[w + 2] as u64) << 32) as i64
+    }
+
+    /// Symbols of word `w`.
+    #[inline]
+    fn symbols(&self, w: u32) -> &[u32] {
+        let w = w as usize;
+        &self.data[w + HEADER..w + HEADER + self.data[w] as usize]
+    }
+
+    #[inline]
+    fn prefetch(&self, w: u32) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch(self.data.as_ptr().wrapping_add(w as usize) as *const i8, _MM_HINT_T0);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = w;
+    }
+}
+
+struct PairStats {
+    count: i64,
+    words: Vec<u32>,
+}
+
+/// Pair statistics in shards by a hash of the pair, so that they can be built in
+/// parallel without a final merge.
+struct Pairs {
+    shards: Vec<FxMap<u64, PairStats>>,
+}
+
+impl Pairs {
+    #[inline]
+    fn shard_index(key: u64, n: usize) -> usize {
+        // Multiply-shift range reduction of a mixed key.
+        let h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+        ((h * n as u64) >> 32) as usize
+    }
+
+    #[inline]
+    fn shard(&mut self, key: u64) -> &mut FxMap<u64, PairStats> {
+        let i = Self::shard_index(key, self.shards.len());
+        &mut self.shards[i]
+    }
+
+    #[inline]
+    fn get(&self, key: u64) -> Option<&PairStats> {
+        self.shards[Self::shard_index(key, self.shards.len())].get(&key)
+    }
+
+    /// Count all adjacent pairs of all words, `n` shards in parallel (each worker scans
+    /// every word and keeps the pairs of its shard).
+    fn build(words: &Words, n: usize) -> Pairs {
+        use rayon::prelude::*;
+        let ids = words.ids();
+        let shards = (0..n.max(1))
+            .into_par_iter()
+            .map(|shard| {
+                let mut m: FxMap<u64, PairStats> = FxMap::default();
+                for &w in &ids {
+                    let c = words.count(w);
+                    let s = words.symbols(w);
+                    for i in 0..s.len() - 1 {
+                        let key = pack(s[i], s[i + 1]);
+                        if Self::shard_index(key, n) != shard {
+                            continue;
+                        }
+                        let e = m.entry(key).or_insert_with(|| PairStats { count: 0, words: Vec::new() });
+                        e.count += c;
+                        if e.words.last() != Some(&w) {
+                            e.words.push(w);
+                        }
+                    }
+                }
+                m
+            })
+            .collect();
+        Pairs { shards }
+    }
+}
+
+/// The bytes of every symbol, with an 8-byte big-endian prefix of each for fast comparison.
+struct Tokens {
+    bytes: Vec<Box<[u8]>>,
+    prefix: Vec<u64>,
+}
+
+impl Tokens {
+    fn new() -> Self {
+        let mut t = Tokens { bytes: Vec::new(), prefix: Vec::new() };
+        for b in 0..=255u8 {
+            t.push(vec![b].into_boxed_slice());
+        }
+        t
+    }
+
+    fn push(&mut self, bytes: Box<[u8]>) -> u32 {
+        let mut p = [0u8; 8];
+        let n = bytes.len().min(8);
+        p[..n].copy_from_slice(&bytes[..n]);
+        self.prefix.push(u64::from_be_bytes(p));
+        self.bytes.push(bytes);
+        (self.bytes.len() - 1) as u32
+    }
+
+    #[inline]
+    fn get(&self, t: u32) -> &[u8] {
+        &self.bytes[t as usize]
+    }
+
+    /// Compare two symbols by their bytes. Differing prefixes order the byte strings the
+    /// same way (zero padding only ties a string with its extension by zero bytes).
+    #[inline]
+    fn cmp(&self, x: u32, y: u32) -> std::cmp::Ordering {
+        if x == y {
+            return std::cmp::Ordering::Equal;
+        }
+        match self.prefix[x as usize].cmp(&self.prefix[y as usize]) {
+            std::cmp::Ordering::Equal => self.bytes[x as usize].cmp(&self.bytes[y as usize]),
+            o => o,
+        }
+    }
+}
+
+/// A binary max-heap of (count, pair) whose order breaks count ties by the pairs' bytes.
+struct PairHeap {
+    v: Vec<(i64, u64)>,
+}
+
+impl PairHeap {
+    #[inline]
+    fn greater(tokens: &Tokens, x: (i64, u64), y: (i64, u64)) -> bool {
+        if x.0 != y.0 {
+            return x.0 > y.0;
+        }
+        let (xa, xb) = unpack(x.1);
+        let (ya, yb) = unpack(y.1);
+        tokens.cmp(xa, ya).then_with(|| tokens.cmp(xb, yb)) == std::cmp::Ordering::Greater
+    }
+
+    fn heapify(&mut self, tokens: &Tokens) {
+        for i in (0..self.v.len() / 2).rev() {
+            self.sift_down(tokens, i);
+        }
+    }
+
+    fn push(&mut self, tokens: &Tokens, e: (i64, u64)) {
+        self.v.push(e);
+        let mut i = self.v.len() - 1;
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if Self::greater(tokens, self.v[i], self.v[parent]) {
+                self.v.swap(i, parent);
+                i = parent;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn pop(&mut self, tokens: &Tokens) -> Option<(i64, u64)> {
+        if self.v.is_empty() {
+            return None;
+        }
+        let top = self.v.swap_remove(0);
+        if !self.v.is_empty() {
+            self.sift_down(tokens, 0);
+        }
+        Some(top)
+    }
+
+    fn sift_down(&mut self, tokens: &Tokens, mut i: usize) {
+        let n = self.v.len();
+        loop {
+            let l = 2 * i + 1;
+            if l >= n {
+                break;
+            }
+            let r = l + 1;
+            let c = if r < n && Self::greater(tokens, self.v[r], self.v[l]) { r } else { l };
+            if Self::greater(tokens, self.v[c], self.v[i]) {
+                self.v.swap(c, i);
+                i = c;
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+/// Per-merge accumulation of count changes and of words that gained a pair.
+#[derive(Default)]
+struct Delta {
+    count: i64,
+    words: Vec<u32>,
+}
+
+/// Keep a small emptied vector for reuse.
+#[inline]
+fn recycle(spare: &mut Vec<Vec<u32>>, mut v: Vec<u32>) {
+    if spare.len() < 4096 && v.capacity() > 0 && v.capacity() <= 4096 {
+        v.clear();
+        spare.push(v);
+    }
+}
+
+/// Timings of the merge stages, in seconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MergeTimes {
+    pub build_s: f64,
+    pub merge_s: f64,
+}
+
+/// Learn up to `num_merges` merges from `words`. Returns the merges as byte pairs, in order.
+/// Stops early when no pair is left.
+pub fn learn_merges(
+    mut words: Words,
+    num_merges: usize,
+    ctl: &Control,
+    times: &mut MergeTimes,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+    let t0 = std::time::Instant::now();
+    let mut merges = Vec::with_capacity(num_merges);
+    if num_merges == 0 || words.is_empty() {
+        return Ok(merges);
+    }
+    let mut tokens = Tokens::new();
+    let mut sym_of: FxMap<Box<[u8]>, u32> = FxMap::default();
+
+    // Pair counts and the pair -> words index.
+    let mut pairs = Pairs::build(&words, rayon::current_num_threads());
+    let mut heap =
+        PairHeap { v: pairs.shards.iter().flat_map(|m| m.iter().map(|(&k, p)| (p.count, k))).collect() };
+    heap.heapify(&tokens);
+    times.build_s = t0.elapsed().as_secs_f64();
+    let t1 = std::time::Instant::now();
+
+    let mut delta: FxMap<u64, Delta> = FxMap::default();
+    // Emptied word lists, reused to spare the allocator.
+    let mut spare: Vec<Vec<u32>> = Vec::new();
+    while merges.len() < num_merges {
+        if ctl.is_cancelled() {
+            return Err(TrainError::Cancelled);
+        }
+        // The best pair: pop until an entry matches the pair's current count.
+        let best = loop {
+            let Some((cnt, key)) = heap.pop(&tokens) else { break None };
+            match pairs.get(key) {
+                Some(p) if p.count == cnt => break Some(key),
+                Some(p) if p.count < cnt => heap.push(&tokens, (p.count, key)),
+                _ => {}
+            }
+        };
+        let Some(best) = best else { break };
+        let (a, b) = unpack(best);
+        let stats = pairs.shard(best).remove(&best).expect("popped pair is present");
+
+        let (ta, tb) = (tokens.get(a), tokens.get(b));
+        let mut joined = Vec::with_capacity(ta.len() + tb.len());
+        joined.extend_from_slice(ta);
+        joined.extend_from_slice(tb);
+        merges.push((ta.to_vec(), tb.to_vec()));
+        let x = match sym_of.get(joined.as_slice()) {
+            Some(&x) => x,
+            None => {
+                let boxed = joined.into_boxed_slice();
+                let x = tokens.push(boxed.clone());
+                sym_of.insert(boxed, x);
+                x
+            }
+        };
+
+        // Rewrite each affected word in one pass, recording count changes.
+        let mut add = |key: u64, d: i64, w: Option<u32>| {
+            if key == best {
+                return;
+            }
+            let e = delta.entry(key).or_insert_with(|| Delta { count: 0, words: spare.pop().unwrap_or_default() });
+            e.count += d;
+            if let Some(w) = w {
+                if e.words.last() != Some(&w) {
+                    e.words.push(w);
+                }
+            }
+        };
+        let mut last_w = u32::MAX;
+        let list = &stats.words;
+        for k in 0..list.len() {
+            if let Some(&ahead) = list.get(k + PREFETCH) {
+                words.prefetch(ahead);
+            }
+            let w = list[k];
+            if w == last_w {
+                continue;
+            }
+            last_w = w;
+            let c = words.count(w);
+            let wi = w as usize;
+            let n = words.data[wi] as usize;
+            let s = &mut words.data[wi + HEADER..wi + HEADER + n];
+            let mut i = 0;
+            let mut j = 0;
+            while i < n {
+                if i + 1 < n && s[i] == a && s[i + 1] == b {
+                    if j > 0 {
+                        let l = s[j - 1];
+                        add(pack(l, a), -c, None);
+                        add(pack(l, x), c, Some(w));
+                    }
+                    if i + 2 < n {
+                        let r = s[i + 2];
+                        add(pack(b, r), -c, None);
+                        add(pack(x, r), c, Some(w));
+                    }
+                    s[j] = x;
+                    j += 1;
+                    i += 2;
+                } else {
+                    s[j] = s[i];
+                    j += 1;
+                    i += 1;
+                }
+            }
+            words.data[wi] = j as u32;
+        }
+        recycle(&mut spare, stats.words);
+
+        // Apply the changes; pairs whose count rose get a fresh heap entry.
+        for (key, d) in delta.drain() {
+            match pairs.shard(key).entry(key) {
+                Entry::Occupied(mut e) => {
+                    let p = e.get_mut();
+                    p.count += d.count;
+                    debug_assert!(p.count >= 0);
+                    if p.count <= 0 {
+                        recycle(&mut spare, e.remove().words);
+                        recycle(&mut spare, d.words);
+                    } else {
+                        if p.words.is_empty() {
+                            recycle(&mut spare, std::mem::replace(&mut p.words, d.words));
+                        } else {
+                            p.words.extend_from_slice(&d.words);
+                            recycle(&mut spare, d.words);
+                        }
+                        if d.count > 0 {
+                            heap.push(&tokens, (p.count, key));
+                        }
+                    }
+                }
+                Entry::Vacant(v) => {
+                    debug_assert!(d.count >= 0);
+                    if d.count > 0 {
+                        v.insert(PairStats { count: d.count, words: d.words });
+                        heap.push(&tokens, (d.count, key));
+                    } else {
+                        recycle(&mut spare, d.words);
+                    }
+                }
+            }
+        }
+        ctl.set_done(merges.len() as u64);
+    }
+    times.merge_s = t1.elapsed().as_secs_f64();
+    Ok(merges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn train(corpus: &[(&str, u64)], n: usize) -> Vec<(String, String)> {
+        let mut words = Words::default();
+        for (w, c) in corpus {
+            words.push(w.as_bytes(), *c).unwrap();
+        }
+        let ctl = Control::default();
+        let mut t = MergeTimes::default();
+        learn_merges(words, n, &ctl, &mut t)
+            .unwrap()
+            .into_iter()
+            .map(|(a, b)| (String::from_utf8(a).unwrap(), String::from_utf8(b).unwrap()))
+            .collect()
+    }
+
+    fn m(a: &str, b: &str) -> (String, String) {
+        (a.to_string(), b.to_string())
+    }
+
+    #[test]
+    fn ties_go_to_the_lexicographically_greatest_pair() {
+        // "ab", "cd", "ba" all count 3: ("c","d") > ("b","a") > ("a","b").
+        let got = train(&[("ab", 3), ("cd", 3), ("ba", 3)], 3);
+        assert_eq!(got, vec![m("c", "d"), m("b", "a"), m("a", "b")]);
+    }
+
+    #[test]
+    fn ties_compare_left_bytes_first_then_right() {
+        // ("a","z") vs ("b","a"): left bytes decide; ("b","a") wins though "z" > "a".
+        let got = train(&[("az", 2), ("ba", 2)], 1);
+        assert_eq!(got, vec![m("b", "a")]);
+        // Equal left bytes: the right bytes decide.
+        let got = train(&[("ac", 2), ("ab", 2)], 1);
+        assert_eq!(got, vec![m("a", "c")]);
+        // A longer left token beats its own prefix: ("ab","x") > ("a","z").
+        let got = train(&[("ab", 10), ("abx", 2), ("az", 2)], 3);
+        assert_eq!(got, vec![m("a", "b"), m("ab", "x"), m("a", "z")]);
+    }
+
+    #[test]
+    fn cs336_example() {
+        // The worked example of the CS336 assignment (pre-tokens, whitespace split).
+        let corpus = [("low", 5), ("lower", 2), ("widest", 3), ("newest", 6)];
+        let got = train(&corpus, 6);
+        let want = vec![m("s", "t"), m("e", "st"), m("o", "w"), m("l", "ow"), m("w", "est"), m("n", "e")];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn repeated_symbols_merge_left_to_right() {
+        // "aaaa" -> "aa aa" -> "aaaa"; "aaa" -> "aa a".
+        let got = train(&[("aaaa", 1), ("aaa", 1)], 3);
+        assert_eq!(got[0], m("a", "a"));
+        assert_eq!(got[1], m("aa", "aa"));
+        // After the two merges: "aaaa" is one symbol, "aaa" is ("aa","a") count 1.
+        assert_eq!(got[2], m("aa", "a"));
+    }
+
+    #[test]
+    fn stops_when_no_pair_is_left() {
+        let got = train(&[("ab", 1)], 10);
+        assert_eq!(got, vec![m("a", "b")]);
+    }
+
+    #[test]
+    fn same_bytes_from_two_merges_are_one_symbol() {
+        // Brute-force check against a naive bytes-keyed trainer on small corpora.
+        let corpora: Vec<Vec<(&str, u64)>> = vec![
+            vec![("abc", 2), ("bcx", 3), ("abx", 2), ("xabc", 1), ("abcabc", 1)],
+            vec![("abab", 3), ("baba", 2), ("aabb", 1), ("bbaa", 2), ("ab", 1)],
+            vec![("hello", 4), ("yellow", 2), ("mellow", 3), ("low", 5), ("lowest", 1)],
+        ];
+        for corpus in corpora {
+            let got = train(&corpus, 50);
+            assert_eq!(got, naive(&corpus, 50));
+        }
+    }
+
+    /// The obvious quadratic trainer: words as lists of byte strings.
+    fn naive(corpus: &[(&str, u64)], n: usize) -> Vec<(String, String)> {
+        let mut words: Vec<(Vec<String>, u64)> =
+            corpus.iter().map(|(w, c)| (w.chars().map(|ch| ch.to_string()).collect(), *c)).collect();
+        let mut out = vec![];
+        for _ in 0..n {
+            let mut counts: std::collections::BTreeMap<(String, String), u64> = Default::default();
+            for (w, c) in &words {
+                for p in w.windows(2) {
+                    *counts.entry((p[0].clone(), p[1].clone())).or_default() += c;
+                }
+            }
+            let Some(best) = counts.iter().max_by(|x, y| x.1.cmp(y.1).then(x.0.cmp(y.0))).map(|x| x.0.clone()) else {
+                break;
+            };
+            for (w, _) in words.iter_mut() {
+                let mut o = vec![];
+                let mut i = 0;
+                while i < w.len() {
+                    if i + 1 < w.len() && w[i] == best.0 && w[i + 1] == best.1 {
+                        o.push(format!("{}{}", best.0, best.1));
+                        i += 2;
+                    } else {
+                        o.push(w[i].clone());
+                        i += 1;
+                    }
+                }
+                *w = o;
+            }
+            out.push(best);
+        }
+        out
+    }
+}

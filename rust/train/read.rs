@@ -1,0 +1,308 @@
+//! Stage 1: read the input in bounded chunks and cut it where pre-tokenization
+//! may restart without changing a single piece.
+//!
+//! Exact cut points, in order of preference:
+//! 1. a special-token occurrence (special tokens are hard boundaries);
+//! 2. for the built-in patterns only: just after a `\n` that follows a printable
+//!    ASCII byte and precedes an ASCII letter (`x\nT`). No piece of the GPT-2,
+//!    cl100k or o200k pattern contains a newline followed by a letter, and the
+//!    newline's own piece is `"\n"` whether or not the text continues (see
+//!    `safe_text_cut`).
+//!
+//! A chunk grows past the target size only when neither kind of cut exists in it
+//! (e.g. a custom pattern and no special token for megabytes).
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+use crate::pretokenize::PreTokenizer;
+
+/// Finds special tokens: leftmost match first, the longest one among those starting there.
+pub struct SpecialSplitter {
+    ac: Option<AhoCorasick>,
+    max_len: usize,
+}
+
+impl SpecialSplitter {
+    pub fn new(specials: &[String]) -> Self {
+        let pats: Vec<&[u8]> = specials.iter().map(|s| s.as_bytes()).filter(|s| !s.is_empty()).collect();
+        if pats.is_empty() {
+            return SpecialSplitter { ac: None, max_len: 0 };
+        }
+        let max_len = pats.iter().map(|p| p.len()).max().unwrap_or(0);
+        let ac = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&pats)
+            .expect("special tokens are short literal strings");
+        SpecialSplitter { ac: Some(ac), max_len }
+    }
+
+    /// Length of the longest special token (0 when there are none).
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Calls `f(start, end)` for each special-token occurrence in `hay`, in order.
+    pub fn for_each_match(&self, hay: &[u8], mut f: impl FnMut(usize, usize)) {
+        if let Some(ac) = &self.ac {
+            for m in ac.find_iter(hay) {
+                f(m.start(), m.end());
+            }
+        }
+    }
+
+    /// The non-special spans of `hay` (possibly empty ones are dropped), appended to `out`
+    /// with `base` added to each offset.
+    pub fn segments(&self, hay: &[u8], base: usize, out: &mut Vec<(usize, usize)>) {
+        let mut pos = 0;
+        self.for_each_match(hay, |s, e| {
+            if s > pos {
+                out.push((base + pos, base + s));
+            }
+            pos = e;
+        });
+        if hay.len() > pos {
+            out.push((base + pos, base + hay.len()));
+        }
+    }
+}
+
+#[inline]
+fn is_printable_ascii(b: u8) -> bool {
+    (0x21..=0x7e).contains(&b)
+}
+
+/// The last exact cut position `c` with `lo <= c <= hi` for the built-in patterns:
+/// `text[c-2]` printable ASCII, `text[c-1] == b'\n'`, `text[c]` an ASCII letter.
+///
+/// Why it is exact (GPT-2, cl100k, o200k): every piece that contains a `\n` either is
+/// all whitespace or ends at the newline, and no piece begins with `\n` and goes on
+/// into a letter (the optional prefix of the letter alternatives excludes `\r\n` in
+/// cl100k/o200k and is a plain space in GPT-2). So a piece ends at `c` in the whole
+/// text. Before `c`, the whitespace run is just the `\n` (its left neighbour is not
+/// whitespace), so whether the pattern sees the letter (`\s+(?!\S)` fails, `\s+`
+/// takes "\n"; `\s++$` fails, `\s*[\r\n]` takes it) or the end of the chunk
+/// (`\s+(?!\S)` / `\s++$` take "\n"), the piece is the same `"\n"` (or the same
+/// punctuation-plus-newline piece).
+pub fn safe_text_cut(text: &[u8], lo: usize, hi: usize) -> Option<usize> {
+    let lo = lo.max(2);
+    if hi >= text.len() || hi < lo {
+        return None;
+    }
+    // Search for b'\n' at c-1 for c in [lo, hi], from the right.
+    let mut end = hi; // exclusive bound on newline index + 1 == c
+    while end >= lo {
+        let nl = memchr::memrchr(b'\n', &text[lo - 1..end])? + lo - 1;
+        let c = nl + 1;
+        if text[c].is_ascii_alphabetic() && is_printable_ascii(text[nl - 1]) {
+            return Some(c);
+        }
+        if nl < lo {
+            return None;
+        }
+        end = nl;
+    }
+    None
+}
+
+/// Where to cut a full buffer: the largest exact cut position > 0, or None.
+/// Special-token matches are trusted only when they start at least `max_len` bytes
+/// before the end of the buffer: then no longer special token, and no earlier one,
+/// could be hiding behind the end of the buffer.
+pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option<usize> {
+    let limit = buf.len().saturating_sub(splitter.max_len());
+    let mut last_safe_end: Option<usize> = None;
+    let mut last_end = 0usize;
+    splitter.for_each_match(buf, |s, e| {
+        if s <= limit && s + splitter.max_len() <= buf.len() {
+            last_safe_end = Some(e);
+        }
+        last_end = e;
+    });
+    let fallback = if builtin {
+        // No special token covers any position in [last_end, limit]: a match covering
+        // c >= last_end would start at or after last_end (matches do not overlap) and
+        // before limit, so it would have been found.
+        let hi = limit.min(buf.len().saturating_sub(1));
+        safe_text_cut(buf, last_end.max(1), hi)
+    } else {
+        None
+    };
+    match (last_safe_end, fallback) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (Some(a), None) => (a > 0).then_some(a),
+        (None, b) => b,
+    }
+}
+
+/// The fallback cut when no exact one exists in a long buffer: hold back the last two
+/// pre-tokens of the text after the last special token (and any possible start of a
+/// special token at the end), as `ferrolm.reference` does when streaming. Exact for the
+/// built-in patterns; for a custom pattern it assumes no match depends on text more
+/// than two pre-tokens ahead.
+pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer) -> Option<usize> {
+    let limit = buf.len().saturating_sub(splitter.max_len().saturating_sub(1));
+    let mut start = 0;
+    let mut end = limit;
+    splitter.for_each_match(buf, |s, e| {
+        if s + splitter.max_len() <= buf.len() {
+            start = e; // complete: no longer special token can start here
+        } else {
+            end = end.min(s);
+        }
+    });
+    if end <= start {
+        return None;
+    }
+    let region = &buf[start..end];
+    let text = match std::str::from_utf8(region) {
+        Ok(t) => t,
+        Err(e) => std::str::from_utf8(&region[..e.valid_up_to()]).unwrap(),
+    };
+    let mut starts = [usize::MAX; 2];
+    pre.for_each_piece_range(text, |s, _| {
+        starts = [starts[1], s];
+    });
+    (starts[0] != usize::MAX && start + starts[0] > 0).then(|| start + starts[0])
+}
+
+/// Reads one file in chunks ending at cut positions chosen by `cut(buffer)` (None: read
+/// more first). `f(chunk, file_offset)` is called for each; the last chunk ends at the
+/// end of the file.
+pub fn for_each_chunk<E>(
+    path: &Path,
+    chunk_size: usize,
+    cut: impl Fn(&[u8]) -> Option<usize>,
+    mut on_read: impl FnMut(usize),
+    mut f: impl FnMut(&[u8], u64) -> Result<(), E>,
+) -> Result<(), E>
+where
+    E: From<io::Error>,
+{
+    let mut file = File::open(path)?;
+    // A small file needs no full-size buffer.
+    let file_len = file.metadata().map(|m| m.len() as usize).unwrap_or(usize::MAX);
+    let chunk_size = chunk_size.min(file_len.saturating_add(1)).max(64);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut filled = 0usize; // bytes of buf holding data
+    let mut offset: u64 = 0; // file offset of buf[0]
+    let mut target = chunk_size;
+    let mut eof = false;
+    loop {
+        if buf.len() < target {
+            buf.resize(target, 0);
+        }
+        while filled < target && !eof {
+            let n = read_retry(&mut file, &mut buf[filled..target])?;
+            if n == 0 {
+                eof = true;
+            }
+            filled += n;
+            on_read(n);
+        }
+        if eof {
+            if filled > 0 {
+                f(&buf[..filled], offset)?;
+            }
+            return Ok(());
+        }
+        match cut(&buf[..filled]) {
+            Some(cut) => {
+                f(&buf[..cut], offset)?;
+                buf.copy_within(cut..filled, 0);
+                filled -= cut;
+                offset += cut as u64;
+                target = chunk_size.max(filled + chunk_size / 2);
+            }
+            // No exact cut in the whole buffer: read more before processing.
+            None => target = filled + chunk_size,
+        }
+    }
+}
+
+fn read_retry(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match file.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_skip_specials_longest_first() {
+        let sp = SpecialSplitter::new(&["<s>".into(), "<s><s>".into()]);
+        let mut out = vec![];
+        sp.segments(b"a<s><s>b<s>", 0, &mut out);
+        assert_eq!(out, vec![(0, 1), (7, 8)]);
+    }
+
+    #[test]
+    fn text_cut_is_exact_for_builtin_patterns() {
+        let text = "Hello world.\nThe end  \nx\n\nYes!\nok 12\nZ\n  a\tb\nc";
+        let bytes = text.as_bytes();
+        let pres = ["gpt2", "cl100k", "o200k"]
+            .iter()
+            .flat_map(|p| [PreTokenizer::new(p).unwrap(), PreTokenizer::new_regex(p).unwrap()]);
+        for pre in pres {
+            let pat = pre.pattern().to_string();
+            let whole: Vec<&str> = pre.pieces(text);
+            let mut hi = bytes.len() - 1;
+            let mut cuts = 0;
+            while let Some(c) = safe_text_cut(bytes, 1, hi) {
+                let mut parts = pre.pieces(&text[..c]);
+                parts.extend(pre.pieces(&text[c..]));
+                assert_eq!(parts, whole, "pattern {pat}, cut at {c}");
+                cuts += 1;
+                hi = c - 1;
+            }
+            assert!(cuts >= 3);
+        }
+    }
+
+    #[test]
+    fn hold_back_keeps_two_pieces_and_partial_specials() {
+        let sp = SpecialSplitter::new(&["<|end|>".into()]);
+        let pre = PreTokenizer::new("gpt2").unwrap();
+        // Only "one two three four fi" is surely free of a special-token start.
+        assert_eq!(hold_back_cut(b"one two three four five six", &sp, &pre), Some(13));
+        // The last 6 bytes may start a special token: held back, with the two pieces before.
+        assert_eq!(hold_back_cut(b"a b c d<|en", &sp, &pre), Some(1));
+        assert_eq!(hold_back_cut(b"x<|end|>a b", &sp, &pre), None);
+        assert_eq!(hold_back_cut(b"x<|end|>a b c d e f g", &sp, &pre), Some(11));
+    }
+
+    #[test]
+    fn chunks_cover_file_and_cut_exactly() {
+        let dir = std::env::temp_dir().join(format!("ferrolm-read-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.txt");
+        let mut text = String::new();
+        for i in 0..2000 {
+            text.push_str(&format!("doc {i} says hi.\nAnd more\n<|endoftext|>"));
+        }
+        std::fs::write(&path, &text).unwrap();
+        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        for builtin in [false, true] {
+            let mut got = Vec::new();
+            let mut n = 0;
+            for_each_chunk::<io::Error>(&path, 1000, |b| find_cut(b, &sp, builtin), |_| {}, |c, off| {
+                assert_eq!(off as usize, got.len());
+                got.extend_from_slice(c);
+                n += 1;
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, text.as_bytes());
+            assert!(n > 20);
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

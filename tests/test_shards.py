@@ -1,0 +1,369 @@
+"""`ferrolm encode` / ferrolm.shards: exact ids, sidecars, parts, resume after kill -9, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import shared_file
+from ferrolm import shards
+from ferrolm.tokenizer import Tokenizer
+
+EOT = "<|endoftext|>"
+
+
+@pytest.fixture(scope="session")
+def gpt2_tok(gpt2_vocab_merges):
+    vocab, merges = gpt2_vocab_merges
+    return Tokenizer(vocab, merges, [EOT])
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir(tmp_path_factory, gpt2_tok):
+    d = tmp_path_factory.mktemp("tok") / "gpt2"
+    gpt2_tok.save(d)
+    return d
+
+
+def docs_text(n: int, seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+    words = ["the", "cat", "it's", "Ünïcode", "数据", "123", "4567", "!!", "\n", "\n\n", "  ", "hello", "—", "don't"]
+    out = []
+    for _ in range(n):
+        k = int(rng.integers(3, 60))
+        out.append(" ".join(words[i] for i in rng.integers(0, len(words), k)))
+    return "".join(f"{d}\n{EOT}\n" for d in out)
+
+
+def read_bin(prefix, dtype="<u2") -> np.ndarray:
+    return np.fromfile(f"{prefix}.bin", dtype=dtype)
+
+
+def run_cli(*args, check=False, env=None, **kw):
+    """The CLI in a subprocess (for kills, signals and process exit codes)."""
+    return subprocess.run([sys.executable, "-m", "ferrolm", *map(str, args)], capture_output=True, text=True,
+                          env=env, check=check, **kw)
+
+
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def cli(capsys):
+    """The CLI in this process (`ferrolm.cli.main`), capturing its output."""
+    from ferrolm.cli import main
+
+    def run(*args, check=False):
+        capsys.readouterr()
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        if check:
+            assert rc == 0, err
+        return Result(rc, out, err)
+
+    return run
+
+
+# ------------------------------------------------------------------ exactness
+
+
+def test_plain_text_equals_tiktoken_whole_file_encoding(tmp_path, gpt2_tok, tiktoken_gpt2):
+    src = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt")
+    sc = shards.encode(gpt2_tok, [src], tmp_path / "ts", progress=False, chunk_size=64 << 10)
+    text = src.read_text(encoding="utf-8")
+    expected = tiktoken_gpt2.encode(text, allowed_special="all")
+    ids = read_bin(tmp_path / "ts")
+    assert ids.tolist() == expected
+    assert sc["num_tokens"] == len(expected)
+    assert sc["num_documents"] == expected.count(50256) == text.count(EOT)
+    side = json.loads((tmp_path / "ts.json").read_text())
+    assert side["format"] == "ferrolm-shard" and side["format_version"] == 1
+    assert side["dtype"] == "uint16" and side["vocab_size"] == 50257 and side["eos_id"] == 50256
+    assert side["tokenizer_fingerprint"] == gpt2_tok.fingerprint
+    assert side["inputs"] == [{"path": str(src), "bytes": src.stat().st_size, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}]
+    assert side["part"] is None and side["byte_range"] is None
+    assert not (tmp_path / "ts.progress.json").exists() and not (tmp_path / "ts.bin.partial").exists()
+
+
+def test_output_is_identical_for_any_threads_and_chunk_size(tmp_path, gpt2_tok):
+    src = tmp_path / "in.txt"
+    src.write_text(docs_text(400), encoding="utf-8")
+    outs = []
+    for i, (threads, chunk) in enumerate([(1, 1 << 20), (2, 1000), (3, 333), (2, 50)]):
+        shards.encode(gpt2_tok, src, tmp_path / f"o{i}", threads=threads, chunk_size=chunk, progress=False)
+        outs.append((tmp_path / f"o{i}.bin").read_bytes())
+    assert all(o == outs[0] for o in outs)
+    assert outs[0] == np.asarray(gpt2_tok.encode(src.read_text(encoding="utf-8")), dtype="<u2").tobytes()
+
+
+def test_gz_zst_and_multiple_inputs(tmp_path, gpt2_tok):
+    zstandard = pytest.importorskip("zstandard")
+    a, b = docs_text(50, 1), docs_text(60, 2) + "last doc without separator"
+    pa = tmp_path / "a.txt.gz"
+    pa.write_bytes(gzip.compress(a.encode()))
+    pb = tmp_path / "b.txt.zst"
+    pb.write_bytes(zstandard.ZstdCompressor().compress(b.encode()))
+    sc = shards.encode(gpt2_tok, [pa, pb], tmp_path / "c", progress=False)
+    expected = gpt2_tok.encode(a) + gpt2_tok.encode(b) + [50256]
+    assert read_bin(tmp_path / "c").tolist() == expected
+    assert sc["num_documents"] == 111
+    assert [r["sha256"] for r in sc["inputs"]] == [hashlib.sha256(p.read_bytes()).hexdigest() for p in (pa, pb)]
+    assert [r["uncompressed_bytes"] for r in sc["inputs"]] == [len(a.encode()), len(b.encode())]
+
+
+def test_jsonl_documents_are_ordinary_text_each_followed_by_eos(tmp_path, gpt2_tok):
+    docs = ["Hello there.", "A doc mentioning <|endoftext|> literally", "über\nlines"]
+    p = tmp_path / "docs.jsonl"
+    p.write_text("".join(json.dumps({"id": i, "story": d}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
+    sc = shards.encode(gpt2_tok, p, tmp_path / "j", jsonl_field="story", progress=False)
+    expected = [i for d in docs for i in gpt2_tok.encode_ordinary(d) + [50256]]
+    assert read_bin(tmp_path / "j").tolist() == expected
+    assert sc["num_documents"] == 3
+    with pytest.raises(ValueError, match=r"docs.jsonl:1: .*\"text\""):
+        shards.encode(gpt2_tok, p, tmp_path / "j2", progress=False)
+    assert not (tmp_path / "j2.bin").exists() and not (tmp_path / "j2.json").exists()
+
+
+def test_uint32_when_the_vocab_does_not_fit(tmp_path):
+    # A sparse vocab whose end-of-text id is above 65535.
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[70000] = EOT.encode()
+    tok = Tokenizer(vocab, [], [EOT])
+    src = tmp_path / "in.txt"
+    src.write_text(f"ab{EOT}\ncd", encoding="utf-8")
+    sc = shards.encode(tok, src, tmp_path / "u", progress=False)
+    assert sc["dtype"] == "uint32"
+    assert read_bin(tmp_path / "u", "<u4").tolist() == [97, 98, 70000, 10, 99, 100, 70000]
+    with pytest.raises(ValueError, match="does not fit in uint16"):
+        shards.encode(tok, src, tmp_path / "u16", dtype="uint16", progress=False)
+    assert not list(tmp_path.glob("u16*"))
+
+
+# ------------------------------------------------------------------ parts
+
+
+def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_dir, cli):
+    a = tmp_path / "a.txt"
+    a.write_text(docs_text(300, 3), encoding="utf-8")
+    b = tmp_path / "b.txt.gz"
+    b.write_bytes(gzip.compress(docs_text(40, 4).encode()))
+    c = tmp_path / "c.txt"
+    c.write_text(docs_text(200, 5), encoding="utf-8")
+    inputs = [a, b, c]
+    shards.encode(gpt2_tok, inputs, tmp_path / "whole", progress=False)
+    n = 4
+    for i in range(n):
+        r = cli("encode", "--tokenizer", gpt2_dir, "--input", *inputs, "--out", tmp_path / "p", "--part", f"{i}/{n}", "--no-progress")
+        assert r.returncode == 0, r.stderr
+    cat = b"".join((tmp_path / f"p.part-{i}-of-{n}.bin").read_bytes() for i in range(n))
+    assert cat == (tmp_path / "whole.bin").read_bytes()
+    assert shards.validate_shards(tmp_path / "p", tokenizer=gpt2_tok) == []
+    recs = shards.list_shards(tmp_path / "p")
+    assert [r["part"] for r in recs] == [[i, n] for i in range(n)]
+    assert recs[0]["byte_range"][0] == 0 and recs[-1]["byte_range"][1] == sum(p.stat().st_size for p in inputs)
+    r = cli("shards", tmp_path / "p", "--tokenizer", gpt2_dir, "--deep")
+    assert r.returncode == 0, r.stderr
+    assert "p.part-3-of-4.bin" in r.stdout and "total" in r.stdout
+    # A missing part, a truncated .bin and another tokenizer are all reported.
+    (tmp_path / "p.part-2-of-4.json").unlink()
+    r = cli("shards", tmp_path / "p")
+    assert r.returncode == 1 and "1 of 4 parts missing (part 2)" in r.stderr
+    with open(tmp_path / "whole.bin", "r+b") as f:
+        f.truncate(10)
+    problems = shards.validate_shards(tmp_path / "whole", tokenizer="0" * 64)
+    assert any("10 bytes" in p for p in problems) and any("fingerprint" in p for p in problems)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_missing_input_and_bad_tokenizer_dir(tmp_path, gpt2_dir, cli):
+    r = run_cli("encode", "--tokenizer", gpt2_dir, "--input", tmp_path / "nope.txt", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "nope.txt" in r.stderr and "not found" in r.stderr
+    bad = tmp_path / "badtok"
+    bad.mkdir()
+    (bad / "vocab.json").write_text("{not json")
+    (bad / "merges.txt").write_text("#version: 0.2\n")
+    src = tmp_path / "in.txt"
+    src.write_text("hello")
+    r = cli("encode", "--tokenizer", bad, "--input", src, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "vocab.json" in r.stderr and "JSON" in r.stderr
+    r = cli("encode", "--tokenizer", tmp_path / "nodir", "--input", src, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "tokenizer directory not found" in r.stderr
+    assert not list(tmp_path.glob("o.*"))
+
+
+def test_invalid_utf8_names_file_and_offset_or_is_replaced(tmp_path, gpt2_dir, gpt2_tok, cli):
+    good = docs_text(30, 6).encode()
+    data = good + b"caf\xe9 au lait" + good
+    src = tmp_path / "latin1.txt"
+    src.write_bytes(data)
+    r = cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress")
+    assert r.returncode == 2
+    assert "latin1.txt" in r.stderr and f"invalid UTF-8 at byte offset {len(good) + 3}" in r.stderr and "--errors replace" in r.stderr
+    assert not (tmp_path / "o.bin").exists() and not (tmp_path / "o.json").exists()
+    r = cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--errors", "replace", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(data.decode("utf-8", "replace"))
+
+
+def test_corrupt_gzip_is_a_clear_error(tmp_path, gpt2_dir, cli):
+    blob = bytearray(gzip.compress(docs_text(200, 7).encode()))
+    for i in range(30, 80):
+        blob[i] ^= 0x55
+    src = tmp_path / "broken.txt.gz"
+    src.write_bytes(bytes(blob))
+    r = cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress")
+    assert r.returncode == 2 and "broken.txt.gz" in r.stderr and "corrupt or truncated gzip" in r.stderr
+    assert "Traceback" not in r.stderr and "panicked" not in r.stderr
+    assert not (tmp_path / "o.bin").exists()
+
+
+def test_disk_full_hook_then_resume(tmp_path, gpt2_dir, gpt2_tok, cli, monkeypatch):
+    """Write failure with ENOSPC (injected via FERROLM_TEST_FAIL_WRITE_AFTER): clear message, nothing at
+    the final name; once space is back, rerunning resumes and gives the full output."""
+    src = tmp_path / "in.txt"
+    text = docs_text(3000, 8)
+    src.write_text(text, encoding="utf-8")
+    args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress", "--chunk-size", "0.002", "--commit-interval", "0"]
+    monkeypatch.setenv("FERROLM_TEST_FAIL_WRITE_AFTER", "20000")
+    r = cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert "no space left" in r.stderr and "o.bin.partial" in r.stderr
+    assert not (tmp_path / "o.bin").exists() and not (tmp_path / "o.json").exists()
+    monkeypatch.delenv("FERROLM_TEST_FAIL_WRITE_AFTER")
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "resumed after" in r.stderr
+    assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(text)
+
+
+def test_real_disk_full_on_a_tiny_tmpfs(tmp_path, gpt2_tok):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        src = tmp_path / "in.txt"
+        src.write_text(docs_text(6000, 9), encoding="utf-8")  # ~1 MB of ids, 4x the tmpfs
+        with pytest.raises(OSError, match="no space left") as e:
+            shards.encode(gpt2_tok, src, mnt / "o", progress=False)
+        assert e.value.errno == 28
+        assert not (mnt / "o.bin").exists() and not (mnt / "o.json").exists()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+# ------------------------------------------------------------------ resume after kill
+
+
+def _journal_tokens(path: Path) -> int:
+    try:
+        return json.loads(path.read_text()).get("tokens", 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _start_and_kill(args, journal: Path, sig=signal.SIGKILL, min_tokens=1) -> int:
+    """Start `ferrolm encode`, wait until its journal records progress, then send `sig`."""
+    proc = subprocess.Popen([sys.executable, "-m", "ferrolm", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if _journal_tokens(journal) >= min_tokens:
+            proc.send_signal(sig)
+            break
+        time.sleep(0.002)
+    out, err = proc.communicate()
+    return proc.returncode, err
+
+
+def test_kill_9_at_any_moment_then_rerun_gives_identical_bytes(tmp_path, gpt2_dir, gpt2_tok, cli):
+    src = shared_file("corpora/webtext/enwiki_2021_wikiextractor_part01.txt")
+    shards.encode(gpt2_tok, src, tmp_path / "ref", progress=False)
+    args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress",
+            "--chunk-size", "0.25", "--commit-interval", "0", "--threads", "2"]
+    journal = tmp_path / "o.progress.json"
+    kills = 0
+    for min_tokens in (1, 2_000_000):  # kill early, then kill the resumed run further on
+        rc, err = _start_and_kill(args, journal, min_tokens=min_tokens)
+        if rc == 0:
+            break  # it finished before the kill landed (a very fast machine): the final check still holds
+        assert rc == -signal.SIGKILL, err
+        kills += 1
+        assert not (tmp_path / "o.bin").exists() and not (tmp_path / "o.json").exists()
+        assert (tmp_path / "o.bin.partial").exists()
+    assert kills >= 1, "the encode finished before it could be killed; use a larger input"
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "resumed after" in r.stderr
+    assert (tmp_path / "o.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    ref_side = json.loads((tmp_path / "ref.json").read_text())
+    side = json.loads((tmp_path / "o.json").read_text())
+    for key in ("num_tokens", "num_documents", "inputs", "tokenizer_fingerprint", "dtype"):
+        assert side[key] == ref_side[key], key
+    assert not journal.exists() and not (tmp_path / "o.bin.partial").exists()
+
+
+def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, gpt2_dir, gpt2_tok, cli):
+    src = tmp_path / "in.txt"
+    text = docs_text(20000, 10)
+    src.write_text(text, encoding="utf-8")
+    args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress",
+            "--chunk-size", "0.01", "--commit-interval", "0", "--threads", "1"]
+    rc, err = _start_and_kill(args, tmp_path / "o.progress.json", sig=signal.SIGINT)
+    assert rc == 130, err
+    assert "interrupted" in err and "rerun the same command" in err and "Traceback" not in err
+    assert not (tmp_path / "o.bin").exists()
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(text)
+
+
+def test_changed_options_start_over(tmp_path, gpt2_tok):
+    src = tmp_path / "in.txt"
+    src.write_text(docs_text(500, 11), encoding="utf-8")
+    calls = []
+
+    # Interrupt through the progress callback (what Ctrl-C does), after the first chunk.
+    def stop(*a):
+        calls.append(a)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        shards._core.encode_shard(gpt2_tok._core, [str(src)], str(tmp_path / "o.bin"), dtype="uint32", eos=(EOT, 50256),
+                                  chunk_size=2000, commit_interval=0.0, params="A", progress=stop, progress_interval=0.0)
+    assert calls and (tmp_path / "o.progress.json").exists()
+    sc = shards.encode(gpt2_tok, src, tmp_path / "o", progress=False)  # other params: starts over
+    assert sc["resumed_tokens"] == 0 and "differ" in sc["restart_reason"]
+    assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(src.read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------ decode CLI
+
+
+def test_decode_cli_prints_a_slice(tmp_path, gpt2_dir, gpt2_tok, cli):
+    src = tmp_path / "in.txt"
+    text = docs_text(50, 12)
+    src.write_text(text, encoding="utf-8")
+    shards.encode(gpt2_tok, src, tmp_path / "o", progress=False)
+    ids = read_bin(tmp_path / "o").tolist()
+    r = cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", "--offset", 7, "--count", 40, check=True)
+    assert r.stdout == gpt2_tok.decode(ids[7:47]) + "\n"
+    r = cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", check=True)
+    assert r.stdout == text + "\n"
+    r = cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", "--offset", len(ids) + 1)
+    assert r.returncode == 2 and "outside" in r.stderr

@@ -1,0 +1,539 @@
+"""The Rust-backed ferrolm.Tokenizer: exact ids (tiktoken, the reference, a naive oracle),
+streaming, conversions, worst cases and bad inputs."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import corpus_files, shared_file
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ferrolm import Tokenizer, patterns
+from ferrolm.tokenizer_files import TokenizerFileError, read_merges, read_vocab
+
+EOT = "<|endoftext|>"
+FIXTURE_TEXTS = ["fixtures/address.txt", "fixtures/german.txt", "fixtures/tinystories_sample.txt", "fixtures/corpus.en"]
+
+
+# --------------------------------------------------------------------------------------
+# Fixtures and helpers
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def gpt2(gpt2_vocab_merges):
+    vocab, merges = gpt2_vocab_merges
+    return Tokenizer(vocab, merges, [EOT])
+
+
+@pytest.fixture(scope="session")
+def trained():
+    """The CS336 reference trainer's tokenizer (vocab 500 on corpus.en, <|endoftext|> at id 0)."""
+    vocab = read_vocab(shared_file("fixtures/train-bpe-reference-vocab.json"), [EOT])
+    merges = read_merges(shared_file("fixtures/train-bpe-reference-merges.txt"))
+    return Tokenizer(vocab, merges, [EOT])
+
+
+@pytest.fixture(scope="session")
+def reference_module():
+    return pytest.importorskip("ferrolm.reference", reason="ferrolm.reference (the pure-Python tokenizer) is not in this build")
+
+
+_TIKTOKEN_IDS: dict = {}
+
+
+def tiktoken_ids(enc, path: Path) -> list[int]:
+    """tiktoken's ids of a whole file (cached: several tests compare against them)."""
+    if path not in _TIKTOKEN_IDS:
+        _TIKTOKEN_IDS[path] = enc.encode(path.read_text(encoding="utf-8"), allowed_special="all")
+    return _TIKTOKEN_IDS[path]
+
+
+def naive_encode(tok: Tokenizer, text: str, specials: bool = True) -> list[int]:
+    """A deliberately simple oracle: split on specials (longest first), pre-tokenize with
+    Python's `regex`, merge the lowest-ranked pair (leftmost first) until none is left."""
+    import regex
+
+    vocab = tok.vocab
+    id_of: dict[bytes, int] = {}
+    for i in sorted(vocab):
+        id_of.setdefault(vocab[i], i)
+    rank = {}
+    for k, m in enumerate(tok.merges):
+        rank.setdefault(m, k)
+    pat = regex.compile(tok.pattern)
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    out: list[int] = []
+    spans = [text]
+    if specials and tok.special_tokens:
+        sp = regex.compile("|".join(regex.escape(s) for s in sorted(tok.special_tokens, key=len, reverse=True)))
+        spans, pos = [], 0
+        for m in sp.finditer(text):
+            spans += [text[pos : m.start()], (m.group(),)]
+            pos = m.end()
+        spans.append(text[pos:])
+    for span in spans:
+        if isinstance(span, tuple):
+            out.append(tok.special_token_ids[span[0]])
+            continue
+        for piece in pat.findall(span):
+            parts = [bytes([b]) for b in piece.encode("utf-8")]
+            while len(parts) > 1:
+                best = min(range(len(parts) - 1), key=lambda i: (rank.get((parts[i], parts[i + 1]), 1 << 60), i))
+                if (parts[best], parts[best + 1]) not in rank:
+                    break
+                parts[best : best + 2] = [parts[best] + parts[best + 1]]
+            out.extend(id_of[p] for p in parts)
+    return out
+
+
+def chunked(text: str, size: int):
+    return (text[i : i + size] for i in range(0, len(text), size))
+
+
+def ragged(text: str, seed: int, top: int = 40):
+    rng = random.Random(seed)
+    i = 0
+    while i < len(text):
+        n = rng.randint(1, top)
+        yield text[i : i + n]
+        i += n
+
+
+# --------------------------------------------------------------------------------------
+# GPT-2: ids equal tiktoken's
+# --------------------------------------------------------------------------------------
+
+
+def test_design_examples(gpt2):
+    assert gpt2.encode("a\n\n b") == [64, 628, 275]
+    assert list(gpt2.encode_iterable(["a\n", "\n", " b"])) == [64, 628, 275]
+    assert gpt2.encode("Hello, world!") == [15496, 11, 995, 0]
+    assert gpt2.encode(EOT) == [50256]
+    assert gpt2.eos_id == 50256
+    assert gpt2.vocab_size == 50257
+
+
+@pytest.mark.parametrize("rel", FIXTURE_TEXTS)
+def test_fixture_texts_equal_tiktoken(gpt2, tiktoken_gpt2, rel):
+    path = shared_file(rel)
+    text = path.read_text(encoding="utf-8")
+    want = tiktoken_ids(tiktoken_gpt2, path)
+    assert gpt2.encode(text) == want
+    for size in (1, 7):
+        assert list(gpt2.encode_iterable(chunked(text, size))) == want
+    assert list(gpt2.encode_iterable(text.splitlines(keepends=True))) == want
+    assert gpt2.decode(want) == text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", corpus_files(), ids=lambda p: p.name)
+def test_corpus_files_equal_tiktoken(gpt2, tiktoken_gpt2, path):
+    """Every corpus file, whole and streamed (lines, 1 MB chunks, 7 chars on a slice,
+    ragged chunks, 1 char on a small slice)."""
+    text = path.read_text(encoding="utf-8")
+    want = tiktoken_ids(tiktoken_gpt2, path)
+    got = gpt2.encode(text)
+    assert len(got) == len(want)
+    assert got == want
+    assert gpt2.decode(got) == text
+    with open(path, encoding="utf-8", newline="") as f:
+        assert list(gpt2.encode_iterable(f)) == want
+    assert list(gpt2.encode_iterable(chunked(text, 1 << 20))) == want
+    # Chunkings that cut everywhere, on slices (tiktoken's ids of the slice itself).
+    part = text[:300_000]
+    want_part = tiktoken_gpt2.encode(part, allowed_special="all")
+    assert list(gpt2.encode_iterable(chunked(part, 7))) == want_part
+    assert list(gpt2.encode_iterable(ragged(part, seed=len(text)))) == want_part
+    small = text[:20_000]
+    assert list(gpt2.encode_iterable(iter(small))) == tiktoken_gpt2.encode(small, allowed_special="all")
+
+
+def test_parallel_whole_text_equals_serial(gpt2, tiktoken_gpt2):
+    path = shared_file("corpora/webtext/enwiki_2016_wikiextractor.txt")
+    want = tiktoken_ids(tiktoken_gpt2, path)
+    text = path.read_text(encoding="utf-8")
+    for threads in (1, 2, 3):
+        arr = gpt2.encode_to_numpy(text, num_threads=threads)
+        assert arr.dtype == np.uint16
+        assert arr.tolist() == want
+    assert gpt2.encode_file(path, dtype=np.uint32, num_threads=2).tolist() == want
+    # With specials as plain text the cut points must still be safe.
+    assert gpt2.encode_to_numpy(text.replace(EOT, " "), num_threads=2).tolist() == tiktoken_gpt2.encode_ordinary(text.replace(EOT, " "))
+
+
+def test_encode_batch(gpt2, tiktoken_gpt2):
+    text = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt").read_text(encoding="utf-8")
+    docs = text.split(EOT)[:400]
+    want = [tiktoken_gpt2.encode(d) for d in docs]
+    assert gpt2.encode_batch(docs) == want
+    assert gpt2.encode_batch(docs, num_threads=1) == want
+    assert gpt2.encode_batch(tuple(docs), num_threads=2) == want
+    assert gpt2.encode_batch(iter(docs[:5])) == want[:5]
+    assert gpt2.encode_batch([]) == []
+
+
+def test_encode_ordinary_treats_specials_as_text(gpt2, tiktoken_gpt2):
+    s = f"one{EOT}two <|endoftext|>"
+    assert gpt2.encode_ordinary(s) == tiktoken_gpt2.encode_ordinary(s)
+    assert 50256 not in gpt2.encode_ordinary(s)
+    assert gpt2.encode(s).count(50256) == 2
+
+
+def test_surrogates_as_tiktoken(gpt2, tiktoken_gpt2):
+    for s in ["\ud83d\ude00 ok", "lone \ud800 high", "lone \udfff low", "\ud83d", "a\udc00\ud800b", "x\ud83d\ude00\ud83d"]:
+        want = tiktoken_gpt2.encode(s)
+        assert gpt2.encode(s) == want, repr(s)
+        assert gpt2.encode_ordinary(s) == tiktoken_gpt2.encode_ordinary(s)
+        assert gpt2.encode_batch([s, "plain"]) == [want, tiktoken_gpt2.encode("plain")]
+        assert gpt2.encode_to_numpy(s).tolist() == want
+        # A surrogate pair split across chunks still joins.
+        assert list(gpt2.encode_iterable(iter(s))) == want, repr(s)
+
+
+def test_decode(gpt2):
+    ids = gpt2.encode("héllo wörld ✓ 日本語")
+    assert gpt2.decode(ids) == "héllo wörld ✓ 日本語"
+    assert gpt2.decode(np.array(ids, dtype=np.int64)) == "héllo wörld ✓ 日本語"
+    assert gpt2.decode(np.array(ids, dtype=np.uint16)) == "héllo wörld ✓ 日本語"
+    assert gpt2.decode_bytes(iter(ids)) == "héllo wörld ✓ 日本語".encode()
+    # Token 447 is the first two bytes of a three-byte character: invalid alone.
+    partial = gpt2.decode_bytes([447])
+    assert gpt2.decode([447]) == partial.decode("utf-8", errors="replace")
+    assert "\ufffd" in gpt2.decode([447])
+    assert gpt2.decode([]) == ""
+    assert gpt2.decode([50256]) == EOT
+
+
+# --------------------------------------------------------------------------------------
+# Trained tokenizers: ids equal the oracle's and the reference's
+# --------------------------------------------------------------------------------------
+
+
+def test_trained_fixture_equals_naive_oracle(trained):
+    text = shared_file("fixtures/corpus.en").read_text(encoding="utf-8")[:40_000]
+    assert trained.encode(text) == naive_encode(trained, text)
+    assert trained.eos_id == 0
+    for path in corpus_files():
+        part = path.read_text(encoding="utf-8")[:3_000]
+        assert trained.encode(part) == naive_encode(trained, part), path.name
+        assert trained.decode(trained.encode(part)) == part
+
+
+def test_trained_fixture_equals_reference(trained, reference_module):
+    ref = reference_module.Tokenizer(trained.vocab, trained.merges, trained.special_tokens)
+    for path in [shared_file("fixtures/corpus.en"), *corpus_files()]:
+        text = path.read_text(encoding="utf-8")[:200_000]
+        assert trained.encode(text) == ref.encode(text), path.name
+
+
+def test_ferrolm_trained_equals_reference(reference_module, tmp_path):
+    """A tokenizer trained by ferrolm (the Rust trainer when present, else the reference
+    trainer) encodes every corpus like the reference Tokenizer."""
+    sample = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt").read_text(encoding="utf-8")[:200_000]
+    src = tmp_path / "sample.txt"
+    src.write_text(sample, encoding="utf-8")
+    try:
+        tok = Tokenizer.train(str(src), 600, [EOT], progress=False)
+    except ImportError:
+        vocab, merges = reference_module.train_bpe(str(src), 600, [EOT])
+        tok = Tokenizer(vocab, merges, [EOT])
+    ref = reference_module.Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    for path in corpus_files():
+        text = path.read_text(encoding="utf-8")[:100_000]
+        assert tok.encode(text) == ref.encode(text), path.name
+
+
+ALPHABET = st.one_of(
+    st.sampled_from(list(" \n\t\r'sdmtlvreAa0123456789.,!?-_\u00a0\u3000\x1c\x85") + ["ll", "ve", "re", "  ", "\n\n", "'s", "’"]),
+    st.characters(),
+    st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),  # lone surrogates
+    st.sampled_from(["é", "日本", "😀", "\U0001f600"[0], "ß", "ǅ", "Ⅻ", "٣"]),
+)
+SPECIAL_BITS = st.sampled_from([EOT, EOT + EOT, "<|endoftext", "|>", "<|", "endoftext", "<|endoftext|", "<<|endoftext|>>"])
+TEXTS = st.lists(st.one_of(ALPHABET, SPECIAL_BITS), max_size=40).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(TEXTS)
+def test_hypothesis_gpt2_equals_tiktoken(gpt2, tiktoken_gpt2, text):
+    want = tiktoken_gpt2.encode(text, allowed_special="all")
+    assert gpt2.encode(text) == want
+    assert gpt2.encode_ordinary(text) == tiktoken_gpt2.encode_ordinary(text)
+    assert list(gpt2.encode_iterable(iter(text))) == want
+    clean = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    assert gpt2.decode(want) == clean
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(TEXTS)
+def test_hypothesis_gpt2_equals_reference(gpt2, reference_module, text):
+    ref = _reference_gpt2(reference_module, gpt2)
+    assert gpt2.encode(text) == ref.encode(text)
+
+
+_REF_CACHE: dict = {}
+
+
+def _reference_gpt2(module, tok):
+    key = id(tok)
+    if key not in _REF_CACHE:
+        _REF_CACHE[key] = module.Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    return _REF_CACHE[key]
+
+
+@pytest.fixture(scope="session")
+def overlapping(trained):
+    """Overlapping special tokens, one containing another, one that is also a vocab token."""
+    return Tokenizer(trained.vocab, trained.merges, [EOT, EOT + EOT, "<|e", "t|>", "the"])
+
+
+def test_overlapping_specials_longest_first(overlapping):
+    ids = overlapping.special_token_ids
+    assert overlapping.encode(EOT + EOT) == [ids[EOT + EOT]]
+    assert overlapping.encode(EOT * 3) == [ids[EOT + EOT], ids[EOT]]
+    assert overlapping.encode("<|ex") == [ids["<|e"], overlapping.encode_ordinary("x")[0]]
+    assert overlapping.encode("the") == [ids["the"]]
+    # "the" is also an ordinary token; as text it is that token, not the special's new id.
+    assert overlapping.encode_ordinary("the") == naive_encode(overlapping, "the", specials=False)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(ALPHABET, SPECIAL_BITS, st.sampled_from(["the", "<|e", "t|>", "then"])), max_size=30).map("".join))
+def test_hypothesis_overlapping_specials(overlapping, text):
+    assert overlapping.encode(text) == naive_encode(overlapping, text)
+    assert overlapping.encode_ordinary(text) == naive_encode(overlapping, text, specials=False)
+    assert list(overlapping.encode_iterable(iter(text))) == naive_encode(overlapping, text)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(ALPHABET, SPECIAL_BITS, st.sampled_from(["the", "<|e", "t|>"])), max_size=30).map("".join))
+def test_hypothesis_overlapping_specials_reference(overlapping, reference_module, text):
+    ref = _reference_gpt2(reference_module, overlapping)
+    assert overlapping.encode(text) == ref.encode(text)
+
+
+def test_other_patterns_equal_oracle(trained):
+    text = shared_file("fixtures/tinystories_sample.txt").read_text(encoding="utf-8")
+    text += " I'LL they're 12345 foo\r\n\r\n  bar!!\n"
+    for pattern in ("cl100k", "o200k", r"\S+|\s+"):
+        tok = Tokenizer(trained.vocab, trained.merges, [EOT], pattern=pattern)
+        assert tok.pattern == patterns.resolve(pattern)
+        want = naive_encode(tok, text)
+        assert tok.encode(text) == want, pattern
+        assert list(tok.encode_iterable(ragged(text, seed=3, top=5))) == want, pattern
+
+
+# --------------------------------------------------------------------------------------
+# Conversions and files
+# --------------------------------------------------------------------------------------
+
+
+def test_save_load_roundtrip(gpt2, trained, tmp_path):
+    for tok in (gpt2, trained):
+        d = tok.save(tmp_path / f"tok{tok.vocab_size}")
+        back = Tokenizer.load(d)
+        assert back.vocab == tok.vocab and back.merges == tok.merges
+        assert back.special_tokens == tok.special_tokens and back.pattern == tok.pattern
+        assert back.fingerprint == tok.fingerprint
+        assert back.encode("Hello <|endoftext|> world") == tok.encode("Hello <|endoftext|> world")
+    fp = Tokenizer.from_files(shared_file("fixtures/gpt2_vocab.json"), shared_file("fixtures/gpt2_merges.txt"), [EOT])
+    assert fp.fingerprint == gpt2.fingerprint
+    assert pickle.loads(pickle.dumps(gpt2)).encode("pickled text") == gpt2.encode("pickled text")
+
+
+def test_tiktoken_roundtrip(gpt2, tiktoken_gpt2, trained, tmp_path):
+    text = shared_file("fixtures/corpus.en").read_text(encoding="utf-8")[:50_000] + EOT + "tail"
+    from_tt = Tokenizer.from_tiktoken(tiktoken_gpt2)
+    assert from_tt.vocab == gpt2.vocab
+    assert from_tt.merges == gpt2.merges  # GPT-2's merges are recovered exactly
+    assert from_tt.encode(text) == tiktoken_gpt2.encode(text, allowed_special="all")
+    to_tt = trained.to_tiktoken()
+    assert to_tt.encode(text, allowed_special="all") == trained.encode(text)
+    rank_file = trained.save_tiktoken(tmp_path / "trained.tiktoken")
+    back = Tokenizer.from_tiktoken_file(rank_file, special_tokens={EOT: 0})
+    assert back.encode(text) == trained.encode(text)
+    first = rank_file.read_text().splitlines()[0].split()
+    assert len(first) == 2 and int(first[1]) == 1  # id 0 is the special token
+    gpt2.save_tiktoken(tmp_path / "gpt2.tiktoken")
+    back = Tokenizer.from_tiktoken_file(tmp_path / "gpt2.tiktoken", special_tokens=[EOT])
+    assert back.eos_id == 50256 and back.encode(text) == gpt2.encode(text)
+
+
+def test_hf_tokenizer_json(gpt2, trained, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    text = shared_file("fixtures/tinystories_sample.txt").read_text(encoding="utf-8")
+    text += shared_file("fixtures/german.txt").read_text(encoding="utf-8") + " ✓ 日本語 😀\n\n  x"
+    for tok in (gpt2, trained):
+        path = tok.save_hf(tmp_path / f"hf{tok.vocab_size}.json")
+        hf = tokenizers.Tokenizer.from_file(str(path))
+        assert hf.encode(text, add_special_tokens=False).ids == tok.encode(text)
+        assert hf.decode(tok.encode(text), skip_special_tokens=False) == text
+    (tmp_path / "dir").mkdir()
+    assert gpt2.save_hf(tmp_path / "dir").name == "tokenizer.json"
+
+
+def test_truncate(trained):
+    small = trained.truncate(300)
+    assert small.vocab_size == 300 and len(small.merges) == 300 - 256 - 1
+    assert small.merges == trained.merges[:43]
+    assert small.special_tokens == [EOT]
+    text = shared_file("fixtures/corpus.en").read_text(encoding="utf-8")[:5_000]
+    assert small.encode(text) == naive_encode(small, text)
+    # A trained-layout tokenizer keeps its ids: bytes 0-255, merges, then specials.
+    trained_layout = Tokenizer({i: bytes([i]) for i in range(256)} | {256 + k: a + b for k, (a, b) in enumerate(trained.merges)}, trained.merges, [EOT])
+    cut = trained_layout.truncate(400)
+    assert cut.special_token_ids[EOT] == 399
+    assert all(cut.vocab[i] == trained_layout.vocab[i] for i in range(399))
+    with pytest.raises(ValueError):
+        trained.truncate(100)
+    with pytest.raises(ValueError):
+        trained.truncate(10_000)
+
+
+def test_train_uses_rust_trainer(tmp_path):
+    pytest.importorskip("ferrolm.bpe_trainer", reason="the Rust trainer (ferrolm.bpe_trainer) is not in this build")
+    src = shared_file("fixtures/corpus.en")
+    tok = Tokenizer.train(str(src), 400, [EOT], progress=False)
+    assert tok.vocab_size == 400 and tok.eos_id == 399
+    text = src.read_text(encoding="utf-8")[:10_000]
+    assert tok.encode(text) == naive_encode(tok, text)
+
+
+# --------------------------------------------------------------------------------------
+# Streaming memory, worst cases
+# --------------------------------------------------------------------------------------
+
+
+def test_stream_buffer_stays_small(gpt2):
+    """Feeding a long text line by line, the Rust stream buffers only the unfinished tail."""
+    from ferrolm import _core
+
+    assert isinstance(gpt2._core, _core.Encoder)
+    stream = gpt2._core.stream(True)
+    text = shared_file("corpora/webtext/enwiki_2016_wikiextractor.txt").read_text(encoding="utf-8")
+    n, most = 0, 0
+    for line in text.splitlines(keepends=True):
+        n += len(stream.feed(line))
+        most = max(most, stream.buffered)
+    n += len(stream.finish())
+    assert n == len(gpt2.encode(text))
+    assert most < 200_000
+
+
+@pytest.mark.parametrize("unit", ["a", "!", " ", "\n", "7", "日", "😀", "ab", " a"])
+def test_worst_cases_run(gpt2, unit):
+    text = unit * (1_000_000 // len(unit.encode()))
+    ids = gpt2.encode(text)
+    assert gpt2.decode(ids) == text
+    if unit in ("a", "!", " "):
+        assert list(gpt2.encode_iterable(chunked(text, 4096))) == ids
+        assert gpt2.encode_to_numpy(text, num_threads=2).tolist() == ids
+
+
+def test_worst_case_matches_tiktoken_small(gpt2, tiktoken_gpt2):
+    for unit in ["a", "!", " ", "\n", "ab"]:
+        text = unit * 3000
+        assert gpt2.encode(text) == tiktoken_gpt2.encode(text)
+
+
+# --------------------------------------------------------------------------------------
+# Bad inputs
+# --------------------------------------------------------------------------------------
+
+
+def _bytes_vocab():
+    return {i: bytes([i]) for i in range(256)}
+
+
+def test_bad_constructor_inputs():
+    v = _bytes_vocab()
+    with pytest.raises(ValueError, match="not in the vocab"):
+        Tokenizer(v, [(b"a", b"b")])
+    with pytest.raises(ValueError, match="not in the vocab"):
+        Tokenizer({**v, 256: b"xyz"}, [(b"xy", b"z")])
+    with pytest.raises(ValueError, match="listed twice"):
+        Tokenizer(v, [], ["<s>", "<s>"])
+    with pytest.raises(ValueError, match="empty"):
+        Tokenizer(v, [], [""])
+    with pytest.raises(TypeError):
+        Tokenizer(v, [], "<s>")
+    with pytest.raises(ValueError, match="2\\^32"):
+        Tokenizer({**v, 2**32: b"ab"}, [])
+    with pytest.raises(ValueError):
+        Tokenizer({**v, -1: b"ab"}, [])
+    with pytest.raises(ValueError, match="byte 0x41"):
+        Tokenizer({i: bytes([i]) for i in range(256) if i != 0x41}, [])
+    with pytest.raises(TypeError, match="bytes"):
+        Tokenizer({**v, 256: "ab"}, [])
+    with pytest.raises(TypeError):
+        Tokenizer({**v, "x": b"ab"}, [])
+    with pytest.raises(TypeError):
+        Tokenizer(list(v.values()), [])
+    with pytest.raises(TypeError, match="merges\\[0\\]"):
+        Tokenizer({**v, 256: b"ab"}, [("a", "b")])
+    with pytest.raises(ValueError, match="pattern"):
+        Tokenizer(v, [], pattern="(unclosed")
+
+
+def test_bad_encode_decode_inputs(gpt2):
+    for bad in (b"bytes", 3, None, ["a"]):
+        with pytest.raises(TypeError):
+            gpt2.encode(bad)
+    with pytest.raises(TypeError):
+        gpt2.encode_batch("not a list")
+    with pytest.raises(TypeError):
+        gpt2.encode_batch(["ok", b"bytes"])
+    with pytest.raises(TypeError):
+        gpt2.encode_iterable("a str")
+    with pytest.raises(TypeError):
+        list(gpt2.encode_iterable([b"bytes"]))
+    for bad in ([50257], [-1], [2**40], [2**70], np.array([50257]), np.array([-3])):
+        with pytest.raises(ValueError):
+            gpt2.decode(bad)
+    with pytest.raises(TypeError):
+        gpt2.decode(["a"])
+    with pytest.raises(TypeError):
+        gpt2.decode(np.array([1.5]))
+    with pytest.raises(ValueError):
+        gpt2.encode_to_numpy("x", dtype=np.int8)
+    with pytest.raises(ValueError):
+        gpt2.encode_batch(["x"], num_threads=0)
+
+
+def test_uint16_refused_for_big_vocab():
+    v = _bytes_vocab()
+    v[70_000] = "<big>".encode()
+    tok = Tokenizer(v, [], ["<big>"])
+    assert tok.vocab_size == 70_001
+    assert tok.encode_to_numpy("x<big>").dtype == np.uint32
+    assert tok.encode_to_numpy("x<big>").tolist() == [ord("x"), 70_000]
+    with pytest.raises(ValueError, match="uint16"):
+        tok.encode_to_numpy("x", dtype=np.uint16)
+
+
+def test_bad_files(tmp_path):
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "vocab.json").write_text("{not json")
+    (d / "merges.txt").write_text("#version: 0.2\n")
+    with pytest.raises(TokenizerFileError):
+        Tokenizer.load(d)
+    (d / "vocab.json").write_text(json.dumps({"a": 0}))
+    (d / "tokenizer.json").write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(TokenizerFileError):
+        Tokenizer.load(d)
+    (d / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="byte"):
+        Tokenizer.load(d)
+    with pytest.raises(FileNotFoundError):
+        Tokenizer.load(tmp_path / "missing")
+    (tmp_path / "bad.tiktoken").write_text("!!!notbase64 x\n")
+    with pytest.raises(TokenizerFileError):
+        Tokenizer.from_tiktoken_file(tmp_path / "bad.tiktoken")
