@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 BENCHES_DIR = Path(__file__).resolve().parent
 REPO = BENCHES_DIR.parent
@@ -51,9 +51,13 @@ class Bench:
     full: list = field(default_factory=list)  # extra arguments of the full run
     quick: list = field(default_factory=list)  # (flag, value, ...) groups for --quick
     json_flag: bool = True  # pass --json benches/out/<area>.json when the script has it
-    quick_timeout: float = 240.0
+    quick_timeout: float = 600.0  # a guard only: on a quiet 2-core machine each takes a minute or two
     # How to read its ratios, shown under the chart.
     reading: str = ""
+    notes: str = ""  # its write-up under benches/results/ (default: <area>.md)
+    in_quick: bool = True  # False: only in the full run
+    # Extra ratio series from output that has no markdown table: stdout -> [(title, [(label, ratio)])]
+    parse: Optional[Callable[[str], list]] = None
 
 
 def _shared(rel: str) -> Optional[str]:
@@ -61,13 +65,23 @@ def _shared(rel: str) -> Optional[str]:
     return str(p) if p.exists() else None
 
 
-TS_HEAD = "corpora/tinystories/TinyStories-v1-train_head_2MiB.txt"
+def _train_step_ratios(stdout: str) -> list:
+    """benches/train_step_speed.py prints "ARCH threads N  PRECISION  median R tokens/s": ferrolm / nanogpt per setting."""
+    rates: dict = {}
+    for m in re.finditer(r"^(\S+)\s+threads (\d+)\s+(bf16 autocast|fp32)\s+median\s+([\d.]+) tokens/s", stdout, re.M):
+        rates[(m.group(2), m.group(3), m.group(1))] = float(m.group(4))
+    points = [
+        (f"{threads} thread{'s' if threads != '1' else ''}, {prec}", rates[(threads, prec, "ferrolm")] / rates[(threads, prec, "nanogpt")])
+        for (threads, prec, arch) in rates
+        if arch == "ferrolm" and rates.get((threads, prec, "nanogpt"))
+    ]
+    return [("ferrolm / nanoGPT-style tokens/s", points)] if points else []
+
 
 BENCHES = [
     Bench(
         "train", "bench_train.py", "BPE training: ferrolm vs gigatoken, rustbpe, HF tokenizers and the pure-Python reference",
         quick=[("--files", _shared("corpora/webtext/enwiki_2016_wikiextractor.txt")), ("--vocab", "10000"), ("--runs", "1")],
-        quick_timeout=300,
         reading="time of each library / time of ferrolm: above 1 means ferrolm is faster",
     ),
     Bench(
@@ -82,13 +96,26 @@ BENCHES = [
     ),
     Bench(
         "pretokenize", "bench_pretokenize.py", "Pre-tokenization: ferrolm's scanners vs fancy-regex vs Python regex",
-        quick=[("--max-mb", "1"), ("--runs", "1")], json_flag=False, quick_timeout=420,
-        reading="scanner speed / the other's speed (by CPU time): above 1 means the scanner is faster",
+        quick=[("--max-mb", "1"), ("--runs", "1")], json_flag=False, quick_timeout=900,
+        reading="scanner speed / the other's speed (by CPU time): above 1 means the scanner is faster; "
+        "its first run includes a `cargo build --release` of the Rust example",
     ),
     Bench(
         "model", "bench_model.py", "Training step: ferrolm TransformerLM vs HF transformers LlamaForCausalLM",
-        quick=[("--shapes", "small"), ("--runs", "1"), ("--steps", "1")],
+        # fp32 only in quick mode: bf16 autocast is ~12x slower than fp32 on CPUs without AVX-512-BF16/AMX
+        quick=[("--shapes", "small"), ("--dtypes", "fp32"), ("--runs", "1"), ("--steps", "1")],
         reading="ferrolm tokens/s / HF tokens/s: above 1 means ferrolm is faster",
+    ),
+    Bench(
+        "train_step", "train_step_speed.py", "Full optimizer step of the cpu-small model: ferrolm vs a nanoGPT-style GPT of the same shape",
+        full=["--preset", "cpu-small", "--threads", "1", "2", "--steps", "5", "--repeats", "3", "--nanogpt"],
+        quick=[("--preset", "cpu-small"), ("--threads", "2"), ("--steps", "2"), ("--repeats", "1"), ("--fp32-only",), ("--nanogpt",)],
+        json_flag=False, notes="lm_train.md", parse=_train_step_ratios,
+        reading="ferrolm tokens/s / nanoGPT-style tokens/s: above 1 means ferrolm is faster",
+    ),
+    Bench(
+        "model_ops", "bench_model_ops.py", "Micro-benchmarks behind ferrolm.model's choices (RoPE, cross-entropy, QKV) vs HF's and torch's",
+        json_flag=False, notes="model.md", in_quick=False,
     ),
     Bench(
         "generate", "bench_generate.py", "Generation: ferrolm sampler (KV cache, no cache) vs HF generate",
@@ -179,7 +206,7 @@ class Outcome:
 
 def script_help(path: Path) -> str:
     try:
-        r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=60)
         return r.stdout + r.stderr
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -188,7 +215,7 @@ def script_help(path: Path) -> str:
 def build_command(bench: Bench, quick: bool, help_text: str) -> list:
     cmd = [sys.executable, str(BENCHES_DIR / bench.script)]
     if quick:
-        for group in bench.quick:
+        for group in bench.quick:  # (flag, value...) or (flag,) for a switch
             flag, *values = group
             if any(v is None for v in values):
                 continue  # input not available here: the script's default applies
@@ -199,6 +226,34 @@ def build_command(bench: Bench, quick: bool, help_text: str) -> list:
     if bench.json_flag and re.search(r"(^|[\s\[,])--json\b", help_text):
         cmd += ["--json", str(OUT_DIR / f"{bench.area}.json")]
     return cmd
+
+
+
+def _relative(arg: str) -> str:
+    """A path argument as it would be typed from the repository root (no machine paths in RESULTS.md)."""
+    if os.path.isabs(arg) and os.path.exists(arg) or arg.startswith((str(REPO), str(SHARED))):
+        rel = os.path.relpath(arg, REPO)
+        return rel if not rel.startswith("../../") else arg
+    return arg
+
+
+def _sanitize(text: str) -> str:
+    """Machine paths in a script's output, written relative to the repository root."""
+    return text.replace(str(SHARED), "../shared").replace(str(REPO) + os.sep, "").replace(str(REPO), ".")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
 
 
 def _pump(stream, sink: list, echo, prefix: str) -> None:
@@ -215,15 +270,16 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
         return Outcome(bench, "missing")
     help_text = script_help(path)
     cmd = build_command(bench, quick, help_text)
-    shown = [os.path.relpath(c, REPO) if os.path.isabs(c) and c.startswith(str(REPO)) else c for c in cmd]
-    shown[0] = "python"
+    shown = ["python"] + [_relative(c) for c in cmd[1:]]
     print(f"\n=== {bench.area}: {' '.join(shlex.quote(c) for c in shown)}", flush=True)
     json_path = OUT_DIR / f"{bench.area}.json"
     if json_path.exists():
         json_path.unlink()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
+    # Its own session, so that a timeout stops the script's children too (cargo, worker processes).
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1,
+                            start_new_session=True)
     out_lines: list = []
     err_lines: list = []
     threads = [
@@ -236,20 +292,19 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        _kill_group(proc)
         status = "timeout"
     for t in threads:
         t.join(timeout=10)
     seconds = time.perf_counter() - t0
     if status == "ok" and proc.returncode != 0:
         status = "failed"
-    stdout, stderr = "".join(out_lines), "".join(err_lines)
+    stdout, stderr = _sanitize("".join(out_lines)), _sanitize("".join(err_lines))
     (OUT_DIR / f"{bench.area}.log").write_text(
         f"$ {' '.join(shown)}\n# exit {proc.returncode}, {seconds:.1f} s\n\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8"
     )
     return Outcome(
-        bench, status, shown, seconds, stdout, "".join(err_lines[-15:]), proc.returncode,
+        bench, status, shown, seconds, stdout, "".join(stderr.splitlines(True)[-15:]), proc.returncode,
         json_path if json_path.exists() else None,
     )
 
@@ -258,7 +313,8 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
 # Tables, ratios, charts
 # ---------------------------------------------------------------------------------------
 
-_RATIO = re.compile(r"^\**\s*([0-9]+(?:\.[0-9]+)?)\s*[x×]\s*\**$")
+# "1.8x", "**1.23x**", "18.18× the time": a number and an x at the start of a cell.
+_RATIO = re.compile(r"^\**\s*([0-9]+(?:\.[0-9]+)?)\s*[x×](?![A-Za-z0-9])")
 
 
 def markdown_tables(text: str) -> list[dict]:
@@ -403,7 +459,8 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
         "|---|---|---:|---|",
     ]
     for o in outcomes:
-        status = {"missing": f"not in this checkout (benches/{o.bench.script})", "skipped": "not run (--only)"}.get(o.status, o.status)
+        skipped = "not run (--only)" if args.only else "full run only"
+        status = {"missing": f"not in this checkout (benches/{o.bench.script})", "skipped": skipped}.get(o.status, o.status)
         if o.status in ("failed", "timeout"):
             status = f"**{o.status}**" + (f" (exit {o.returncode})" if o.status == "failed" else "")
         cmd_s = f"`{' '.join(shlex.quote(c) for c in o.command)}`" if o.command else ""
@@ -424,10 +481,9 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
             lines += [body, ""]
         if o.status != "ok":
             lines += ["Last lines of its stderr:", "", "```", o.stderr_tail.rstrip(), "```", ""]
-        notes = BENCHES_DIR / "results" / f"{o.bench.area}.md"
-        if notes.exists():
-            lines += [f"Method and discussion: [results/{o.bench.area}.md](results/{o.bench.area}.md). "
-                      f"Full log: benches/out/{o.bench.area}.log.", ""]
+        notes = o.bench.notes or f"{o.bench.area}.md"
+        if (BENCHES_DIR / "results" / notes).exists():
+            lines += [f"Method and discussion: [results/{notes}](results/{notes}). Full log: benches/out/{o.bench.area}.log.", ""]
     RESULTS.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return RESULTS
 
@@ -444,8 +500,10 @@ def main(argv: Optional[list] = None) -> int:
     if args.list:
         for b in BENCHES:
             path = BENCHES_DIR / b.script
-            if path.is_file():
-                print(f"{b.area:12s} {' '.join(build_command(b, args.quick, script_help(path))[1:])}")
+            if args.quick and not b.in_quick:
+                print(f"{b.area:12s} (full run only)")
+            elif path.is_file():
+                print(f"{b.area:12s} python {' '.join(_relative(c) for c in build_command(b, args.quick, script_help(path))[1:])}")
             else:
                 print(f"{b.area:12s} (missing: benches/{b.script})")
         return 0
@@ -457,14 +515,15 @@ def main(argv: Optional[list] = None) -> int:
     t0 = time.perf_counter()
     outcomes = []
     for b in BENCHES:
-        if args.only and b.area not in args.only:
+        if (args.only and b.area not in args.only) or (args.quick and not b.in_quick and not args.only):
             outcomes.append(Outcome(b, "skipped"))
             continue
         timeout = args.timeout if args.timeout is not None else (b.quick_timeout if args.quick else None)
         o = run_bench(b, args.quick, timeout)
         if o.status == "ok":
             try:
-                o.chart = draw_chart(b.area, b.title, ratio_series(markdown_tables(o.stdout)), b.reading)
+                series = ratio_series(markdown_tables(o.stdout)) + (b.parse(o.stdout) if b.parse else [])
+                o.chart = draw_chart(b.area, b.title, series, b.reading)
             except Exception as e:  # a chart must never lose the numbers
                 print(f"  (no chart for {b.area}: {e})", file=sys.stderr)
         print(f"=== {b.area}: {o.status} in {o.seconds:.0f} s" + (f", chart {o.chart}" if o.chart else ""), flush=True)

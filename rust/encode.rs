@@ -19,6 +19,7 @@
 
 mod bpe;
 mod cache;
+mod hugebuf;
 mod pairs;
 mod parallel;
 mod specials;
@@ -368,22 +369,45 @@ impl Encoder {
         if text.is_empty() {
             return;
         }
-        let mut batch: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
+        let bytes = text.as_bytes();
+        let mut batch = [(0usize, 0usize); PIECE_BATCH];
         let mut n = 0;
-        self.pretok.for_each_piece(text, |piece| {
-            batch[n] = piece.as_bytes();
+        self.pretok.for_each_piece_range(text, |s, e| {
+            batch[n] = (s, e);
             n += 1;
             if n == PIECE_BATCH {
-                self.encode_pieces(&batch, cache, out);
+                self.encode_ranges(bytes, &batch, cache, out);
                 n = 0;
             }
         });
-        self.encode_pieces(&batch[..n], cache, out);
+        self.encode_ranges(bytes, &batch[..n], cache, out);
     }
 
-    /// Encode consecutive pieces; the lookups of the batch are started together so that
-    /// their cache misses overlap.
+    /// Encode consecutive pieces `text[s..e]`; the lookups of the batch are started
+    /// together so that their cache misses overlap.
     #[inline]
+    fn encode_ranges(&self, text: &[u8], ranges: &[(usize, usize)], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+        let mut probes = [cache::Probe::default(); PIECE_BATCH];
+        {
+            let table = cache.table();
+            for (p, &(s, e)) in probes.iter_mut().zip(ranges) {
+                *p = table.probe_at(text, s, e - s);
+                table.prefetch(p);
+            }
+        }
+        out.reserve(ranges.len());
+        for (p, &(s, e)) in probes.iter().zip(ranges) {
+            let piece = &text[s..e];
+            match cache.table().get_probed(p, piece) {
+                Some(&[id]) => out.push(id),
+                Some(ids) => out.extend_from_slice(ids),
+                None => self.encode_miss(piece, cache, out),
+            }
+        }
+    }
+
+    /// Encode consecutive pieces (see `encode_ranges`).
+    #[cfg(test)]
     fn encode_pieces(&self, pieces: &[&[u8]], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
         let mut probes = [cache::Probe::default(); PIECE_BATCH];
         {

@@ -140,15 +140,26 @@ impl Builtin {
     }
 }
 
+#[derive(Clone)]
 enum Engine {
     Scanner(Builtin),
     Regex(Box<fancy_regex::Regex>),
 }
 
 /// A compiled pre-tokenizer. Cheap to share between threads (`Sync`).
+#[derive(Clone)]
 pub struct PreTokenizer {
     source: String,
     engine: Engine,
+}
+
+impl fmt::Debug for PreTokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreTokenizer")
+            .field("builtin", &self.builtin())
+            .field("pattern", &self.source)
+            .finish()
+    }
 }
 
 impl PreTokenizer {
@@ -202,15 +213,15 @@ impl PreTokenizer {
         match &self.engine {
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::Gpt2) => {
-                drive_windows(text.as_bytes(), f, gpt2_window, gpt2_next)
+                windows::drive_windows(text.as_bytes(), f, windows::gpt2_window, gpt2_next)
             }
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::Cl100k) => {
-                drive_windows(text.as_bytes(), f, cl100k_window, cl100k_next)
+                windows::drive_windows(text.as_bytes(), f, windows::cl100k_window, cl100k_next)
             }
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::O200k) => {
-                drive_windows(text.as_bytes(), f, o200k_window, o200k_next)
+                windows::drive_windows(text.as_bytes(), f, windows::o200k_window, o200k_next)
             }
             #[cfg(not(target_arch = "x86_64"))]
             Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
@@ -289,7 +300,8 @@ const SET_W: u8 = bit(LOWER) | bit(OLET) | bit(MARK);
 
 #[inline(always)]
 fn in_set(c: u8, set: u8) -> bool {
-    (set >> c) & 1 != 0
+    // In u32, whose shift needs no masking of the amount on x86 (c < 8 anyway).
+    ((set as u32) >> (c as u32)) & 1 != 0
 }
 
 const fn ascii_table() -> [u8; 128] {
@@ -362,6 +374,40 @@ pub fn char_class_flags(c: char) -> u8 {
         | (in_set(k, SET_W) as u8) << 5
 }
 
+/// Not a class: a group of code points of several classes.
+const MIXED: u8 = 0xff;
+
+/// For the code points U+0000..U+FFFF in groups of 64 (`cp >> 6`, i.e. the lead byte's
+/// low four bits and the first continuation byte's six bits of a three-byte UTF-8
+/// sequence), the class all of them share, or MIXED.
+static THREE_BYTE_GROUPS: [u8; 1024] = three_byte_groups();
+
+const fn three_byte_groups() -> [u8; 1024] {
+    let mut t = [MIXED; 1024];
+    let mut g = 0;
+    while g < 1024 {
+        let first = class_of_cp_const((g as u32) << 6);
+        let mut same = true;
+        let mut k = 1;
+        while k < 64 {
+            if class_of_cp_const(((g as u32) << 6) | k) != first {
+                same = false;
+            }
+            k += 1;
+        }
+        if same {
+            t[g] = first;
+        }
+        g += 1;
+    }
+    t
+}
+
+const fn class_of_cp_const(cp: u32) -> u8 {
+    let block = STAGE1[(cp >> BLOCK_SHIFT) as usize] as usize;
+    STAGE2[(block << BLOCK_SHIFT) | (cp & BLOCK_MASK) as usize]
+}
+
 /// Decode the non-ASCII UTF-8 sequence at `b[i]` (a lead byte) and classify it.
 /// `b` must be valid UTF-8 (it comes from a `&str`).
 #[inline(always)]
@@ -374,17 +420,21 @@ fn decode_class(b: &[u8], i: usize) -> (u8, usize) {
         if b0 < 0xe0 {
             // Below DIRECT: STAGE2 holds these classes in code point order.
             (*STAGE2.get_unchecked((((b0 & 0x1f) << 6) | b1) as usize), 2)
+        } else if b0 < 0xf0 {
+            // Most 64-code-point groups (one lead byte and one continuation byte) are of
+            // one class, e.g. all CJK ideographs.
+            let prefix = ((b0 & 0x0f) << 6) | b1;
+            let c = *THREE_BYTE_GROUPS.get_unchecked(prefix as usize);
+            if c != MIXED {
+                return (c, 3);
+            }
+            let b2 = (*b.get_unchecked(i + 2) & 0x3f) as u32;
+            (class_of_cp((prefix << 6) | b2), 3)
         } else {
             let b2 = (*b.get_unchecked(i + 2) & 0x3f) as u32;
-            if b0 < 0xf0 {
-                (class_of_cp(((b0 & 0x0f) << 12) | (b1 << 6) | b2), 3)
-            } else {
-                let b3 = (*b.get_unchecked(i + 3) & 0x3f) as u32;
-                (
-                    class_of_cp(((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3),
-                    4,
-                )
-            }
+            let b3 = (*b.get_unchecked(i + 3) & 0x3f) as u32;
+            let cp = ((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3;
+            (class_of_cp(cp), 4)
         }
     }
 }
@@ -703,318 +753,325 @@ fn o200k_next(b: &[u8], i: usize) -> usize {
 // begins at the last certain start; where no piece completes (a non-ASCII char, a
 // very long piece) the scalar scanner takes one piece.
 
-/// Class masks of the 64 bytes at `b[i..i + 64]`.
-struct Window {
-    letter: u64,
-    upper: u64,
-    digit: u64,
-    space: u64,
-    white: u64,
-    apostrophe: u64,
-    /// \r \n
-    newline: u64,
-    slash: u64,
-    non_ascii: u64,
-}
-
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn window_masks(b: &[u8], i: usize) -> Window {
-    use std::arch::x86_64::*;
-    assert!(i + 64 <= b.len());
-    let mut w = Window {
-        letter: 0,
-        upper: 0,
-        digit: 0,
-        space: 0,
-        white: 0,
-        apostrophe: 0,
-        newline: 0,
-        slash: 0,
-        non_ascii: 0,
-    };
-    // SAFETY: SSE2 is part of x86_64; the 64 bytes are in bounds (asserted).
-    unsafe {
-        let set = |x: u8| _mm_set1_epi8(x as i8);
-        for k in 0..4 {
-            let v = _mm_loadu_si128(b.as_ptr().add(i + 16 * k) as *const __m128i);
-            let mask = |m: __m128i| (_mm_movemask_epi8(m) as u32 as u64) << (16 * k);
-            let folded = _mm_or_si128(v, set(0x20));
-            let letter = _mm_and_si128(
-                _mm_cmpgt_epi8(folded, set(b'a' - 1)),
-                _mm_cmpgt_epi8(set(b'z' + 1), folded),
-            );
-            let digit = _mm_and_si128(
-                _mm_cmpgt_epi8(v, set(b'0' - 1)),
-                _mm_cmpgt_epi8(set(b'9' + 1), v),
-            );
-            let space = _mm_cmpeq_epi8(v, set(b' '));
-            // \t \n \v \f \r
-            let ctl = _mm_and_si128(_mm_cmpgt_epi8(v, set(0x08)), _mm_cmpgt_epi8(set(0x0e), v));
-            w.letter |= mask(letter);
-            w.upper |= mask(_mm_and_si128(
-                _mm_cmpgt_epi8(v, set(b'A' - 1)),
-                _mm_cmpgt_epi8(set(b'Z' + 1), v),
-            ));
-            w.digit |= mask(digit);
-            w.space |= mask(space);
-            w.white |= mask(_mm_or_si128(space, ctl));
-            w.apostrophe |= mask(_mm_cmpeq_epi8(v, set(b'\'')));
-            w.newline |= mask(_mm_or_si128(_mm_cmpeq_epi8(v, set(b'\n')), _mm_cmpeq_epi8(v, set(b'\r'))));
-            w.slash |= mask(_mm_cmpeq_epi8(v, set(b'/')));
-            w.non_ascii |= mask(v);
+mod windows {
+    use super::*;
+
+    /// Class masks of the 64 bytes at `b[i..i + 64]`.
+    struct Window {
+        letter: u64,
+        upper: u64,
+        digit: u64,
+        space: u64,
+        white: u64,
+        apostrophe: u64,
+        /// \r \n
+        newline: u64,
+        slash: u64,
+        non_ascii: u64,
+    }
+
+    #[inline(always)]
+    fn window_masks(b: &[u8], i: usize) -> Window {
+        use std::arch::x86_64::*;
+        assert!(i + 64 <= b.len());
+        let mut w = Window {
+            letter: 0,
+            upper: 0,
+            digit: 0,
+            space: 0,
+            white: 0,
+            apostrophe: 0,
+            newline: 0,
+            slash: 0,
+            non_ascii: 0,
+        };
+        // SAFETY: SSE2 is part of x86_64; the 64 bytes are in bounds (asserted).
+        unsafe {
+            let set = |x: u8| _mm_set1_epi8(x as i8);
+            for k in 0..4 {
+                let v = _mm_loadu_si128(b.as_ptr().add(i + 16 * k) as *const __m128i);
+                let mask = |m: __m128i| (_mm_movemask_epi8(m) as u32 as u64) << (16 * k);
+                let folded = _mm_or_si128(v, set(0x20));
+                let letter = _mm_and_si128(
+                    _mm_cmpgt_epi8(folded, set(b'a' - 1)),
+                    _mm_cmpgt_epi8(set(b'z' + 1), folded),
+                );
+                let digit = _mm_and_si128(
+                    _mm_cmpgt_epi8(v, set(b'0' - 1)),
+                    _mm_cmpgt_epi8(set(b'9' + 1), v),
+                );
+                let space = _mm_cmpeq_epi8(v, set(b' '));
+                // \t \n \v \f \r
+                let ctl = _mm_and_si128(_mm_cmpgt_epi8(v, set(0x08)), _mm_cmpgt_epi8(set(0x0e), v));
+                w.letter |= mask(letter);
+                w.upper |= mask(_mm_and_si128(
+                    _mm_cmpgt_epi8(v, set(b'A' - 1)),
+                    _mm_cmpgt_epi8(set(b'Z' + 1), v),
+                ));
+                w.digit |= mask(digit);
+                w.space |= mask(space);
+                w.white |= mask(_mm_or_si128(space, ctl));
+                w.apostrophe |= mask(_mm_cmpeq_epi8(v, set(b'\'')));
+                w.newline |= mask(_mm_or_si128(
+                    _mm_cmpeq_epi8(v, set(b'\n')),
+                    _mm_cmpeq_epi8(v, set(b'\r')),
+                ));
+                w.slash |= mask(_mm_cmpeq_epi8(v, set(b'/')));
+                w.non_ascii |= mask(v);
+            }
+        }
+        w
+    }
+
+    /// Report the pieces between the start bits of `starts` that are in `valid`; returns
+    /// the last of those starts (where the unfinished piece begins), 0 if none finished.
+    #[inline(always)]
+    fn emit_window(i: usize, starts: u64, valid: u64, f: &mut impl FnMut(usize, usize)) -> usize {
+        let mut m = starts & valid & !1;
+        let mut s = 0;
+        while m != 0 {
+            let e = m.trailing_zeros() as usize;
+            m &= m - 1;
+            f(i + s, i + e);
+            s = e;
+        }
+        s
+    }
+
+    /// Remove the starts inside the piece `[k, k + len)` of a window and start one after it.
+    #[inline(always)]
+    fn make_piece(starts: u64, k: usize, len: usize) -> u64 {
+        let inside = ((1u64 << len) - 2) << k;
+        let after = if k + len < 64 { 1u64 << (k + len) } else { 0 };
+        (starts & !inside) | after
+    }
+
+    /// Digit pieces of cl100k and o200k: `\p{N}{1,3}`, i.e. a start at each run of digits
+    /// and every three digits along it.
+    #[inline(always)]
+    fn digit_group_starts(digit: u64) -> u64 {
+        let three = digit & (digit << 1) & (digit << 2);
+        let mut g = digit & !(digit << 1);
+        loop {
+            let next = g | ((g << 3) & three);
+            if next == g {
+                return g;
+            }
+            g = next;
         }
     }
-    w
-}
 
-/// Report the pieces between the start bits of `starts` that are in `valid`; returns
-/// the last of those starts (where the unfinished piece begins), 0 if none finished.
-#[inline(always)]
-fn emit_window(i: usize, starts: u64, valid: u64, f: &mut impl FnMut(usize, usize)) -> usize {
-    let mut m = starts & valid & !1;
-    let mut s = 0;
-    while m != 0 {
-        let e = m.trailing_zeros() as usize;
-        m &= m - 1;
-        f(i + s, i + e);
-        s = e;
-    }
-    s
-}
-
-/// Remove the starts inside the piece `[k, k + len)` of a window and start one after it.
-#[inline(always)]
-fn make_piece(starts: u64, k: usize, len: usize) -> u64 {
-    let inside = ((1u64 << len) - 2) << k;
-    let after = if k + len < 64 { 1u64 << (k + len) } else { 0 };
-    (starts & !inside) | after
-}
-
-/// Digit pieces of cl100k and o200k: `\p{N}{1,3}`, i.e. a start at each run of digits
-/// and every three digits along it.
-#[inline(always)]
-fn digit_group_starts(digit: u64) -> u64 {
-    let three = digit & (digit << 1) & (digit << 2);
-    let mut g = digit & !(digit << 1);
-    loop {
-        let next = g | ((g << 3) & three);
-        if next == g {
-            return g;
-        }
-        g = next;
-    }
-}
-
-/// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
-/// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
-/// `limit` are simple), the scalar `next_end` elsewhere.
-#[inline(always)]
-fn drive_windows(
-    b: &[u8],
-    mut f: impl FnMut(usize, usize),
-    window: impl Fn(&[u8], usize) -> Result<(u64, u64), usize>,
-    next_end: impl Fn(&[u8], usize) -> usize,
-) {
-    let n = b.len();
-    let mut i = 0;
-    // Where to try a window again after one made no progress, and how many failed in
-    // a row (text that is mostly not ASCII should not pay for windows).
-    let mut retry_at = 0;
-    let mut failures = 0u32;
-    while i < n {
-        if i + 64 <= n && i >= retry_at {
-            let limit = match window(b, i) {
-                Ok((starts, valid)) => {
-                    let s = emit_window(i, starts, valid, &mut f);
-                    if s != 0 {
-                        i += s;
-                        failures = 0;
-                        continue;
+    /// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
+    /// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
+    /// `limit` are simple), the scalar `next_end` elsewhere.
+    #[inline(always)]
+    pub(super) fn drive_windows(
+        b: &[u8],
+        mut f: impl FnMut(usize, usize),
+        window: impl Fn(&[u8], usize) -> Result<(u64, u64), usize>,
+        next_end: impl Fn(&[u8], usize) -> usize,
+    ) {
+        let n = b.len();
+        let mut i = 0;
+        // Where to try a window again after one made no progress, and how many failed in
+        // a row (text that is mostly not ASCII should not pay for windows).
+        let mut retry_at = 0;
+        let mut failures = 0u32;
+        while i < n {
+            if i + 64 <= n && i >= retry_at {
+                let limit = match window(b, i) {
+                    Ok((starts, valid)) => {
+                        let s = emit_window(i, starts, valid, &mut f);
+                        if s != 0 {
+                            i += s;
+                            failures = 0;
+                            continue;
+                        }
+                        64
                     }
-                    64
-                }
-                Err(limit) => limit,
-            };
-            // Past the byte that stopped this window, later if windows keep failing.
-            failures += 1;
-            retry_at = i
-                + limit
-                + 1
-                + if failures > 2 {
-                    32 << failures.min(6)
-                } else {
-                    0
+                    Err(limit) => limit,
                 };
+                // Past the byte that stopped this window, later if windows keep failing.
+                failures += 1;
+                retry_at = i
+                    + limit
+                    + 1
+                    + if failures > 2 {
+                        32 << failures.min(6)
+                    } else {
+                        0
+                    };
+            }
+            let e = next_end(b, i);
+            debug_assert!(e > i && e <= n);
+            f(i, e);
+            i = e;
         }
-        let e = next_end(b, i);
-        debug_assert!(e > i && e <= n);
-        f(i, e);
-        i = e;
     }
-}
 
-/// The GPT-2 piece starts of the window at `i` and the certain ones.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn gpt2_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-    let w = window_masks(b, i);
-    // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
-    let limit = w.non_ascii.trailing_zeros();
-    if limit < 8 {
-        return Err(limit as usize);
-    }
-    let valid = (1u64 << (limit - 1)) - 1;
-    let punct = !(w.letter | w.digit | w.white | w.non_ascii);
-    let change = (w.letter ^ (w.letter << 1))
-        | (w.digit ^ (w.digit << 1))
-        | (w.white ^ (w.white << 1))
-        | (punct ^ (punct << 1));
-    // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+` take a space before them.
-    let joined = (w.space << 1) & !w.white;
-    // `\s+(?!\S)` leaves the last char of a run before a non-space.
-    let ws_last = w.white & !(w.white >> 1);
-    let mut starts = (change & !joined) | ws_last;
-    let mut apostrophes = w.apostrophe & starts & valid;
-    while apostrophes != 0 {
-        let k = apostrophes.trailing_zeros() as usize;
-        apostrophes &= apostrophes - 1;
-        if let Some(e) = contraction(b, i + k + 1) {
-            starts = make_piece(starts, k, e - i - k);
+    /// The GPT-2 piece starts of the window at `i` and the certain ones.
+    #[inline(always)]
+    pub(super) fn gpt2_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+        let w = window_masks(b, i);
+        // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
+        let limit = w.non_ascii.trailing_zeros();
+        if limit < 8 {
+            return Err(limit as usize);
         }
+        let valid = (1u64 << (limit - 1)) - 1;
+        let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+        let change = (w.letter ^ (w.letter << 1))
+            | (w.digit ^ (w.digit << 1))
+            | (w.white ^ (w.white << 1))
+            | (punct ^ (punct << 1));
+        // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+` take a space before them.
+        let joined = (w.space << 1) & !w.white;
+        // `\s+(?!\S)` leaves the last char of a run before a non-space.
+        let ws_last = w.white & !(w.white >> 1);
+        let mut starts = (change & !joined) | ws_last;
+        let mut apostrophes = w.apostrophe & starts & valid;
+        while apostrophes != 0 {
+            let k = apostrophes.trailing_zeros() as usize;
+            apostrophes &= apostrophes - 1;
+            if let Some(e) = contraction(b, i + k + 1) {
+                starts = make_piece(starts, k, e - i - k);
+            }
+        }
+        Ok((starts, valid))
     }
-    Ok((starts, valid))
-}
 
-/// What cl100k and o200k share on a window of ASCII.
-struct SharedStarts {
-    w: Window,
-    /// Certain starts.
-    valid: u64,
-    /// Punctuation chars that start a piece.
-    punct_start: u64,
-    /// Starts of all pieces but for o200k's case rule and the contractions.
-    starts: u64,
-}
+    /// What cl100k and o200k share on a window of ASCII.
+    struct SharedStarts {
+        w: Window,
+        /// Certain starts.
+        valid: u64,
+        /// Punctuation chars that start a piece.
+        punct_start: u64,
+        /// Starts of all pieces but for o200k's case rule and the contractions.
+        starts: u64,
+    }
 
-/// Bits `lo..hi` (`lo <= hi <= 64`).
-#[inline(always)]
-fn bit_range(lo: usize, hi: usize) -> u64 {
-    let below = |k: usize| if k >= 64 { u64::MAX } else { (1u64 << k) - 1 };
-    below(hi) & !below(lo)
-}
+    /// Bits `lo..hi` (`lo <= hi <= 64`).
+    #[inline(always)]
+    fn bit_range(lo: usize, hi: usize) -> u64 {
+        let below = |k: usize| if k >= 64 { u64::MAX } else { (1u64 << k) - 1 };
+        below(hi) & !below(lo)
+    }
 
-/// The starts cl100k and o200k share, on the ASCII prefix of the window at `i`.
-/// `tail` is what a punctuation run takes after it: `[\r\n]*` (cl100k) or `[\r\n/]*`
-/// (o200k). The whitespace rules of both (for a run not at the end of the text):
-/// a run containing a newline gives `\s*[\r\n]` up to its last newline; the rest, or
-/// a run without newline, gives back its last char (`\s+(?!\S)`), which opens a
-/// letter run after it (`[^\r\n\p{L}\p{N}]?`) or, if a space, a punctuation run.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn shared_window(b: &[u8], i: usize, tail_slash: bool) -> Result<SharedStarts, usize> {
-    let w = window_masks(b, i);
-    // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain (and, in a
-    // whitespace run with a newline, only if the run ends before the limit).
-    let limit = w.non_ascii.trailing_zeros() as usize;
-    if limit < 8 {
-        return Err(limit);
-    }
-    let mut valid = (1u64 << (limit - 1)) - 1;
-    let punct = !(w.letter | w.digit | w.white | w.non_ascii);
-    // The tail of each punctuation run: from a newline right after punctuation to the
-    // end of that run of tail chars (a '/' before the newline is in the punctuation run).
-    let tail = if tail_slash { w.newline | w.slash } else { w.newline };
-    let mut seeds = w.newline & (punct << 1);
-    let mut absorbed = 0;
-    while seeds != 0 {
-        let k = seeds.trailing_zeros() as usize;
-        let e = (k + (!tail >> k).trailing_zeros() as usize).min(64);
-        absorbed |= bit_range(k, e);
-        seeds &= !bit_range(k, e);
-    }
-    let punct = punct & !absorbed;
-    let white = w.white & !absorbed;
-    // A punctuation run starts a piece unless a space opens it (` ?[^\s\p{L}\p{N}]+`).
-    let punct_start = punct & !(punct << 1) & !(w.space << 1);
-    // Whitespace other than \r \n, or a punctuation char that starts a piece, opens
-    // the letter run after it.
-    let joined = w.letter & (((white & !w.newline) << 1) | (punct_start << 1));
-    let letter_start = w.letter & !(w.letter << 1) & !joined;
-    // Whitespace runs: at their first char, and at their last before a non-space.
-    let white_start = (white & !(white << 1)) | (white & !(white >> 1));
-    let mut starts = 1 | punct_start | letter_start | white_start | digit_group_starts(w.digit);
-    // Whitespace runs with a newline: redo the starts inside.
-    let mut newlines = w.newline & white & valid;
-    while newlines != 0 {
-        let q0 = newlines.trailing_zeros() as usize;
-        // The run is [a, e).
-        let a = 64 - (!white & bit_range(0, q0)).leading_zeros() as usize;
-        let e = q0 + (!white >> q0).trailing_zeros() as usize;
-        if e >= limit {
-            // Unfinished: only its first start is certain.
-            valid &= bit_range(0, a + 1);
-            break;
+    /// The starts cl100k and o200k share, on the ASCII prefix of the window at `i`.
+    /// `tail` is what a punctuation run takes after it: `[\r\n]*` (cl100k) or `[\r\n/]*`
+    /// (o200k). The whitespace rules of both (for a run not at the end of the text):
+    /// a run containing a newline gives `\s*[\r\n]` up to its last newline; the rest, or
+    /// a run without newline, gives back its last char (`\s+(?!\S)`), which opens a
+    /// letter run after it (`[^\r\n\p{L}\p{N}]?`) or, if a space, a punctuation run.
+    #[inline(always)]
+    fn shared_window(b: &[u8], i: usize, tail_slash: bool) -> Result<SharedStarts, usize> {
+        let w = window_masks(b, i);
+        // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain (and, in a
+        // whitespace run with a newline, only if the run ends before the limit).
+        let limit = w.non_ascii.trailing_zeros() as usize;
+        if limit < 8 {
+            return Err(limit);
         }
-        let q = 63 - (w.newline & bit_range(a, e)).leading_zeros() as usize;
-        starts &= !bit_range(a + 1, e);
-        if q + 1 < e {
-            starts |= (1u64 << (q + 1)) | (1u64 << (e - 1));
+        let mut valid = (1u64 << (limit - 1)) - 1;
+        let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+        // The tail of each punctuation run: from a newline right after punctuation to the
+        // end of that run of tail chars (a '/' before the newline is in the punctuation run).
+        let tail = if tail_slash {
+            w.newline | w.slash
+        } else {
+            w.newline
+        };
+        let mut seeds = w.newline & (punct << 1);
+        let mut absorbed = 0;
+        while seeds != 0 {
+            let k = seeds.trailing_zeros() as usize;
+            let e = (k + (!tail >> k).trailing_zeros() as usize).min(64);
+            absorbed |= bit_range(k, e);
+            seeds &= !bit_range(k, e);
         }
-        newlines &= !bit_range(a, e);
+        let punct = punct & !absorbed;
+        let white = w.white & !absorbed;
+        // A punctuation run starts a piece unless a space opens it (` ?[^\s\p{L}\p{N}]+`).
+        let punct_start = punct & !(punct << 1) & !(w.space << 1);
+        // Whitespace other than \r \n, or a punctuation char that starts a piece, opens
+        // the letter run after it.
+        let joined = w.letter & (((white & !w.newline) << 1) | (punct_start << 1));
+        let letter_start = w.letter & !(w.letter << 1) & !joined;
+        // Whitespace runs: at their first char, and at their last before a non-space.
+        let white_start = (white & !(white << 1)) | (white & !(white >> 1));
+        let mut starts = 1 | punct_start | letter_start | white_start | digit_group_starts(w.digit);
+        // Whitespace runs with a newline: redo the starts inside.
+        let mut newlines = w.newline & white & valid;
+        while newlines != 0 {
+            let q0 = newlines.trailing_zeros() as usize;
+            // The run is [a, e).
+            let a = 64 - (!white & bit_range(0, q0)).leading_zeros() as usize;
+            let e = q0 + (!white >> q0).trailing_zeros() as usize;
+            if e >= limit {
+                // Unfinished: only its first start is certain.
+                valid &= bit_range(0, a + 1);
+                break;
+            }
+            let q = 63 - (w.newline & bit_range(a, e)).leading_zeros() as usize;
+            starts &= !bit_range(a + 1, e);
+            if q + 1 < e {
+                starts |= (1u64 << (q + 1)) | (1u64 << (e - 1));
+            }
+            newlines &= !bit_range(a, e);
+        }
+        Ok(SharedStarts {
+            w,
+            valid,
+            punct_start,
+            starts,
+        })
     }
-    Ok(SharedStarts {
-        w,
-        valid,
-        punct_start,
-        starts,
-    })
-}
 
-/// The cl100k piece starts of the window at `i` and the certain ones.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn cl100k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-    let sh = shared_window(b, i, false)?;
-    let mut starts = sh.starts;
-    // `'(?i:[sdmt]|ll|ve|re)` at an apostrophe that starts a piece.
-    let mut apostrophes = sh.w.apostrophe & sh.punct_start & sh.valid;
-    while apostrophes != 0 {
-        let k = apostrophes.trailing_zeros() as usize;
-        apostrophes &= apostrophes - 1;
-        if let Some(e) = contraction_ci(b, i + k + 1) {
-            starts = make_piece(starts, k, e - i - k);
+    /// The cl100k piece starts of the window at `i` and the certain ones.
+    #[inline(always)]
+    pub(super) fn cl100k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+        let sh = shared_window(b, i, false)?;
+        let mut starts = sh.starts;
+        // `'(?i:[sdmt]|ll|ve|re)` at an apostrophe that starts a piece.
+        let mut apostrophes = sh.w.apostrophe & sh.punct_start & sh.valid;
+        while apostrophes != 0 {
+            let k = apostrophes.trailing_zeros() as usize;
+            apostrophes &= apostrophes - 1;
+            if let Some(e) = contraction_ci(b, i + k + 1) {
+                starts = make_piece(starts, k, e - i - k);
+            }
         }
+        Ok((starts, sh.valid))
     }
-    Ok((starts, sh.valid))
-}
 
-/// The o200k piece starts of the window at `i` and the certain ones.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn o200k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-    let sh = shared_window(b, i, true)?;
-    let lower = sh.w.letter & !sh.w.upper;
-    // `[A-Z]*[a-z]+|[A-Z]+`: an upper-case letter after a lower-case one starts a piece.
-    let mut starts = sh.starts | (sh.w.upper & (lower << 1));
-    // The contraction suffix `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` of a letter piece: at an
-    // apostrophe after a letter, unless that letter ends a suffix itself.
-    let mut apostrophes = sh.w.apostrophe & (sh.w.letter << 1) & sh.valid;
-    let mut suffix_end = usize::MAX;
-    while apostrophes != 0 {
-        let k = apostrophes.trailing_zeros() as usize;
-        apostrophes &= apostrophes - 1;
-        if k == suffix_end {
-            continue;
+    /// The o200k piece starts of the window at `i` and the certain ones.
+    #[inline(always)]
+    pub(super) fn o200k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+        let sh = shared_window(b, i, true)?;
+        let lower = sh.w.letter & !sh.w.upper;
+        // `[A-Z]*[a-z]+|[A-Z]+`: an upper-case letter after a lower-case one starts a piece.
+        let mut starts = sh.starts | (sh.w.upper & (lower << 1));
+        // The contraction suffix `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` of a letter piece: at an
+        // apostrophe after a letter, unless that letter ends a suffix itself.
+        let mut apostrophes = sh.w.apostrophe & (sh.w.letter << 1) & sh.valid;
+        let mut suffix_end = usize::MAX;
+        while apostrophes != 0 {
+            let k = apostrophes.trailing_zeros() as usize;
+            apostrophes &= apostrophes - 1;
+            if k == suffix_end {
+                continue;
+            }
+            if let Some(e) = contraction_ci(b, i + k + 1) {
+                let len = e - i - k;
+                // The apostrophe no longer starts a piece either.
+                starts = make_piece(starts, k, len) & !(1u64 << k);
+                suffix_end = k + len;
+            }
         }
-        if let Some(e) = contraction_ci(b, i + k + 1) {
-            let len = e - i - k;
-            // The apostrophe no longer starts a piece either.
-            starts = make_piece(starts, k, len) & !(1u64 << k);
-            suffix_end = k + len;
-        }
+        Ok((starts, sh.valid))
     }
-    Ok((starts, sh.valid))
 }
 
 // ---------------------------------------------------------------------------------
@@ -1268,6 +1325,15 @@ mod tests {
     }
 
     #[test]
+    fn pre_tokenizers_are_shareable() {
+        fn send_sync_clone<T: Send + Sync + Clone + std::fmt::Debug>() {}
+        send_sync_clone::<PreTokenizer>();
+        let p = PreTokenizer::new("o200k").unwrap();
+        assert!(format!("{p:?}").contains("O200k"));
+        assert_eq!(p.clone().pieces("Hi there"), vec!["Hi", " there"]);
+    }
+
+    #[test]
     fn invalid_custom_pattern_is_an_error() {
         assert!(PreTokenizer::new("(unclosed").is_err());
     }
@@ -1365,6 +1431,16 @@ mod tests {
                 assert_eq!(non_letter_mask16(&bytes, 0, lower_only), want, "{bytes:?}");
             }
         }
+    }
+
+    #[test]
+    fn three_byte_groups_agree_with_the_tables() {
+        for cp in 0..0x10000u32 {
+            let g = THREE_BYTE_GROUPS[(cp >> 6) as usize];
+            assert!(g == MIXED || g == class_of_cp(cp), "U+{cp:04X}");
+        }
+        let mixed = THREE_BYTE_GROUPS.iter().filter(|&&g| g == MIXED).count();
+        assert!(mixed < 300, "{mixed} mixed groups");
     }
 
     #[test]
@@ -1583,18 +1659,30 @@ mod tests {
 
     #[test]
     fn linear_time_on_long_runs() {
-        // Each is a few MB; a quadratic scanner would not finish.
+        // Each is about a MB; a quadratic scanner would not finish.
+        let m = 1 << 20;
         let inputs = [
-            "!".repeat(1 << 20),
-            " ".repeat(1 << 20),
-            "a".repeat(1 << 20),
-            "A".repeat(1 << 20),
-            "\u{2b0}".repeat(1 << 19) + "A",
-            "A".repeat(1 << 19) + "\u{2b0}" + &"A".repeat(1 << 19),
-            "\u{301}".repeat(1 << 19),
-            " \n".repeat(1 << 19),
-            "1".repeat(1 << 20),
-            "'".repeat(1 << 20),
+            "!".repeat(m),
+            " ".repeat(m),
+            " ".repeat(m) + "x",
+            "\n".repeat(m) + "x",
+            "\u{a0}".repeat(m / 2) + "x",
+            "a".repeat(m),
+            "A".repeat(m),
+            "\u{4e2d}".repeat(m / 3),
+            "\u{2b0}".repeat(m / 2) + "A",
+            "A".repeat(m / 2) + "\u{2b0}" + &"A".repeat(m / 2),
+            "\u{301}".repeat(m / 2),
+            "A\u{301}".repeat(m / 3),
+            " \n".repeat(m / 2),
+            "\n ".repeat(m / 2) + "x",
+            "1".repeat(m),
+            "'".repeat(m),
+            "'s".repeat(m / 2),
+            "a'".repeat(m / 2),
+            "aB".repeat(m / 2),
+            "!\n/".repeat(m / 3),
+            "\u{e9} a".repeat(m / 4),
         ];
         for name in ["gpt2", "cl100k", "o200k"] {
             let p = PreTokenizer::new(name).unwrap();

@@ -134,6 +134,8 @@ pub struct EncodeJob {
     pub params: String,
     /// Minimum time between two commits of the progress journal (zero: after every chunk).
     pub commit_interval: Duration,
+    /// Compute the sha256 of the inputs (about 0.7 ns/byte of CPU with SHA-NI).
+    pub hash: bool,
 }
 
 impl EncodeJob {
@@ -169,8 +171,9 @@ pub struct InputRecord {
     pub path: PathBuf,
     /// Size of the file on disk.
     pub bytes: u64,
-    /// sha256 of the raw bytes of `range` (the whole file unless `--part` split it).
-    pub sha256: String,
+    /// sha256 of the raw bytes of `range` (the whole file unless `--part` split it);
+    /// `None` when the job does not hash (`EncodeJob::hash`).
+    pub sha256: Option<String>,
     /// Byte range of the file this shard encoded, `[start, end)`.
     pub range: (u64, u64),
     /// Decompressed size, for `.gz` / `.zst` inputs.
@@ -335,8 +338,8 @@ impl Pool {
             .flatten()
             .unwrap_or_default()
     }
-    fn put(&self, mut buf: Vec<u8>) {
-        buf.clear();
+    /// Buffers keep their length (their bytes stay initialized, so reuse zeroes nothing).
+    fn put(&self, buf: Vec<u8>) {
         if let Ok(mut v) = self.bufs.lock() {
             if v.len() < 64 {
                 v.push(buf);
@@ -357,10 +360,11 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
     mut out: Vec<u8>,
 ) -> Result<(Vec<u8>, u64, u64), ShardError> {
     let spec = &job.inputs[chunk.file];
-    let text: Cow<str> = match std::str::from_utf8(&chunk.data) {
+    let data = &chunk.data[..chunk.len];
+    let text: Cow<str> = match std::str::from_utf8(data) {
         Ok(s) => Cow::Borrowed(s),
         Err(e) => match job.errors {
-            Utf8Errors::Replace => String::from_utf8_lossy(&chunk.data),
+            Utf8Errors::Replace => String::from_utf8_lossy(data),
             Utf8Errors::Strict => {
                 return Err(ShardError::Utf8 {
                     path: spec.path.clone(),
@@ -416,26 +420,26 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
                 }
             }
         }
-        out.clear();
+        // `out` is a pooled buffer whose bytes are initialized: size it without zeroing
+        // what it already holds, then convert in one vectorizable pass.
+        let size = ids.len() * job.dtype.itemsize() as usize;
+        if out.len() < size {
+            out.resize(size, 0);
+        }
+        out.truncate(size);
         match job.dtype {
             Dtype::U16 => {
-                out.reserve(ids.len() * 2);
-                for &t in ids.iter() {
-                    if t > u16::MAX as u32 {
-                        return Err(ShardError::DtypeOverflow {
-                            id: t,
-                            dtype: Dtype::U16,
-                            path: spec.path.clone(),
-                            chunk_offset: chunk.start,
-                        });
-                    }
-                    out.extend_from_slice(&(t as u16).to_le_bytes());
+                if ids.iter().copied().max().unwrap_or(0) > u16::MAX as u32 {
+                    let id = *ids.iter().find(|&&t| t > u16::MAX as u32).unwrap();
+                    return Err(ShardError::DtypeOverflow { id, dtype: Dtype::U16, path: spec.path.clone(), chunk_offset: chunk.start });
+                }
+                for (dst, &t) in out.chunks_exact_mut(2).zip(ids.iter()) {
+                    dst.copy_from_slice(&(t as u16).to_le_bytes());
                 }
             }
             Dtype::U32 => {
-                out.reserve(ids.len() * 4);
-                for &t in ids.iter() {
-                    out.extend_from_slice(&t.to_le_bytes());
+                for (dst, &t) in out.chunks_exact_mut(4).zip(ids.iter()) {
+                    dst.copy_from_slice(&t.to_le_bytes());
                 }
             }
         }
@@ -562,6 +566,8 @@ where
         .thread_name(|i| format!("ferrolm-encode-{i}"))
         .build()
         .map_err(|e| ShardError::Invalid(format!("cannot start {threads} threads: {e}")))?;
+    // Read buffers and output buffers are pooled apart (their sizes differ).
+    let out_bufs = Pool { bufs: Mutex::new(Vec::new()) };
     let bufs = Pool {
         bufs: Mutex::new(Vec::new()),
     };
@@ -600,7 +606,7 @@ where
                         next_read += 1;
                         in_flight += 1;
                         let tx = tx.clone();
-                        let out_buf = bufs.get();
+                        let out_buf = out_bufs.get();
                         let bufs = &bufs;
                         scope.spawn(move |_| {
                             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -643,7 +649,7 @@ where
                     Ok(enc) => {
                         debug_assert_eq!(enc.seq, next_write);
                         out.write(&enc.bytes)?;
-                        bufs.put(enc.bytes);
+                        out_bufs.put(enc.bytes);
                         tokens += enc.tokens;
                         documents += enc.documents;
                         next_write += 1;

@@ -123,6 +123,16 @@ def test_gz_zst_and_multiple_inputs(tmp_path, gpt2_tok):
     assert [r["uncompressed_bytes"] for r in sc["inputs"]] == [len(a.encode()), len(b.encode())]
 
 
+def test_no_hash_records_null_and_writes_the_same_ids(tmp_path, gpt2_tok):
+    src = tmp_path / "in.txt"
+    src.write_text(docs_text(40, 13), encoding="utf-8")
+    shards.encode(gpt2_tok, src, tmp_path / "h", progress=False)
+    side = shards.encode(gpt2_tok, src, tmp_path / "n", progress=False, hash_inputs=False)
+    assert side["inputs"][0]["sha256"] is None
+    assert json.loads((tmp_path / "n.json").read_text())["inputs"][0]["sha256"] is None
+    assert (tmp_path / "n.bin").read_bytes() == (tmp_path / "h.bin").read_bytes()
+
+
 def test_jsonl_documents_are_ordinary_text_each_followed_by_eos(tmp_path, gpt2_tok):
     docs = ["Hello there.", "A doc mentioning <|endoftext|> literally", "über\nlines"]
     p = tmp_path / "docs.jsonl"

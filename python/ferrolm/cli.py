@@ -331,6 +331,8 @@ def _add_encode(sub) -> None:
                    help="size of the chunks encoded as one task, in MB (default: 4; does not change the output)")
     p.add_argument("--commit-interval", type=float, default=None, metavar="S",
                    help="seconds between progress-journal commits (default: 5; 0 = after every chunk)")
+    p.add_argument("--no-hash", action="store_true",
+                   help="do not compute the inputs' sha256 for the sidecar (saves its CPU time; records null)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_encode)
 
@@ -349,7 +351,7 @@ def _run_encode(args) -> int:
             jsonl_field=args.jsonl_field, input_format=args.input_format, errors=args.errors,
             chunk_size=int(args.chunk_size * 1_000_000) if args.chunk_size else None,
             commit_interval=args.commit_interval if args.commit_interval is not None else shards.DEFAULT_COMMIT_INTERVAL,
-            progress=False if args.no_progress else None,
+            progress=False if args.no_progress else None, hash_inputs=not args.no_hash,
         )
     except KeyboardInterrupt:
         print("ferrolm encode: interrupted; rerun the same command to continue from the last completed chunk",

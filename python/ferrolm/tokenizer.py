@@ -85,6 +85,7 @@ class Tokenizer:
         self._special_ids: dict[str, int] = dict(self._core.special_tokens)
         self._pattern = source
         self._fingerprint: str | None = None
+        self._default_dtype = None
 
     # ---- construction from and to files -------------------------------------------
 
@@ -248,7 +249,7 @@ class Tokenizer:
             buf = self._core.encode_to_buffer(text, True, itemsize, threads)
         except UnicodeEncodeError:
             buf = self._core.encode_to_buffer(_repair(text), True, itemsize, threads)
-        return np.frombuffer(buf, dtype=dt.newbyteorder("<")).astype(dt, copy=False)
+        return np.frombuffer(buf, dtype=dt)
 
     def encode_file(self, path: PathInput, dtype: Any = None, num_threads: int | None = None) -> "np.ndarray":
         """Encode a whole UTF-8 text file (invalid bytes read as U+FFFD) into a numpy array,
@@ -259,20 +260,27 @@ class Tokenizer:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no such file: {path}")
         buf = self._core.encode_file(path, True, itemsize, _check_threads(num_threads))
-        return np.frombuffer(buf, dtype=dt.newbyteorder("<")).astype(dt, copy=False)
+        return np.frombuffer(buf, dtype=dt)
 
     def _dtype(self, dtype: Any):
+        if dtype is None and self._default_dtype is not None:
+            return self._default_dtype
         np = _numpy()
-        if dtype is None:
+        default = dtype is None
+        if default:
             dtype = np.uint16 if self.vocab_size <= 1 << 16 else np.uint32
         dt = np.dtype(dtype)
         if dt == np.dtype(np.uint16):
             if self.vocab_size > 1 << 16:
                 raise ValueError(f"vocab_size {self.vocab_size} does not fit in uint16; use dtype=np.uint32")
-            return dt, 2
-        if dt == np.dtype(np.uint32):
-            return dt, 4
-        raise ValueError(f"dtype must be numpy.uint16 or numpy.uint32, got {dt}")
+            result = (dt.newbyteorder("<"), 2)
+        elif dt == np.dtype(np.uint32):
+            result = (dt.newbyteorder("<"), 4)
+        else:
+            raise ValueError(f"dtype must be numpy.uint16 or numpy.uint32, got {dt}")
+        if default:
+            self._default_dtype = result
+        return result
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """Lazily encode a stream of str chunks (e.g. an open text file), yielding ids.

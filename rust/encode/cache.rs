@@ -12,6 +12,8 @@ use std::cell::RefCell;
 
 use rustc_hash::FxHashMap;
 
+use super::hugebuf::{ZeroedBuf, Zeroable};
+
 /// Pieces longer than this are not cached (they rarely repeat).
 pub(crate) const MAX_CACHED_PIECE: usize = 128;
 /// A thread's table is reset to the base when it holds this many cached pieces ...
@@ -37,6 +39,35 @@ struct Slot {
     /// The ids when there are at most 3, else (offset, count) in `overflow`.
     ids: [u32; INLINE_IDS],
 }
+
+/// Masks keeping the first `len` bytes of a 16-byte little-endian load.
+const MASK_LO: [u64; 17] = {
+    let mut m = [0u64; 17];
+    let mut i = 0;
+    while i <= 16 {
+        m[i] = if i >= 8 { u64::MAX } else { (1u64 << (8 * i)) - 1 };
+        i += 1;
+    }
+    m
+};
+const MASK_HI: [u64; 17] = {
+    let mut m = [0u64; 17];
+    let mut i = 0;
+    while i <= 16 {
+        m[i] = if i <= 8 {
+            0
+        } else if i == 16 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * (i - 8))) - 1
+        };
+        i += 1;
+    }
+    m
+};
+
+// SAFETY: plain integers; all zeros is the empty slot.
+unsafe impl Zeroable for Slot {}
 
 const K1: u64 = 0x9E37_79B9_7F4A_7C15;
 const K2: u64 = 0xC2B2_AE3D_27D4_EB4F;
@@ -79,7 +110,7 @@ pub(crate) struct Probe {
 /// Piece bytes -> ids. Open addressing, linear probing, load factor at most 1/2.
 #[derive(Clone, Default)]
 pub(crate) struct PieceTable {
-    slots: Vec<Slot>,
+    slots: ZeroedBuf<Slot>,
     mask: usize,
     count: usize,
     overflow: Vec<u32>,
@@ -89,7 +120,7 @@ pub(crate) struct PieceTable {
 impl PieceTable {
     pub(crate) fn with_capacity(n: usize) -> Self {
         let size = (n.max(8) * 2).next_power_of_two();
-        PieceTable { slots: vec![Slot::default(); size], mask: size - 1, count: 0, overflow: Vec::new(), long: FxHashMap::default() }
+        PieceTable { slots: ZeroedBuf::new(size), mask: size - 1, count: 0, overflow: Vec::new(), long: FxHashMap::default() }
     }
 
     /// Number of pieces held.
@@ -123,6 +154,24 @@ impl PieceTable {
         }
         let (lo, hi) = pack(key);
         Probe { lo, hi, hash: hash(lo, hi, n), n: n as u32 }
+    }
+
+    /// [`PieceTable::probe`] of `text[start..start + len]`, reading 16 bytes at once and
+    /// masking (no branches on the length) when the text extends that far.
+    #[inline(always)]
+    pub(crate) fn probe_at(&self, text: &[u8], start: usize, len: usize) -> Probe {
+        if len <= INLINE_KEY && len > 0 && start + 16 <= text.len() {
+            // SAFETY: start + 16 <= text.len(), so both 8-byte reads are inside `text`.
+            let (lo, hi) = unsafe {
+                let p = text.as_ptr().add(start);
+                (
+                    std::ptr::read_unaligned(p as *const u64).to_le() & MASK_LO[len],
+                    std::ptr::read_unaligned(p.add(8) as *const u64).to_le() & MASK_HI[len],
+                )
+            };
+            return Probe { lo, hi, hash: hash(lo, hi, len), n: len as u32 };
+        }
+        self.probe(&text[start..start + len])
     }
 
     #[inline(always)]
@@ -213,11 +262,10 @@ impl PieceTable {
     }
 
     fn grow(&mut self) {
-        let old = std::mem::take(&mut self.slots);
-        let size = (old.len() * 2).max(16);
-        self.slots = vec![Slot::default(); size];
+        let size = (self.slots.len() * 2).max(16);
+        let old = std::mem::replace(&mut self.slots, ZeroedBuf::new(size));
         self.mask = size - 1;
-        for s in old {
+        for &s in old.iter() {
             if s.meta == 0 {
                 continue;
             }

@@ -1,7 +1,11 @@
 //! The merge table: (left id, right id) -> (rank << 32 | merged id), open addressing
 //! with the key and value side by side in one 16-byte slot (one cache line per lookup).
 
-const EMPTY: u64 = u64::MAX;
+use super::hugebuf::{ZeroedBuf, Zeroable};
+
+/// Keys are stored complemented, so that the all-zero slot is empty (no real key is
+/// u64::MAX: ids are below 2^32 - 1).
+const EMPTY: u64 = 0;
 /// No merge for this pair.
 pub(crate) const NO_MERGE: u64 = u64::MAX;
 
@@ -12,15 +16,18 @@ struct Slot {
     val: u64,
 }
 
+// SAFETY: plain integers; all zeros is the empty slot.
+unsafe impl Zeroable for Slot {}
+
 pub(crate) struct PairTable {
-    slots: Vec<Slot>,
+    slots: ZeroedBuf<Slot>,
     mask: usize,
     count: usize,
 }
 
 #[inline(always)]
 fn key(left: u32, right: u32) -> u64 {
-    ((left as u64) << 32) | right as u64
+    !(((left as u64) << 32) | right as u64)
 }
 
 #[inline(always)]
@@ -32,7 +39,7 @@ fn hash(k: u64) -> usize {
 impl PairTable {
     pub(crate) fn with_capacity(n: usize) -> Self {
         let size = (n.max(8) * 2).next_power_of_two();
-        PairTable { slots: vec![Slot { key: EMPTY, val: 0 }; size], mask: size - 1, count: 0 }
+        PairTable { slots: ZeroedBuf::new(size), mask: size - 1, count: 0 }
     }
 
     /// Insert unless present; returns whether it was inserted.
@@ -58,11 +65,10 @@ impl PairTable {
     }
 
     fn grow(&mut self) {
-        let old = std::mem::replace(&mut self.slots, Vec::new());
-        let size = old.len() * 2;
-        self.slots = vec![Slot { key: EMPTY, val: 0 }; size];
+        let size = self.slots.len() * 2;
+        let old = std::mem::replace(&mut self.slots, ZeroedBuf::new(size));
         self.mask = size - 1;
-        for s in old {
+        for &s in old.iter() {
             if s.key != EMPTY {
                 let mut i = hash(s.key) & self.mask;
                 while self.slots[i].key != EMPTY {

@@ -271,6 +271,23 @@ fn piece_loop_speed() {
     let e = Encoder::new(vocab, merges, vec!["<|endoftext|>".into()], "gpt2").unwrap();
     println!("build {:?}", t.elapsed());
     let text = std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
+    let docs: Vec<&str> = text.split("\n<|endoftext|>\n").collect();
+    for round in 0..4 {
+        let t = Instant::now();
+        let mut n = 0;
+        for d in &docs {
+            n += e.encode(d, true).len();
+        }
+        let dt = t.elapsed().as_secs_f64();
+        println!("encode per document, round {round}: {:.1} MB/s ({n} ids)", text.len() as f64 / 1e6 / dt);
+    }
+    for round in 0..3 {
+        let t = Instant::now();
+        let mut n = 0;
+        e.pretok.for_each_piece(&text, |p| n += p.len());
+        let dt = t.elapsed().as_secs_f64();
+        println!("pretokenize only, round {round}: {:.1} MB/s ({n})", text.len() as f64 / 1e6 / dt);
+    }
     let t = Instant::now();
     let pieces = e.pretok.pieces(&text);
     let dt = t.elapsed().as_secs_f64();
@@ -284,35 +301,50 @@ fn piece_loop_speed() {
         let dt = t.elapsed().as_secs_f64();
         println!("calibration (touch pieces only): {:.1} ns/piece {acc}", dt * 1e9 / pieces.len() as f64);
     }
-    for round in 0..8 {
-        let mut out = Vec::with_capacity(text.len() / 3);
+    let ranges: Vec<(usize, usize)> = pieces
+        .iter()
+        .map(|p| {
+            let s = p.as_ptr() as usize - text.as_ptr() as usize;
+            (s, s + p.len())
+        })
+        .collect();
+    if let Ok(sm) = std::fs::read_to_string("/proc/self/smaps_rollup") {
+        for l in sm.lines().filter(|l| l.starts_with("AnonHugePages") || l.starts_with("Rss")) {
+            println!("{l}");
+        }
+    }
+    let whole = pieces.iter().filter(|p| e.whole_token(p.as_bytes()).is_some()).count();
+    println!("{:.1}% of pieces are whole tokens", 100.0 * whole as f64 / pieces.len() as f64);
+    let mut out = Vec::with_capacity(text.len() / 3);
+    for round in 0..6 {
+        out.clear();
         let t = Instant::now();
-        let batched = round % 2 == 1;
         cache::with_cache(e.uid, &e.base, |c| {
-            if batched {
-                let bytes: Vec<&[u8]> = Vec::new();
-                let _ = bytes;
-                for chunk in pieces.chunks(PIECE_BATCH) {
-                    let mut b: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
-                    for (d, p) in b.iter_mut().zip(chunk) {
-                        *d = p.as_bytes();
-                    }
-                    e.encode_pieces(&b[..chunk.len()], c, &mut out);
-                }
-            } else {
-                for p in &pieces {
-                    e.encode_piece(p.as_bytes(), c, &mut out);
-                }
+            for chunk in ranges.chunks(PIECE_BATCH) {
+                e.encode_ranges(text.as_bytes(), chunk, c, &mut out);
             }
         });
-        let dt = t.elapsed().as_secs_f64();
-        let whole = pieces.iter().filter(|p| e.whole_token(p.as_bytes()).is_some()).count();
+        let a = t.elapsed().as_secs_f64();
+        let n = out.len();
+        out.clear();
+        let t = Instant::now();
+        cache::with_cache(e.uid, &e.base, |c| {
+            let mut b: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
+            for chunk in pieces.chunks(PIECE_BATCH) {
+                for (d, p) in b.iter_mut().zip(chunk) {
+                    *d = p.as_bytes();
+                }
+                e.encode_pieces(&b[..chunk.len()], c, &mut out);
+            }
+        });
+        let b = t.elapsed().as_secs_f64();
+        assert_eq!(n, out.len());
+        let per = |x: f64| x * 1e9 / pieces.len() as f64;
         println!(
-            "round {round} (batched {batched}): piece loop {:.1} MB/s, {:.1} ns/piece, {} ids, {:.1}% pieces whole tokens",
-            text.len() as f64 / 1e6 / dt,
-            dt * 1e9 / pieces.len() as f64,
-            out.len(),
-            100.0 * whole as f64 / pieces.len() as f64
+            "round {round}: piece loop {:.1} ns/piece = {:.0} MB/s (ranges, masked loads); {:.1} ns/piece (slices)",
+            per(a),
+            text.len() as f64 / 1e6 / a,
+            per(b)
         );
     }
 }

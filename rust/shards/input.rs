@@ -267,7 +267,9 @@ pub(crate) struct Chunk {
     pub file: usize,
     /// Logical (decompressed) offset of `data` in the file.
     pub start: u64,
+    /// A pooled buffer: the chunk is `data[..len]` (bytes after `len` are stale).
     pub data: Vec<u8>,
+    pub len: usize,
     /// The chunk ends at the end of the file (not merely at the end of this part's range).
     pub at_file_end: bool,
     /// Newlines before `start` in the file (JSON Lines error messages).
@@ -281,14 +283,16 @@ pub(crate) struct Chunk {
 /// sha256 and byte count of everything read through it.
 struct RawReader {
     inner: io::Take<File>,
-    hasher: Sha256,
+    hasher: Option<Sha256>,
     count: u64,
 }
 
 impl Read for RawReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
+        if let Some(h) = &mut self.hasher {
+            h.update(&buf[..n]);
+        }
         self.count += n as u64;
         Ok(n)
     }
@@ -346,7 +350,7 @@ struct OpenFile {
 pub(crate) struct FileSummary {
     pub path: PathBuf,
     pub size: u64,
-    pub sha256: String,
+    pub sha256: Option<String>,
     pub range: (u64, u64),
     pub uncompressed: Option<u64>,
 }
@@ -425,7 +429,7 @@ impl<'a> ChunkReader<'a> {
         }
         let raw = RawReader {
             inner: file.take(range.1 - range.0),
-            hasher: Sha256::new(),
+            hasher: self.job.hash.then(Sha256::new),
             count: 0,
         };
         let src = match spec.compression {
@@ -466,28 +470,23 @@ impl<'a> ChunkReader<'a> {
         }
     }
 
-    /// Read into `buf` until it holds `target` bytes or the file ends.
-    fn fill(&self, f: &mut OpenFile, buf: &mut Vec<u8>, target: usize) -> Result<(), ShardError> {
-        let mut filled = buf.len();
-        if filled >= target {
-            return Ok(());
+    /// Read into `buf[*filled..target]` until `*filled == target` or the file ends. `buf`'s
+    /// length is only ever grown (pooled buffers stay initialized, so nothing is re-zeroed).
+    fn fill(&self, f: &mut OpenFile, buf: &mut Vec<u8>, filled: &mut usize, target: usize) -> Result<(), ShardError> {
+        if buf.len() < target {
+            buf.resize(target, 0);
         }
-        buf.resize(target, 0);
-        while filled < target {
-            match f.src.read(&mut buf[filled..]) {
+        while *filled < target {
+            match f.src.read(&mut buf[*filled..target]) {
                 Ok(0) => {
                     f.eof = true;
                     break;
                 }
-                Ok(n) => filled += n,
+                Ok(n) => *filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    buf.truncate(filled);
-                    return Err(self.read_err(f, e));
-                }
+                Err(e) => return Err(self.read_err(f, e)),
             }
         }
-        buf.truncate(filled);
         Ok(())
     }
 
@@ -514,12 +513,7 @@ impl<'a> ChunkReader<'a> {
                 got: raw.count,
             });
         }
-        let sha256 = raw
-            .hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha256 = raw.hasher.map(|h| h.finalize().iter().map(|b| format!("{b:02x}")).collect());
         self.records.push(FileSummary {
             path: spec.path.clone(),
             size: self.sizes[f.idx],
@@ -600,28 +594,32 @@ impl<'a> ChunkReader<'a> {
             let spec = &self.job.inputs[f.idx];
             let sep = self.job.eos.as_ref().map(|(s, _)| s.as_bytes());
             let mut buf = pool.get();
-            buf.extend_from_slice(&self.carry);
+            let mut filled = self.carry.len();
+            if buf.len() < filled {
+                buf.resize(filled, 0);
+            }
+            buf[..filled].copy_from_slice(&self.carry);
             self.carry.clear();
-            let mut target = self.job.chunk_size.max(buf.len() + 1);
+            let mut target = self.job.chunk_size.max(filled + 1);
             let cut = loop {
-                if let Err(e) = self.fill(&mut f, &mut buf, target) {
+                if let Err(e) = self.fill(&mut f, &mut buf, &mut filled, target) {
                     self.cur = Some(f);
                     return Err(e);
                 }
                 if f.eof {
-                    break buf.len();
+                    break filled;
                 }
-                if let Some(c) = last_cut(&buf, spec.format, sep, self.job.newline_cuts) {
+                if let Some(c) = last_cut(&buf[..filled], spec.format, sep, self.job.newline_cuts) {
                     break c;
                 }
-                target = buf.len().saturating_mul(2);
+                target = filled.saturating_mul(2);
             };
-            self.carry.extend_from_slice(&buf[cut..]);
-            buf.truncate(cut);
+            self.carry.extend_from_slice(&buf[cut..filled]);
+            let len = cut;
             let start = f.emitted;
             let first_line = f.lines;
             if spec.format == Format::Jsonl {
-                f.lines += memchr::memchr_iter(b'\n', &buf).count() as u64;
+                f.lines += memchr::memchr_iter(b'\n', &buf[..len]).count() as u64;
             }
             f.emitted += cut as u64;
             let done_with_file = f.eof && self.carry.is_empty();
@@ -654,6 +652,7 @@ impl<'a> ChunkReader<'a> {
                 file,
                 start,
                 data: buf,
+                len,
                 at_file_end,
                 first_line,
                 next_pos,

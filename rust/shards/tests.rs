@@ -166,6 +166,7 @@ fn job(dir: &TempDir, inputs: &[PathBuf], out: &str) -> EncodeJob {
         params: "test".into(),
         // fsync per chunk is slow on this disk; the resume test commits every chunk.
         commit_interval: Duration::from_secs(3600),
+        hash: true,
     }
 }
 
@@ -230,7 +231,7 @@ fn output_equals_whole_text_encoding_for_any_chunk_size_and_threads() {
         assert_eq!(s.num_tokens, expected.len() as u64);
         assert_eq!(s.num_documents, 300);
         assert_eq!(s.inputs.len(), 1);
-        assert_eq!(s.inputs[0].sha256, sha256_hex(text.as_bytes()));
+        assert_eq!(s.inputs[0].sha256.as_deref().unwrap(), sha256_hex(text.as_bytes()));
         assert_eq!(s.inputs[0].bytes, text.len() as u64);
     }
 }
@@ -293,7 +294,13 @@ fn unterminated_last_document_gets_an_eos_but_whitespace_tail_does_not() {
     assert_eq!(ids, expected);
     assert_eq!(s.num_documents, 3);
     assert_eq!(s.inputs.len(), 3);
-    assert_eq!(s.inputs[1].sha256, sha256_hex(b""));
+    assert_eq!(s.inputs[1].sha256.as_deref().unwrap(), sha256_hex(b""));
+    // Without hashing: the same ids, no sha256.
+    let mut j = job(&dir, &[dir.path("a.txt"), dir.path("c.txt"), dir.path("b.txt")], "nohash.bin");
+    j.hash = false;
+    let (s, ids2) = run(&j, &enc).unwrap();
+    assert_eq!(ids2, expected);
+    assert!(s.inputs.iter().all(|r| r.sha256.is_none()));
 }
 
 fn gzip(data: &[u8]) -> Vec<u8> {
@@ -320,7 +327,7 @@ fn gzip_and_zstd_inputs_give_the_plain_output_and_hash_the_compressed_bytes() {
         let out = format!("{}.bin", path.file_name().unwrap().to_string_lossy());
         let (s, ids) = run(&job(&dir, &[path.clone()], &out), &enc).unwrap();
         assert_eq!(ids, expected, "{}", path.display());
-        assert_eq!(s.inputs[0].sha256, sha256_hex(&raw));
+        assert_eq!(s.inputs[0].sha256.as_deref().unwrap(), sha256_hex(&raw));
         assert_eq!(s.inputs[0].bytes, raw.len() as u64);
         assert_eq!(s.inputs[0].uncompressed_bytes, Some(text.len() as u64));
     }
@@ -474,7 +481,7 @@ fn an_interrupted_run_resumes_to_the_same_bytes() {
             reference,
             "stop_after {stop_after}"
         );
-        assert_eq!(s.inputs[0].sha256, sha256_hex(text.as_bytes()));
+        assert_eq!(s.inputs[0].sha256.as_deref().unwrap(), sha256_hex(text.as_bytes()));
         // Running again once complete returns the recorded summary without re-encoding.
         let again = encode_to_shard(&j, &enc, |_| panic!("no work expected")).unwrap();
         assert_eq!(again.num_tokens, s.num_tokens);

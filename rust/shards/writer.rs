@@ -214,7 +214,7 @@ impl Journal {
                 Some(InputRecord {
                     path: PathBuf::from(r.get("path")?.as_str()?),
                     bytes: u(r.get("bytes")?)?,
-                    sha256: r.get("sha256")?.as_str()?.to_string(),
+                    sha256: r.get("sha256")?.as_str().map(str::to_string),
                     range: pair(r.get("range")?)?,
                     uncompressed_bytes: r.get("uncompressed_bytes").and_then(Value::as_u64),
                 })

@@ -137,23 +137,15 @@ impl Words {
         &self.data[w + HEADER..w + HEADER + self.data[w] as usize]
     }
 
-    #[inline]
-    fn prefetch(&self, w: u32) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch(self.data.as_ptr().wrapping_add(w as usize) as *const i8, _MM_HINT_T0);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = w;
-    }
 }
 
 struct PairStats {
     count: i64,
-    words: Vec<u32>,
+    /// Most pairs occur in a few words only: those lists live inline, unallocated.
+    words: WordList,
 }
+
+type WordList = smallvec::SmallVec<[u32; 4]>;
 
 /// Pair statistics in shards by a hash of the pair, so that they can be built in
 /// parallel without a final merge.
@@ -197,7 +189,7 @@ impl Pairs {
                         if Self::shard_index(key, n) != shard {
                             continue;
                         }
-                        let e = m.entry(key).or_insert_with(|| PairStats { count: 0, words: Vec::new() });
+                        let e = m.entry(key).or_insert_with(|| PairStats { count: 0, words: WordList::new() });
                         e.count += c;
                         if e.words.last() != Some(&w) {
                             e.words.push(w);
@@ -320,21 +312,170 @@ impl PairHeap {
     }
 }
 
-/// Per-merge accumulation of count changes and of words that gained a pair.
-#[derive(Default)]
-struct Delta {
+const NONE: u32 = u32::MAX;
+
+/// Count changes of one pair during one merge, and the words that gained it (a chain
+/// through `Deltas::adds`).
+#[derive(Clone, Copy)]
+struct DeltaEntry {
     count: i64,
-    words: Vec<u32>,
+    head: u32,
+    tail: u32,
+    n: u32,
 }
 
-/// Keep a small emptied vector for reuse.
-#[inline]
-fn recycle(spare: &mut Vec<Vec<u32>>, mut v: Vec<u32>) {
-    if spare.len() < 4096 && v.capacity() > 0 && v.capacity() <= 4096 {
-        v.clear();
-        spare.push(v);
+/// The count changes of one merge (or of one worker's share of it). The words that
+/// gained a pair are kept in one flat array, chained per pair, so recording them
+/// allocates nothing.
+#[derive(Default)]
+struct Deltas {
+    map: FxMap<u64, DeltaEntry>,
+    /// (word, index of the next entry of the same pair's chain).
+    adds: Vec<(u32, u32)>,
+}
+
+impl Deltas {
+    #[inline]
+    fn add(&mut self, key: u64, d: i64, w: u32) {
+        let e = self.map.entry(key).or_insert(DeltaEntry { count: 0, head: NONE, tail: NONE, n: 0 });
+        e.count += d;
+        if w != NONE && (e.tail == NONE || self.adds[e.tail as usize].0 != w) {
+            let i = self.adds.len() as u32;
+            self.adds.push((w, NONE));
+            if e.tail == NONE {
+                e.head = i;
+            } else {
+                self.adds[e.tail as usize].1 = i;
+            }
+            e.tail = i;
+            e.n += 1;
+        }
+    }
+
+    /// The words chained from `head`.
+    fn words(&self, head: u32) -> impl Iterator<Item = u32> + '_ {
+        let mut i = head;
+        std::iter::from_fn(move || {
+            if i == NONE {
+                return None;
+            }
+            let (w, next) = self.adds[i as usize];
+            i = next;
+            Some(w)
+        })
+    }
+
+    /// Add another worker's changes to these.
+    fn absorb(&mut self, other: &mut Deltas) {
+        for (&key, e) in other.map.iter() {
+            self.add(key, e.count, NONE);
+            let mut i = e.head;
+            while i != NONE {
+                let (w, next) = other.adds[i as usize];
+                self.add(key, 0, w);
+                i = next;
+            }
+        }
+        other.clear();
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.adds.clear();
     }
 }
+
+/// Rewrite word `w` (the record at `rec`) merging each (a, b) into x, left to right,
+/// and record the count changes of the neighbouring pairs (not of (a, b) itself).
+#[inline]
+fn rewrite_word(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
+    let n = rec[0] as usize;
+    let c = (rec[1] as u64 | (rec[2] as u64) << 32) as i64;
+    let s = &mut rec[HEADER..HEADER + n];
+    // Find the first occurrence; a stale entry (the word lost the pair) costs just this scan.
+    let Some(first) = s.windows(2).position(|p| p[0] == a && p[1] == b) else { return };
+    let best = pack(a, b);
+    let mut add = |key: u64, d: i64, w: u32| {
+        if key != best {
+            deltas.add(key, d, w);
+        }
+    };
+    let mut i = first;
+    let mut j = first;
+    while i < n {
+        if i + 1 < n && s[i] == a && s[i + 1] == b {
+            if j > 0 {
+                let l = s[j - 1];
+                add(pack(l, a), -c, NONE);
+                add(pack(l, x), c, w);
+            }
+            if i + 2 < n {
+                let r = s[i + 2];
+                add(pack(b, r), -c, NONE);
+                add(pack(x, r), c, w);
+            }
+            s[j] = x;
+            j += 1;
+            i += 2;
+        } else {
+            s[j] = s[i];
+            j += 1;
+            i += 1;
+        }
+    }
+    rec[0] = j as u32;
+}
+
+/// The words array shared by the workers of one merge; each touches only its own words.
+#[derive(Clone, Copy)]
+struct SharedWords {
+    ptr: *mut u32,
+    len: usize,
+}
+
+// SAFETY: workers only form slices over disjoint word records (see `rewrite_share`).
+unsafe impl Send for SharedWords {}
+unsafe impl Sync for SharedWords {}
+
+/// Rewrite the words of `list` whose ids are in `lo..hi`.
+///
+/// # Safety
+/// No other thread may access the records of words with ids in `lo..hi` meanwhile, and
+/// every id in `list` must be the offset of a record of `words`.
+unsafe fn rewrite_share(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
+    let mut last = NONE;
+    for (k, &w) in list.iter().enumerate() {
+        if let Some(&ahead) = list.get(k + PREFETCH) {
+            if (lo..hi).contains(&ahead) {
+                prefetch(words.ptr.wrapping_add(ahead as usize));
+            }
+        }
+        if w == last || !(lo..hi).contains(&w) {
+            continue;
+        }
+        last = w;
+        let wi = w as usize;
+        debug_assert!(wi + HEADER <= words.len);
+        let n = *words.ptr.add(wi) as usize;
+        let rec = std::slice::from_raw_parts_mut(words.ptr.add(wi), HEADER + n);
+        rewrite_word(rec, w, a, b, x, deltas);
+    }
+}
+
+#[inline]
+fn prefetch(p: *const u32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch(p as *const i8, _MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Lists at least this long are rewritten by all workers, each on its range of word ids.
+const PARALLEL_LIST: usize = 4096;
 
 /// Timings of the merge stages, in seconds.
 #[derive(Clone, Copy, Debug, Default)]
@@ -346,10 +487,22 @@ pub struct MergeTimes {
 /// Learn up to `num_merges` merges from `words`. Returns the merges as byte pairs, in order.
 /// Stops early when no pair is left.
 pub fn learn_merges(
+    words: Words,
+    num_merges: usize,
+    ctl: &Control,
+    times: &mut MergeTimes,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+    learn_merges_with(words, num_merges, ctl, times, PARALLEL_LIST)
+}
+
+/// `learn_merges`, rewriting the words of lists of at least `parallel_list` entries on all
+/// the workers of the current rayon pool.
+fn learn_merges_with(
     mut words: Words,
     num_merges: usize,
     ctl: &Control,
     times: &mut MergeTimes,
+    parallel_list: usize,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
     let t0 = std::time::Instant::now();
     let mut merges = Vec::with_capacity(num_merges);
@@ -367,9 +520,11 @@ pub fn learn_merges(
     times.build_s = t0.elapsed().as_secs_f64();
     let t1 = std::time::Instant::now();
 
-    let mut delta: FxMap<u64, Delta> = FxMap::default();
-    // Emptied word lists, reused to spare the allocator.
-    let mut spare: Vec<Vec<u32>> = Vec::new();
+    let workers = rayon::current_num_threads().max(1);
+    let mut deltas: Vec<Deltas> = (0..workers).map(|_| Deltas::default()).collect();
+    // Word-id ranges of the workers: equal shares of the words array.
+    let total = words.data.len() as u64;
+    let bounds: Vec<u32> = (0..=workers).map(|t| (total * t as u64 / workers as u64) as u32).collect();
     while merges.len() < num_merges {
         if ctl.is_cancelled() {
             return Err(TrainError::Cancelled);
@@ -403,77 +558,41 @@ pub fn learn_merges(
         };
 
         // Rewrite each affected word in one pass, recording count changes.
-        let mut add = |key: u64, d: i64, w: Option<u32>| {
-            if key == best {
-                return;
-            }
-            let e = delta.entry(key).or_insert_with(|| Delta { count: 0, words: spare.pop().unwrap_or_default() });
-            e.count += d;
-            if let Some(w) = w {
-                if e.words.last() != Some(&w) {
-                    e.words.push(w);
-                }
-            }
-        };
-        let mut last_w = u32::MAX;
+        let shared = SharedWords { ptr: words.data.as_mut_ptr(), len: words.data.len() };
         let list = &stats.words;
-        for k in 0..list.len() {
-            if let Some(&ahead) = list.get(k + PREFETCH) {
-                words.prefetch(ahead);
-            }
-            let w = list[k];
-            if w == last_w {
-                continue;
-            }
-            last_w = w;
-            let c = words.count(w);
-            let wi = w as usize;
-            let n = words.data[wi] as usize;
-            let s = &mut words.data[wi + HEADER..wi + HEADER + n];
-            let mut i = 0;
-            let mut j = 0;
-            while i < n {
-                if i + 1 < n && s[i] == a && s[i + 1] == b {
-                    if j > 0 {
-                        let l = s[j - 1];
-                        add(pack(l, a), -c, None);
-                        add(pack(l, x), c, Some(w));
-                    }
-                    if i + 2 < n {
-                        let r = s[i + 2];
-                        add(pack(b, r), -c, None);
-                        add(pack(x, r), c, Some(w));
-                    }
-                    s[j] = x;
-                    j += 1;
-                    i += 2;
-                } else {
-                    s[j] = s[i];
-                    j += 1;
-                    i += 1;
+        if workers > 1 && list.len() >= parallel_list {
+            let bounds = &bounds;
+            rayon::scope(|scope| {
+                for (t, d) in deltas.iter_mut().enumerate() {
+                    scope.spawn(move |_| {
+                        // SAFETY: the word-id ranges of the workers are disjoint.
+                        unsafe { rewrite_share(shared, list, bounds[t], bounds[t + 1], a, b, x, d) };
+                    });
                 }
+            });
+            let (first, rest) = deltas.split_at_mut(1);
+            for d in rest {
+                first[0].absorb(d);
             }
-            words.data[wi] = j as u32;
+        } else {
+            // SAFETY: this thread alone touches the words.
+            unsafe { rewrite_share(shared, list, 0, NONE, a, b, x, &mut deltas[0]) };
         }
-        recycle(&mut spare, stats.words);
+        drop(stats);
 
         // Apply the changes; pairs whose count rose get a fresh heap entry.
-        for (key, d) in delta.drain() {
+        let d0 = &mut deltas[0];
+        for (&key, d) in d0.map.iter() {
             match pairs.shard(key).entry(key) {
                 Entry::Occupied(mut e) => {
                     let p = e.get_mut();
                     p.count += d.count;
                     debug_assert!(p.count >= 0);
                     if p.count <= 0 {
-                        recycle(&mut spare, e.remove().words);
-                        recycle(&mut spare, d.words);
+                        e.remove();
                     } else {
-                        if p.words.is_empty() {
-                            recycle(&mut spare, std::mem::replace(&mut p.words, d.words));
-                        } else {
-                            p.words.extend_from_slice(&d.words);
-                            recycle(&mut spare, d.words);
-                        }
+                        p.words.reserve(d.n as usize);
+                        p.words.extend(d0.words(d.head));
                         if d.count > 0 {
                             heap.push(&tokens, (p.count, key));
                         }
@@ -482,14 +601,15 @@ pub fn learn_merges(
                 Entry::Vacant(v) => {
                     debug_assert!(d.count >= 0);
                     if d.count > 0 {
-                        v.insert(PairStats { count: d.count, words: d.words });
+                        let mut list = WordList::with_capacity(d.n as usize);
+                        list.extend(d0.words(d.head));
+                        v.insert(PairStats { count: d.count, words: list });
                         heap.push(&tokens, (d.count, key));
-                    } else {
-                        recycle(&mut spare, d.words);
                     }
                 }
             }
         }
+        d0.clear();
         ctl.set_done(merges.len() as u64);
     }
     times.merge_s = t1.elapsed().as_secs_f64();
@@ -555,6 +675,33 @@ mod tests {
         assert_eq!(got[1], m("aa", "aa"));
         // After the two merges: "aaaa" is one symbol, "aaa" is ("aa","a") count 1.
         assert_eq!(got[2], m("aa", "a"));
+    }
+
+    #[test]
+    fn parallel_rewriting_changes_nothing() {
+        // A corpus with many words per pair, so lists are long and rewritten in parallel.
+        let mut text = Vec::new();
+        let mut x: u64 = 1;
+        for _ in 0..20_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let len = 2 + (x >> 60) as usize;
+            let w: String = (0..len).map(|k| (b'a' + ((x >> (4 * k)) % 6) as u8) as char).collect();
+            text.push((w, 1 + (x >> 40) % 5));
+        }
+        let run = |threads: usize, parallel_list: usize| {
+            let mut words = Words::default();
+            for (w, c) in &text {
+                words.push(w.as_bytes(), *c).unwrap();
+            }
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let ctl = Control::default();
+            let mut t = MergeTimes::default();
+            pool.install(|| learn_merges_with(words, 300, &ctl, &mut t, parallel_list)).unwrap()
+        };
+        let serial = run(1, usize::MAX);
+        assert!(serial.len() > 200);
+        assert_eq!(run(3, 1), serial);
+        assert_eq!(run(2, 64), serial);
     }
 
     #[test]

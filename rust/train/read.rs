@@ -170,22 +170,60 @@ pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer)
 }
 
 /// Reads one file in chunks ending at cut positions chosen by `cut(buffer)` (None: read
-/// more first). `f(chunk, file_offset)` is called for each; the last chunk ends at the
-/// end of the file.
+/// more first). `f(chunk, file_offset)` is called for each, on the calling thread; the
+/// last chunk ends at the end of the file. A reader thread reads the next chunk while
+/// `f` works on the current one (at most three chunks exist at a time).
 pub fn for_each_chunk<E>(
     path: &Path,
     chunk_size: usize,
-    cut: impl Fn(&[u8]) -> Option<usize>,
-    mut on_read: impl FnMut(usize),
+    cut: impl Fn(&[u8]) -> Option<usize> + Sync,
+    on_read: impl FnMut(usize) + Send,
     mut f: impl FnMut(&[u8], u64) -> Result<(), E>,
 ) -> Result<(), E>
 where
     E: From<io::Error>,
 {
-    let mut file = File::open(path)?;
+    let file = File::open(path)?;
     // A small file needs no full-size buffer.
     let file_len = file.metadata().map(|m| m.len() as usize).unwrap_or(usize::MAX);
     let chunk_size = chunk_size.min(file_len.saturating_add(1)).max(64);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<(Vec<u8>, usize, u64)>>(1);
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::scope(|scope| {
+        let cut = &cut;
+        scope.spawn(move || {
+            let r = produce_chunks(file, chunk_size, cut, on_read, &back_rx, |chunk, len, offset| tx.send(Ok((chunk, len, offset))).is_ok());
+            if let Err(e) = r {
+                let _ = tx.send(Err(e));
+            }
+        });
+        let rx = rx; // owned here, so that it is dropped before the scope joins the reader
+        let result = (|| {
+            for msg in rx.iter() {
+                let (chunk, len, offset) = msg?;
+                f(&chunk[..len], offset)?;
+                let _ = back_tx.send(chunk);
+            }
+            Ok(())
+        })();
+        // On an early return the reader may be blocked sending the next chunk: dropping
+        // the receiver makes that send fail, so the reader stops and the scope can end.
+        drop(rx);
+        result
+    })
+}
+
+/// The reader side of `for_each_chunk`: `emit(buffer, len, offset)` hands over a chunk
+/// (the first `len` bytes of the buffer) and returns false to stop. Buffers keep their
+/// length when recycled, so they are zeroed only once.
+fn produce_chunks(
+    mut file: File,
+    chunk_size: usize,
+    cut: &impl Fn(&[u8]) -> Option<usize>,
+    mut on_read: impl FnMut(usize),
+    recycled: &std::sync::mpsc::Receiver<Vec<u8>>,
+    mut emit: impl FnMut(Vec<u8>, usize, u64) -> bool,
+) -> io::Result<()> {
     let mut buf: Vec<u8> = Vec::new();
     let mut filled = 0usize; // bytes of buf holding data
     let mut offset: u64 = 0; // file offset of buf[0]
@@ -205,17 +243,25 @@ where
         }
         if eof {
             if filled > 0 {
-                f(&buf[..filled], offset)?;
+                emit(buf, filled, offset);
             }
             return Ok(());
         }
         match cut(&buf[..filled]) {
-            Some(cut) => {
-                f(&buf[..cut], offset)?;
-                buf.copy_within(cut..filled, 0);
-                filled -= cut;
-                offset += cut as u64;
-                target = chunk_size.max(filled + chunk_size / 2);
+            Some(c) => {
+                // The tail after the cut starts the next buffer.
+                let mut next = recycled.try_recv().unwrap_or_default();
+                let want = chunk_size.max(filled - c + chunk_size / 2);
+                if next.len() < want {
+                    next.resize(want, 0);
+                }
+                next[..filled - c].copy_from_slice(&buf[c..filled]);
+                if !emit(std::mem::replace(&mut buf, next), c, offset) {
+                    return Ok(());
+                }
+                filled -= c;
+                offset += c as u64;
+                target = want;
             }
             // No exact cut in the whole buffer: read more before processing.
             None => target = filled + chunk_size,
@@ -277,6 +323,23 @@ mod tests {
         assert_eq!(hold_back_cut(b"a b c d<|en", &sp, &pre), Some(1));
         assert_eq!(hold_back_cut(b"x<|end|>a b", &sp, &pre), None);
         assert_eq!(hold_back_cut(b"x<|end|>a b c d e f g", &sp, &pre), Some(11));
+    }
+
+    #[test]
+    fn an_error_in_the_consumer_stops_the_reader() {
+        let dir = std::env::temp_dir().join(format!("ferrolm-read-stop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.txt");
+        std::fs::write(&path, "word<|endoftext|>".repeat(10_000)).unwrap();
+        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        let mut calls = 0;
+        let r = for_each_chunk::<io::Error>(&path, 1000, |b| find_cut(b, &sp, true), |_| {}, |_, _| {
+            calls += 1;
+            Err(io::Error::other("stop"))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
