@@ -49,6 +49,14 @@ def vmhwm_mb() -> float:
     return float("nan")
 
 
+def cpu_s() -> float:
+    """CPU seconds (user + system) of this process, its threads and its finished children."""
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -67,10 +75,10 @@ def child_ferrolm(args) -> dict:
     t0 = time.perf_counter()
     tok = Tokenizer.load(args.tokdir)
     tok.fingerprint  # computed once per tokenizer; part of loading
-    t1 = time.perf_counter()
-    sc = shards.encode(tok, [args.input], args.out, threads=args.threads, progress=False)
+    t1, c1 = time.perf_counter(), cpu_s()
+    sc = shards.encode(tok, [args.input], args.out, threads=args.threads, progress=False, hash_inputs=not args.no_hash)
     t2 = time.perf_counter()
-    return {"setup_s": t1 - t0, "encode_s": t2 - t1, "tokens": sc["num_tokens"]}
+    return {"setup_s": t1 - t0, "encode_s": t2 - t1, "cpu_s": cpu_s() - c1, "tokens": sc["num_tokens"]}
 
 
 def child_gigatoken(args) -> dict:
@@ -80,7 +88,7 @@ def child_gigatoken(args) -> dict:
 
     t0 = time.perf_counter()
     g = gigatoken.Tokenizer.from_tiktoken(args.ranks, pretokenizer="gpt2", special_tokens={EOT: EOT_ID})
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), cpu_s()
     arr = g.encode_files(gigatoken.TextFileSource([args.input], separator=EOT.encode()), parallel=args.threads > 1)
     offsets = np.asarray(arr.layout.offsets)
     flat = ak.to_numpy(ak.flatten(arr))
@@ -94,7 +102,7 @@ def child_gigatoken(args) -> dict:
         f.flush()
         os.fsync(f.fileno())
     t2 = time.perf_counter()
-    return {"setup_s": t1 - t0, "encode_s": t2 - t1, "tokens": int(len(out))}
+    return {"setup_s": t1 - t0, "encode_s": t2 - t1, "cpu_s": cpu_s() - c1, "tokens": int(len(out))}
 
 
 _ENC = None
@@ -120,7 +128,7 @@ def child_tiktoken(args) -> dict:
     t0 = time.perf_counter()
     _ENC = tiktoken.Encoding("gpt2-offline", pat_str=patterns.GPT2, mergeable_ranks=read_tiktoken_ranks(args.ranks),
                              special_tokens={EOT: EOT_ID})
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), cpu_s()
     with open(args.input, encoding="utf-8") as f:
         docs = f.read().split(EOT)
     with mp.get_context("fork").Pool(args.threads) as pool:
@@ -136,7 +144,7 @@ def child_tiktoken(args) -> dict:
     del arr
     fsync_path(args.out + ".bin")
     t2 = time.perf_counter()
-    return {"setup_s": t1 - t0, "encode_s": t2 - t1, "tokens": total}
+    return {"setup_s": t1 - t0, "encode_s": t2 - t1, "cpu_s": cpu_s() - c1, "tokens": total}
 
 
 CHILDREN = {"ferrolm": child_ferrolm, "gigatoken": child_gigatoken, "tiktoken": child_tiktoken}
@@ -150,6 +158,7 @@ def run_child(argv) -> None:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--tokdir", required=True)
     p.add_argument("--ranks", required=True)
+    p.add_argument("--no-hash", action="store_true")
     args = p.parse_args(argv)
     import gc
 
@@ -197,14 +206,14 @@ def build_tokenizer(work: Path) -> tuple[Path, Path]:
     return tokdir, ranks
 
 
-def spawn(name: str, threads: int, inp: Path, out: Path, tokdir: Path, ranks: Path) -> dict:
+def spawn(name: str, threads: int, inp: Path, out: Path, tokdir: Path, ranks: Path, extra=()) -> dict:
     for ext in (".bin", ".json", ".progress.json", ".bin.partial"):
         try:
             os.unlink(str(out) + ext)
         except FileNotFoundError:
             pass
     cmd = [sys.executable, __file__, "--child", name, "--input", str(inp), "--out", str(out), "--threads", str(threads),
-           "--tokdir", str(tokdir), "--ranks", str(ranks)]
+           "--tokdir", str(tokdir), "--ranks", str(ranks), *extra]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -244,7 +253,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per contender (median reported)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--big-gb", type=float, default=0.0, help="also run the memory check on the input repeated to ~this many GB")
-    ap.add_argument("--contenders", default="ferrolm,ferrolm-1t,gigatoken,tiktoken")
+    ap.add_argument("--contenders", default="ferrolm,ferrolm-1t,ferrolm-nohash,gigatoken,tiktoken")
     ap.add_argument("--json", default=None, help="write the raw results here")
     args = ap.parse_args()
     work = Path(args.work)
@@ -255,14 +264,20 @@ def main() -> None:
     names = args.contenders.split(",")
 
     def spec(name):
-        return ("ferrolm", 1) if name == "ferrolm-1t" else (name, args.threads)
+        if name == "ferrolm-1t":
+            return "ferrolm", 1, ()
+        if name == "ferrolm-nohash":
+            return "ferrolm", args.threads, ("--no-hash",)
+        return name, args.threads, ()
 
     print(f"input {cat} ({size / 1e6:.1f} MB); threads {args.threads}; load average {os.getloadavg()}", file=sys.stderr)
+    if os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
+        print("WARNING: the machine is busy; wall times will be inflated and noisy (CPU seconds less so)", file=sys.stderr)
     # Warm-up run of each, which also checks that all wrote the same bytes.
     hashes = {}
     for name in names:
-        kind, th = spec(name)
-        spawn(kind, th, cat, work / f"out_{name}", tokdir, ranks)
+        kind, th, extra = spec(name)
+        spawn(kind, th, cat, work / f"out_{name}", tokdir, ranks, extra)
         hashes[name] = sha256_file(work / f"out_{name}.bin")
         print(f"  warm-up {name}: sha256 {hashes[name][:16]}", file=sys.stderr)
     if len(set(hashes.values())) != 1:
@@ -270,10 +285,10 @@ def main() -> None:
     results: dict[str, list[dict]] = {n: [] for n in names}
     for run in range(args.runs):
         for name in names:  # interleaved, so slow drifts in machine load hit all alike
-            kind, th = spec(name)
-            r = spawn(kind, th, cat, work / f"out_{name}", tokdir, ranks)
+            kind, th, extra = spec(name)
+            r = spawn(kind, th, cat, work / f"out_{name}", tokdir, ranks, extra)
             results[name].append(r)
-            print(f"  run {run} {name}: encode+write {r['encode_s']:.2f} s, process {r['process_s']:.2f} s, "
+            print(f"  run {run} {name}: encode+write {r['encode_s']:.2f} s ({r['cpu_s']:.2f} CPU s), process {r['process_s']:.2f} s, "
                   f"VmHWM {r['vmhwm_mb']:.0f} MB, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
     def med(name, key):
@@ -281,25 +296,30 @@ def main() -> None:
 
     tokens = results[names[0]][0]["tokens"]
     lines = []
+    lines.append(f"Load average during the runs: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.")
+    lines.append("")
     lines.append(f"Input: all of ../shared/corpora/webtext concatenated, {size / 1e6:.1f} MB, {tokens:,} GPT-2 tokens; "
                  f"{args.threads} threads/processes; median of {args.runs} runs; outputs byte-identical (sha256 {hashes[names[0]][:16]}).")
     lines.append("")
-    lines.append("| contender | encode+write (s) | MB/s | vs ferrolm | process wall (s) | set-up (s) | peak RSS (MB) |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|")
+    lines.append("| contender | encode+write (s) | MB/s | vs ferrolm | CPU s | MB per CPU-s | process wall (s) | set-up (s) | peak RSS (MB) |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = med("ferrolm", "encode_s") if "ferrolm" in results else None
     label = {"ferrolm": f"ferrolm encode ({args.threads} threads)", "ferrolm-1t": "ferrolm encode (1 thread)",
+             "ferrolm-nohash": f"ferrolm encode --no-hash ({args.threads} threads)",
              "gigatoken": "gigatoken encode_files + uint16 .bin", "tiktoken": f"tiktoken, nanoGPT-style ({args.threads} processes)"}
     for name in names:
         e = med(name, "encode_s")
         ratio = f"{e / base:.2f}× the time" if base and name != "ferrolm" else "1"
-        lines.append(f"| {label.get(name, name)} | {e:.2f} | {size / 1e6 / e:.0f} | {ratio} | {med(name, 'process_s'):.2f} | "
+        c = med(name, "cpu_s")
+        lines.append(f"| {label.get(name, name)} | {e:.2f} | {size / 1e6 / e:.0f} | {ratio} | {c:.2f} | {size / 1e6 / c:.0f} | {med(name, 'process_s'):.2f} | "
                      f"{med(name, 'setup_s'):.2f} | {max(r['vmhwm_mb'] for r in results[name]):.0f} |")
     if base:
         lines.append("")
         for name in names:
             if name != "ferrolm":
-                lines.append(f"- ferrolm ({args.threads} threads) vs {name}: {med(name, 'encode_s') / base:.2f}× faster (encode+write), "
-                             f"{med(name, 'process_s') / med('ferrolm', 'process_s'):.2f}× (whole process)")
+                lines.append(f"- {label.get(name, name)} takes {med(name, 'encode_s') / base:.2f}× the time of ferrolm "
+                             f"({args.threads} threads) to encode and write, {med(name, 'process_s') / med('ferrolm', 'process_s'):.2f}× "
+                             "as a whole process")
         owt = 11.9e9
         lines.append(f"- Projected OpenWebText (11.9 GB) with ferrolm at {size / 1e6 / base:.0f} MB/s on this machine: "
                      f"{owt / (size / base) / 60:.1f} min")
@@ -308,8 +328,8 @@ def main() -> None:
         bsize = big.stat().st_size
         print(f"memory check on {big} ({bsize / 1e9:.2f} GB)", file=sys.stderr)
         for name in [n for n in ("ferrolm", "gigatoken") if n in names]:
-            kind, th = spec(name)
-            r = spawn(kind, th, big, work / f"big_{name}", tokdir, ranks)
+            kind, th, extra = spec(name)
+            r = spawn(kind, th, big, work / f"big_{name}", tokdir, ranks, extra)
             small = max(x["vmhwm_mb"] for x in results[name])
             big_rows.append(f"| {label[name]} | {small:.0f} | {r['vmhwm_mb']:.0f} | {r['encode_s']:.1f} | {bsize / 1e6 / r['encode_s']:.0f} |")
             try:

@@ -86,13 +86,13 @@ BENCHES = [
     ),
     Bench(
         "encode", "bench_encode.py", "Encoding with the GPT-2 vocabulary: ferrolm vs tiktoken, HF tokenizers, gigatoken",
-        quick=[("--runs", "1"), ("--max-mb", "4")],
-        reading="see the column headers: each ratio names what it divides",
+        quick=[("--quick",)],  # its own quick mode: TinyStories only, fewer runs, no 200 MB stream
+        reading="MB/s of each library / tiktoken's MB/s, per mode: above 1 means faster than tiktoken",
     ),
     Bench(
         "shards", "bench_shards.py", "Corpus to uint16 .bin shards: ferrolm encode vs gigatoken files vs tiktoken nanoGPT-style",
         quick=[("--runs", "1")],
-        reading="see the column headers: each ratio names what it divides",
+        reading="time of each contender / ferrolm's time: above 1 means ferrolm is faster",
     ),
     Bench(
         "pretokenize", "bench_pretokenize.py", "Pre-tokenization: ferrolm's scanners vs fancy-regex vs Python regex",
@@ -313,7 +313,9 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
 # Tables, ratios, charts
 # ---------------------------------------------------------------------------------------
 
-# "1.8x", "**1.23x**", "18.18× the time": a number and an x at the start of a cell.
+# A ratio: a number followed by x or × ("1.8x", "**1.23x**", "18.18× the time", "13.4 (61), 6.4×").
+_RATIO_ANY = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*[x×](?![A-Za-z0-9])")
+# A cell that starts with one.
 _RATIO = re.compile(r"^\**\s*([0-9]+(?:\.[0-9]+)?)\s*[x×](?![A-Za-z0-9])")
 
 
@@ -338,31 +340,58 @@ def markdown_tables(text: str) -> list[dict]:
     return tables
 
 
+def _ratio_in(cell: str) -> Optional[float]:
+    found = _RATIO_ANY.findall(cell.replace("*", ""))
+    return float(found[-1]) if found else None
+
+
+def _is_ratio_column(name: str) -> bool:
+    """A column whose header says it holds ratios ("vs ferrolm", "scanner / regex", "speed-up")."""
+    n = name.lower().replace("*", "").strip()
+    return n.startswith("vs") or " vs " in n or "/" in n and "tokens/s" not in n and "mb/s" not in n or "ratio" in n or "speed" in n
+
+
 def ratio_series(tables: list[dict]) -> list[tuple[str, list[tuple[str, float]]]]:
-    """(title, [(row label, ratio)]) for every table column holding ratios like "1.8x"."""
+    """(title, [(label, ratio)]) series for charts, from the ratio cells ("1.8x") of markdown tables.
+
+    A column whose header names a ratio ("vs ferrolm", "A / B") gives one series over the
+    rows. Ratios inside other columns (tables with one column per library, a ratio in each
+    cell) give one series per row, over those columns.
+    """
     series = []
     for t in tables:
-        header = t["header"]
+        header, rows = t["header"], t["rows"]
+        prefix = f"{t['heading'][:60]}: " if t["heading"] else ""
+
+        def label(row, upto):
+            cells = [c.replace("*", "") for c in row[:upto] if c and _ratio_in(c) is None and not _is_number(c)]
+            return " ".join(cells)[:48]
+
+        by_row: dict = {}
         for j, name in enumerate(header):
+            ratio_col = _is_ratio_column(name)
             points = []
-            for row in t["rows"]:
-                if j >= len(row):
+            for i, row in enumerate(rows):
+                if j >= len(row) or j == 0:
                     continue
-                m = _RATIO.match(row[j])
-                if not m:
+                v = _ratio_in(row[j]) if not ratio_col else (float(m.group(1)) if (m := _RATIO.match(row[j])) else None)
+                if v is None:
                     continue
-                label_cells = [c.replace("*", "") for c in row[:j] if c and not _RATIO.match(c) and not _is_number(c)]
-                points.append((" ".join(label_cells)[:48] or f"row {len(points) + 1}", float(m.group(1))))
+                if ratio_col:
+                    points.append((label(row, j) or f"row {i + 1}", v))
+                else:
+                    by_row.setdefault(i, []).append((name.replace("*", ""), v))
             if points:
-                title = name.replace("*", "")
-                if t["heading"]:
-                    title = f"{t['heading'][:60]}: {title}"
-                series.append((title, points))
+                series.append((prefix + name.replace("*", ""), points))
+        for i, points in by_row.items():
+            first = next(j for j, c in enumerate(rows[i]) if j > 0 and _ratio_in(c) is not None)
+            series.append((prefix + (label(rows[i], first) or f"row {i + 1}"), points))
     return series
 
 
 def _is_number(cell: str) -> bool:
-    return bool(re.fullmatch(r"[\d,.\s]+(?:\s*[A-Za-z%/]+)?", cell.replace("*", ""))) and any(ch.isdigit() for ch in cell)
+    """A measurement, not a label: starts with a number ("1,234", "8.33 M", "300 (310)")."""
+    return bool(re.match(r"^[\d.,]+(\s|$|[A-Za-z%(])", cell.replace("*", "").strip()))
 
 
 def draw_chart(area: str, title: str, series, reading: str) -> Optional[Path]:

@@ -352,12 +352,15 @@ fn class_of_cp(cp: u32) -> u8 {
     }
 }
 
-/// The class of a `char` (exposed for tests of the tables).
+/// The class of a `char` as the scanners see it (exposed for tests of the tables).
 pub fn char_class(c: char) -> u8 {
-    if (c as u32) < 128 {
-        ASCII[c as usize]
+    // Through the scanners' own decoding path, so that tests of this cover it.
+    let mut buf = [0u8; 4];
+    let bytes = c.encode_utf8(&mut buf).as_bytes();
+    if bytes[0] < 0x80 {
+        ASCII[bytes[0] as usize]
     } else {
-        class_of_cp(c as u32)
+        decode_class(bytes, 0).0
     }
 }
 

@@ -48,6 +48,9 @@ def test_tables_and_ratios(run):
     series = run.ratio_series(tables)
     assert series == [("vocab 1,000: vs ferrolm", [("ferrolm", 1.0), ("peer", 2.0), ("ferrolm / HF", 1.25)])]
     assert run.ratio_series(run.markdown_tables("| a | b |\n|---|---|\n| x | 12 |\n")) == []
+    # one column per library, a ratio inside each cell: one series per row
+    per_lib = "## wiki.txt\n| mode | ferrolm | tiktoken | ids |\n|---|---|---|---|\n| encode | 13.4 (61), 6.4× | 2.1 (8), 1.0× | yes |\n"
+    assert run.ratio_series(run.markdown_tables(per_lib)) == [("wiki.txt: encode", [("ferrolm", 6.4), ("tiktoken", 1.0)])]
     body = run.render_output(TABLE + '{"json": "for the parent"}\n')
     assert "```\n# comment line\n  progress line\n```" in body
     assert "#### vocab 1,000" in body and "| peer | 1.00 | 2.0× the time | slower |" in body

@@ -253,3 +253,12 @@ def test_download_command_on_loopback(tmp_path, monkeypatch, capsys):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_demo_reports_a_diverged_training(tmp_path, capsys):
+    argv = ["demo", "--out", str(tmp_path / "d"), "--minutes", "0.2", "--vocab-size", "280", "--max-mb", "0.05",
+            "--device", "cpu", "--no-progress"] + _set_args(TINY + ["optimizer.lr=1e30", "schedule.warmup_steps=0"])
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "ferrolm demo: error: training stopped (nan)" in err and "NaN" in err
+    assert json.loads((tmp_path / "d" / MARKER).read_text())["status"] == "running"  # not marked done

@@ -128,20 +128,24 @@ def test_random_corpora_equal_reference(tmp_path, parts, specials, extra_merges,
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
-    parts=st.lists(st.sampled_from(FRAGMENTS + ["\n"] * 10 + [" word", " Word", "Word"] * 5), min_size=1, max_size=400),
+    parts=st.lists(st.sampled_from(FRAGMENTS + ["\n"] * 10 + [" word", " Word", "Word", "d\nW"] * 5), min_size=1, max_size=400),
+    specials=st.lists(st.sampled_from(["<s>", "<|eot|>", "\nW", "d\nWord", "<s><s>"]), max_size=3, unique=True),
     chunk=st.sampled_from([64, 100, 333, 1000]),
 )
-def test_small_chunks_change_nothing(tmp_path, monkeypatch, parts, chunk):
-    """Files read in tiny chunks (cut at special tokens or at exact text cuts) give the same merges."""
+def test_small_chunks_change_nothing(tmp_path, monkeypatch, parts, specials, chunk):
+    """Files read in tiny chunks (cut at special tokens, at exact text cuts, or holding
+    back the last pre-tokens) give the same merges."""
     text = "".join(parts)
     path = write(tmp_path / "c.txt", text)
+    vocab_size = 300 + len(specials)
     try:
-        want = quiet(path, 400, ["<s>", "<|eot|>"])
+        want = quiet(path, vocab_size, specials)
     except ValueError:
         return
+    assert want == reference.train_bpe(path, vocab_size, specials)
     monkeypatch.setattr(bpe_trainer, "_CHUNK_SIZE", chunk)
-    assert quiet(path, 400, ["<s>", "<|eot|>"]) == want
-    assert quiet(iter(parts), 400, ["<s>", "<|eot|>"]) == want
+    assert quiet(path, vocab_size, specials) == want
+    assert quiet(iter(parts), vocab_size, specials) == want
 
 
 def test_small_chunks_on_real_text(tmp_path, monkeypatch):

@@ -514,11 +514,15 @@ def add_demo_command(sub) -> None:
 def _run_demo(args) -> int:
     from ferrolm.demo import run_demo
 
-    run_demo(
-        args.out, args.data, minutes=args.minutes, vocab_size=args.vocab_size, device=args.device,
-        max_mb=args.max_mb, overrides=args.overrides, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-        seed=args.seed, progress=not args.no_progress,
-    )
+    try:
+        run_demo(
+            args.out, args.data, minutes=args.minutes, vocab_size=args.vocab_size, device=args.device,
+            max_mb=args.max_mb, overrides=args.overrides, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+            seed=args.seed, progress=not args.no_progress,
+        )
+    except RuntimeError as e:  # training diverged (NaN) or left no checkpoint: the message says what to do
+        print(f"ferrolm demo: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -500,6 +500,9 @@ def run_demo(
     t0 = time.perf_counter()
     summary = train_lm(cfg)
     timings["train"] = time.perf_counter() - t0
+    if summary.status == "interrupted":  # Ctrl-C: the run is saved; stop the demo here
+        say(f"  {summary.message}")
+        raise KeyboardInterrupt
     if summary.status not in ("done", "time"):
         raise RuntimeError(f"training stopped ({summary.status}): {summary.message}")
     vals = [r["val_loss"] for r in summary.records if r.get("val_loss") is not None]

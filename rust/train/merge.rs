@@ -326,18 +326,68 @@ struct DeltaEntry {
 
 /// The count changes of one merge (or of one worker's share of it). The words that
 /// gained a pair are kept in one flat array, chained per pair, so recording them
-/// allocates nothing.
+/// allocates nothing. A small open-addressing index (cleared slot by slot) maps pairs
+/// to entries, in the order they were first changed.
 #[derive(Default)]
 struct Deltas {
-    map: FxMap<u64, DeltaEntry>,
+    /// 1 + index into `entries`, or 0 for an empty slot. Its length is a power of two.
+    slots: Vec<u32>,
+    /// Slots in use, to clear them.
+    used: Vec<u32>,
+    entries: Vec<(u64, DeltaEntry)>,
     /// (word, index of the next entry of the same pair's chain).
     adds: Vec<(u32, u32)>,
 }
 
 impl Deltas {
     #[inline]
+    fn slot_of(key: u64, mask: usize) -> usize {
+        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize & mask
+    }
+
+    /// The index of `key`'s entry, created (zero) if needed.
+    #[inline]
+    fn entry(&mut self, key: u64) -> usize {
+        if (self.entries.len() + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = Self::slot_of(key, mask);
+        loop {
+            let s = self.slots[i];
+            if s == 0 {
+                self.entries.push((key, DeltaEntry { count: 0, head: NONE, tail: NONE, n: 0 }));
+                self.slots[i] = self.entries.len() as u32;
+                self.used.push(i as u32);
+                return self.entries.len() - 1;
+            }
+            if self.entries[s as usize - 1].0 == key {
+                return s as usize - 1;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let cap = (self.slots.len() * 2).max(1 << 10);
+        self.slots = vec![0; cap];
+        self.used.clear();
+        let mask = cap - 1;
+        for (k, (key, _)) in self.entries.iter().enumerate() {
+            let mut i = Self::slot_of(*key, mask);
+            while self.slots[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = k as u32 + 1;
+            self.used.push(i as u32);
+        }
+    }
+
+    #[inline]
     fn add(&mut self, key: u64, d: i64, w: u32) {
-        let e = self.map.entry(key).or_insert(DeltaEntry { count: 0, head: NONE, tail: NONE, n: 0 });
+        let k = self.entry(key);
+        let e = &mut self.entries[k].1;
         e.count += d;
         if w != NONE && (e.tail == NONE || self.adds[e.tail as usize].0 != w) {
             let i = self.adds.len() as u32;
@@ -367,7 +417,7 @@ impl Deltas {
 
     /// Add another worker's changes to these.
     fn absorb(&mut self, other: &mut Deltas) {
-        for (&key, e) in other.map.iter() {
+        for &(key, e) in other.entries.iter() {
             self.add(key, e.count, NONE);
             let mut i = e.head;
             while i != NONE {
@@ -380,7 +430,11 @@ impl Deltas {
     }
 
     fn clear(&mut self) {
-        self.map.clear();
+        for &i in &self.used {
+            self.slots[i as usize] = 0;
+        }
+        self.used.clear();
+        self.entries.clear();
         self.adds.clear();
     }
 }
@@ -582,7 +636,7 @@ fn learn_merges_with(
 
         // Apply the changes; pairs whose count rose get a fresh heap entry.
         let d0 = &mut deltas[0];
-        for (&key, d) in d0.map.iter() {
+        for &(key, ref d) in d0.entries.iter() {
             match pairs.shard(key).entry(key) {
                 Entry::Occupied(mut e) => {
                     let p = e.get_mut();
