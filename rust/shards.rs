@@ -556,6 +556,7 @@ where
     } else {
         job.threads
     };
+    reader.balance_tail(threads);
     let window = if job.window == 0 {
         2 * threads + 2
     } else {
