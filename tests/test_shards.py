@@ -186,6 +186,10 @@ def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_di
     r = cli("shards", tmp_path / "p", "--tokenizer", gpt2_dir, "--deep")
     assert r.returncode == 0, r.stderr
     assert "p.part-3-of-4.bin" in r.stdout and "total" in r.stdout
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"format": "ferrolm-shards-manifest", "parts": [f"p.part-{i}-of-{n}" for i in range(n)]}))
+    assert [r["part"] for r in shards.list_shards(manifest)] == [[i, n] for i in range(n)]
+    assert shards.validate_shards(manifest) == []
     # A missing part, a truncated .bin and another tokenizer are all reported.
     (tmp_path / "p.part-2-of-4.json").unlink()
     r = cli("shards", tmp_path / "p")
