@@ -321,6 +321,8 @@ def test_kill_9_at_any_moment_then_rerun_gives_identical_bytes(tmp_path, gpt2_di
         assert not (tmp_path / "o.bin").exists() and not (tmp_path / "o.json").exists()
         assert (tmp_path / "o.bin.partial").exists()
     assert kills >= 1, "the encode finished before it could be killed; use a larger input"
+    # Resume with other --threads and --chunk-size: neither changes the output.
+    args = args[: args.index("--chunk-size")] + ["--chunk-size", "1.5", "--commit-interval", "0", "--threads", "1"]
     r = cli(*args)
     assert r.returncode == 0, r.stderr
     assert "resumed after" in r.stderr
