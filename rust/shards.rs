@@ -254,6 +254,12 @@ impl ShardError {
             source,
         }
     }
+    /// Whether a rerun of the same job can continue where this one stopped (I/O failures
+    /// such as a full disk, and interruptions); the partial output is kept for it.
+    pub fn is_resumable(&self) -> bool {
+        matches!(self, ShardError::Io { .. } | ShardError::Interrupted)
+    }
+
     /// True for "no space left on device" (and "file too large") write errors.
     pub fn is_disk_full(&self) -> bool {
         match self {
@@ -556,6 +562,7 @@ where
     } else {
         job.threads
     };
+    reader.balance_tail(threads);
     let window = if job.window == 0 {
         2 * threads + 2
     } else {
@@ -738,12 +745,19 @@ where
             journal.write(&journal_path)?;
             Ok(summary)
         }
-        Err(e) => {
+        Err(e) if e.is_resumable() => {
             // Commit what was written so a rerun continues from here (best effort: after a
             // failed write, the disk may refuse this too; the previous commit then stands).
             if tokens != committed_tokens {
                 let _ = out.sync().and_then(|_| journal.write(&journal_path));
             }
+            Err(e)
+        }
+        Err(e) => {
+            // Bad input: a rerun needs other inputs or options, so it starts over anyway.
+            drop(out);
+            let _ = std::fs::remove_file(&journal_path);
+            let _ = std::fs::remove_file(&partial_path);
             Err(e)
         }
     }

@@ -368,7 +368,15 @@ pub(crate) struct ChunkReader<'a> {
     raw_before: u64,
     /// Where an interrupted run stopped: everything before is hashed but not chunked.
     resume: Option<(usize, u64)>,
+    /// Raw bytes in this part's range.
+    raw_total: u64,
+    /// Near the end, chunks shrink to about (bytes left) / `tail_split` so that the last
+    /// chunks spread over all threads instead of leaving some idle.
+    tail_split: u64,
 }
+
+/// Chunks never shrink below this for tail balancing.
+const MIN_TAIL_CHUNK: usize = 256 << 10;
 
 impl<'a> ChunkReader<'a> {
     pub fn new(
@@ -411,7 +419,14 @@ impl<'a> ChunkReader<'a> {
             records: Vec::new(),
             raw_before: 0,
             resume,
+            raw_total: c1 - c0,
+            tail_split: 1,
         })
+    }
+
+    /// Balance the last chunks over `threads` encoding threads.
+    pub fn balance_tail(&mut self, threads: usize) {
+        self.tail_split = 2 * threads.max(1) as u64;
     }
 
     /// What was read of each input (complete once the reader is exhausted).
@@ -600,7 +615,9 @@ impl<'a> ChunkReader<'a> {
             }
             buf[..filled].copy_from_slice(&self.carry);
             self.carry.clear();
-            let mut target = self.job.chunk_size.max(filled + 1);
+            let left = self.raw_total.saturating_sub(self.raw_before + f.src.raw().count) + filled as u64;
+            let balanced = ((left / self.tail_split) as usize).max(MIN_TAIL_CHUNK);
+            let mut target = self.job.chunk_size.min(balanced).max(filled + 1);
             let cut = loop {
                 if let Err(e) = self.fill(&mut f, &mut buf, &mut filled, target) {
                     self.cur = Some(f);

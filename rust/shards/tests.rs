@@ -388,6 +388,8 @@ fn invalid_utf8_is_an_error_with_offset_or_replaced() {
         other => panic!("{other}"),
     }
     assert!(err.to_string().contains(&format!("offset {bad_at}")));
+    // Bad input leaves no partial output or journal behind.
+    assert!(!j.partial_path().exists() && !j.journal_path().exists());
     j.errors = Utf8Errors::Replace;
     j.out_bin = dir.path("replaced.bin");
     let (_, ids) = run(&j, &enc).unwrap();
