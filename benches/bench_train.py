@@ -7,7 +7,9 @@ ferrolm.reference, each run in its own subprocess.
 For every (vocab size, library): `--runs` fresh child processes; each loads its library,
 trains once and reports its wall time (the training call only) and its own peak RSS
 (VmHWM from /proc/self/status). The table gives the median time, the largest peak RSS and
-the ratio to ferrolm. Before timing, ferrolm's merges are checked equal to the
+the ratio to ferrolm, and the CPU time of the training call (all threads, user + system;
+on a busy machine it is steadier than wall time).
+Before timing, ferrolm's merges are checked equal to the
 reference's (when the reference runs) and the share of each peer's first merges that
 agree with ferrolm's is printed (peers break ties differently, so some differ).
 
@@ -67,24 +69,24 @@ def child(lib: str, files: list[str], vocab_size: int, threads: int) -> dict:
         from ferrolm.bpe_trainer import train
 
         stats: dict = {}
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         _, merges = train(files, vocab_size, [EOT], num_threads=threads, progress=False, stats=stats)
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"], out["cpu_s"] = time.perf_counter() - t, time.process_time() - c
         out["stats"] = stats
     elif lib == "gigatoken":
         import gigatoken
 
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         _, merges = gigatoken.train_bpe(gigatoken.TextFileSource(files, separator=EOT.encode()), vocab_size, [EOT])
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"], out["cpu_s"] = time.perf_counter() - t, time.process_time() - c
     elif lib == "rustbpe":
         import rustbpe
 
         docs = load_docs(files)
         tok = rustbpe.Tokenizer()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         tok.train_from_iterator(iter(docs), vocab_size - 1, pattern=GPT2)
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"], out["cpu_s"] = time.perf_counter() - t, time.process_time() - c
         ranks = tok.get_mergeable_ranks()
         by_rank = sorted(((r, bytes(b)) for b, r in ranks), key=lambda x: x[0])
         merges = [(b"", tok_bytes) for _, tok_bytes in by_rank[256:]]  # pairs unknown; compare merged tokens
@@ -97,9 +99,9 @@ def child(lib: str, files: list[str], vocab_size: int, threads: int) -> dict:
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size, special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
         )
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         tok.train_from_iterator(docs, trainer)
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"], out["cpu_s"] = time.perf_counter() - t, time.process_time() - c
         from ferrolm.tokenizer_files import str_to_token
 
         hf_merges = json.loads(tok.to_str())["model"]["merges"]
@@ -110,9 +112,9 @@ def child(lib: str, files: list[str], vocab_size: int, threads: int) -> dict:
     elif lib == "reference":
         from ferrolm import reference
 
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         _, merges = reference.train_bpe(files, vocab_size, [EOT])
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"], out["cpu_s"] = time.perf_counter() - t, time.process_time() - c
     else:
         raise SystemExit(f"unknown library {lib}")
     out["vmhwm_mb"] = vmhwm_mb()
@@ -199,6 +201,7 @@ def main() -> None:
             runs = args.runs if lib != "reference" else 1
             outs = [run_child(lib, files, vocab_size, args.threads, args.timeout) for _ in range(runs)]
             secs = statistics.median(o["seconds"] for o in outs)
+            cpu = statistics.median(o["cpu_s"] for o in outs)
             rss = max(o["vmhwm_mb"] for o in outs)
             tokens = outs[0]["merged_tokens"]
             if lib == "ferrolm":
@@ -212,21 +215,26 @@ def main() -> None:
                     print("ERROR: ferrolm and the reference disagree", file=sys.stderr)
             elif lib != "ferrolm" and ferro_tokens is not None:
                 note = f"{agreement(tokens, ferro_tokens):.0%} of first 1000 merged tokens shared with ferrolm"
-            rows.append((lib, secs, rss, len(tokens), note, outs))
-            print(f"  {vocab_size:>6} {lib:<10} {secs:8.2f} s  {rss:7.0f} MB  {note}", flush=True)
+            rows.append((lib, secs, rss, len(tokens), note, outs, cpu))
+            print(f"  {vocab_size:>6} {lib:<10} {secs:8.2f} s  cpu {cpu:8.2f} s  {rss:7.0f} MB  {note}", flush=True)
         base = next(r[1] for r in rows if r[0] == "ferrolm") if any(r[0] == "ferrolm" for r in rows) else None
         print(f"\n## vocab {vocab_size:,}\n")
-        print("| library | time (s) | vs ferrolm | peak RSS (MB) | merges | note |")
-        print("|---|---:|---:|---:|---:|---|")
-        for lib, secs, rss, n, note, outs in rows:
+        base_cpu = next(r[6] for r in rows if r[0] == "ferrolm") if base else None
+        print("| library | time (s) | vs ferrolm | CPU time (s) | vs ferrolm | peak RSS (MB) | merges | note |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
+        for lib, secs, rss, n, note, outs, cpu in rows:
             ratio = f"{secs / base:.1f}×" if base else ""
-            print(f"| {lib} | {secs:.2f} | {ratio} | {rss:.0f} | {n:,} | {note} |")
-        for lib, secs, rss, n, note, outs in rows:
+            cratio = f"{cpu / base_cpu:.1f}×" if base_cpu else ""
+            print(f"| {lib} | {secs:.2f} | {ratio} | {cpu:.2f} | {cratio} | {rss:.0f} | {n:,} | {note} |")
+        for lib, secs, rss, n, note, outs, cpu in rows:
             if lib == "ferrolm":
                 med = sorted(outs, key=lambda o: o["seconds"])[len(outs) // 2]
                 print(f"\nferrolm stages (median run): {fmt_stats(med['stats'])}")
                 print(f"ferrolm throughput (pre-tokenize+count): {med['stats']['bytes'] / 1e6 / max(1e-9, med['stats']['count_s']):.0f} MB/s")
-        results[vocab_size] = [{"lib": r[0], "seconds": r[1], "vmhwm_mb": r[2], "merges": r[3], "note": r[4], "runs": [{k: v for k, v in o.items() if k != "merged_tokens"} for o in r[5]]} for r in rows]
+        results[vocab_size] = [
+            {"lib": r[0], "seconds": r[1], "cpu_s": r[6], "vmhwm_mb": r[2], "merges": r[3], "note": r[4], "runs": [{k: v for k, v in o.items() if k != "merged_tokens"} for o in r[5]]}
+            for r in rows
+        ]
         print()
 
     if args.concat > 1:
