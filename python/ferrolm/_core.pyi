@@ -52,6 +52,8 @@ class Encoder:
         """A whole UTF-8 file (invalid bytes read as U+FFFD), as encode_to_buffer."""
     def encode_batch(self, texts: Iterable[str], allow_special: bool = True, num_threads: int | None = None) -> list[list[int]]:
         """Each text's ids, in parallel over texts (None: all cores; 1: this thread)."""
+    def encode_batch_to_buffer(self, texts: Iterable[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> tuple[bytearray, bytearray]:
+        """Flat little-endian ids and len(texts) + 1 little-endian uint64 offsets."""
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         """Concatenated token bytes; ValueError for an id not in the vocabulary."""
     def decode_bytes_u32le(self, data: bytes) -> bytes:
