@@ -42,7 +42,9 @@ EOT = "<|endoftext|>"
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 WORK = Path(os.environ.get("FERROLM_BENCH_TMP", "/tmp/ferrolm-bench-encode"))
 
-LIBS = ["ferrolm", "gigatoken", "tiktoken", "tokendagger", "hf"]
+# "ferrolm-np": the same encoder through its numpy-returning calls (encode_to_numpy,
+# encode_batch_to_numpy), like gigatoken's, which return numpy/awkward arrays, not lists.
+LIBS = ["ferrolm", "ferrolm-np", "gigatoken", "tiktoken", "tokendagger", "hf"]
 MODES = ["encode", "batch-1", "batch-2", "file"]
 
 
@@ -104,7 +106,7 @@ def ids_hash(chunks) -> str:
 
 
 def load(lib: str, threads: int):
-    if lib == "ferrolm":
+    if lib in ("ferrolm", "ferrolm-np"):
         from ferrolm import Tokenizer
 
         return Tokenizer.from_files(SHARED / "fixtures/gpt2_vocab.json", SHARED / "fixtures/gpt2_merges.txt", [EOT])
@@ -134,6 +136,8 @@ def runner(lib: str, mode: str, tok, path: Path, text: str, docs: list[str]):
     if mode == "encode":
         if lib == "ferrolm":
             enc = tok.encode
+        elif lib == "ferrolm-np":
+            enc = lambda d: tok.encode_to_numpy(d, num_threads=1)  # noqa: E731
         elif lib == "gigatoken":
             enc = tok.encode
         elif lib in ("tiktoken", "tokendagger"):
@@ -145,6 +149,8 @@ def runner(lib: str, mode: str, tok, path: Path, text: str, docs: list[str]):
         n = int(mode.split("-")[1])
         if lib == "ferrolm":
             return lambda: tok.encode_batch(docs, num_threads=n)
+        if lib == "ferrolm-np":
+            return lambda: [tok.encode_batch_to_numpy(docs, num_threads=n)[0]]
         if lib == "gigatoken":
             # parallel=True uses gigatoken's global pool (all cores: 2 on the reference machine).
             return lambda: tok.encode_batch(docs, parallel=(n > 1))
@@ -217,7 +223,7 @@ def child_iterable(path: Path, chunk: str) -> dict:
 def child_worst(lib: str, unit: str, n: int) -> dict:
     tok = load(lib, 1)
     text = unit * n
-    if lib == "ferrolm":
+    if lib in ("ferrolm", "ferrolm-np"):
         enc = tok.encode
     elif lib == "gigatoken":
         enc = tok.encode
@@ -248,7 +254,7 @@ def spawn(args: list[str], timeout: float) -> dict:
 
 
 def available(lib: str) -> bool:
-    mod = {"hf": "tokenizers"}.get(lib, lib)
+    mod = {"hf": "tokenizers", "ferrolm-np": "ferrolm"}.get(lib, lib)
     return subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True).returncode == 0
 
 
@@ -324,7 +330,7 @@ def main() -> None:
     if not args.skip_worst:
         for unit in ("a", "!"):
             for n in (10_000, 100_000, 1_000_000):
-                for lib in libs:
+                for lib in [x for x in libs if x != "ferrolm-np"]:
                     prev = [w for w in worst if w.get("lib") == lib and w.get("unit") == unit and "cpu" in w]
                     if prev and prev[-1]["cpu"][0] > 20:
                         worst.append({"lib": lib, "unit": unit, "n": n, "error": "skipped (previous size took > 20 s)"})
@@ -347,7 +353,7 @@ def report(results, stream, worst, libs, missing, runs, files) -> str:
 
     vers = []
     for lib in libs:
-        name = {"hf": "tokenizers"}.get(lib, lib)
+        name = {"hf": "tokenizers", "ferrolm-np": "ferrolm"}.get(lib, lib)
         try:
             vers.append(f"{lib} {md.version(name)}")
         except md.PackageNotFoundError:
@@ -396,12 +402,13 @@ def report(results, stream, worst, libs, missing, runs, files) -> str:
     if worst:
         lines.append("### Worst cases: one piece of n repeated characters (seconds, wall)")
         lines.append("")
-        lines.append("| input | " + " | ".join(libs) + " |")
-        lines.append("|---|" + "---|" * len(libs))
+        wlibs = [x for x in libs if x != "ferrolm-np"]
+        lines.append("| input | " + " | ".join(wlibs) + " |")
+        lines.append("|---|" + "---|" * len(wlibs))
         for unit in ("a", "!"):
             for n in (10_000, 100_000, 1_000_000):
                 cells = []
-                for lib in libs:
+                for lib in wlibs:
                     r = next((w for w in worst if w["lib"] == lib and w["unit"] == unit and w["n"] == n), {})
                     cells.append(f"{r['wall'][0]:.3f}" if "wall" in r else r.get("error", "n/a"))
                 lines.append(f"| `{unit!r} * {n:,}` | " + " | ".join(cells) + " |")

@@ -177,6 +177,11 @@ def test_encode_batch(gpt2, tiktoken_gpt2):
     assert gpt2.encode_batch(tuple(docs), num_threads=2) == want
     assert gpt2.encode_batch(iter(docs[:5])) == want[:5]
     assert gpt2.encode_batch([]) == []
+    ids, offsets = gpt2.encode_batch_to_numpy(docs, num_threads=2)
+    assert ids.dtype == np.uint16 and offsets.dtype == np.int64 and len(offsets) == len(docs) + 1
+    assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(docs))] == want
+    ids, offsets = gpt2.encode_batch_to_numpy([], dtype=np.uint32)
+    assert ids.size == 0 and offsets.tolist() == [0]
 
 
 def test_encode_ordinary_treats_specials_as_text(gpt2, tiktoken_gpt2):

@@ -4,7 +4,8 @@ The core is an implementation detail behind `ferrolm.Tokenizer`, `ferrolm.bpe_tr
 and `ferrolm.shards`; these stubs let editors and mypy check those modules.
 """
 
-from typing import Any, Callable, Optional, Sequence
+import os
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 Progress = Optional[Callable[..., Any]]
 
@@ -28,12 +29,6 @@ class BpeTrainer:
     def learn(self, num_merges: int, progress: Progress = None) -> list[tuple[bytes, bytes]]: ...
     def stats(self) -> dict[str, Any]: ...
 
-class StreamEncoder:
-    @property
-    def buffered(self) -> int: ...
-    def feed(self, chunk: str) -> list[int]: ...
-    def finish(self) -> list[int]: ...
-
 class Encoder:
     def __new__(
         cls,
@@ -49,15 +44,36 @@ class Encoder:
     @property
     def pattern(self) -> str: ...
     @property
-    def special_tokens(self) -> list[str]: ...
-    def encode(self, text: str, allow_special: bool = True) -> list[int]: ...
-    def encode_batch(self, texts: Sequence[str], allow_special: bool = True, num_threads: Optional[int] = None) -> list[list[int]]: ...
-    def encode_to_buffer(self, text: str, allow_special: bool = True, itemsize: int = 4, num_threads: Optional[int] = None) -> bytearray: ...
-    def encode_file(self, path: str, allow_special: bool = True, itemsize: int = 4, num_threads: Optional[int] = None) -> bytearray: ...
-    def decode_bytes(self, ids: Sequence[int]) -> bytes: ...
-    def decode_bytes_u32le(self, data: bytes) -> bytes: ...
-    def token_bytes(self, id: int) -> Optional[bytes]: ...
-    def stream(self, allow_special: bool = True) -> StreamEncoder: ...
+    def special_tokens(self) -> list[tuple[str, int]]:
+        """(token, id) in the order given."""
+    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+        """Ids of ``text``. UnicodeEncodeError for lone surrogates (the Tokenizer repairs them)."""
+    def encode_to_buffer(self, text: str, allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> bytearray:
+        """Ids as little-endian uint16 (itemsize 2) or uint32 (4); large texts in parallel."""
+    def encode_file(self, path: str | os.PathLike[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> bytearray:
+        """A whole UTF-8 file (invalid bytes read as U+FFFD), as encode_to_buffer."""
+    def encode_batch(self, texts: Iterable[str], allow_special: bool = True, num_threads: int | None = None) -> list[list[int]]:
+        """Each text's ids, in parallel over texts (None: all cores; 1: this thread)."""
+    def encode_batch_to_buffer(self, texts: Iterable[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> tuple[bytearray, bytearray]:
+        """Flat little-endian ids and len(texts) + 1 little-endian uint64 offsets."""
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        """Concatenated token bytes; ValueError for an id not in the vocabulary."""
+    def decode_bytes_u32le(self, data: bytes) -> bytes:
+        """decode_bytes of ids given as little-endian uint32 bytes."""
+    def token_bytes(self, id: int) -> bytes | None: ...
+    def stream(self, allow_special: bool = True) -> StreamEncoder:
+        """Incremental encoding: ids equal those of encoding the concatenated chunks."""
+
+class StreamEncoder:
+    def feed(self, chunk: str) -> list[int]:
+        """Add a chunk; returns the ids that can no longer change."""
+    def finish(self) -> list[int]:
+        """The remaining ids; the stream is then empty (and reusable)."""
+    @property
+    def buffered(self) -> int:
+        """Bytes buffered and not yet encoded."""
+
+# ---- shard writer (rust/shards.rs) --------------------------------------------------------
 
 def encode_shard(
     encoder: Encoder,

@@ -59,6 +59,15 @@ def _numpy():
     return numpy
 
 
+def _frombuffer(buf, dtype):
+    """numpy.frombuffer (positional arguments: keyword parsing costs more than a small encode)."""
+    global _frombuffer
+    import numpy
+
+    _frombuffer = numpy.frombuffer
+    return _frombuffer(buf, dtype)
+
+
 class Tokenizer:
     """Encode and decode with a byte-level BPE vocabulary, its merges and special tokens.
 
@@ -238,29 +247,46 @@ class Tokenizer:
         except UnicodeEncodeError:
             return self._core.encode_batch([_repair(t) if isinstance(t, str) else t for t in texts], True, threads)
 
+    def encode_batch_to_numpy(self, texts: Iterable[str], dtype: Any = None, num_threads: int | None = None) -> "tuple[np.ndarray, np.ndarray]":
+        """Encode each text (in parallel) into one flat numpy array of ids and an array of
+        ``len(texts) + 1`` offsets (int64): text ``i`` has ``ids[offsets[i]:offsets[i + 1]]``.
+        No Python int is made per id."""
+        np = _numpy()
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("encode_batch_to_numpy expects a list of str; use encode_to_numpy() for a single str")
+        if not isinstance(texts, (list, tuple)):
+            texts = list(texts)
+        dt, itemsize = self._dtype(dtype)
+        threads = _check_threads(num_threads)
+        try:
+            ids, offsets = self._core.encode_batch_to_buffer(texts, True, itemsize, threads)
+        except UnicodeEncodeError:
+            fixed = [_repair(t) if isinstance(t, str) else t for t in texts]
+            ids, offsets = self._core.encode_batch_to_buffer(fixed, True, itemsize, threads)
+        return _frombuffer(ids, dt), _frombuffer(offsets, np.dtype("<u8")).astype(np.int64)
+
     def encode_to_numpy(self, text: str, dtype: Any = None, num_threads: int | None = None) -> "np.ndarray":
         """Token ids of ``text`` as a numpy array (uint16 or uint32; by default uint16 when the
         vocab fits), with no Python list in between. Large texts are encoded in parallel
         (``num_threads``: None = all cores, 1 = this thread); the ids do not depend on it."""
-        np = _numpy()
-        dt, itemsize = self._dtype(dtype)
-        threads = _check_threads(num_threads)
+        dt, itemsize = self._default_dtype if dtype is None and self._default_dtype is not None else self._dtype(dtype)
+        if num_threads is not None:
+            _check_threads(num_threads)
         try:
-            buf = self._core.encode_to_buffer(text, True, itemsize, threads)
+            buf = self._core.encode_to_buffer(text, True, itemsize, num_threads)
         except UnicodeEncodeError:
-            buf = self._core.encode_to_buffer(_repair(text), True, itemsize, threads)
-        return np.frombuffer(buf, dtype=dt)
+            buf = self._core.encode_to_buffer(_repair(text), True, itemsize, num_threads)
+        return _frombuffer(buf, dt)
 
     def encode_file(self, path: PathInput, dtype: Any = None, num_threads: int | None = None) -> "np.ndarray":
         """Encode a whole UTF-8 text file (invalid bytes read as U+FFFD) into a numpy array,
         in parallel; the same ids as ``encode_to_numpy(open(path).read())``."""
-        np = _numpy()
         dt, itemsize = self._dtype(dtype)
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no such file: {path}")
         buf = self._core.encode_file(path, True, itemsize, _check_threads(num_threads))
-        return np.frombuffer(buf, dtype=dt)
+        return _frombuffer(buf, dt)
 
     def _dtype(self, dtype: Any):
         if dtype is None and self._default_dtype is not None:
