@@ -40,6 +40,7 @@ SHARED = Path(os.environ.get("FERROLM_SHARED", REPO.parent / "shared"))
 OUT_DIR = BENCHES_DIR / "out"
 DOCS_DIR = REPO / "docs"
 RESULTS = BENCHES_DIR / "RESULTS.md"
+SUMMARY = BENCHES_DIR / "results" / "summary.md"
 PEERS = ["ferrolm", "torch", "tiktoken", "tokenizers", "gigatoken", "rustbpe", "transformers", "numpy", "regex"]
 
 
@@ -484,6 +485,12 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
         "",
         "**Versions**: " + ", ".join(f"{k} {v}" for k, v in vers.items()) + (f"; ferrolm commit `{args.commit}`" if args.commit else ""),
         "",
+    ]
+    # The hand-kept summary of the full runs (benches/results/summary.md) heads the file:
+    # a --quick run refreshes the tables below it, not the figures quoted there.
+    if SUMMARY.exists():
+        lines += [SUMMARY.read_text(encoding="utf-8").strip(), "", "## This run", ""]
+    lines += [
         "| benchmark | status | time | command |",
         "|---|---|---:|---|",
     ]
