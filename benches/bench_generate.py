@@ -74,24 +74,9 @@ def build_hf(shape: dict):
         attention_bias=False, mlp_bias=False, tie_word_embeddings=False, pad_token_id=0, bos_token_id=None, eos_token_id=None,
     )
     hf = transformers.LlamaForCausalLM(cfg).eval()
-    # HF rotates halves (x[i], x[i + d/2]); ferrolm rotates pairs (x[2i], x[2i+1]):
-    # permute each head's q and k rows, evens then odds.
-    dh = c["d_model"] // c["num_heads"]
-    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
-    rows = torch.cat([h * dh + perm for h in range(c["num_heads"])])
-    sd = ours.state_dict()
-    new = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"], "lm_head.weight": sd["lm_head.weight"]}
-    for i in range(c["num_layers"]):
-        p, q = f"layers.{i}.", f"model.layers.{i}."
-        new[q + "self_attn.q_proj.weight"] = sd[p + "attn.q_proj.weight"][rows]
-        new[q + "self_attn.k_proj.weight"] = sd[p + "attn.k_proj.weight"][rows]
-        new[q + "self_attn.v_proj.weight"] = sd[p + "attn.v_proj.weight"]
-        new[q + "self_attn.o_proj.weight"] = sd[p + "attn.output_proj.weight"]
-        new[q + "mlp.gate_proj.weight"] = sd[p + "ffn.w1.weight"]
-        new[q + "mlp.up_proj.weight"] = sd[p + "ffn.w3.weight"]
-        new[q + "mlp.down_proj.weight"] = sd[p + "ffn.w2.weight"]
-        new[q + "input_layernorm.weight"] = sd[p + "ln1.weight"]
-        new[q + "post_attention_layernorm.weight"] = sd[p + "ln2.weight"]
+    from ferrolm.model import to_hf_llama_state_dict
+
+    new = to_hf_llama_state_dict(ours)  # q/k rows permuted for HF's rotate-half RoPE
     missing, unexpected = hf.load_state_dict(new, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     del ours

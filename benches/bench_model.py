@@ -61,26 +61,9 @@ def hf_llama_from_ferrolm(model, shape):
         tie_word_embeddings=False, attention_dropout=0.0,
     )
     hf = transformers.LlamaForCausalLM(cfg)
-    H, dh = shape["num_heads"], shape["d_model"] // shape["num_heads"]
-    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
-    rows = torch.cat([h * dh + perm for h in range(H)])
-    sd = model.state_dict()
-    new = {
-        "model.embed_tokens.weight": sd["token_embeddings.weight"],
-        "model.norm.weight": sd["ln_final.weight"],
-        "lm_head.weight": sd["lm_head.weight"],
-    }
-    for i in range(shape["num_layers"]):
-        p, q = f"layers.{i}.", f"model.layers.{i}."
-        new[q + "self_attn.q_proj.weight"] = sd[p + "attn.q_proj.weight"][rows]
-        new[q + "self_attn.k_proj.weight"] = sd[p + "attn.k_proj.weight"][rows]
-        new[q + "self_attn.v_proj.weight"] = sd[p + "attn.v_proj.weight"]
-        new[q + "self_attn.o_proj.weight"] = sd[p + "attn.output_proj.weight"]
-        new[q + "mlp.gate_proj.weight"] = sd[p + "ffn.w1.weight"]
-        new[q + "mlp.up_proj.weight"] = sd[p + "ffn.w3.weight"]
-        new[q + "mlp.down_proj.weight"] = sd[p + "ffn.w2.weight"]
-        new[q + "input_layernorm.weight"] = sd[p + "ln1.weight"]
-        new[q + "post_attention_layernorm.weight"] = sd[p + "ln2.weight"]
+    from ferrolm.model import to_hf_llama_state_dict
+
+    new = to_hf_llama_state_dict(model)  # q/k rows permuted for HF's rotate-half RoPE
     missing, unexpected = hf.load_state_dict(new, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     return hf

@@ -25,6 +25,7 @@ def run(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "OUT_DIR", benches / "out")
     monkeypatch.setattr(mod, "DOCS_DIR", tmp_path / "docs")
     monkeypatch.setattr(mod, "RESULTS", benches / "RESULTS.md")
+    monkeypatch.setattr(mod, "SUMMARY", benches / "results" / "summary.md")
     return mod
 
 
@@ -88,6 +89,7 @@ def test_main_runs_scripts_and_writes_results(run, capsys):
         time.sleep(60)
     ''')
     (run.BENCHES_DIR / "results" / "ok.md").write_text("notes")
+    (run.BENCHES_DIR / "results" / "summary.md").write_text("## Headlines\n\nkept by hand\n")
     run.BENCHES = [
         run.Bench("ok", "bench_ok.py", "The OK bench", quick=[("--runs", "1")], reading="above 1: ferrolm faster"),
         run.Bench("bad", "bench_bad.py", "A failing bench"),
@@ -98,6 +100,7 @@ def test_main_runs_scripts_and_writes_results(run, capsys):
     assert rc == 1  # one failed, one timed out
     text = run.RESULTS.read_text()
     assert "python benches/run.py --quick" in text
+    assert text.index("kept by hand") < text.index("## This run") < text.index("| [ok](#ok) | ok |")
     assert "**Machine**" in text and "cores" in text and "GiB RAM" in text
     for name in ("ferrolm", "torch", "tiktoken", "tokenizers", "gigatoken", "rustbpe", "transformers"):
         assert f"{name} " in text.split("**Versions**", 1)[1].split("\n", 1)[0]

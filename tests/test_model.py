@@ -26,6 +26,7 @@ from ferrolm.model import (
     TransformerLM,
     count_parameters,
     flops_per_token,
+    to_hf_llama_state_dict,
 )
 
 
@@ -532,22 +533,7 @@ def test_logits_equal_hf_llama_with_converted_weights():
         attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
     )
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
-    dh = c["d_model"] // c["num_heads"]
-    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
-    rows = torch.cat([h * dh + perm for h in range(c["num_heads"])])
-    sd = model.state_dict()
-    new = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"], "lm_head.weight": sd["lm_head.weight"]}
-    for i in range(c["num_layers"]):
-        p, q = f"layers.{i}.", f"model.layers.{i}."
-        new[q + "self_attn.q_proj.weight"] = sd[p + "attn.q_proj.weight"][rows]
-        new[q + "self_attn.k_proj.weight"] = sd[p + "attn.k_proj.weight"][rows]
-        new[q + "self_attn.v_proj.weight"] = sd[p + "attn.v_proj.weight"]
-        new[q + "self_attn.o_proj.weight"] = sd[p + "attn.output_proj.weight"]
-        new[q + "mlp.gate_proj.weight"] = sd[p + "ffn.w1.weight"]
-        new[q + "mlp.up_proj.weight"] = sd[p + "ffn.w3.weight"]
-        new[q + "mlp.down_proj.weight"] = sd[p + "ffn.w2.weight"]
-        new[q + "input_layernorm.weight"] = sd[p + "ln1.weight"]
-        new[q + "post_attention_layernorm.weight"] = sd[p + "ln2.weight"]
+    new = to_hf_llama_state_dict(model)
     missing, unexpected = hf.load_state_dict(new, strict=False)
     assert not unexpected and all("rotary" in k for k in missing)
     ids = random_ids(2, 20)
@@ -562,3 +548,9 @@ def test_rope_real_form_equals_complex_form():
     rope = RotaryEmbedding(10000.0, 8, 16)
     x = torch.randn(2, 3, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
     torch.testing.assert_close(_rotate_pairs_real(x, rope.cos.double(), rope.sin.double()), rope(x))
+
+
+def test_hf_export_refuses_an_ablation_it_cannot_map():
+    model = TransformerLM(64, 16, 32, 1, 4, 64, ffn="silu")
+    with pytest.raises(ValueError, match="default architecture"):
+        to_hf_llama_state_dict(model)

@@ -687,3 +687,44 @@ def flops_per_token(cfg: ModelConfig, seq_len: Optional[int] = None) -> int:
     ffn = 3 * d * cfg.d_ff if cfg.ffn == "swiglu" else 2 * d * cfg.ffn_hidden
     n_matmul = L * (4 * d * d + ffn) + cfg.vocab_size * d
     return 2 * n_matmul + 2 * 2 * L * T * d
+
+
+# --------------------------------------------------------------------------------------
+# Export to Hugging Face transformers
+# --------------------------------------------------------------------------------------
+
+
+def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
+    """The weights of ``model`` under HF ``LlamaForCausalLM``'s names, for a LlamaConfig with
+    hidden_size = d_model, intermediate_size = d_ff, num_key_value_heads = num_heads,
+    rms_norm_eps = norm_eps, rope theta = rope_theta, no biases, untied embeddings.
+
+    Only the default architecture maps (RMSNorm, pre-norm, RoPE, SwiGLU, untied). HF rotates
+    halves of each head (x[i], x[i + d_head/2]) where ferrolm rotates pairs (x[2i], x[2i+1]),
+    so each head's rows of W_Q and W_K are permuted, evens then odds: the logits are equal.
+    Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary buffers are not weights).
+    """
+    cfg = model.config
+    if (cfg.norm, cfg.norm_position, cfg.positions, cfg.ffn, cfg.tie_embeddings) != ("rms", "pre", "rope", "swiglu", False):
+        raise ValueError("only the default architecture (rms, pre-norm, rope, swiglu, untied) maps onto HF Llama")
+    dh = cfg.d_head
+    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
+    rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
+    sd = model.state_dict()
+    out = {
+        "model.embed_tokens.weight": sd["token_embeddings.weight"],
+        "model.norm.weight": sd["ln_final.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
+    names = {
+        "self_attn.v_proj": "attn.v_proj", "self_attn.o_proj": "attn.output_proj",
+        "mlp.gate_proj": "ffn.w1", "mlp.up_proj": "ffn.w3", "mlp.down_proj": "ffn.w2",
+        "input_layernorm": "ln1", "post_attention_layernorm": "ln2",
+    }
+    for i in range(cfg.num_layers):
+        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
+        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][rows.to(sd[ours + "attn.q_proj.weight"].device)]
+        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][rows.to(sd[ours + "attn.k_proj.weight"].device)]
+        for hf_name, name in names.items():
+            out[theirs + hf_name + ".weight"] = sd[ours + name + ".weight"]
+    return out
