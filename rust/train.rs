@@ -120,6 +120,13 @@ pub struct Stats {
     pub build_s: f64,
     /// The merge loop.
     pub merge_s: f64,
+    /// Of `build_s`, building the words alone.
+    pub words_s: f64,
+    /// Pruning in the merge loop (see `merge`): the first floor (1: none), exact
+    /// recounts of all pairs, and rescans of one symbol's pairs.
+    pub prune_floor: i64,
+    pub recounts: u32,
+    pub rescans: u32,
     pub bytes: u64,
     pub unique_pretokens: u64,
     pub words: u64,
@@ -338,6 +345,10 @@ impl Trainer {
         let merges = self.pool.install(|| learn_merges(words, num_merges, ctl, &mut times))?;
         self.stats.build_s = words_s + times.build_s;
         self.stats.merge_s = times.merge_s;
+        self.stats.words_s = words_s;
+        self.stats.prune_floor = times.floor;
+        self.stats.recounts = times.recounts;
+        self.stats.rescans = times.rescans;
         self.stats.merges = merges.len() as u64;
         Ok(merges)
     }
