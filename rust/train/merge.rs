@@ -797,6 +797,19 @@ fn learn_merges_with(
         // Apply the changes; pairs whose count rose get a fresh heap entry.
         let d0 = &mut deltas[0];
         for &(key, ref d) in d0.entries.iter() {
+            let (ka, kb) = unpack(key);
+            if !known_bytes && (ka == x || kb == x) {
+                // A pair of a new symbol is new: no lookup needed, and below the floor it
+                // is not tracked at all.
+                debug_assert!(pairs.get(key).is_none());
+                if d.count >= floor.max(1) {
+                    let mut list = WordList::with_capacity(d.n as usize);
+                    list.extend(d0.words(d.head));
+                    pairs.shard(key).insert(key, PairStats { count: d.count, words: list });
+                    heap.push(&tokens, (d.count, key));
+                }
+                continue;
+            }
             match pairs.shard(key).entry(key) {
                 Entry::Occupied(mut e) => {
                     let p = e.get_mut();
