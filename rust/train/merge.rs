@@ -112,6 +112,7 @@ impl Words {
             ));
         }
         let mut out = Words { data: Vec::with_capacity(total), n: 0 };
+        super::advise_huge_pages(&out.data);
         for p in parts.iter_mut() {
             out.data.extend_from_slice(&p.data);
             out.n += p.n;
