@@ -12,16 +12,19 @@
 //!   earlier merge already produced, both merges yield the same symbol, as in a
 //!   trainer that keeps pre-tokens as tuples of bytes.
 //! * Pruning. A pair's count never rises after the merge that creates it: the pairs a
-//!   merge creates all contain its new symbol, and every other pair only loses
-//!   occurrences. (The one exception, a merge whose bytes an earlier merge already
-//!   made, triggers an exact recount.) So a pair created with a count below `floor`
-//!   stays below it. While the best tracked pair has a count of at least `floor`, such
-//!   pairs can neither win nor tie, and need no entry, no heap slot and no word list.
-//!   After the first merges, `floor` is set from the counts seen so far, extrapolated
-//!   to the last merge with a safety margin; if the best tracked count ever falls
-//!   below it, all pairs are recounted from the words (exactly) under a lower floor.
-//!   Most pairs a merge creates are rare, so this keeps the pair table and the heap
-//!   small. The merges are the same as without pruning.
+//!   merge gains all contain its new symbol, and every other pair only loses
+//!   occurrences. So a pair created with a count below `floor` stays below it, and
+//!   while the best tracked pair has a count of at least `floor`, untracked pairs can
+//!   neither win nor tie: they need no entry, no heap slot and no word list.
+//!   Invariant: every untracked pair counts less than `floor`; tracked counts are
+//!   exact. After the first merges, `floor` is set from the counts seen so far,
+//!   extrapolated to the last merge with a safety margin. When no tracked pair is
+//!   left, all pairs are recounted from the words (exactly) and the floor is lowered to
+//!   at most the greatest count. The one exception to "never rises", a merge whose
+//!   bytes an earlier merge already made (its symbol is not new, so pairs with it may
+//!   have had untracked occurrences), is followed by an exact rescan of that symbol's
+//!   pairs. Most pairs a merge creates are rare, so this keeps the pair table and the
+//!   heap small. The merges are the same as without pruning.
 
 use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
