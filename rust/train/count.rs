@@ -145,7 +145,10 @@ impl ShortTable {
     #[cold]
     fn grow(&mut self) {
         let cap = (self.entries.len() * 2).max(1024);
-        let old = std::mem::replace(&mut self.entries, vec![Entry::default(); cap]);
+        let mut entries = Vec::with_capacity(cap);
+        super::advise_huge_pages(&entries);
+        entries.resize(cap, Entry::default());
+        let old = std::mem::replace(&mut self.entries, entries);
         self.len = 0;
         for e in old {
             if e.key[1] != 0 {
