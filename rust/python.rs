@@ -219,7 +219,18 @@ mod encoder_bindings {
                 specials.push(t.to_cow()?.into_owned());
             }
             let pattern = pattern.to_owned();
-            let enc = py.detach(move || Encoder::new(v, m, specials, &pattern)).map_err(encode_err)?;
+            let enc = py.detach(move || {
+                let enc = Encoder::new(v, m, specials, &pattern);
+                // The inputs and tables built on the way were many small allocations:
+                // give the pages they leave free back to the OS.
+                #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                // SAFETY: plain libc call.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+                enc
+            })
+            .map_err(encode_err)?;
             let ints = make_ints(py, enc.vocab_size())?;
             Ok(PyEncoder { inner: Arc::new(enc), ints })
         }
@@ -237,6 +248,30 @@ mod encoder_bindings {
         #[getter]
         fn pattern(&self) -> &str {
             self.inner.pattern()
+        }
+
+        /// {id: token bytes} for every id, special tokens included (the vocab given, plus
+        /// the special tokens appended to it), in id order.
+        fn vocab<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let d = PyDict::new(py);
+            for id in 0..self.inner.vocab_size() as u32 {
+                if let Some(b) = self.inner.token_bytes(id) {
+                    d.set_item(&self.ints[id as usize], PyBytes::new(py, b))?;
+                }
+            }
+            Ok(d)
+        }
+
+        /// [(left bytes, right bytes)] in rank order, as given.
+        fn merges<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+            let side = |id: u32| PyBytes::new(py, self.inner.token_bytes(id).expect("merge sides are tokens"));
+            let items: Vec<Bound<'py, PyTuple>> = self
+                .inner
+                .merge_ids()
+                .iter()
+                .map(|&(a, b)| PyTuple::new(py, [side(a), side(b)]))
+                .collect::<PyResult<_>>()?;
+            PyList::new(py, items)
         }
 
         /// [(token, id)] in the order given (ids of appended tokens included).

@@ -202,6 +202,18 @@ def test_surrogates_as_tiktoken(gpt2, tiktoken_gpt2):
         assert list(gpt2.encode_iterable(iter(s))) == want, repr(s)
 
 
+def test_encode_iterable_large_chunks_with_surrogates(gpt2, tiktoken_gpt2):
+    # encode_iterable feeds the core large chunks in parts; a surrogate pair at a cut stays
+    # joined and the ids equal those of the whole text.
+    from ferrolm.tokenizer import _FEED_MAX
+
+    for k in (_FEED_MAX - 2, _FEED_MAX - 1, _FEED_MAX, _FEED_MAX + 1):
+        s = "word " * (k // 5) + "x" * (k % 5) + "\ud83d\ude00 tail \ud800 " + "é" * (2 * _FEED_MAX + 3) + " end"
+        want = tiktoken_gpt2.encode(s)
+        assert list(gpt2.encode_iterable([s])) == want, k
+        assert list(gpt2.encode_iterable([s[:7], s[7:]])) == want, k
+
+
 def test_decode(gpt2):
     ids = gpt2.encode("héllo wörld ✓ 日本語")
     assert gpt2.decode(ids) == "héllo wörld ✓ 日本語"
