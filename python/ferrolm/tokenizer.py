@@ -295,8 +295,11 @@ class Tokenizer:
         """Token ids of ``text`` as a numpy array (uint16 or uint32; by default uint16 when the
         vocab fits), with no Python list in between. Large texts are encoded in parallel
         (``num_threads``: None = all cores, 1 = this thread); the ids do not depend on it."""
-        dt, itemsize = self._default_dtype if dtype is None and self._default_dtype is not None else self._dtype(dtype)
-        if num_threads is not None:
+        # The common case (default dtype, no or a valid thread count) without calls: this
+        # runs once per document when documents are encoded one at a time.
+        spec = self._default_dtype if dtype is None else None
+        dt, itemsize = spec if spec is not None else self._dtype(dtype)
+        if num_threads is not None and (num_threads.__class__ is not int or num_threads < 1):
             _check_threads(num_threads)
         try:
             buf = self._core.encode_to_buffer(text, True, itemsize, num_threads)
