@@ -297,7 +297,12 @@ impl PieceTable {
     }
 
     fn grow(&mut self) {
-        let size = (self.slots.len() * 2).max(16);
+        self.grow_to((self.slots.len() * 2).max(16));
+    }
+
+    /// Rehash into `size` slots (a power of two, larger than now).
+    fn grow_to(&mut self, size: usize) {
+        debug_assert!(size.is_power_of_two() && size > self.slots.len());
         let old = std::mem::replace(&mut self.slots, ZeroedBuf::new(size));
         self.mask = size - 1;
         for &s in old.iter() {
@@ -395,7 +400,14 @@ impl PieceCache {
             || self.table.side_bytes() - self.base_side + side > self.max_side
             || self.table.would_outgrow(piece.len(), self.max_slots)
         {
+            // The old table goes first, so that both are never held at once.
+            self.table = PieceTable::default();
             self.table = base.clone();
+        } else if piece.len() <= INLINE_KEY && self.table.full(self.table.count + 1) {
+            // The last two doublings in one step: a doubling holds the table and its
+            // double at once (1.5x the largest size at the last one; 1.25x this way).
+            let slots = self.table.slots.len();
+            self.table.grow_to(if slots * 4 >= self.max_slots { self.max_slots } else { slots * 2 });
         }
         self.table.insert(piece, ids);
     }
