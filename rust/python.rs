@@ -381,15 +381,20 @@ mod encoder_bindings {
             let all = run_detached(py, total, || self.inner.encode_batch(&strs, allow_special, num_threads));
             let total: usize = all.iter().map(Vec::len).sum();
             let ids = PyByteArray::new_with(py, total * itemsize, |buf| {
-                let mut at = 0;
+                // One tight (vectorizable) loop per document: this part runs on the calling
+                // thread after the parallel encode.
+                let mut rest = &mut buf[..];
                 for doc in &all {
-                    for &id in doc {
-                        if itemsize == 2 {
-                            buf[at..at + 2].copy_from_slice(&(id as u16).to_le_bytes());
-                        } else {
-                            buf[at..at + 4].copy_from_slice(&id.to_le_bytes());
+                    let (dst, tail) = std::mem::take(&mut rest).split_at_mut(doc.len() * itemsize);
+                    rest = tail;
+                    if itemsize == 2 {
+                        for (d, &id) in dst.chunks_exact_mut(2).zip(doc) {
+                            d.copy_from_slice(&(id as u16).to_le_bytes());
                         }
-                        at += itemsize;
+                    } else {
+                        for (d, &id) in dst.chunks_exact_mut(4).zip(doc) {
+                            d.copy_from_slice(&id.to_le_bytes());
+                        }
                     }
                 }
                 Ok(())

@@ -180,6 +180,9 @@ def test_encode_batch(gpt2, tiktoken_gpt2):
     ids, offsets = gpt2.encode_batch_to_numpy(docs, num_threads=2)
     assert ids.dtype == np.uint16 and offsets.dtype == np.int64 and len(offsets) == len(docs) + 1
     assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(docs))] == want
+    ids, offsets = gpt2.encode_batch_to_numpy(docs[:50] + [""], dtype=np.uint32, num_threads=1)
+    assert ids.dtype == np.uint32 and ids.tolist() == [t for w in want[:50] for t in w]
+    assert offsets.tolist()[-2:] == [len(ids), len(ids)]
     ids, offsets = gpt2.encode_batch_to_numpy([], dtype=np.uint32)
     assert ids.size == 0 and offsets.tolist() == [0]
 
