@@ -300,6 +300,7 @@ impl Encoder {
             enc.arena.extend_from_slice(s.as_bytes());
         }
         enc.specials = Specials::new(special_ids);
+        cache::register(enc.uid);
         Ok(enc)
     }
 

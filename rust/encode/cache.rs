@@ -8,7 +8,9 @@
 //! Slots are 32 bytes: keys of up to 16 bytes and up to 3 ids live inline (no pointer
 //! chase); longer keys and longer id lists go to side storage.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
 
@@ -416,6 +418,25 @@ impl PieceCache {
 thread_local! {
     /// Most recently used first.
     static CACHES: RefCell<Vec<PieceCache>> = const { RefCell::new(Vec::new()) };
+    /// The value of DROPS when this thread last dropped the tables of dead encoders.
+    static SEEN_DROPS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The encoders alive (their uids), and how many were dropped so far: a thread drops its
+/// tables of dropped encoders the next time it encodes (pool threads would otherwise keep
+/// them until they had used TABLES_PER_THREAD newer encoders).
+static LIVE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+static DROPS: AtomicU64 = AtomicU64::new(0);
+
+/// Record a new encoder.
+pub(crate) fn register(owner: u64) {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(owner);
+}
+
+/// The encoders whose tables this thread holds (tests).
+#[cfg(test)]
+pub(crate) fn owners() -> Vec<u64> {
+    CACHES.with(|c| c.borrow().iter().map(|t| t.owner).collect())
 }
 
 /// Run `f` with this thread's table for encoder `owner` (made from `base` the first
@@ -425,6 +446,11 @@ pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut P
     let mut f = Some(f);
     let done = CACHES.try_with(|cell| {
         let mut caches = cell.try_borrow_mut().ok()?;
+        let drops = DROPS.load(Ordering::Relaxed);
+        if SEEN_DROPS.with(|s| s.replace(drops)) != drops && !caches.is_empty() {
+            let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            caches.retain(|c| c.owner == owner || live.contains(&c.owner));
+        }
         match caches.iter().position(|c| c.owner == owner) {
             Some(0) => {}
             Some(i) => {
@@ -446,8 +472,11 @@ pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut P
     }
 }
 
-/// Forget the tables this thread holds for encoder `owner` (when the encoder is dropped).
+/// Encoder `owner` is dropped: forget its tables (this thread's now, other threads' when
+/// they next encode).
 pub(crate) fn forget(owner: u64) {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|&o| o != owner);
+    DROPS.fetch_add(1, Ordering::Relaxed);
     let _ = CACHES.try_with(|cell| {
         if let Ok(mut caches) = cell.try_borrow_mut() {
             caches.retain(|c| c.owner != owner);

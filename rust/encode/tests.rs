@@ -414,3 +414,27 @@ fn piece_cache_is_bounded() {
         assert_eq!(e.encode(&format!(" {w}"), false), want, "{w}");
     }
 }
+
+/// A thread drops its tables of an encoder dropped elsewhere the next time it encodes.
+#[test]
+fn tables_of_dropped_encoders_are_freed_on_other_threads() {
+    let a = std::sync::Arc::new(toy());
+    let b = toy();
+    let (to_worker, inbox) = std::sync::mpsc::channel::<Option<std::sync::Arc<Encoder>>>();
+    let (to_main, replies) = std::sync::mpsc::channel::<Vec<u64>>();
+    let worker = std::thread::spawn(move || {
+        while let Ok(Some(e)) = inbox.recv() {
+            e.encode("hello world", true);
+            to_main.send(cache::owners()).unwrap();
+        }
+    });
+    let (ua, ub) = (a.uid, b.uid);
+    to_worker.send(Some(a.clone())).unwrap();
+    assert_eq!(replies.recv().unwrap(), vec![ua]);
+    drop(a);
+    let b = std::sync::Arc::new(b);
+    to_worker.send(Some(b.clone())).unwrap();
+    assert_eq!(replies.recv().unwrap(), vec![ub]);
+    to_worker.send(None).unwrap();
+    worker.join().unwrap();
+}
