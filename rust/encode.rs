@@ -109,14 +109,15 @@ pub struct Encoder {
     base: cache::PieceTable,
     specials: Specials,
     pretok: PreTokenizer,
-    num_merges: usize,
+    /// The merges as given, (left id, right id) in rank order (duplicates kept).
+    merge_ids: Vec<(u32, u32)>,
 }
 
 impl fmt::Debug for Encoder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Encoder")
             .field("vocab_size", &self.vocab_size())
-            .field("merges", &self.num_merges)
+            .field("merges", &self.merge_ids.len())
             .field("specials", &self.specials.tokens())
             .field("pattern", &self.pretok.pattern())
             .finish()
@@ -243,6 +244,7 @@ impl Encoder {
             return Err(EncodeError::Merges("more than 2^32 merges".into()));
         }
         let mut joined = Vec::new();
+        let mut merge_ids = Vec::with_capacity(merges.len());
         for (rank, (a, b)) in merges.iter().enumerate() {
             let lookup = |t: &[u8], what: &str| -> Result<u32, EncodeError> {
                 by_bytes.get(t).copied().ok_or_else(|| {
@@ -261,6 +263,7 @@ impl Encoder {
             joined.extend_from_slice(b);
             let merged = lookup(&joined, "merged token")?;
             pairs.insert_new(left, right, ((rank as u64) << 32) | merged as u64);
+            merge_ids.push((left, right));
             produced.insert(merged);
         }
         // "The vocab is the cache": every token except the special tokens (unless a
@@ -286,7 +289,7 @@ impl Encoder {
             base: whole_map,
             specials: Specials::default(),
             pretok,
-            num_merges: merges.len(),
+            merge_ids,
         };
 
         // Appended specials extend the decode table.
@@ -297,6 +300,7 @@ impl Encoder {
             enc.arena.extend_from_slice(s.as_bytes());
         }
         enc.specials = Specials::new(special_ids);
+        cache::register(enc.uid);
         Ok(enc)
     }
 
@@ -307,7 +311,13 @@ impl Encoder {
 
     /// The number of merges.
     pub fn num_merges(&self) -> usize {
-        self.num_merges
+        self.merge_ids.len()
+    }
+
+    /// The merges as given, as (left id, right id) in rank order; the bytes of each side
+    /// are [`Encoder::token_bytes`] of its id.
+    pub fn merge_ids(&self) -> &[(u32, u32)] {
+        &self.merge_ids
     }
 
     /// Special tokens and their ids, in the order given.

@@ -45,12 +45,52 @@ mod encoder_bindings {
         obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
     }
 
-    /// The UTF-8 of a Python str; TypeError for other types, UnicodeEncodeError for
-    /// lone surrogates (the Python side then repairs the text as tiktoken does).
-    fn text_of<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<Cow<'a, str>> {
-        match obj.cast::<PyString>() {
-            Ok(s) => s.to_cow(),
-            Err(_) => Err(PyTypeError::new_err(format!("{what} expects str, got {}", type_name(obj)))),
+    #[cfg(unix)]
+    extern "C" {
+        // In CPython's ABI since 3.3 (and in the limited API since 3.10): the str's UTF-8
+        // form, kept in the str object (the text itself for ASCII strs; converted once per
+        // str otherwise). PyO3's abi3-py39 path encodes to a new bytes object and copies
+        // it on every call. Not used on Windows, where an abi3 module may only import the
+        // functions of the stable ABI of the oldest Python it supports.
+        fn PyUnicode_AsUTF8AndSize(unicode: *mut pyo3::ffi::PyObject, size: *mut pyo3::ffi::Py_ssize_t) -> *const std::os::raw::c_char;
+    }
+
+    /// The UTF-8 of a Python str, borrowed from it where possible; TypeError for other
+    /// types (`what` names the caller in the message), UnicodeEncodeError for lone
+    /// surrogates (the Python side then repairs the text as tiktoken does).
+    fn text_of<'a>(obj: &'a Bound<'_, PyAny>, what: impl FnOnce() -> String) -> PyResult<Cow<'a, str>> {
+        let s = match obj.cast::<PyString>() {
+            Ok(s) => s,
+            Err(_) => return Err(PyTypeError::new_err(format!("{} expects str, got {}", what(), type_name(obj)))),
+        };
+        #[cfg(unix)]
+        {
+            let mut size: pyo3::ffi::Py_ssize_t = 0;
+            // SAFETY: `s` is a str. The buffer returned belongs to the str object, which
+            // `obj` keeps alive for 'a, and CPython makes it valid UTF-8.
+            unsafe {
+                let p = PyUnicode_AsUTF8AndSize(s.as_ptr(), &mut size);
+                if p.is_null() {
+                    return Err(PyErr::fetch(obj.py()));
+                }
+                let bytes = std::slice::from_raw_parts(p as *const u8, size as usize);
+                Ok(Cow::Borrowed(std::str::from_utf8_unchecked(bytes)))
+            }
+        }
+        #[cfg(not(unix))]
+        s.to_cow()
+    }
+
+    /// Texts shorter than this are encoded without releasing the GIL (releasing and
+    /// taking it back costs more than encoding them).
+    const DETACH_MIN: usize = 1 << 14;
+
+    /// Run `f` with the GIL released, unless the input (`n` bytes) is small.
+    fn run_detached<T: pyo3::marker::Ungil>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + pyo3::marker::Ungil) -> T {
+        if n < DETACH_MIN {
+            f()
+        } else {
+            py.detach(f)
         }
     }
 
@@ -179,7 +219,18 @@ mod encoder_bindings {
                 specials.push(t.to_cow()?.into_owned());
             }
             let pattern = pattern.to_owned();
-            let enc = py.detach(move || Encoder::new(v, m, specials, &pattern)).map_err(encode_err)?;
+            let enc = py.detach(move || {
+                let enc = Encoder::new(v, m, specials, &pattern);
+                // The inputs and tables built on the way were many small allocations:
+                // give the pages they leave free back to the OS.
+                #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                // SAFETY: plain libc call.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+                enc
+            })
+            .map_err(encode_err)?;
             let ints = make_ints(py, enc.vocab_size())?;
             Ok(PyEncoder { inner: Arc::new(enc), ints })
         }
@@ -199,6 +250,30 @@ mod encoder_bindings {
             self.inner.pattern()
         }
 
+        /// {id: token bytes} for every id, special tokens included (the vocab given, plus
+        /// the special tokens appended to it), in id order.
+        fn vocab<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let d = PyDict::new(py);
+            for id in 0..self.inner.vocab_size() as u32 {
+                if let Some(b) = self.inner.token_bytes(id) {
+                    d.set_item(&self.ints[id as usize], PyBytes::new(py, b))?;
+                }
+            }
+            Ok(d)
+        }
+
+        /// [(left bytes, right bytes)] in rank order, as given.
+        fn merges<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+            let side = |id: u32| PyBytes::new(py, self.inner.token_bytes(id).expect("merge sides are tokens"));
+            let items: Vec<Bound<'py, PyTuple>> = self
+                .inner
+                .merge_ids()
+                .iter()
+                .map(|&(a, b)| PyTuple::new(py, [side(a), side(b)]))
+                .collect::<PyResult<_>>()?;
+            PyList::new(py, items)
+        }
+
         /// [(token, id)] in the order given (ids of appended tokens included).
         #[getter]
         fn special_tokens(&self) -> Vec<(String, u32)> {
@@ -208,8 +283,8 @@ mod encoder_bindings {
         /// Token ids of `text` as a list.
         #[pyo3(signature = (text, allow_special = true))]
         fn encode<'py>(&self, py: Python<'py>, text: &Bound<'py, PyAny>, allow_special: bool) -> PyResult<Bound<'py, PyList>> {
-            let s = text_of(text, "encode()")?;
-            let ids = py.detach(|| self.inner.encode(&s, allow_special));
+            let s = text_of(text, || "encode()".into())?;
+            let ids = run_detached(py, s.len(), || self.inner.encode(&s, allow_special));
             to_list(py, &self.ints, &ids)
         }
 
@@ -225,8 +300,8 @@ mod encoder_bindings {
             num_threads: Option<usize>,
         ) -> PyResult<Bound<'py, PyByteArray>> {
             self.check_itemsize(itemsize)?;
-            let s = text_of(text, "encode_to_numpy()")?;
-            let ids = py.detach(|| self.inner.encode_parallel(&s, allow_special, num_threads));
+            let s = text_of(text, || "encode_to_numpy()".into())?;
+            let ids = run_detached(py, s.len(), || self.inner.encode_parallel(&s, allow_special, num_threads));
             to_buffer(py, &ids, itemsize)
         }
 
@@ -267,10 +342,13 @@ mod encoder_bindings {
             }
             let objs: Vec<Bound<'py, PyAny>> = texts.try_iter()?.collect::<PyResult<_>>()?;
             let mut strs: Vec<Cow<'_, str>> = Vec::with_capacity(objs.len());
+            let mut total = 0;
             for (i, o) in objs.iter().enumerate() {
-                strs.push(text_of(o, &format!("encode_batch() item {i}:"))?);
+                let s = text_of(o, || format!("encode_batch() item {i}:"))?;
+                total += s.len();
+                strs.push(s);
             }
-            let all = py.detach(|| self.inner.encode_batch(&strs, allow_special, num_threads));
+            let all = run_detached(py, total, || self.inner.encode_batch(&strs, allow_special, num_threads));
             let lists: Vec<Bound<'py, PyList>> =
                 all.iter().map(|ids| to_list(py, &self.ints, ids)).collect::<PyResult<_>>()?;
             PyList::new(py, lists)
@@ -294,21 +372,29 @@ mod encoder_bindings {
             }
             let objs: Vec<Bound<'py, PyAny>> = texts.try_iter()?.collect::<PyResult<_>>()?;
             let mut strs: Vec<Cow<'_, str>> = Vec::with_capacity(objs.len());
+            let mut total = 0;
             for (i, o) in objs.iter().enumerate() {
-                strs.push(text_of(o, &format!("encode_batch() item {i}:"))?);
+                let s = text_of(o, || format!("encode_batch() item {i}:"))?;
+                total += s.len();
+                strs.push(s);
             }
-            let all = py.detach(|| self.inner.encode_batch(&strs, allow_special, num_threads));
+            let all = run_detached(py, total, || self.inner.encode_batch(&strs, allow_special, num_threads));
             let total: usize = all.iter().map(Vec::len).sum();
             let ids = PyByteArray::new_with(py, total * itemsize, |buf| {
-                let mut at = 0;
+                // One tight (vectorizable) loop per document: this part runs on the calling
+                // thread after the parallel encode.
+                let mut rest = &mut buf[..];
                 for doc in &all {
-                    for &id in doc {
-                        if itemsize == 2 {
-                            buf[at..at + 2].copy_from_slice(&(id as u16).to_le_bytes());
-                        } else {
-                            buf[at..at + 4].copy_from_slice(&id.to_le_bytes());
+                    let (dst, tail) = std::mem::take(&mut rest).split_at_mut(doc.len() * itemsize);
+                    rest = tail;
+                    if itemsize == 2 {
+                        for (d, &id) in dst.chunks_exact_mut(2).zip(doc) {
+                            d.copy_from_slice(&(id as u16).to_le_bytes());
                         }
-                        at += itemsize;
+                    } else {
+                        for (d, &id) in dst.chunks_exact_mut(4).zip(doc) {
+                            d.copy_from_slice(&id.to_le_bytes());
+                        }
                     }
                 }
                 Ok(())
@@ -385,8 +471,8 @@ mod encoder_bindings {
     #[pymethods]
     impl PyStreamEncoder {
         fn feed<'py>(&self, py: Python<'py>, chunk: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
-            let s = text_of(chunk, "encode_iterable()")?;
-            let ids = py.detach(|| {
+            let s = text_of(chunk, || "encode_iterable()".into())?;
+            let ids = run_detached(py, s.len(), || {
                 let mut out = Vec::new();
                 self.state.lock().unwrap_or_else(|e| e.into_inner()).push(&self.enc, &s, &mut out);
                 out

@@ -180,6 +180,9 @@ def test_encode_batch(gpt2, tiktoken_gpt2):
     ids, offsets = gpt2.encode_batch_to_numpy(docs, num_threads=2)
     assert ids.dtype == np.uint16 and offsets.dtype == np.int64 and len(offsets) == len(docs) + 1
     assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(docs))] == want
+    ids, offsets = gpt2.encode_batch_to_numpy(docs[:50] + [""], dtype=np.uint32, num_threads=1)
+    assert ids.dtype == np.uint32 and ids.tolist() == [t for w in want[:50] for t in w]
+    assert offsets.tolist()[-2:] == [len(ids), len(ids)]
     ids, offsets = gpt2.encode_batch_to_numpy([], dtype=np.uint32)
     assert ids.size == 0 and offsets.tolist() == [0]
 
@@ -200,6 +203,18 @@ def test_surrogates_as_tiktoken(gpt2, tiktoken_gpt2):
         assert gpt2.encode_to_numpy(s).tolist() == want
         # A surrogate pair split across chunks still joins.
         assert list(gpt2.encode_iterable(iter(s))) == want, repr(s)
+
+
+def test_encode_iterable_large_chunks_with_surrogates(gpt2, tiktoken_gpt2):
+    # encode_iterable feeds the core large chunks in parts; a surrogate pair at a cut stays
+    # joined and the ids equal those of the whole text.
+    from ferrolm.tokenizer import _FEED_MAX
+
+    for k in (_FEED_MAX - 2, _FEED_MAX - 1, _FEED_MAX, _FEED_MAX + 1):
+        s = "word " * (k // 5) + "x" * (k % 5) + "\ud83d\ude00 tail \ud800 " + "é" * (2 * _FEED_MAX + 3) + " end"
+        want = tiktoken_gpt2.encode(s)
+        assert list(gpt2.encode_iterable([s])) == want, k
+        assert list(gpt2.encode_iterable([s[:7], s[7:]])) == want, k
 
 
 def test_decode(gpt2):

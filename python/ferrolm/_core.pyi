@@ -46,6 +46,10 @@ class Encoder:
     @property
     def special_tokens(self) -> list[tuple[str, int]]:
         """(token, id) in the order given."""
+    def vocab(self) -> dict[int, bytes]:
+        """{id: token bytes}, special tokens included, in id order (a new dict)."""
+    def merges(self) -> list[tuple[bytes, bytes]]:
+        """The merges in rank order, as given (a new list)."""
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         """Ids of ``text``. UnicodeEncodeError for lone surrogates (the Tokenizer repairs them)."""
     def encode_to_buffer(self, text: str, allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> bytearray:

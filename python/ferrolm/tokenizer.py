@@ -36,6 +36,23 @@ def _is_high_surrogate(c: str) -> bool:
     return "\ud800" <= c <= "\udbff"
 
 
+# encode_iterable feeds the core at most this many chars at a time, so that the ids of one
+# feed (a list of 8-byte slots) stay small however large the chunks are.
+_FEED_MAX = 1 << 16
+
+
+def _split_chunk(chunk: str) -> Iterator[str]:
+    """``chunk`` in parts of about _FEED_MAX chars, never cut after a high surrogate (a
+    surrogate pair stays in one part, so repairing parts equals repairing the whole)."""
+    start, n = 0, len(chunk)
+    while start < n:
+        end = min(start + _FEED_MAX, n)
+        if end < n and _is_high_surrogate(chunk[end - 1]):
+            end += 1
+        yield chunk[start:end]
+        start = end
+
+
 def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
     if special_tokens is None:
         return []
@@ -86,15 +103,23 @@ class Tokenizer:
         specials = _check_special_tokens(special_tokens)
         source = patterns.resolve(pattern)
         self._core = _core.Encoder(vocab, merges, specials, source)
-        self._vocab: dict[int, bytes] = dict(vocab)
-        for s, i in self._core.special_tokens:
-            self._vocab.setdefault(i, s.encode("utf-8"))
-        self._merges: list[tuple[bytes, bytes]] = merges
+        # The vocab and merges are not kept in Python (GPT-2's take ~20 MB as Python
+        # objects): `_vocab` and `_merges` rebuild them from the compiled core when used.
         self._special_tokens = specials
         self._special_ids: dict[str, int] = dict(self._core.special_tokens)
         self._pattern = source
         self._fingerprint: str | None = None
         self._default_dtype = None
+
+    @property
+    def _vocab(self) -> dict[int, bytes]:
+        """id -> token bytes (special tokens included), a new dict built by the core."""
+        return self._core.vocab()
+
+    @property
+    def _merges(self) -> list[tuple[bytes, bytes]]:
+        """The merges in rank order, a new list built by the core."""
+        return self._core.merges()
 
     # ---- construction from and to files -------------------------------------------
 
@@ -148,15 +173,16 @@ class Tokenizer:
         if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
             raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
         n_merges = vocab_size - 256 - len(self._special_tokens)
-        if n_merges < 0 or n_merges > len(self._merges):
+        if n_merges < 0 or n_merges > self._core.num_merges:
             raise ValueError(
                 f"vocab_size {vocab_size} is out of range: it must be between {256 + len(self._special_tokens)} "
-                f"and {256 + len(self._special_tokens) + len(self._merges)} (256 bytes + merges + {len(self._special_tokens)} special tokens)"
+                f"and {256 + len(self._special_tokens) + self._core.num_merges} (256 bytes + merges + {len(self._special_tokens)} special tokens)"
             )
         merges = self._merges[:n_merges]
         id_of: dict[bytes, int] = {}
-        for i in sorted(self._vocab):
-            id_of.setdefault(self._vocab[i], i)
+        own = self._vocab
+        for i in sorted(own):
+            id_of.setdefault(own[i], i)
         kept = [bytes([b]) for b in range(256)] + [a + b for a, b in merges]
         old_ids = [id_of[t] for t in kept]
         if sorted(old_ids) == list(range(len(kept))):
@@ -177,11 +203,11 @@ class Tokenizer:
     @property
     def vocab(self) -> dict[int, bytes]:
         """id -> token bytes (a copy), special tokens included."""
-        return dict(self._vocab)
+        return self._vocab
 
     @property
     def merges(self) -> list[tuple[bytes, bytes]]:
-        return list(self._merges)
+        return self._merges
 
     @property
     def special_tokens(self) -> list[str]:
@@ -215,7 +241,7 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return (
-            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self._merges)}, "
+            f"Tokenizer(vocab_size={self.vocab_size}, merges={self._core.num_merges}, "
             f"special_tokens={self._special_tokens!r}, pattern={patterns.name_of(self._pattern)!r})"
         )
 
@@ -269,8 +295,11 @@ class Tokenizer:
         """Token ids of ``text`` as a numpy array (uint16 or uint32; by default uint16 when the
         vocab fits), with no Python list in between. Large texts are encoded in parallel
         (``num_threads``: None = all cores, 1 = this thread); the ids do not depend on it."""
-        dt, itemsize = self._default_dtype if dtype is None and self._default_dtype is not None else self._dtype(dtype)
-        if num_threads is not None:
+        # The common case (default dtype, no or a valid thread count) without calls: this
+        # runs once per document when documents are encoded one at a time.
+        spec = self._default_dtype if dtype is None else None
+        dt, itemsize = spec if spec is not None else self._dtype(dtype)
+        if num_threads is not None and (num_threads.__class__ is not int or num_threads < 1):
             _check_threads(num_threads)
         try:
             buf = self._core.encode_to_buffer(text, True, itemsize, num_threads)
@@ -328,11 +357,12 @@ class Tokenizer:
                 chunk, carry = carry + chunk, ""
             if chunk and isinstance(chunk, str) and _is_high_surrogate(chunk[-1]):
                 chunk, carry = chunk[:-1], chunk[-1]
-            try:
-                ids = stream.feed(chunk)
-            except UnicodeEncodeError:
-                ids = stream.feed(_repair(chunk))
-            yield from ids
+            for part in _split_chunk(chunk) if isinstance(chunk, str) and len(chunk) > _FEED_MAX else (chunk,):
+                try:
+                    ids = stream.feed(part)
+                except UnicodeEncodeError:
+                    ids = stream.feed(_repair(part))
+                yield from ids
         if carry:
             yield from stream.feed(_repair(carry))
         yield from stream.finish()
@@ -432,10 +462,11 @@ class Tokenizer:
     def _tiktoken_ranks(self) -> dict[bytes, int]:
         special = set(self._special_ids.values())
         ranks: dict[bytes, int] = {}
-        for i in sorted(self._vocab):
+        vocab = self._vocab
+        for i in sorted(vocab):
             if i in special:
                 continue
-            t = self._vocab[i]
+            t = vocab[i]
             if t in ranks:
                 raise ValueError(f"ids {ranks[t]} and {i} carry the same bytes {t!r}: tiktoken cannot represent this vocab")
             ranks[t] = i

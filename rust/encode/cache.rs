@@ -8,7 +8,9 @@
 //! Slots are 32 bytes: keys of up to 16 bytes and up to 3 ids live inline (no pointer
 //! chase); longer keys and longer id lists go to side storage.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
 
@@ -17,9 +19,15 @@ use super::hugebuf::{ZeroedBuf, Zeroable};
 /// Pieces longer than this are not cached (they rarely repeat).
 pub(crate) const MAX_CACHED_PIECE: usize = 128;
 /// A thread's table is reset to the base when it holds this many cached pieces ...
-const MAX_CACHED_PIECES: usize = 1 << 18;
-/// ... or this many ids outside the slots.
-const MAX_OVERFLOW_IDS: usize = 1 << 22;
+const MAX_CACHED_PIECES: usize = 1 << 20;
+/// ... or this many bytes outside its slots (ids of pieces of more than 3 ids, keys of
+/// more than 16 bytes) ...
+const MAX_SIDE_BYTES: usize = 4 << 20;
+/// ... or when its slot array would grow past this many slots (16 MiB), or past the
+/// base's size if that is larger.
+const MAX_SLOTS: usize = 1 << 19;
+/// Bookkeeping bytes counted per long key besides its bytes.
+const LONG_ENTRY_BYTES: usize = 48;
 /// Encoders whose tables a thread keeps at once.
 const TABLES_PER_THREAD: usize = 4;
 
@@ -107,7 +115,7 @@ pub(crate) struct Probe {
     n: u32,
 }
 
-/// Piece bytes -> ids. Open addressing, linear probing, load factor at most 1/2.
+/// Piece bytes -> ids. Open addressing, linear probing, load factor at most 3/4.
 #[derive(Clone, Default)]
 pub(crate) struct PieceTable {
     slots: ZeroedBuf<Slot>,
@@ -115,12 +123,27 @@ pub(crate) struct PieceTable {
     count: usize,
     overflow: Vec<u32>,
     long: FxHashMap<Box<[u8]>, (u32, u32)>,
+    /// Bytes of the keys in `long` (plus LONG_ENTRY_BYTES each).
+    long_bytes: usize,
 }
 
 impl PieceTable {
     pub(crate) fn with_capacity(n: usize) -> Self {
         let size = (n.max(8) * 2).next_power_of_two();
-        PieceTable { slots: ZeroedBuf::new(size), mask: size - 1, count: 0, overflow: Vec::new(), long: FxHashMap::default() }
+        PieceTable {
+            slots: ZeroedBuf::new(size),
+            mask: size - 1,
+            count: 0,
+            overflow: Vec::new(),
+            long: FxHashMap::default(),
+            long_bytes: 0,
+        }
+    }
+
+    /// Number of slots (for tests of the memory bound).
+    #[cfg(test)]
+    pub(crate) fn slots_len(&self) -> usize {
+        self.slots.len()
     }
 
     /// Number of pieces held.
@@ -128,9 +151,21 @@ impl PieceTable {
         self.count + self.long.len()
     }
 
-    /// Ids held outside the slots.
-    fn overflow_len(&self) -> usize {
-        self.overflow.len()
+    /// Bytes held outside the slots.
+    fn side_bytes(&self) -> usize {
+        self.overflow.len() * 4 + self.long_bytes
+    }
+
+    /// Whether inserting a key of `n` bytes would grow the slot array past `max_slots`.
+    fn would_outgrow(&self, n: usize, max_slots: usize) -> bool {
+        n <= INLINE_KEY && self.full(self.count + 1) && self.slots.len() * 2 > max_slots
+    }
+
+    /// Whether `count` keys exceed the load factor (3/4: the vocab's tokens, looked up most,
+    /// are inserted first and so sit at or next to their home slot).
+    #[inline]
+    fn full(&self, count: usize) -> bool {
+        count * 4 > self.slots.len() * load_quarters()
     }
 
     #[inline(always)]
@@ -230,10 +265,12 @@ impl PieceTable {
         if n > INLINE_KEY {
             let o = self.overflow.len() as u32;
             self.overflow.extend_from_slice(ids);
-            self.long.insert(key.into(), (o, ids.len() as u32));
+            if self.long.insert(key.into(), (o, ids.len() as u32)).is_none() {
+                self.long_bytes += n + LONG_ENTRY_BYTES;
+            }
             return;
         }
-        if (self.count + 1) * 2 > self.slots.len() {
+        if self.full(self.count + 1) {
             self.grow();
         }
         let (lo, hi) = pack(key);
@@ -262,7 +299,12 @@ impl PieceTable {
     }
 
     fn grow(&mut self) {
-        let size = (self.slots.len() * 2).max(16);
+        self.grow_to((self.slots.len() * 2).max(16));
+    }
+
+    /// Rehash into `size` slots (a power of two, larger than now).
+    fn grow_to(&mut self, size: usize) {
+        debug_assert!(size.is_power_of_two() && size > self.slots.len());
         let old = std::mem::replace(&mut self.slots, ZeroedBuf::new(size));
         self.mask = size - 1;
         for &s in old.iter() {
@@ -279,16 +321,58 @@ impl PieceTable {
 }
 
 /// One thread's table for one encoder: the encoder's base table plus cached pieces.
+///
+/// Its memory is bounded: when the cached pieces reach one of the limits above, the
+/// table goes back to the base (frequent pieces are cached again at once). Besides
+/// memory, a table that stays small stays in the CPU caches: the vocab's entries are
+/// the ones most looked up, and they are spread over the whole slot array.
 pub(crate) struct PieceCache {
     owner: u64,
     table: PieceTable,
     base_len: usize,
-    base_overflow: usize,
+    base_side: usize,
+    max_slots: usize,
+    max_side: usize,
+}
+
+/// The load factor in quarters (3; tests may set FERROLM_TEST_LOAD).
+#[inline(always)]
+fn load_quarters() -> usize {
+    #[cfg(test)]
+    {
+        static L: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *L.get_or_init(|| std::env::var("FERROLM_TEST_LOAD").ok().and_then(|v| v.parse().ok()).unwrap_or(3))
+    }
+    #[cfg(not(test))]
+    3
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Smaller bounds for this thread's new tables (tests of the resets).
+    static TEST_LIMITS: std::cell::Cell<Option<(usize, usize)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Make this thread's tables made from now on reset at `max_slots` slots and `max_side`
+/// side bytes (tests).
+#[cfg(test)]
+pub(crate) fn set_test_limits(max_slots: usize, max_side: usize) {
+    TEST_LIMITS.with(|l| l.set(Some((max_slots, max_side))));
 }
 
 impl PieceCache {
     fn new(owner: u64, base: &PieceTable) -> Self {
-        PieceCache { owner, table: base.clone(), base_len: base.len(), base_overflow: base.overflow_len() }
+        #[allow(unused_mut)]
+        let (mut max_slots, mut max_side) = (base.slots.len().max(MAX_SLOTS), MAX_SIDE_BYTES);
+        #[cfg(test)]
+        if let Some((a, b)) = TEST_LIMITS.with(|l| l.get()) {
+            (max_slots, max_side) = (base.slots.len().max(a), b);
+        }
+        #[cfg(test)]
+        if let Some(a) = std::env::var("FERROLM_TEST_SLOTS").ok().and_then(|v| v.parse::<usize>().ok()) {
+            max_slots = base.slots.len().max(a);
+        }
+        PieceCache { owner, table: base.clone(), base_len: base.len(), base_side: base.side_bytes(), max_slots, max_side }
     }
 
     #[inline(always)]
@@ -296,15 +380,36 @@ impl PieceCache {
         &self.table
     }
 
+    /// (slots, bytes outside the slots) now, and the bounds they stay within.
+    #[cfg(test)]
+    pub(crate) fn usage(&self) -> ((usize, usize), (usize, usize)) {
+        ((self.table.slots_len(), self.table.side_bytes() - self.base_side), (self.max_slots, self.max_side))
+    }
+
     /// Remember the ids of a piece that needed merges.
     pub(crate) fn insert(&mut self, base: &PieceTable, piece: &[u8], ids: &[u32]) {
         if piece.len() > MAX_CACHED_PIECE || ids.is_empty() {
             return;
         }
+        let side = if piece.len() > INLINE_KEY {
+            piece.len() + LONG_ENTRY_BYTES + ids.len() * 4
+        } else if ids.len() > INLINE_IDS {
+            ids.len() * 4
+        } else {
+            0
+        };
         if self.table.len() - self.base_len >= MAX_CACHED_PIECES
-            || self.table.overflow_len() - self.base_overflow + ids.len() > MAX_OVERFLOW_IDS
+            || self.table.side_bytes() - self.base_side + side > self.max_side
+            || self.table.would_outgrow(piece.len(), self.max_slots)
         {
+            // The old table goes first, so that both are never held at once.
+            self.table = PieceTable::default();
             self.table = base.clone();
+        } else if piece.len() <= INLINE_KEY && self.table.full(self.table.count + 1) {
+            // The last two doublings in one step: a doubling holds the table and its
+            // double at once (1.5x the largest size at the last one; 1.25x this way).
+            let slots = self.table.slots.len();
+            self.table.grow_to(if slots * 4 >= self.max_slots { self.max_slots } else { slots * 2 });
         }
         self.table.insert(piece, ids);
     }
@@ -313,6 +418,25 @@ impl PieceCache {
 thread_local! {
     /// Most recently used first.
     static CACHES: RefCell<Vec<PieceCache>> = const { RefCell::new(Vec::new()) };
+    /// The value of DROPS when this thread last dropped the tables of dead encoders.
+    static SEEN_DROPS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The encoders alive (their uids), and how many were dropped so far: a thread drops its
+/// tables of dropped encoders the next time it encodes (pool threads would otherwise keep
+/// them until they had used TABLES_PER_THREAD newer encoders).
+static LIVE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+static DROPS: AtomicU64 = AtomicU64::new(0);
+
+/// Record a new encoder.
+pub(crate) fn register(owner: u64) {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(owner);
+}
+
+/// The encoders whose tables this thread holds (tests).
+#[cfg(test)]
+pub(crate) fn owners() -> Vec<u64> {
+    CACHES.with(|c| c.borrow().iter().map(|t| t.owner).collect())
 }
 
 /// Run `f` with this thread's table for encoder `owner` (made from `base` the first
@@ -322,6 +446,11 @@ pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut P
     let mut f = Some(f);
     let done = CACHES.try_with(|cell| {
         let mut caches = cell.try_borrow_mut().ok()?;
+        let drops = DROPS.load(Ordering::Relaxed);
+        if SEEN_DROPS.with(|s| s.replace(drops)) != drops && !caches.is_empty() {
+            let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            caches.retain(|c| c.owner == owner || live.contains(&c.owner));
+        }
         match caches.iter().position(|c| c.owner == owner) {
             Some(0) => {}
             Some(i) => {
@@ -343,8 +472,11 @@ pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut P
     }
 }
 
-/// Forget the tables this thread holds for encoder `owner` (when the encoder is dropped).
+/// Encoder `owner` is dropped: forget its tables (this thread's now, other threads' when
+/// they next encode).
 pub(crate) fn forget(owner: u64) {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|&o| o != owner);
+    DROPS.fetch_add(1, Ordering::Relaxed);
     let _ = CACHES.try_with(|cell| {
         if let Ok(mut caches) = cell.try_borrow_mut() {
             caches.retain(|c| c.owner != owner);

@@ -190,11 +190,10 @@ fn piece_loop_speed() {
     struct Instant(f64);
     impl Instant {
         fn now() -> Self {
-            let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-            let rest = &stat[stat.rfind(')').unwrap() + 2..];
-            let f: Vec<&str> = rest.split(' ').collect();
-            let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-            Instant(ticks / 100.0)
+            let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: a valid timespec to fill.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            Instant(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
         }
         fn elapsed(&self) -> std::time::Duration {
             std::time::Duration::from_secs_f64(Instant::now().0 - self.0)
@@ -272,7 +271,7 @@ fn piece_loop_speed() {
     println!("build {:?}", t.elapsed());
     let text = std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
     let docs: Vec<&str> = text.split("\n<|endoftext|>\n").collect();
-    for round in 0..4 {
+    for round in 0..6 {
         let t = Instant::now();
         let mut n = 0;
         for d in &docs {
@@ -370,4 +369,72 @@ fn piece_table_all_lengths() {
     }
     assert_eq!(t.get(b""), None);
     assert_eq!(t.get(&[0u8, 0, 0]), None);
+}
+
+/// A thread's piece cache stays within its bounds however many distinct pieces it sees
+/// (it goes back to the vocab's table when full), and the ids stay right across resets.
+#[test]
+fn piece_cache_is_bounded() {
+    let merges: &[(&str, &str)] = &[("a", "b"), ("c", "d"), ("ab", "cd"), ("e", "f")];
+    let e = trained(merges, &[], "gpt2");
+    cache::set_test_limits(1 << 13, 1 << 14);
+    let mut words = Vec::new();
+    // Distinct pieces (letters only, so each is one pre-token), short and long ones.
+    let mut x: u64 = 1;
+    for i in 0..200_000u32 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = if i % 50 == 0 { 20 + (x % 90) as usize } else { 2 + (x % 14) as usize };
+        let w: String = (0..len).map(|k| (b'a' + ((x >> (k % 60)) % 6) as u8) as char).collect();
+        words.push(w);
+    }
+    let mut max_slots = 0;
+    let mut max_side = 0;
+    let mut bounds = (0, 0);
+    for chunk in words.chunks(997) {
+        let doc: String = chunk.iter().map(|w| format!(" {w}")).collect();
+        let ids = e.encode(&doc, false);
+        assert_eq!(e.decode(&ids).unwrap(), doc);
+        cache::with_cache(e.uid, &e.base, |c| {
+            let ((slots, side), b) = c.usage();
+            max_slots = max_slots.max(slots);
+            max_side = max_side.max(side);
+            bounds = b;
+        });
+    }
+    assert!(max_slots <= bounds.0, "{max_slots} slots > {}", bounds.0);
+    assert!(max_side <= bounds.1, "{max_side} side bytes > {}", bounds.1);
+    // Spot-check ids against the naive BPE after many resets.
+    for w in words.iter().step_by(1999) {
+        let want: Vec<u32> = naive(merges, &format!(" {w}"))
+            .iter()
+            .map(|t| if t.len() == 1 { t[0] as u32 } else { e.encode(std::str::from_utf8(t).unwrap(), false)[0] })
+            .collect();
+        assert_eq!(e.encode(&format!(" {w}"), false), want, "{w}");
+    }
+}
+
+/// A thread drops its tables of an encoder dropped elsewhere the next time it encodes.
+#[test]
+fn tables_of_dropped_encoders_are_freed_on_other_threads() {
+    let a = std::sync::Arc::new(toy());
+    let b = toy();
+    let (to_worker, inbox) = std::sync::mpsc::channel::<Option<std::sync::Arc<Encoder>>>();
+    let (to_main, replies) = std::sync::mpsc::channel::<Vec<u64>>();
+    let worker = std::thread::spawn(move || {
+        while let Ok(Some(e)) = inbox.recv() {
+            e.encode("hello world", true);
+            to_main.send(cache::owners()).unwrap();
+        }
+    });
+    let (ua, ub) = (a.uid, b.uid);
+    to_worker.send(Some(a.clone())).unwrap();
+    assert_eq!(replies.recv().unwrap(), vec![ua]);
+    drop(a);
+    let b = std::sync::Arc::new(b);
+    to_worker.send(Some(b.clone())).unwrap();
+    assert_eq!(replies.recv().unwrap(), vec![ub]);
+    to_worker.send(None).unwrap();
+    worker.join().unwrap();
 }
