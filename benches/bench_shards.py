@@ -9,7 +9,8 @@ vocabulary from ../shared/fixtures, <|endoftext|> = 50256. Every contender write
 bytes (checked by sha256 before timing): the whole file's ids, special tokens included, as
 `Tokenizer.encode(text)` gives them.
 
-* ferrolm: `ferrolm.shards.encode` (what `ferrolm encode` runs), --threads N and 1.
+* ferrolm: `ferrolm.shards.encode` (what `ferrolm encode` runs), --threads N and 1; "1 core" also pins
+  the process to one CPU, so that the reader thread and the encoder share it (single-core throughput).
 * gigatoken: `encode_files(TextFileSource([path], separator=b"<|endoftext|>"))` (documents
   between separators, run on all cores), then eos inserted between documents and written as
   uint16 (gigatoken has no file sink).
@@ -159,7 +160,10 @@ def run_child(argv) -> None:
     p.add_argument("--tokdir", required=True)
     p.add_argument("--ranks", required=True)
     p.add_argument("--no-hash", action="store_true")
+    p.add_argument("--one-core", action="store_true", help="pin the whole process (reader and encoder threads) to one CPU")
     args = p.parse_args(argv)
+    if args.one_core:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread starts: all inherit it
     import gc
 
     gc.disable()
@@ -253,7 +257,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per contender (median reported)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--big-gb", type=float, default=0.0, help="also run the memory check on the input repeated to ~this many GB")
-    ap.add_argument("--contenders", default="ferrolm,ferrolm-1t,ferrolm-nohash,gigatoken,tiktoken")
+    ap.add_argument("--contenders", default="ferrolm,ferrolm-1t,ferrolm-1core,ferrolm-nohash,gigatoken,tiktoken")
     ap.add_argument("--json", default=None, help="write the raw results here")
     args = ap.parse_args()
     work = Path(args.work)
@@ -266,6 +270,8 @@ def main() -> None:
     def spec(name):
         if name == "ferrolm-1t":
             return "ferrolm", 1, ()
+        if name == "ferrolm-1core":
+            return "ferrolm", 1, ("--one-core",)
         if name == "ferrolm-nohash":
             return "ferrolm", args.threads, ("--no-hash",)
         return name, args.threads, ()
@@ -304,7 +310,8 @@ def main() -> None:
     lines.append("| contender | encode+write (s) | MB/s | vs ferrolm | CPU s | MB per CPU-s | process wall (s) | set-up (s) | peak RSS (MB) |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = med("ferrolm", "encode_s") if "ferrolm" in results else None
-    label = {"ferrolm": f"ferrolm encode ({args.threads} threads)", "ferrolm-1t": "ferrolm encode (1 thread)",
+    label = {"ferrolm": f"ferrolm encode ({args.threads} threads)", "ferrolm-1t": "ferrolm encode (1 encoder thread; the reader thread on the other core)",
+             "ferrolm-1core": "ferrolm encode (1 thread, the process pinned to 1 core)",
              "ferrolm-nohash": f"ferrolm encode --no-hash ({args.threads} threads)",
              "gigatoken": "gigatoken encode_files + uint16 .bin", "tiktoken": f"tiktoken, nanoGPT-style ({args.threads} processes)"}
     for name in names:

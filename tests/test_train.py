@@ -236,14 +236,15 @@ def test_progress_bars(capsys):
 
 
 def test_ctrl_c_stops_training_quickly():
-    paths = [shared_file(f"corpora/webtext/{name}") for name in ("enwiki_2021_wikiextractor_part01.txt", "enwikinews_wikiextractor.txt")]
+    # ~300 MB (the two files 3 times over): counting alone lasts seconds even on a fast machine.
+    paths = [shared_file(f"corpora/webtext/{name}") for name in ("enwiki_2021_wikiextractor_part01.txt", "enwikinews_wikiextractor.txt")] * 3
     fired = []
 
     def interrupt():
         fired.append(time.perf_counter())
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
-    timer = threading.Timer(0.5, interrupt)
+    timer = threading.Timer(0.3, interrupt)
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
