@@ -294,7 +294,10 @@ def _journal_tokens(path: Path) -> int:
 
 def _start_and_kill(args, journal: Path, sig=signal.SIGKILL, min_tokens=1) -> int:
     """Start `ferrolm encode`, wait until its journal records progress, then send `sig`."""
-    proc = subprocess.Popen([sys.executable, "-m", "ferrolm", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a test run started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and Python then installs no handler.
+    proc = subprocess.Popen([sys.executable, "-m", "ferrolm", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
         if _journal_tokens(journal) >= min_tokens:

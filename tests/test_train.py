@@ -244,6 +244,8 @@ def test_ctrl_c_stops_training_quickly():
         fired.append(time.perf_counter())
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
+    # Ctrl-C's usual handler, also when the tests run in the background with SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, interrupt)
     timer.start()
     try:
@@ -252,6 +254,7 @@ def test_ctrl_c_stops_training_quickly():
         stopped = time.perf_counter()
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert fired, "training finished before the interrupt was sent"
     assert stopped - fired[0] < 1.0
 
