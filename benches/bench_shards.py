@@ -310,8 +310,8 @@ def main() -> None:
     lines.append("| contender | encode+write (s) | MB/s | vs ferrolm | CPU s | MB per CPU-s | process wall (s) | set-up (s) | peak RSS (MB) |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = med("ferrolm", "encode_s") if "ferrolm" in results else None
-    label = {"ferrolm": f"ferrolm encode ({args.threads} threads)", "ferrolm-1t": "ferrolm encode (1 encoder thread; the reader thread on the other core)",
-             "ferrolm-1core": "ferrolm encode (1 thread, the process pinned to 1 core)",
+    label = {"ferrolm": f"ferrolm encode ({args.threads} threads)", "ferrolm-1t": "ferrolm encode (1 encoder thread + reader)",
+             "ferrolm-1core": "ferrolm encode (1 thread, pinned to 1 core)",
              "ferrolm-nohash": f"ferrolm encode --no-hash ({args.threads} threads)",
              "gigatoken": "gigatoken encode_files + uint16 .bin", "tiktoken": f"tiktoken, nanoGPT-style ({args.threads} processes)"}
     for name in names:
