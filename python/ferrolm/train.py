@@ -635,10 +635,18 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                 print(msg, file=sys.stderr)
 
     bar = None
+    # A time-budgeted run usually ends at max_time_s long before max_steps: its bar counts
+    # seconds of the training clock, so that its ETA is the real one.
+    bar_by_time = cfg.schedule.schedule_by == "time" and cfg.schedule.max_time_s > 0
     if main and cfg.run.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.schedule.max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+        if bar_by_time:
+            total = float(cfg.schedule.max_time_s)
+            bar = tqdm(total=total, initial=min(time_s, total), desc="train", unit="s", dynamic_ncols=True, file=sys.stderr, mininterval=1.0,
+                       bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of training [{elapsed}<{remaining}{postfix}]")
+        else:
+            bar = tqdm(total=cfg.schedule.max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
 
     records: list[dict] = []
     status, message = "done", ""
@@ -759,12 +767,13 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                             if cfg.run.keep_best and step > 0:
                                 save_best(step)
                     if bar is not None:
-                        post = {"loss": f"{rec['train_loss']:.3f}" if rec["train_loss"] is not None else "-", "lr": f"{lr:.2e}"}
+                        post = {"step": step} if bar_by_time else {}
+                        post.update({"loss": f"{rec['train_loss']:.3f}" if rec["train_loss"] is not None else "-", "lr": f"{lr:.2e}"})
                         if rec["tokens_per_s"]:
                             post["tok/s"] = f"{rec['tokens_per_s']:,.0f}"
                         bar.set_postfix(post, refresh=False)
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(max(0.0, min(time_sync, bar.total) - bar.n) if bar_by_time else 1)
                 if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                     save(step, final=last)
                 if on_step is not None:
