@@ -85,6 +85,26 @@ mod encoder_bindings {
     /// taking it back costs more than encoding them).
     const DETACH_MIN: usize = 1 << 14;
 
+    /// The items of an `encode_batch` argument (any iterable of str, but not a str).
+    fn batch_items<'py>(texts: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        if texts.cast::<PyString>().is_ok() {
+            return Err(PyTypeError::new_err("encode_batch() expects a list of str, got a str"));
+        }
+        texts.try_iter()?.collect()
+    }
+
+    /// The UTF-8 of each item (borrowed where possible) and their total length in bytes.
+    fn batch_texts<'a>(objs: &'a [Bound<'_, PyAny>]) -> PyResult<(Vec<Cow<'a, str>>, usize)> {
+        let mut strs = Vec::with_capacity(objs.len());
+        let mut total = 0;
+        for (i, o) in objs.iter().enumerate() {
+            let s = text_of(o, || format!("encode_batch() item {i}:"))?;
+            total += s.len();
+            strs.push(s);
+        }
+        Ok((strs, total))
+    }
+
     /// Run `f` with the GIL released, unless the input (`n` bytes) is small.
     fn run_detached<T: pyo3::marker::Ungil>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + pyo3::marker::Ungil) -> T {
         if n < DETACH_MIN {
@@ -337,17 +357,8 @@ mod encoder_bindings {
             allow_special: bool,
             num_threads: Option<usize>,
         ) -> PyResult<Bound<'py, PyList>> {
-            if texts.cast::<PyString>().is_ok() {
-                return Err(PyTypeError::new_err("encode_batch() expects a list of str, got a str"));
-            }
-            let objs: Vec<Bound<'py, PyAny>> = texts.try_iter()?.collect::<PyResult<_>>()?;
-            let mut strs: Vec<Cow<'_, str>> = Vec::with_capacity(objs.len());
-            let mut total = 0;
-            for (i, o) in objs.iter().enumerate() {
-                let s = text_of(o, || format!("encode_batch() item {i}:"))?;
-                total += s.len();
-                strs.push(s);
-            }
+            let objs = batch_items(texts)?;
+            let (strs, total) = batch_texts(&objs)?;
             let all = run_detached(py, total, || self.inner.encode_batch(&strs, allow_special, num_threads));
             let lists: Vec<Bound<'py, PyList>> =
                 all.iter().map(|ids| to_list(py, &self.ints, ids)).collect::<PyResult<_>>()?;
@@ -367,17 +378,8 @@ mod encoder_bindings {
             num_threads: Option<usize>,
         ) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
             self.check_itemsize(itemsize)?;
-            if texts.cast::<PyString>().is_ok() {
-                return Err(PyTypeError::new_err("encode_batch() expects a list of str, got a str"));
-            }
-            let objs: Vec<Bound<'py, PyAny>> = texts.try_iter()?.collect::<PyResult<_>>()?;
-            let mut strs: Vec<Cow<'_, str>> = Vec::with_capacity(objs.len());
-            let mut total = 0;
-            for (i, o) in objs.iter().enumerate() {
-                let s = text_of(o, || format!("encode_batch() item {i}:"))?;
-                total += s.len();
-                strs.push(s);
-            }
+            let objs = batch_items(texts)?;
+            let (strs, total) = batch_texts(&objs)?;
             let all = run_detached(py, total, || self.inner.encode_batch(&strs, allow_special, num_threads));
             let total: usize = all.iter().map(Vec::len).sum();
             let ids = PyByteArray::new_with(py, total * itemsize, |buf| {

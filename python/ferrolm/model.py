@@ -711,6 +711,7 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
     perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
     rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
     sd = model.state_dict()
+    rows = rows.to(sd["lm_head.weight"].device)
     out = {
         "model.embed_tokens.weight": sd["token_embeddings.weight"],
         "model.norm.weight": sd["ln_final.weight"],
@@ -723,8 +724,8 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
     }
     for i in range(cfg.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][rows.to(sd[ours + "attn.q_proj.weight"].device)]
-        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][rows.to(sd[ours + "attn.k_proj.weight"].device)]
+        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][rows]
+        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][rows]
         for hf_name, name in names.items():
             out[theirs + hf_name + ".weight"] = sd[ours + name + ".weight"]
     return out
