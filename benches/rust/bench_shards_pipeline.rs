@@ -8,10 +8,12 @@
 //! and the pipeline with that encoder on 1 and on THREADS threads. Wall and CPU seconds
 //! (getrusage of the process), median of 3.
 
+#[path = "gpt2.rs"]
+mod gpt2;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ferrolm::encode::Encoder;
 use ferrolm::shards::{encode_to_shard, Dtype, EncodeJob, InputSpec, TextEncoder, Utf8Errors};
 
 fn cpu_seconds() -> f64 {
@@ -21,51 +23,9 @@ fn cpu_seconds() -> f64 {
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
-/// GPT-2's byte-to-unicode map, inverted.
-fn unicode_to_byte() -> std::collections::HashMap<char, u8> {
-    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).collect();
-    printable.extend(0xA1..=0xAC);
-    printable.extend(0xAE..=0xFF);
-    let mut map = std::collections::HashMap::new();
-    let mut extra = 0;
-    for b in 0..256u32 {
-        let c = if printable.contains(&b) {
-            b
-        } else {
-            extra += 1;
-            255 + extra
-        };
-        map.insert(char::from_u32(c).unwrap(), b as u8);
-    }
-    map
-}
-
-fn load_gpt2(vocab: &str, merges: &str) -> Encoder {
-    let u2b = unicode_to_byte();
-    let tok = |s: &str| -> Vec<u8> { s.chars().map(|c| u2b[&c]).collect() };
-    let v: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(vocab).unwrap()).unwrap();
-    let vocab: Vec<(u64, Vec<u8>)> = v
-        .iter()
-        .map(|(k, id)| {
-            let bytes = if k == "<|endoftext|>" { k.as_bytes().to_vec() } else { tok(k) };
-            (id.as_u64().unwrap(), bytes)
-        })
-        .collect();
-    let merges: Vec<(Vec<u8>, Vec<u8>)> = std::fs::read_to_string(merges)
-        .unwrap()
-        .lines()
-        .filter(|l| !l.is_empty() && !l.starts_with("#version"))
-        .map(|l| {
-            let (a, b) = l.split_once(' ').unwrap();
-            (tok(a), tok(b))
-        })
-        .collect();
-    Encoder::new(vocab, merges, vec!["<|endoftext|>".into()], "gpt2").unwrap()
-}
-
 fn job(input: &str, threads: usize) -> EncodeJob {
-    let out = std::env::temp_dir().join(format!("ferrolm-bench-pipeline-{}.bin", std::process::id()));
+    let out =
+        std::env::temp_dir().join(format!("ferrolm-bench-pipeline-{}.bin", std::process::id()));
     EncodeJob {
         inputs: vec![InputSpec::detect(PathBuf::from(input), None)],
         out_bin: out,
@@ -78,7 +38,13 @@ fn job(input: &str, threads: usize) -> EncodeJob {
         window: 0,
         part: None,
         newline_cuts: true,
-        params: format!("bench {}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()),
+        params: format!(
+            "bench {}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ),
         commit_interval: Duration::from_secs(5),
         hash: true,
     }
@@ -109,18 +75,29 @@ fn run_pipeline<E: TextEncoder + ?Sized>(input: &str, threads: usize, enc: &E) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let input = args.first().expect("usage: bench_shards_pipeline FILE [VOCAB MERGES] [THREADS]").clone();
+    let input = args
+        .first()
+        .expect("usage: bench_shards_pipeline FILE [VOCAB MERGES] [THREADS]")
+        .clone();
     let bytes = std::fs::metadata(&input).unwrap().len();
     let threads: usize = args.get(3).and_then(|t| t.parse().ok()).unwrap_or(2);
-    println!("{input}: {:.1} MB, pipeline threads {threads}", bytes as f64 / 1e6);
+    println!(
+        "{input}: {:.1} MB, pipeline threads {threads}",
+        bytes as f64 / 1e6
+    );
 
     let nothing = |_: &str, _: &mut Vec<u32>| {};
-    measure("pipeline, encoder emits nothing (1 thread)", bytes, || run_pipeline(&input, 1, &nothing));
-    let trivial = |t: &str, out: &mut Vec<u32>| out.extend(t.as_bytes().chunks(4).map(|c| c[0] as u32));
-    measure("pipeline, one id per 4 bytes (1 thread)", bytes, || run_pipeline(&input, 1, &trivial));
+    measure("pipeline, encoder emits nothing (1 thread)", bytes, || {
+        run_pipeline(&input, 1, &nothing)
+    });
+    let trivial =
+        |t: &str, out: &mut Vec<u32>| out.extend(t.as_bytes().chunks(4).map(|c| c[0] as u32));
+    measure("pipeline, one id per 4 bytes (1 thread)", bytes, || {
+        run_pipeline(&input, 1, &trivial)
+    });
 
     if args.len() >= 3 {
-        let enc = load_gpt2(&args[1], &args[2]);
+        let enc = gpt2::load(&args[1], &args[2]);
         // FERROLM_BENCH_PIPELINE_ONLY: skip the in-memory row (it holds the whole text).
         if std::env::var_os("FERROLM_BENCH_PIPELINE_ONLY").is_none() {
             let text = std::fs::read_to_string(&input).unwrap();
@@ -131,7 +108,13 @@ fn main() {
                 enc.encode_into(&text, true, &mut ids);
             });
         }
-        measure("pipeline with the GPT-2 encoder, 1 thread", bytes, || run_pipeline(&input, 1, &enc));
-        measure(&format!("pipeline with the GPT-2 encoder, {threads} threads"), bytes, || run_pipeline(&input, threads, &enc));
+        measure("pipeline with the GPT-2 encoder, 1 thread", bytes, || {
+            run_pipeline(&input, 1, &enc)
+        });
+        measure(
+            &format!("pipeline with the GPT-2 encoder, {threads} threads"),
+            bytes,
+            || run_pipeline(&input, threads, &enc),
+        );
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
 
-use super::hugebuf::{ZeroedBuf, Zeroable};
+use super::hugebuf::{Zeroable, ZeroedBuf};
 
 /// Pieces longer than this are not cached (they rarely repeat).
 pub(crate) const MAX_CACHED_PIECE: usize = 128;
@@ -53,7 +53,11 @@ const MASK_LO: [u64; 17] = {
     let mut m = [0u64; 17];
     let mut i = 0;
     while i <= 16 {
-        m[i] = if i >= 8 { u64::MAX } else { (1u64 << (8 * i)) - 1 };
+        m[i] = if i >= 8 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * i)) - 1
+        };
         i += 1;
     }
     m
@@ -88,7 +92,11 @@ fn pack(key: &[u8]) -> (u64, u64) {
     let rd8 = |i: usize| u64::from_le_bytes(key[i..i + 8].try_into().unwrap());
     let rd4 = |i: usize| u32::from_le_bytes(key[i..i + 4].try_into().unwrap()) as u64;
     if n >= 8 {
-        let hi = if n == 8 { 0 } else { rd8(n - 8) >> (8 * (16 - n)) };
+        let hi = if n == 8 {
+            0
+        } else {
+            rd8(n - 8) >> (8 * (16 - n))
+        };
         (rd8(0), hi)
     } else if n >= 4 {
         (rd4(0) | (rd4(n - 4) << (8 * (n - 4))), 0)
@@ -102,8 +110,10 @@ fn pack(key: &[u8]) -> (u64, u64) {
 
 #[inline(always)]
 fn hash(lo: u64, hi: u64, len: usize) -> u64 {
-    let h = (lo ^ (hi.rotate_left(23) ^ len as u64).wrapping_mul(K2)).wrapping_mul(K1);
-    h ^ (h >> 29)
+    // A folded 64 x 64 -> 128-bit multiply: every input bit reaches the low bits used
+    // as the slot index.
+    let p = ((lo ^ K1) as u128).wrapping_mul((hi ^ K2 ^ ((len as u64) << 56)) as u128);
+    (p as u64) ^ ((p >> 64) as u64)
 }
 
 /// A prepared lookup (see [`PieceTable::probe`]).
@@ -185,10 +195,20 @@ impl PieceTable {
     pub(crate) fn probe(&self, key: &[u8]) -> Probe {
         let n = key.len();
         if n == 0 || n > INLINE_KEY {
-            return Probe { lo: 0, hi: 0, hash: 0, n: u32::MAX };
+            return Probe {
+                lo: 0,
+                hi: 0,
+                hash: 0,
+                n: u32::MAX,
+            };
         }
         let (lo, hi) = pack(key);
-        Probe { lo, hi, hash: hash(lo, hi, n), n: n as u32 }
+        Probe {
+            lo,
+            hi,
+            hash: hash(lo, hi, n),
+            n: n as u32,
+        }
     }
 
     /// [`PieceTable::probe`] of `text[start..start + len]`, reading 16 bytes at once and
@@ -204,7 +224,12 @@ impl PieceTable {
                     std::ptr::read_unaligned(p.add(8) as *const u64).to_le() & MASK_HI[len],
                 )
             };
-            return Probe { lo, hi, hash: hash(lo, hi, len), n: len as u32 };
+            return Probe {
+                lo,
+                hi,
+                hash: hash(lo, hi, len),
+                n: len as u32,
+            };
         }
         self.probe(&text[start..start + len])
     }
@@ -255,17 +280,26 @@ impl PieceTable {
         if key.is_empty() || self.long.is_empty() {
             return None;
         }
-        self.long.get(key).map(|&(o, c)| &self.overflow[o as usize..(o + c) as usize])
+        self.long
+            .get(key)
+            .map(|&(o, c)| &self.overflow[o as usize..(o + c) as usize])
     }
 
     /// Insert or replace; `ids` is not empty.
     pub(crate) fn insert(&mut self, key: &[u8], ids: &[u32]) {
         let n = key.len();
-        assert!(n > 0 && !ids.is_empty() && ids.len() < (1 << 24), "bad piece table entry");
+        assert!(
+            n > 0 && !ids.is_empty() && ids.len() < (1 << 24),
+            "bad piece table entry"
+        );
         if n > INLINE_KEY {
             let o = self.overflow.len() as u32;
             self.overflow.extend_from_slice(ids);
-            if self.long.insert(key.into(), (o, ids.len() as u32)).is_none() {
+            if self
+                .long
+                .insert(key.into(), (o, ids.len() as u32))
+                .is_none()
+            {
                 self.long_bytes += n + LONG_ENTRY_BYTES;
             }
             return;
@@ -274,7 +308,12 @@ impl PieceTable {
             self.grow();
         }
         let (lo, hi) = pack(key);
-        let mut slot = Slot { lo, hi, meta: n as u32 | ((ids.len() as u32) << COUNT_SHIFT), ids: [0; INLINE_IDS] };
+        let mut slot = Slot {
+            lo,
+            hi,
+            meta: n as u32 | ((ids.len() as u32) << COUNT_SHIFT),
+            ids: [0; INLINE_IDS],
+        };
         if ids.len() <= INLINE_IDS {
             slot.ids[..ids.len()].copy_from_slice(ids);
         } else {
@@ -341,7 +380,12 @@ fn load_quarters() -> usize {
     #[cfg(test)]
     {
         static L: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *L.get_or_init(|| std::env::var("FERROLM_TEST_LOAD").ok().and_then(|v| v.parse().ok()).unwrap_or(3))
+        *L.get_or_init(|| {
+            std::env::var("FERROLM_TEST_LOAD")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(3)
+        })
     }
     #[cfg(not(test))]
     3
@@ -369,10 +413,20 @@ impl PieceCache {
             (max_slots, max_side) = (base.slots.len().max(a), b);
         }
         #[cfg(test)]
-        if let Some(a) = std::env::var("FERROLM_TEST_SLOTS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        if let Some(a) = std::env::var("FERROLM_TEST_SLOTS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
             max_slots = base.slots.len().max(a);
         }
-        PieceCache { owner, table: base.clone(), base_len: base.len(), base_side: base.side_bytes(), max_slots, max_side }
+        PieceCache {
+            owner,
+            table: base.clone(),
+            base_len: base.len(),
+            base_side: base.side_bytes(),
+            max_slots,
+            max_side,
+        }
     }
 
     #[inline(always)]
@@ -383,7 +437,13 @@ impl PieceCache {
     /// (slots, bytes outside the slots) now, and the bounds they stay within.
     #[cfg(test)]
     pub(crate) fn usage(&self) -> ((usize, usize), (usize, usize)) {
-        ((self.table.slots_len(), self.table.side_bytes() - self.base_side), (self.max_slots, self.max_side))
+        (
+            (
+                self.table.slots_len(),
+                self.table.side_bytes() - self.base_side,
+            ),
+            (self.max_slots, self.max_side),
+        )
     }
 
     /// Remember the ids of a piece that needed merges.
@@ -409,7 +469,11 @@ impl PieceCache {
             // The last two doublings in one step: a doubling holds the table and its
             // double at once (1.5x the largest size at the last one; 1.25x this way).
             let slots = self.table.slots.len();
-            self.table.grow_to(if slots * 4 >= self.max_slots { self.max_slots } else { slots * 2 });
+            self.table.grow_to(if slots * 4 >= self.max_slots {
+                self.max_slots
+            } else {
+                slots * 2
+            });
         }
         self.table.insert(piece, ids);
     }
@@ -442,7 +506,11 @@ pub(crate) fn owners() -> Vec<u64> {
 /// Run `f` with this thread's table for encoder `owner` (made from `base` the first
 /// time; a thread keeps the tables of its last few encoders). Re-entrant calls get a
 /// temporary table.
-pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut PieceCache) -> R) -> R {
+pub(crate) fn with_cache<R>(
+    owner: u64,
+    base: &PieceTable,
+    f: impl FnOnce(&mut PieceCache) -> R,
+) -> R {
     let mut f = Some(f);
     let done = CACHES.try_with(|cell| {
         let mut caches = cell.try_borrow_mut().ok()?;
@@ -475,7 +543,9 @@ pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut P
 /// Encoder `owner` is dropped: forget its tables (this thread's now, other threads' when
 /// they next encode).
 pub(crate) fn forget(owner: u64) {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|&o| o != owner);
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|&o| o != owner);
     DROPS.fetch_add(1, Ordering::Relaxed);
     let _ = CACHES.try_with(|cell| {
         if let Ok(mut caches) = cell.try_borrow_mut() {

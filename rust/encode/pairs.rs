@@ -1,7 +1,7 @@
 //! The merge table: (left id, right id) -> (rank << 32 | merged id), open addressing
 //! with the key and value side by side in one 16-byte slot (one cache line per lookup).
 
-use super::hugebuf::{ZeroedBuf, Zeroable};
+use super::hugebuf::{Zeroable, ZeroedBuf};
 
 /// Keys are stored complemented, so that the all-zero slot is empty (no real key is
 /// u64::MAX: ids are below 2^32 - 1).
@@ -39,7 +39,11 @@ fn hash(k: u64) -> usize {
 impl PairTable {
     pub(crate) fn with_capacity(n: usize) -> Self {
         let size = (n.max(8) * 2).next_power_of_two();
-        PairTable { slots: ZeroedBuf::new(size), mask: size - 1, count: 0 }
+        PairTable {
+            slots: ZeroedBuf::new(size),
+            mask: size - 1,
+            count: 0,
+        }
     }
 
     /// Insert unless present; returns whether it was inserted.

@@ -14,7 +14,10 @@ pub type ThreadCount = Option<usize>;
 
 fn pool(n: usize) -> Arc<rayon::ThreadPool> {
     static POOLS: OnceLock<Mutex<FxHashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
-    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut pools = POOLS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     pools
         .entry(n)
         .or_insert_with(|| {
@@ -51,12 +54,78 @@ pub(super) fn encode_batch<S: AsRef<str> + Sync>(
     threads: ThreadCount,
 ) -> Vec<Vec<u32>> {
     if effective_threads(threads) <= 1 || texts.len() <= 1 {
-        return texts.iter().map(|t| enc.encode(t.as_ref(), allow_special)).collect();
+        return texts
+            .iter()
+            .map(|t| enc.encode(t.as_ref(), allow_special))
+            .collect();
     }
-    run_with_threads(threads, || texts.par_iter().map(|t| enc.encode(t.as_ref(), allow_special)).collect())
+    run_with_threads(threads, || {
+        texts
+            .par_iter()
+            .map(|t| enc.encode(t.as_ref(), allow_special))
+            .collect()
+    })
 }
 
-pub(super) fn encode_parallel(enc: &Encoder, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<u32> {
+/// The ids of consecutive texts of a batch, back to back: text `i` of the group has
+/// `ids[ends[i - 1]..ends[i]]` (from 0 for the first).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BatchIds {
+    pub ids: Vec<u32>,
+    pub ends: Vec<usize>,
+}
+
+/// Texts of about this many bytes make one task of a parallel batch.
+const GROUP_BYTES: usize = 1 << 18;
+
+pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync>(
+    enc: &Encoder,
+    texts: &[S],
+    allow_special: bool,
+    threads: ThreadCount,
+) -> Vec<BatchIds> {
+    let encode_group = |group: &[S]| {
+        let bytes: usize = group.iter().map(|t| t.as_ref().len()).sum();
+        let mut out = BatchIds {
+            ids: Vec::with_capacity(bytes / 4 + 16),
+            ends: Vec::with_capacity(group.len()),
+        };
+        for t in group {
+            enc.encode_into(t.as_ref(), allow_special, &mut out.ids);
+            out.ends.push(out.ids.len());
+        }
+        out
+    };
+    let n = effective_threads(threads);
+    if n <= 1 || texts.len() <= 1 {
+        return vec![encode_group(texts)];
+    }
+    // Contiguous groups of about GROUP_BYTES, at least 4 per thread when there is enough.
+    let total: usize = texts.iter().map(|t| t.as_ref().len()).sum();
+    let target = (total / (4 * n)).clamp(1, GROUP_BYTES);
+    let mut groups: Vec<&[S]> = Vec::new();
+    let (mut start, mut acc) = (0, 0);
+    for (i, t) in texts.iter().enumerate() {
+        acc += t.as_ref().len();
+        if acc >= target {
+            groups.push(&texts[start..=i]);
+            (start, acc) = (i + 1, 0);
+        }
+    }
+    if start < texts.len() {
+        groups.push(&texts[start..]);
+    }
+    run_with_threads(threads, || {
+        groups.par_iter().map(|g| encode_group(g)).collect()
+    })
+}
+
+pub(super) fn encode_parallel(
+    enc: &Encoder,
+    text: &str,
+    allow_special: bool,
+    threads: ThreadCount,
+) -> Vec<u32> {
     let n = effective_threads(threads);
     if n <= 1 || text.len() < (1 << 20) {
         return enc.encode(text, allow_special);
@@ -69,8 +138,12 @@ pub(super) fn encode_parallel(enc: &Encoder, text: &str, allow_special: bool, th
         parts.push(&text[at..c]);
         at = c;
     }
-    let encoded: Vec<Vec<u32>> =
-        run_with_threads(threads, || parts.par_iter().map(|p| enc.encode(p, allow_special)).collect());
+    let encoded: Vec<Vec<u32>> = run_with_threads(threads, || {
+        parts
+            .par_iter()
+            .map(|p| enc.encode(p, allow_special))
+            .collect()
+    });
     let mut out = Vec::with_capacity(encoded.iter().map(Vec::len).sum());
     for e in encoded {
         out.extend_from_slice(&e);
@@ -88,14 +161,22 @@ impl Encoder {
 }
 
 /// Sorted cut positions (exclusive of 0 and `text.len()`), about `every` bytes apart.
-pub(super) fn safe_cuts(enc: &Encoder, text: &str, allow_special: bool, every: usize) -> Vec<usize> {
+pub(super) fn safe_cuts(
+    enc: &Encoder,
+    text: &str,
+    allow_special: bool,
+    every: usize,
+) -> Vec<usize> {
     let bytes = text.as_bytes();
     let every = every.max(1);
     let builtin = enc.has_builtin_pattern();
     // Special-token matches are hard boundaries (when specials are in force) and must
     // not be cut through.
     let matches: Vec<(usize, usize)> = if allow_special && !enc.specials.is_empty() {
-        enc.specials.find_iter(text).map(|(s, e, _)| (s, e)).collect()
+        enc.specials
+            .find_iter(text)
+            .map(|(s, e, _)| (s, e))
+            .collect()
     } else {
         Vec::new()
     };
@@ -107,7 +188,9 @@ pub(super) fn safe_cuts(enc: &Encoder, text: &str, allow_special: bool, every: u
             mi += 1;
         }
         // The next special boundary at or after target.
-        let special_cut = matches.get(mi).map(|&(s, e)| if s >= target { s } else { e });
+        let special_cut = matches
+            .get(mi)
+            .map(|&(s, e)| if s >= target { s } else { e });
         // The next pre-tokenizer-safe position at or after target, outside any match.
         let mut pretok_cut = None;
         if builtin {

@@ -1,0 +1,73 @@
+//! Where the encoder's time goes, one thread, no Python (for perf):
+//!
+//!     cargo run --profile fast --example encode_profile -- FILE VOCAB_JSON MERGES_TXT [REPS]
+//!
+//! Rows: the pre-tokenizer alone, then `Encoder::encode_into` once per document
+//! (documents split on <|endoftext|>), each the best of REPS runs after a warm-up.
+
+#[path = "gpt2.rs"]
+mod gpt2;
+
+use std::time::Instant;
+
+fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [input, vocab, merges] = [&args[0], &args[1], &args[2]];
+    let reps: usize = args.get(3).and_then(|r| r.parse().ok()).unwrap_or(5);
+    let text = std::fs::read_to_string(input).unwrap();
+    let docs: Vec<&str> = text
+        .split("<|endoftext|>")
+        .filter(|d| !d.is_empty())
+        .collect();
+    let mb = text.len() as f64 / 1e6;
+    let enc = gpt2::load(vocab, merges);
+    let pre = ferrolm::pretokenize::PreTokenizer::new("gpt2").unwrap();
+    let mut pieces = 0usize;
+    let t = best(reps, || {
+        pieces = 0;
+        for d in &docs {
+            pre.for_each_piece_range(d, |_, _| pieces += 1);
+        }
+    });
+    println!(
+        "pre-tokenizer only      {:7.1} MB/s  ({pieces} pieces)",
+        mb / t
+    );
+    let mut ids = Vec::new();
+    let t = best(reps, || {
+        for d in &docs {
+            ids.clear();
+            enc.encode_into(d, true, &mut ids);
+        }
+    });
+    println!(
+        "encode_into per document {:7.1} MB/s  ({} documents)",
+        mb / t,
+        docs.len()
+    );
+    let t = best(reps, || {
+        let all: Vec<Vec<u32>> = docs.iter().map(|d| enc.encode(d, true)).collect();
+        std::hint::black_box(all);
+    });
+    println!("encode per document, kept {:7.1} MB/s", mb / t);
+    let t = best(reps, || {
+        ids.clear();
+        enc.encode_into(&text, true, &mut ids);
+    });
+    println!(
+        "encode_into, whole text  {:7.1} MB/s  ({} ids)",
+        mb / t,
+        ids.len()
+    );
+}
