@@ -423,16 +423,24 @@ impl Encoder {
         cache: &mut cache::PieceCache,
         out: &mut Vec<u32>,
     ) {
+        let n = ranges.len().min(PIECE_BATCH);
         let mut probes = [cache::Probe::default(); PIECE_BATCH];
         {
             let table = cache.table();
-            for (p, &(s, e)) in probes.iter_mut().zip(ranges) {
-                *p = table.probe_at(text, s, e - s);
-                table.prefetch(p);
+            for i in 0..n {
+                let (s, e) = ranges[i];
+                probes[i] = table.probe_at(text, s, e - s);
+                table.prefetch(&probes[i]);
             }
         }
-        out.reserve(ranges.len());
-        for (p, &(s, e)) in probes.iter().zip(ranges) {
+        out.reserve(n);
+        for i in 0..n {
+            let p = &probes[i];
+            if let Some(id) = cache.table().get_home_single(p) {
+                out.push(id);
+                continue;
+            }
+            let (s, e) = ranges[i];
             let piece = &text[s..e];
             match cache.table().get_probed(p, piece) {
                 Some(&[id]) => out.push(id),

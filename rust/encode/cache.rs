@@ -268,6 +268,16 @@ impl PieceTable {
         }
     }
 
+    /// The id of a piece that is one token and sits in its home slot (most lookups of
+    /// real text), else None (then use [`PieceTable::get_probed`]).
+    #[inline(always)]
+    pub(crate) fn get_home_single(&self, p: &Probe) -> Option<u32> {
+        // SAFETY: the index is masked to slots.len() - 1.
+        let s = unsafe { self.slots.get_unchecked(p.hash as usize & self.mask) };
+        // A long-key probe has n = u32::MAX, which no meta equals.
+        (s.meta == p.n | (1 << COUNT_SHIFT) && s.lo == p.lo && s.hi == p.hi).then_some(s.ids[0])
+    }
+
     #[inline(always)]
     pub(crate) fn get(&self, key: &[u8]) -> Option<&[u32]> {
         let p = self.probe(key);
