@@ -1,5 +1,12 @@
 //! The merge table: (left id, right id) -> (rank << 32 | merged id), open addressing
 //! with the key and value side by side in one 16-byte slot (one cache line per lookup).
+//!
+//! Merging a piece not seen before is a chain of dependent lookups here (each merge
+//! makes the next pairs to look up), and the full table (2 MiB for GPT-2) is mostly not
+//! in the CPU's L2. Two small structures in front of it answer most lookups from L2:
+//! a bit filter of all merge pairs (a clear bit: no merge, about a quarter of the lookups
+//! of merging), and an 8-byte-slot copy of the first HOT_RANKS merges (most of the rest)
+//! when ids fit in 16 bits.
 
 use super::hugebuf::{Zeroable, ZeroedBuf};
 
@@ -23,6 +30,43 @@ pub(crate) struct PairTable {
     slots: ZeroedBuf<Slot>,
     mask: usize,
     count: usize,
+    /// Bit `hash & FILTER_MASK` is set for every merge pair.
+    filter: ZeroedBuf<u64>,
+    /// The merges of rank < HOT_RANKS whose ids are < 2^16: key !(left << 16 | right),
+    /// value rank << 16 | merged id; 0 is empty.
+    hot: ZeroedBuf<HotSlot>,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct HotSlot {
+    key: u32,
+    val: u32,
+}
+
+// SAFETY: plain integers; all zeros is the empty slot.
+unsafe impl Zeroable for HotSlot {}
+// SAFETY: plain integers.
+unsafe impl Zeroable for u64 {}
+
+/// Merges kept in the hot table (their slots: twice as many, 8 bytes each: 256 KiB).
+const HOT_RANKS: u64 = 1 << 14;
+const HOT_SLOTS: usize = 2 * HOT_RANKS as usize;
+/// Bits of the filter (128 KiB).
+const FILTER_BITS: usize = 1 << 20;
+
+#[inline(always)]
+fn hot_key(left: u32, right: u32) -> Option<u32> {
+    if (left | right) >> 16 != 0 {
+        return None;
+    }
+    let k = !((left << 16) | right);
+    (k != 0).then_some(k)
+}
+
+#[inline(always)]
+fn hot_index(h: usize) -> usize {
+    (h >> 20) & (HOT_SLOTS - 1)
 }
 
 #[inline(always)]
@@ -43,6 +87,8 @@ impl PairTable {
             slots: ZeroedBuf::new(size),
             mask: size - 1,
             count: 0,
+            filter: ZeroedBuf::new(FILTER_BITS / 64),
+            hot: ZeroedBuf::new(HOT_SLOTS),
         }
     }
 
@@ -59,6 +105,7 @@ impl PairTable {
             if s.key == EMPTY {
                 *s = Slot { key: k, val };
                 self.count += 1;
+                self.add_front(left, right, val);
                 return true;
             }
             if s.key == k {
@@ -83,10 +130,50 @@ impl PairTable {
         }
     }
 
+    /// Record a new merge in the filter and, if it qualifies, the hot table.
+    fn add_front(&mut self, left: u32, right: u32, val: u64) {
+        let h = hash(key(left, right));
+        self.filter[(h % FILTER_BITS) / 64] |= 1 << (h % 64);
+        let (rank, merged) = (val >> 32, val as u32);
+        let Some(k) = hot_key(left, right) else {
+            return;
+        };
+        if rank >= HOT_RANKS || merged >> 16 != 0 {
+            return;
+        }
+        let mut i = hot_index(h);
+        while self.hot[i].key != 0 {
+            i = (i + 1) & (HOT_SLOTS - 1);
+        }
+        self.hot[i] = HotSlot {
+            key: k,
+            val: ((rank as u32) << 16) | merged,
+        };
+    }
+
     #[inline(always)]
     pub(crate) fn get(&self, left: u32, right: u32) -> u64 {
         let k = key(left, right);
-        let mut i = hash(k) & self.mask;
+        let h = hash(k);
+        // SAFETY: the index is below FILTER_BITS / 64.
+        if unsafe { *self.filter.get_unchecked((h % FILTER_BITS) / 64) } & (1 << (h % 64)) == 0 {
+            return NO_MERGE;
+        }
+        if let Some(hk) = hot_key(left, right) {
+            let mut i = hot_index(h);
+            loop {
+                // SAFETY: i is masked to HOT_SLOTS - 1.
+                let s = unsafe { self.hot.get_unchecked(i) };
+                if s.key == hk {
+                    return ((s.val >> 16) as u64) << 32 | (s.val & 0xFFFF) as u64;
+                }
+                if s.key == 0 {
+                    break;
+                }
+                i = (i + 1) & (HOT_SLOTS - 1);
+            }
+        }
+        let mut i = h & self.mask;
         loop {
             // SAFETY: i is masked to slots.len() - 1.
             let s = unsafe { self.slots.get_unchecked(i) };
@@ -106,8 +193,22 @@ impl PairTable {
         // SAFETY: the index is masked; prefetch never faults.
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let i = hash(key(left, right)) & self.mask;
-            _mm_prefetch(self.slots.as_ptr().add(i) as *const i8, _MM_HINT_T0);
+            let h = hash(key(left, right));
+            _mm_prefetch(
+                self.filter.as_ptr().add((h % FILTER_BITS) / 64) as *const i8,
+                _MM_HINT_T0,
+            );
+            if hot_key(left, right).is_some() {
+                _mm_prefetch(
+                    self.hot.as_ptr().add(hot_index(h)) as *const i8,
+                    _MM_HINT_T0,
+                );
+            } else {
+                _mm_prefetch(
+                    self.slots.as_ptr().add(h & self.mask) as *const i8,
+                    _MM_HINT_T0,
+                );
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (left, right);
