@@ -214,3 +214,41 @@ impl PairTable {
         let _ = (left, right);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustc_hash::FxHashMap;
+
+    /// The filter and the hot table change no answer: ids below and above 2^16, ranks
+    /// below and above HOT_RANKS, repeated pairs (the first rank wins), absent pairs.
+    #[test]
+    fn front_tables_answer_like_the_full_table() {
+        let mut t = PairTable::with_capacity(16);
+        let mut want: FxHashMap<(u32, u32), u64> = FxHashMap::default();
+        let mut x = 12345u64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % m) as u32
+        };
+        for rank in 0..40_000u64 {
+            let (l, r) = if rank % 3 == 0 { (next(300), next(300)) } else { (next(200_000), next(70_000)) };
+            let merged = if rank % 5 == 0 { 70_000 + rank as u32 } else { 256 + rank as u32 };
+            let val = (rank << 32) | merged as u64;
+            let first = !want.contains_key(&(l, r));
+            assert_eq!(t.insert_new(l, r, val), first);
+            want.entry((l, r)).or_insert(val);
+        }
+        t.insert_new(0xFFFF, 0xFFFF, (7 << 32) | 9); // the one pair the hot table cannot key
+        want.entry((0xFFFF, 0xFFFF)).or_insert((7 << 32) | 9);
+        for (&(l, r), &v) in &want {
+            assert_eq!(t.get(l, r), v, "pair ({l}, {r})");
+        }
+        for _ in 0..100_000 {
+            let (l, r) = (next(200_000), next(200_000));
+            assert_eq!(t.get(l, r), want.get(&(l, r)).copied().unwrap_or(NO_MERGE));
+        }
+    }
+}
