@@ -436,8 +436,7 @@ impl Encoder {
         out.reserve(n);
         for i in 0..n {
             let p = &probes[i];
-            if let Some(id) = cache.table().get_home_single(p) {
-                out.push(id);
+            if cache.table().emit_home(p, out) {
                 continue;
             }
             let (s, e) = ranges[i];

@@ -268,14 +268,31 @@ impl PieceTable {
         }
     }
 
-    /// The id of a piece that is one token and sits in its home slot (most lookups of
-    /// real text), else None (then use [`PieceTable::get_probed`]).
+    /// Append the ids of a piece that sits in its home slot with its ids inline (at most
+    /// 3: most lookups of real text) to `out`; false if it does not (then use
+    /// [`PieceTable::get_probed`]).
     #[inline(always)]
-    pub(crate) fn get_home_single(&self, p: &Probe) -> Option<u32> {
+    pub(crate) fn emit_home(&self, p: &Probe, out: &mut Vec<u32>) -> bool {
         // SAFETY: the index is masked to slots.len() - 1.
         let s = unsafe { self.slots.get_unchecked(p.hash as usize & self.mask) };
-        // A long-key probe has n = u32::MAX, which no meta equals.
-        (s.meta == p.n | (1 << COUNT_SHIFT) && s.lo == p.lo && s.hi == p.hi).then_some(s.ids[0])
+        // A long-key probe has n = u32::MAX, which no key length equals.
+        if s.meta & 0xFF != p.n || s.lo != p.lo || s.hi != p.hi {
+            return false;
+        }
+        match s.meta >> COUNT_SHIFT {
+            1 => out.push(s.ids[0]),
+            2 => {
+                out.push(s.ids[0]);
+                out.push(s.ids[1]);
+            }
+            3 => {
+                out.push(s.ids[0]);
+                out.push(s.ids[1]);
+                out.push(s.ids[2]);
+            }
+            _ => return false,
+        }
+        true
     }
 
     #[inline(always)]

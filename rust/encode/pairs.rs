@@ -234,8 +234,16 @@ mod tests {
             (x % m) as u32
         };
         for rank in 0..40_000u64 {
-            let (l, r) = if rank % 3 == 0 { (next(300), next(300)) } else { (next(200_000), next(70_000)) };
-            let merged = if rank % 5 == 0 { 70_000 + rank as u32 } else { 256 + rank as u32 };
+            let (l, r) = if rank % 3 == 0 {
+                (next(300), next(300))
+            } else {
+                (next(200_000), next(70_000))
+            };
+            let merged = if rank % 5 == 0 {
+                70_000 + rank as u32
+            } else {
+                256 + rank as u32
+            };
             let val = (rank << 32) | merged as u64;
             let first = !want.contains_key(&(l, r));
             assert_eq!(t.insert_new(l, r, val), first);
