@@ -567,6 +567,17 @@ impl Encoder {
         parallel::encode_batch_grouped(self, texts, allow_special, threads)
     }
 
+    /// [`Encoder::encode_parallel`] without the final concatenation: the ids of
+    /// consecutive parts of `text` (one part when it is encoded on one thread).
+    pub fn encode_parallel_parts(
+        &self,
+        text: &str,
+        allow_special: bool,
+        threads: ThreadCount,
+    ) -> Vec<Vec<u32>> {
+        parallel::encode_parallel_parts(self, text, allow_special, threads)
+    }
+
     /// Encode one large text on several threads: it is cut where the result cannot
     /// change (at special tokens, and for the built-in patterns before a space that
     /// follows a non-space ASCII character), the parts are encoded in parallel and

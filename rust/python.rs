@@ -192,6 +192,41 @@ mod encoder_bindings {
         }
     }
 
+    /// The ids of consecutive `parts` as one buffer (see `write_ids`); large ones are
+    /// converted on all cores with the GIL released when `parallel` (the buffer is new:
+    /// no other thread can see it yet).
+    fn parts_to_buffer<'py>(
+        py: Python<'py>,
+        parts: &[&[u32]],
+        itemsize: usize,
+        parallel: bool,
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        use rayon::prelude::*;
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        PyByteArray::new_with(py, total * itemsize, |buf| {
+            let mut slices: Vec<&mut [u8]> = Vec::with_capacity(parts.len());
+            let mut rest = buf;
+            for p in parts {
+                let (dst, tail) = std::mem::take(&mut rest).split_at_mut(p.len() * itemsize);
+                slices.push(dst);
+                rest = tail;
+            }
+            if parallel && parts.len() > 1 && total >= 1 << 18 {
+                py.detach(|| {
+                    slices
+                        .into_par_iter()
+                        .zip(parts.par_iter())
+                        .for_each(|(dst, p)| write_ids(dst, p, itemsize))
+                });
+            } else {
+                for (dst, p) in slices.into_iter().zip(parts) {
+                    write_ids(dst, p, itemsize);
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn to_buffer<'py>(
         py: Python<'py>,
         ids: &[u32],
@@ -421,8 +456,12 @@ mod encoder_bindings {
                     to_buffer(py, ids, itemsize)
                 });
             }
-            let ids = py.detach(|| self.inner.encode_parallel(&s, allow_special, num_threads));
-            to_buffer(py, &ids, itemsize)
+            let parts = py.detach(|| {
+                self.inner
+                    .encode_parallel_parts(&s, allow_special, num_threads)
+            });
+            let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
+            parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))
         }
 
         /// Read a UTF-8 file (invalid bytes replaced by U+FFFD) and encode it whole,
@@ -437,7 +476,7 @@ mod encoder_bindings {
             num_threads: Option<usize>,
         ) -> PyResult<Bound<'py, PyByteArray>> {
             self.check_itemsize(itemsize)?;
-            let ids = py.detach(|| -> std::io::Result<Vec<u32>> {
+            let parts = py.detach(|| -> std::io::Result<Vec<Vec<u32>>> {
                 let data = std::fs::read(&path)?;
                 let text = match String::from_utf8(data) {
                     Ok(t) => t,
@@ -445,9 +484,10 @@ mod encoder_bindings {
                 };
                 Ok(self
                     .inner
-                    .encode_parallel(&text, allow_special, num_threads))
+                    .encode_parallel_parts(&text, allow_special, num_threads))
             })?;
-            to_buffer(py, &ids, itemsize)
+            let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
+            parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))
         }
 
         /// Encode each text (in parallel over texts); a list of lists.
@@ -495,19 +535,8 @@ mod encoder_bindings {
                 self.inner
                     .encode_batch_grouped(&strs, allow_special, num_threads)
             });
-            let total: usize = groups.iter().map(|g| g.ids.len()).sum();
-            let ids = PyByteArray::new_with(py, total * itemsize, |buf| {
-                // One tight (vectorizable) loop per group: this part runs on the calling
-                // thread after the parallel encode.
-                let mut rest = &mut buf[..];
-                for g in &groups {
-                    let (dst, tail) =
-                        std::mem::take(&mut rest).split_at_mut(g.ids.len() * itemsize);
-                    rest = tail;
-                    write_ids(dst, &g.ids, itemsize);
-                }
-                Ok(())
-            })?;
+            let parts: Vec<&[u32]> = groups.iter().map(|g| g.ids.as_slice()).collect();
+            let ids = parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))?;
             let offsets = PyByteArray::new_with(py, (strs.len() + 1) * 8, |buf| {
                 let mut at = 8;
                 buf[..8].copy_from_slice(&0u64.to_le_bytes());

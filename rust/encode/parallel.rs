@@ -126,9 +126,26 @@ pub(super) fn encode_parallel(
     allow_special: bool,
     threads: ThreadCount,
 ) -> Vec<u32> {
+    let parts = encode_parallel_parts(enc, text, allow_special, threads);
+    if parts.len() == 1 {
+        return parts.into_iter().next().unwrap_or_default();
+    }
+    let mut out = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+    for p in parts {
+        out.extend_from_slice(&p);
+    }
+    out
+}
+
+pub(super) fn encode_parallel_parts(
+    enc: &Encoder,
+    text: &str,
+    allow_special: bool,
+    threads: ThreadCount,
+) -> Vec<Vec<u32>> {
     let n = effective_threads(threads);
     if n <= 1 || text.len() < (1 << 20) {
-        return enc.encode(text, allow_special);
+        return vec![enc.encode(text, allow_special)];
     }
     let every = (text.len() / (n * 8)).max(1 << 20);
     let cuts = safe_cuts(enc, text, allow_special, every);
@@ -138,17 +155,12 @@ pub(super) fn encode_parallel(
         parts.push(&text[at..c]);
         at = c;
     }
-    let encoded: Vec<Vec<u32>> = run_with_threads(threads, || {
+    run_with_threads(threads, || {
         parts
             .par_iter()
             .map(|p| enc.encode(p, allow_special))
             .collect()
-    });
-    let mut out = Vec::with_capacity(encoded.iter().map(Vec::len).sum());
-    for e in encoded {
-        out.extend_from_slice(&e);
-    }
-    out
+    })
 }
 
 impl Encoder {
