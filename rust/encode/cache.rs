@@ -156,6 +156,13 @@ impl PieceTable {
         self.slots.len()
     }
 
+    /// The first slot probed for a key of hash `h`: the first of the two slots of a
+    /// 64-byte line, so that a key one slot from home is in the same (prefetched) line.
+    #[inline(always)]
+    fn home(&self, h: u64) -> usize {
+        h as usize & self.mask & !1
+    }
+
     /// Number of pieces held.
     pub(crate) fn len(&self) -> usize {
         self.count + self.long.len()
@@ -241,7 +248,7 @@ impl PieceTable {
             // SAFETY: the index is masked to the table size; prefetch never faults anyway.
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                let at = p.hash as usize & self.mask;
+                let at = self.home(p.hash);
                 _mm_prefetch(self.slots.as_ptr().add(at) as *const i8, _MM_HINT_T0);
             }
         }
@@ -254,7 +261,7 @@ impl PieceTable {
         if p.n == u32::MAX {
             return self.get_long(key);
         }
-        let mut i = p.hash as usize & self.mask;
+        let mut i = self.home(p.hash);
         loop {
             // SAFETY: i is masked to slots.len() - 1.
             let s = unsafe { self.slots.get_unchecked(i) };
@@ -268,17 +275,29 @@ impl PieceTable {
         }
     }
 
-    /// Append the ids of a piece that sits in its home slot with its ids inline (at most
-    /// 3: most lookups of real text) to `out`; false if it does not (then use
-    /// [`PieceTable::get_probed`]).
+    /// Append the ids of a piece that sits in its home line (the two slots of
+    /// [`PieceTable::home`]) with its ids inline (at most 3): most lookups of real text;
+    /// false if it does not (then use [`PieceTable::get_probed`]).
     #[inline(always)]
     pub(crate) fn emit_home(&self, p: &Probe, out: &mut Vec<u32>) -> bool {
-        // SAFETY: the index is masked to slots.len() - 1.
-        let s = unsafe { self.slots.get_unchecked(p.hash as usize & self.mask) };
+        let home = self.home(p.hash);
         // A long-key probe has n = u32::MAX, which no key length equals.
-        if s.meta & 0xFF != p.n || s.lo != p.lo || s.hi != p.hi {
+        let hit = |s: &Slot| s.meta & 0xFF == p.n && s.lo == p.lo && s.hi == p.hi;
+        // SAFETY: home is even and masked, so home + 1 <= mask: both are in the table,
+        // and in the same 64-byte line.
+        let (s0, s1) = unsafe {
+            (
+                self.slots.get_unchecked(home),
+                self.slots.get_unchecked(home + 1),
+            )
+        };
+        let s = if hit(s0) {
+            s0
+        } else if hit(s1) {
+            s1
+        } else {
             return false;
-        }
+        };
         match s.meta >> COUNT_SHIFT {
             1 => out.push(s.ids[0]),
             2 => {
@@ -348,7 +367,7 @@ impl PieceTable {
             slot.ids[1] = ids.len() as u32;
             self.overflow.extend_from_slice(ids);
         }
-        let mut i = hash(lo, hi, n) as usize & self.mask;
+        let mut i = self.home(hash(lo, hi, n));
         loop {
             let s = &mut self.slots[i];
             if s.meta == 0 {
@@ -377,7 +396,7 @@ impl PieceTable {
             if s.meta == 0 {
                 continue;
             }
-            let mut i = hash(s.lo, s.hi, (s.meta & 0xFF) as usize) as usize & self.mask;
+            let mut i = self.home(hash(s.lo, s.hi, (s.meta & 0xFF) as usize));
             while self.slots[i].meta != 0 {
                 i = (i + 1) & self.mask;
             }
