@@ -48,6 +48,10 @@ def main() -> None:
         if not FILES[name].exists():
             raise SystemExit(f"missing corpus file {FILES[name]} (see ../shared/corpora/SOURCES.md)")
 
+    try:
+        import gigatoken  # noqa: F401
+    except ImportError:
+        raise SystemExit("gigatoken is not installed: pip install gigatoken (a bench extra)")
     ferro, giga = load("ferrolm-np", 2), load("gigatoken", 2)
     print(f"# ferrolm vs gigatoken, paired rounds in one process ({args.rounds} rounds per mode)\n")
     print("| file | mode | ferrolm MB/s | gigatoken MB/s | ratio, median of rounds | range | rounds ferrolm >= gigatoken |")

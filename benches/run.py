@@ -91,6 +91,13 @@ BENCHES = [
         reading="MB/s of each library / tiktoken's MB/s, per mode: above 1 means faster than tiktoken",
     ),
     Bench(
+        "encode_paired", "bench_encode_paired.py", "Encoding, ferrolm vs gigatoken in paired rounds in one process (drift-robust ratios)",
+        full=["--rounds", "21"],
+        quick=[("--rounds", "5"), ("--files", "tinystories")],
+        json_flag=False, notes="encode.md",
+        reading="ferrolm MB/s / gigatoken MB/s, median of per-round ratios: above 1 means ferrolm is faster",
+    ),
+    Bench(
         "shards", "bench_shards.py", "Corpus to uint16 .bin shards: ferrolm encode vs gigatoken files vs tiktoken nanoGPT-style",
         quick=[("--runs", "1")],
         reading="time of each contender / ferrolm's time: above 1 means ferrolm is faster",
