@@ -29,14 +29,7 @@ fn main() {
     let specials = vec!["<|endoftext|>".to_string()];
     let ctl = Control::default();
     let t0 = Instant::now();
-    let mut tr = Trainer::new(
-        &specials,
-        "gpt2",
-        Some(threads),
-        Utf8Errors::Strict,
-        DEFAULT_CHUNK_SIZE,
-    )
-    .unwrap();
+    let mut tr = Trainer::new(&specials, "gpt2", Some(threads), Utf8Errors::Strict, DEFAULT_CHUNK_SIZE).unwrap();
     let counts = if let Some(p) = &load {
         read_counts(p)
     } else {
@@ -46,19 +39,10 @@ fn main() {
     if let Some(p) = &dump {
         write_counts(p, &counts);
     }
-    let merges = tr
-        .learn_from_counts(counts, vocab - 256 - specials.len(), &ctl)
-        .unwrap();
+    let merges = tr.learn_from_counts(counts, vocab - 256 - specials.len(), &ctl).unwrap();
     let total = t0.elapsed().as_secs_f64();
     println!("{:?}", tr.stats);
-    println!(
-        "total {total:.3} s, {} merges, last {:?}",
-        merges.len(),
-        merges.last().map(|(a, b)| (
-            String::from_utf8_lossy(a).into_owned(),
-            String::from_utf8_lossy(b).into_owned()
-        ))
-    );
+    println!("total {total:.3} s, {} merges, last {:?}", merges.len(), merges.last().map(|(a, b)| (String::from_utf8_lossy(a).into_owned(), String::from_utf8_lossy(b).into_owned())));
 }
 
 fn write_counts(p: &PathBuf, counts: &PieceCounts) {
@@ -72,10 +56,7 @@ fn write_counts(p: &PathBuf, counts: &PieceCounts) {
 
 fn read_counts(p: &PathBuf) -> PieceCounts {
     let mut data = Vec::new();
-    std::fs::File::open(p)
-        .unwrap()
-        .read_to_end(&mut data)
-        .unwrap();
+    std::fs::File::open(p).unwrap().read_to_end(&mut data).unwrap();
     let mut counts = PieceCounts::default();
     let mut i = 0;
     while i < data.len() {

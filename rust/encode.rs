@@ -59,10 +59,7 @@ impl fmt::Display for EncodeError {
             EncodeError::Specials(m) => write!(f, "invalid special tokens: {m}"),
             EncodeError::Pattern(m) => write!(f, "{m}"),
             EncodeError::IdOutOfRange { id, vocab_size } => {
-                write!(
-                    f,
-                    "token id {id} is not in the vocabulary (vocab_size {vocab_size})"
-                )
+                write!(f, "token id {id} is not in the vocabulary (vocab_size {vocab_size})")
             }
         }
     }
@@ -152,9 +149,7 @@ impl Encoder {
         let mut max_id = 0u64;
         for (id, _) in &vocab {
             if *id > u32::MAX as u64 - 1 {
-                return Err(EncodeError::Vocab(format!(
-                    "id {id} does not fit in 32 bits (ids must be < 2^32 - 1)"
-                )));
+                return Err(EncodeError::Vocab(format!("id {id} does not fit in 32 bits (ids must be < 2^32 - 1)")));
             }
             max_id = max_id.max(*id);
         }
@@ -200,9 +195,7 @@ impl Encoder {
         for id in 0..size {
             if len[id] != u32::MAX {
                 let s = start[id] as usize;
-                by_bytes
-                    .entry(&arena[s..s + len[id] as usize])
-                    .or_insert(id as u32);
+                by_bytes.entry(&arena[s..s + len[id] as usize]).or_insert(id as u32);
             }
         }
 
@@ -212,9 +205,7 @@ impl Encoder {
         let mut appended: Vec<(String, u32)> = Vec::new();
         for s in &specials {
             if s.is_empty() {
-                return Err(EncodeError::Specials(
-                    "a special token is the empty string".into(),
-                ));
+                return Err(EncodeError::Specials("a special token is the empty string".into()));
             }
             if special_ids.iter().any(|(t, _)| t == s) {
                 return Err(EncodeError::Specials(format!("{s:?} is listed twice")));
@@ -279,11 +270,8 @@ impl Encoder {
         // byte or a merge also produces them), as tiktoken looks a piece up among its
         // mergeable ranks. For a trained vocab these are exactly the bytes and the
         // merge results.
-        let special_only: FxHashSet<u32> = special_ids
-            .iter()
-            .map(|&(_, id)| id)
-            .filter(|id| !produced.contains(id))
-            .collect();
+        let special_only: FxHashSet<u32> =
+            special_ids.iter().map(|&(_, id)| id).filter(|id| !produced.contains(id)).collect();
         for (bytes, &id) in &by_bytes {
             if !special_only.contains(&id) {
                 whole_map.insert(bytes, &[id]);
@@ -369,18 +357,10 @@ impl Encoder {
 
     /// Encode `text`, appending the ids to `out`.
     pub fn encode_into(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) {
-        cache::with_cache(self.uid, &self.base, |cache| {
-            self.encode_with(text, allow_special, cache, out)
-        });
+        cache::with_cache(self.uid, &self.base, |cache| self.encode_with(text, allow_special, cache, out));
     }
 
-    fn encode_with(
-        &self,
-        text: &str,
-        allow_special: bool,
-        cache: &mut cache::PieceCache,
-        out: &mut Vec<u32>,
-    ) {
+    fn encode_with(&self, text: &str, allow_special: bool, cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
         if allow_special && !self.specials.is_empty() {
             let mut pos = 0;
             for (s, e, id) in self.specials.find_iter(text) {
@@ -416,13 +396,7 @@ impl Encoder {
     /// Encode consecutive pieces `text[s..e]`; the lookups of the batch are started
     /// together so that their cache misses overlap.
     #[inline]
-    fn encode_ranges(
-        &self,
-        text: &[u8],
-        ranges: &[(usize, usize)],
-        cache: &mut cache::PieceCache,
-        out: &mut Vec<u32>,
-    ) {
+    fn encode_ranges(&self, text: &[u8], ranges: &[(usize, usize)], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
         let n = ranges.len().min(PIECE_BATCH);
         let mut probes = [cache::Probe::default(); PIECE_BATCH];
         {
@@ -471,12 +445,7 @@ impl Encoder {
 
     /// Encode one piece.
     #[inline]
-    pub(crate) fn encode_piece(
-        &self,
-        piece: &[u8],
-        cache: &mut cache::PieceCache,
-        out: &mut Vec<u32>,
-    ) {
+    pub(crate) fn encode_piece(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
         match cache.table().get(piece) {
             Some(&[id]) => out.push(id),
             Some(ids) => out.extend_from_slice(ids),
@@ -524,12 +493,7 @@ impl Encoder {
         for &id in ids {
             match self.token_bytes(id) {
                 Some(b) => out.extend_from_slice(b),
-                None => {
-                    return Err(EncodeError::IdOutOfRange {
-                        id: id as u64,
-                        vocab_size: self.vocab_size() as u64,
-                    })
-                }
+                None => return Err(EncodeError::IdOutOfRange { id: id as u64, vocab_size: self.vocab_size() as u64 }),
             }
         }
         Ok(())
@@ -569,12 +533,7 @@ impl Encoder {
 
     /// [`Encoder::encode_parallel`] without the final concatenation: the ids of
     /// consecutive parts of `text` (one part when it is encoded on one thread).
-    pub fn encode_parallel_parts(
-        &self,
-        text: &str,
-        allow_special: bool,
-        threads: ThreadCount,
-    ) -> Vec<Vec<u32>> {
+    pub fn encode_parallel_parts(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<Vec<u32>> {
         parallel::encode_parallel_parts(self, text, allow_special, threads)
     }
 
@@ -582,12 +541,7 @@ impl Encoder {
     /// change (at special tokens, and for the built-in patterns before a space that
     /// follows a non-space ASCII character), the parts are encoded in parallel and
     /// concatenated. Same ids as [`Encoder::encode`].
-    pub fn encode_parallel(
-        &self,
-        text: &str,
-        allow_special: bool,
-        threads: ThreadCount,
-    ) -> Vec<u32> {
+    pub fn encode_parallel(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<u32> {
         parallel::encode_parallel(self, text, allow_special, threads)
     }
 

@@ -42,10 +42,7 @@ mod encoder_bindings {
     }
 
     fn type_name(obj: &Bound<'_, PyAny>) -> String {
-        obj.get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_else(|_| "?".into())
+        obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
     }
 
     #[cfg(unix)]
@@ -64,19 +61,10 @@ mod encoder_bindings {
     /// The UTF-8 of a Python str, borrowed from it where possible; TypeError for other
     /// types (`what` names the caller in the message), UnicodeEncodeError for lone
     /// surrogates (the Python side then repairs the text as tiktoken does).
-    fn text_of<'a>(
-        obj: &'a Bound<'_, PyAny>,
-        what: impl FnOnce() -> String,
-    ) -> PyResult<Cow<'a, str>> {
+    fn text_of<'a>(obj: &'a Bound<'_, PyAny>, what: impl FnOnce() -> String) -> PyResult<Cow<'a, str>> {
         let s = match obj.cast::<PyString>() {
             Ok(s) => s,
-            Err(_) => {
-                return Err(PyTypeError::new_err(format!(
-                    "{} expects str, got {}",
-                    what(),
-                    type_name(obj)
-                )))
-            }
+            Err(_) => return Err(PyTypeError::new_err(format!("{} expects str, got {}", what(), type_name(obj)))),
         };
         #[cfg(unix)]
         {
@@ -103,9 +91,7 @@ mod encoder_bindings {
     /// The items of an `encode_batch` argument (any iterable of str, but not a str).
     fn batch_items<'py>(texts: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         if texts.cast::<PyString>().is_ok() {
-            return Err(PyTypeError::new_err(
-                "encode_batch() expects a list of str, got a str",
-            ));
+            return Err(PyTypeError::new_err("encode_batch() expects a list of str, got a str"));
         }
         texts.try_iter()?.collect()
     }
@@ -138,11 +124,7 @@ mod encoder_bindings {
     fn bytes_of(obj: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyResult<Vec<u8>> {
         match obj.cast::<PyBytes>() {
             Ok(b) => Ok(b.as_bytes().to_vec()),
-            Err(_) => Err(PyTypeError::new_err(format!(
-                "{} must be bytes, got {}",
-                what(),
-                type_name(obj)
-            ))),
+            Err(_) => Err(PyTypeError::new_err(format!("{} must be bytes, got {}", what(), type_name(obj)))),
         }
     }
 
@@ -213,10 +195,7 @@ mod encoder_bindings {
             }
             if parallel && parts.len() > 1 && total >= 1 << 18 {
                 py.detach(|| {
-                    slices
-                        .into_par_iter()
-                        .zip(parts.par_iter())
-                        .for_each(|(dst, p)| write_ids(dst, p, itemsize))
+                    slices.into_par_iter().zip(parts.par_iter()).for_each(|(dst, p)| write_ids(dst, p, itemsize))
                 });
             } else {
                 for (dst, p) in slices.into_iter().zip(parts) {
@@ -227,11 +206,7 @@ mod encoder_bindings {
         })
     }
 
-    fn to_buffer<'py>(
-        py: Python<'py>,
-        ids: &[u32],
-        itemsize: usize,
-    ) -> PyResult<Bound<'py, PyByteArray>> {
+    fn to_buffer<'py>(py: Python<'py>, ids: &[u32], itemsize: usize) -> PyResult<Bound<'py, PyByteArray>> {
         PyByteArray::new_with(py, ids.len() * itemsize, |buf| {
             write_ids(buf, ids, itemsize);
             Ok(())
@@ -273,9 +248,7 @@ mod encoder_bindings {
                     "vocab_size {} does not fit in uint16; use uint32",
                     self.inner.vocab_size()
                 ))),
-                _ => Err(PyValueError::new_err(format!(
-                    "itemsize must be 2 or 4, got {itemsize}"
-                ))),
+                _ => Err(PyValueError::new_err(format!("itemsize must be 2 or 4, got {itemsize}"))),
             }
         }
     }
@@ -293,20 +266,12 @@ mod encoder_bindings {
             pattern: &str,
         ) -> PyResult<Self> {
             let vocab = vocab.cast::<PyDict>().map_err(|_| {
-                PyTypeError::new_err(format!(
-                    "vocab must be a dict[int, bytes], got {}",
-                    type_name(vocab)
-                ))
+                PyTypeError::new_err(format!("vocab must be a dict[int, bytes], got {}", type_name(vocab)))
             })?;
             let mut v: Vec<(u64, Vec<u8>)> = Vec::with_capacity(vocab.len());
             for (k, b) in vocab.iter() {
-                if k.cast::<pyo3::types::PyInt>().is_err()
-                    || k.cast::<pyo3::types::PyBool>().is_ok()
-                {
-                    return Err(PyTypeError::new_err(format!(
-                        "vocab keys must be int ids, got {}",
-                        type_name(&k)
-                    )));
+                if k.cast::<pyo3::types::PyInt>().is_err() || k.cast::<pyo3::types::PyBool>().is_ok() {
+                    return Err(PyTypeError::new_err(format!("vocab keys must be int ids, got {}", type_name(&k))));
                 }
                 let id: u64 = match k.extract::<u64>() {
                     Ok(i) if i < u32::MAX as u64 => i,
@@ -322,16 +287,12 @@ mod encoder_bindings {
             let mut m: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
             for (i, item) in merges.try_iter()?.enumerate() {
                 let item = item?;
-                let pair = item
-                    .cast::<PyTuple>()
-                    .ok()
-                    .filter(|t| t.len() == 2)
-                    .ok_or_else(|| {
-                        PyTypeError::new_err(format!(
-                            "merges[{i}] must be a tuple (bytes, bytes), got {}",
-                            type_name(&item)
-                        ))
-                    })?;
+                let pair = item.cast::<PyTuple>().ok().filter(|t| t.len() == 2).ok_or_else(|| {
+                    PyTypeError::new_err(format!(
+                        "merges[{i}] must be a tuple (bytes, bytes), got {}",
+                        type_name(&item)
+                    ))
+                })?;
                 let a = bytes_of(&pair.get_item(0)?, &|| format!("merges[{i}][0]"))?;
                 let b = bytes_of(&pair.get_item(1)?, &|| format!("merges[{i}][1]"))?;
                 m.push((a, b));
@@ -340,10 +301,7 @@ mod encoder_bindings {
             for (i, s) in special_tokens.try_iter()?.enumerate() {
                 let s = s?;
                 let t = s.cast::<PyString>().map_err(|_| {
-                    PyTypeError::new_err(format!(
-                        "special_tokens[{i}] must be str, got {}",
-                        type_name(&s)
-                    ))
+                    PyTypeError::new_err(format!("special_tokens[{i}] must be str, got {}", type_name(&s)))
                 })?;
                 specials.push(t.to_cow()?.into_owned());
             }
@@ -362,10 +320,7 @@ mod encoder_bindings {
                 })
                 .map_err(encode_err)?;
             let ints = make_ints(py, enc.vocab_size())?;
-            Ok(PyEncoder {
-                inner: Arc::new(enc),
-                ints,
-            })
+            Ok(PyEncoder { inner: Arc::new(enc), ints })
         }
 
         #[getter]
@@ -397,12 +352,7 @@ mod encoder_bindings {
 
         /// [(left bytes, right bytes)] in rank order, as given.
         fn merges<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-            let side = |id: u32| {
-                PyBytes::new(
-                    py,
-                    self.inner.token_bytes(id).expect("merge sides are tokens"),
-                )
-            };
+            let side = |id: u32| PyBytes::new(py, self.inner.token_bytes(id).expect("merge sides are tokens"));
             let items: Vec<Bound<'py, PyTuple>> = self
                 .inner
                 .merge_ids()
@@ -456,10 +406,7 @@ mod encoder_bindings {
                     to_buffer(py, ids, itemsize)
                 });
             }
-            let parts = py.detach(|| {
-                self.inner
-                    .encode_parallel_parts(&s, allow_special, num_threads)
-            });
+            let parts = py.detach(|| self.inner.encode_parallel_parts(&s, allow_special, num_threads));
             let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
             parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))
         }
@@ -482,9 +429,7 @@ mod encoder_bindings {
                     Ok(t) => t,
                     Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
                 };
-                Ok(self
-                    .inner
-                    .encode_parallel_parts(&text, allow_special, num_threads))
+                Ok(self.inner.encode_parallel_parts(&text, allow_special, num_threads))
             })?;
             let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
             parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))
@@ -501,10 +446,7 @@ mod encoder_bindings {
         ) -> PyResult<Bound<'py, PyList>> {
             let objs = batch_items(texts)?;
             let (strs, total) = batch_texts(&objs)?;
-            let groups = run_detached(py, total, || {
-                self.inner
-                    .encode_batch_grouped(&strs, allow_special, num_threads)
-            });
+            let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
             let mut lists: Vec<Bound<'py, PyList>> = Vec::with_capacity(strs.len());
             for g in &groups {
                 let mut at = 0;
@@ -531,10 +473,7 @@ mod encoder_bindings {
             self.check_itemsize(itemsize)?;
             let objs = batch_items(texts)?;
             let (strs, total) = batch_texts(&objs)?;
-            let groups = run_detached(py, total, || {
-                self.inner
-                    .encode_batch_grouped(&strs, allow_special, num_threads)
-            });
+            let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
             let parts: Vec<&[u32]> = groups.iter().map(|g| g.ids.as_slice()).collect();
             let ids = parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))?;
             let offsets = PyByteArray::new_with(py, (strs.len() + 1) * 8, |buf| {
@@ -555,18 +494,10 @@ mod encoder_bindings {
 
         /// The concatenated bytes of `ids` (a sequence of ints); ValueError for an id
         /// not in the vocabulary.
-        fn decode_bytes<'py>(
-            &self,
-            py: Python<'py>,
-            ids: Vec<i64>,
-        ) -> PyResult<Bound<'py, PyBytes>> {
+        fn decode_bytes<'py>(&self, py: Python<'py>, ids: Vec<i64>) -> PyResult<Bound<'py, PyBytes>> {
             let mut out = Vec::with_capacity(ids.len() * 4);
             for &id in &ids {
-                let b = if (0..u32::MAX as i64).contains(&id) {
-                    self.inner.token_bytes(id as u32)
-                } else {
-                    None
-                };
+                let b = if (0..u32::MAX as i64).contains(&id) { self.inner.token_bytes(id as u32) } else { None };
                 match b {
                     Some(b) => out.extend_from_slice(b),
                     None => {
@@ -581,20 +512,11 @@ mod encoder_bindings {
         }
 
         /// decode_bytes for ids given as little-endian uint32 bytes (from numpy).
-        fn decode_bytes_u32le<'py>(
-            &self,
-            py: Python<'py>,
-            data: &[u8],
-        ) -> PyResult<Bound<'py, PyBytes>> {
+        fn decode_bytes_u32le<'py>(&self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
             if data.len() % 4 != 0 {
-                return Err(PyValueError::new_err(
-                    "uint32 buffer length is not a multiple of 4",
-                ));
+                return Err(PyValueError::new_err("uint32 buffer length is not a multiple of 4"));
             }
-            let ids: Vec<u32> = data
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
+            let ids: Vec<u32> = data.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             let out = self.inner.decode_bytes(&ids).map_err(encode_err)?;
             Ok(PyBytes::new(py, &out))
         }
@@ -604,9 +526,7 @@ mod encoder_bindings {
             if !(0..u32::MAX as i64).contains(&id) {
                 return None;
             }
-            self.inner
-                .token_bytes(id as u32)
-                .map(|b| PyBytes::new(py, b))
+            self.inner.token_bytes(id as u32).map(|b| PyBytes::new(py, b))
         }
 
         /// A streaming encoder: feed(chunk) returns the ids that became final, finish()
@@ -631,18 +551,11 @@ mod encoder_bindings {
 
     #[pymethods]
     impl PyStreamEncoder {
-        fn feed<'py>(
-            &self,
-            py: Python<'py>,
-            chunk: &Bound<'py, PyAny>,
-        ) -> PyResult<Bound<'py, PyList>> {
+        fn feed<'py>(&self, py: Python<'py>, chunk: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
             let s = text_of(chunk, || "encode_iterable()".into())?;
             let ids = run_detached(py, s.len(), || {
                 let mut out = Vec::new();
-                self.state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(&self.enc, &s, &mut out);
+                self.state.lock().unwrap_or_else(|e| e.into_inner()).push(&self.enc, &s, &mut out);
                 out
             });
             to_list(py, &self.ints, &ids)
@@ -651,10 +564,7 @@ mod encoder_bindings {
         fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
             let ids = py.detach(|| {
                 let mut out = Vec::new();
-                self.state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .finish(&self.enc, &mut out);
+                self.state.lock().unwrap_or_else(|e| e.into_inner()).finish(&self.enc, &mut out);
                 out
             });
             to_list(py, &self.ints, &ids)
@@ -663,10 +573,7 @@ mod encoder_bindings {
         /// Bytes buffered and not yet encoded.
         #[getter]
         fn buffered(&self) -> usize {
-            self.state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .buffered()
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).buffered()
         }
     }
 
@@ -751,38 +658,26 @@ mod shards_bindings {
         progress_interval: f64,
         hash: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let dtype = Dtype::parse(dtype).ok_or_else(|| {
-            PyValueError::new_err(format!("dtype must be uint16 or uint32, got {dtype:?}"))
-        })?;
+        let dtype = Dtype::parse(dtype)
+            .ok_or_else(|| PyValueError::new_err(format!("dtype must be uint16 or uint32, got {dtype:?}")))?;
         let format = match input_format {
             None | Some("auto") => None,
             Some("text") => Some(Format::Text),
             Some("jsonl") => Some(Format::Jsonl),
             Some(other) => {
-                return Err(PyValueError::new_err(format!(
-                    "input format must be auto, text or jsonl, got {other:?}"
-                )))
+                return Err(PyValueError::new_err(format!("input format must be auto, text or jsonl, got {other:?}")))
             }
         };
         let errors = match errors {
             "strict" => Utf8Errors::Strict,
             "replace" => Utf8Errors::Replace,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "errors must be strict or replace, got {other:?}"
-                )))
-            }
+            other => return Err(PyValueError::new_err(format!("errors must be strict or replace, got {other:?}"))),
         };
         if !(commit_interval >= 0.0 && commit_interval.is_finite()) {
-            return Err(PyValueError::new_err(
-                "commit_interval must be a non-negative number of seconds",
-            ));
+            return Err(PyValueError::new_err("commit_interval must be a non-negative number of seconds"));
         }
         let job = EncodeJob {
-            inputs: inputs
-                .into_iter()
-                .map(|p| InputSpec::detect(p, format))
-                .collect(),
+            inputs: inputs.into_iter().map(|p| InputSpec::detect(p, format)).collect(),
             out_bin,
             dtype,
             eos,
@@ -812,9 +707,7 @@ mod shards_bindings {
                     }
                     if let (true, Some(cb)) = (report, &progress) {
                         last = Instant::now();
-                        if let Err(e) =
-                            cb.call1(py, (p.raw_done, p.raw_total, p.tokens, p.documents))
-                        {
+                        if let Err(e) = cb.call1(py, (p.raw_done, p.raw_total, p.tokens, p.documents)) {
                             stopped = Some(e);
                             return false;
                         }
@@ -868,14 +761,9 @@ mod shards_bindings {
             _ => None,
         };
         if n == 0 || i >= n {
-            return Err(PyValueError::new_err(format!(
-                "part {i}/{n}: need 0 <= I < N"
-            )));
+            return Err(PyValueError::new_err(format!("part {i}/{n}: need 0 <= I < N")));
         }
-        let specs: Vec<InputSpec> = inputs
-            .into_iter()
-            .map(|p| InputSpec::detect(p, format))
-            .collect();
+        let specs: Vec<InputSpec> = inputs.into_iter().map(|p| InputSpec::detect(p, format)).collect();
         py.detach(|| {
             let sizes = specs
                 .iter()
@@ -905,8 +793,8 @@ mod trainer_binding {
     use std::time::Duration;
 
     use pyo3::exceptions::{
-        PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError,
-        PyPermissionError, PyRuntimeError, PyValueError,
+        PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError, PyPermissionError, PyRuntimeError,
+        PyValueError,
     };
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict};
@@ -926,22 +814,18 @@ mod trainer_binding {
                     msg.truncate(i);
                 }
                 match err.kind() {
-                    std::io::ErrorKind::NotFound => {
-                        PyFileNotFoundError::new_err((errno.unwrap_or(2), msg, path))
-                    }
+                    std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err((errno.unwrap_or(2), msg, path)),
                     std::io::ErrorKind::PermissionDenied => {
                         PyPermissionError::new_err((errno.unwrap_or(13), msg, path))
                     }
-                    std::io::ErrorKind::IsADirectory => {
-                        PyIsADirectoryError::new_err((errno.unwrap_or(21), msg, path))
-                    }
+                    std::io::ErrorKind::IsADirectory => PyIsADirectoryError::new_err((errno.unwrap_or(21), msg, path)),
                     _ => PyOSError::new_err((errno.unwrap_or(5), msg, path)),
                 }
             }
             TrainError::Cancelled => PyKeyboardInterrupt::new_err("training was cancelled"),
-            e @ (TrainError::InvalidUtf8 { .. }
-            | TrainError::InvalidInput(_)
-            | TrainError::Pattern(_)) => PyValueError::new_err(e.to_string()),
+            e @ (TrainError::InvalidUtf8 { .. } | TrainError::InvalidInput(_) | TrainError::Pattern(_)) => {
+                PyValueError::new_err(e.to_string())
+            }
         }
     }
 
@@ -999,11 +883,7 @@ mod trainer_binding {
             }
             let out = match handle.join() {
                 Ok(v) => v,
-                Err(_) => {
-                    return Err(PyRuntimeError::new_err(
-                        "the BPE training thread panicked (a bug in ferrolm)",
-                    ))
-                }
+                Err(_) => return Err(PyRuntimeError::new_err("the BPE training thread panicked (a bug in ferrolm)")),
             };
             if let Some(e) = pending {
                 return Err(e);
@@ -1030,9 +910,7 @@ mod trainer_binding {
             f: impl FnOnce(&mut Trainer, &Control) -> Result<T, TrainError> + Send,
         ) -> PyResult<T> {
             let mut trainer = self.inner.take().ok_or_else(|| {
-                PyRuntimeError::new_err(
-                    "this BpeTrainer failed or was interrupted earlier; make a new one",
-                )
+                PyRuntimeError::new_err("this BpeTrainer failed or was interrupted earlier; make a new one")
             })?;
             let ctl = &self.ctl;
             let (trainer, result) = run_watched(py, ctl, progress, move || {
@@ -1069,18 +947,10 @@ mod trainer_binding {
                     )))
                 }
             };
-            let t = Trainer::new(
-                &special_tokens,
-                pattern,
-                num_threads,
-                errors,
-                chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE),
-            )
-            .map_err(to_pyerr)?;
-            Ok(PyBpeTrainer {
-                inner: Some(t),
-                ctl: Control::default(),
-            })
+            let t =
+                Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
+                    .map_err(to_pyerr)?;
+            Ok(PyBpeTrainer { inner: Some(t), ctl: Control::default() })
         }
 
         /// Count the pre-tokens of these files (each its own text). `progress(done, total)`
@@ -1098,22 +968,13 @@ mod trainer_binding {
         /// Feed text to the text stream: everything fed until `finish_text` is one
         /// continuous text. `progress(done, total)` is called with bytes.
         #[pyo3(signature = (text, progress = None))]
-        fn feed_text(
-            &mut self,
-            py: Python<'_>,
-            text: String,
-            progress: Option<&Bound<'_, PyAny>>,
-        ) -> PyResult<()> {
+        fn feed_text(&mut self, py: Python<'_>, text: String, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
             self.run(py, progress, move |t, ctl| t.feed_text(&text, ctl))
         }
 
         /// End the text stream (count what is buffered).
         #[pyo3(signature = (progress = None))]
-        fn finish_text(
-            &mut self,
-            py: Python<'_>,
-            progress: Option<&Bound<'_, PyAny>>,
-        ) -> PyResult<()> {
+        fn finish_text(&mut self, py: Python<'_>, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
             self.run(py, progress, move |t, ctl| t.finish_text(ctl))
         }
 
@@ -1127,10 +988,7 @@ mod trainer_binding {
             progress: Option<&Bound<'py, PyAny>>,
         ) -> PyResult<Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
             let merges = self.run(py, progress, move |t, ctl| t.learn(num_merges, ctl))?;
-            Ok(merges
-                .iter()
-                .map(|(a, b)| (PyBytes::new(py, a), PyBytes::new(py, b)))
-                .collect())
+            Ok(merges.iter().map(|(a, b)| (PyBytes::new(py, a), PyBytes::new(py, b))).collect())
         }
 
         /// Seconds per stage and sizes of the last run (for profiling).
@@ -1169,9 +1027,7 @@ fn pattern_source(name: &str) -> PyResult<&'static str> {
 /// exhaustive tests against `regex`.
 #[pyfunction]
 fn _char_classes(text: &str) -> Vec<u8> {
-    text.chars()
-        .map(crate::pretokenize::char_class_flags)
-        .collect()
+    text.chars().map(crate::pretokenize::char_class_flags).collect()
 }
 
 // ---- end of pre-tokenizer debug bindings ----

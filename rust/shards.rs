@@ -437,12 +437,7 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
             Dtype::U16 => {
                 if ids.iter().copied().max().unwrap_or(0) > u16::MAX as u32 {
                     let id = *ids.iter().find(|&&t| t > u16::MAX as u32).unwrap();
-                    return Err(ShardError::DtypeOverflow {
-                        id,
-                        dtype: Dtype::U16,
-                        path: spec.path.clone(),
-                        chunk_offset: chunk.start,
-                    });
+                    return Err(ShardError::DtypeOverflow { id, dtype: Dtype::U16, path: spec.path.clone(), chunk_offset: chunk.start });
                 }
                 for (dst, &t) in out.chunks_exact_mut(2).zip(ids.iter()) {
                     dst.copy_from_slice(&(t as u16).to_le_bytes());
@@ -523,11 +518,7 @@ where
     if let Some(j) = &resume {
         if j.complete {
             // The caller may already have renamed the partial file before it was killed.
-            let done = if partial_path.exists() {
-                &partial_path
-            } else {
-                &job.out_bin
-            };
+            let done = if partial_path.exists() { &partial_path } else { &job.out_bin };
             if let Some(summary) = j.summary(job, done) {
                 return Ok(summary);
             }
@@ -591,9 +582,7 @@ where
         )
     };
     // Read buffers and output buffers are pooled apart (their sizes differ).
-    let out_bufs = Pool {
-        bufs: Mutex::new(Vec::new()),
-    };
+    let out_bufs = Pool { bufs: Mutex::new(Vec::new()) };
     let bufs = Pool {
         bufs: Mutex::new(Vec::new()),
     };

@@ -31,8 +31,8 @@ use std::time::Instant;
 
 use crate::pretokenize::{PatternError, PreTokenizer};
 
-pub use count::PieceCounts;
 pub use count::Utf8Errors;
+pub use count::PieceCounts;
 use count::{Counter, Segment};
 use merge::{learn_merges, MergeTimes, Words};
 use read::SpecialSplitter;
@@ -92,25 +92,16 @@ impl Control {
     }
     /// (done, total) of the current stage.
     pub fn progress(&self) -> (u64, u64) {
-        (
-            self.done.load(Ordering::Relaxed),
-            self.total.load(Ordering::Relaxed),
-        )
+        (self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed))
     }
 }
 
 #[derive(Debug)]
 pub enum TrainError {
     /// Opening or reading `path` failed.
-    Io {
-        path: PathBuf,
-        err: io::Error,
-    },
+    Io { path: PathBuf, err: io::Error },
     /// `source` is not UTF-8 at byte `offset` (and errors = strict).
-    InvalidUtf8 {
-        source: String,
-        offset: u64,
-    },
+    InvalidUtf8 { source: String, offset: u64 },
     /// A bad argument or an unusable corpus; the message says which.
     InvalidInput(String),
     Pattern(PatternError),
@@ -192,14 +183,10 @@ impl Trainer {
         chunk_size: usize,
     ) -> Result<Self, TrainError> {
         if special_tokens.iter().any(|s| s.is_empty()) {
-            return Err(TrainError::InvalidInput(
-                "special tokens must not be empty strings".into(),
-            ));
+            return Err(TrainError::InvalidInput("special tokens must not be empty strings".into()));
         }
         if num_threads == Some(0) {
-            return Err(TrainError::InvalidInput(
-                "num_threads must be at least 1".into(),
-            ));
+            return Err(TrainError::InvalidInput("num_threads must be at least 1".into()));
         }
         let pre = PreTokenizer::new(pattern)?;
         let builtin = pre.is_builtin();
@@ -207,9 +194,7 @@ impl Trainer {
         if let Some(n) = num_threads {
             b = b.num_threads(n);
         }
-        let pool = b
-            .build()
-            .map_err(|e| TrainError::InvalidInput(format!("cannot start threads: {e}")))?;
+        let pool = b.build().map_err(|e| TrainError::InvalidInput(format!("cannot start threads: {e}")))?;
         let counter = Some(Counter::new(pool.current_num_threads()));
         Ok(Trainer {
             pre,
@@ -226,25 +211,17 @@ impl Trainer {
     }
 
     fn counter(&self) -> Result<&Counter, TrainError> {
-        self.counter.as_ref().ok_or_else(|| {
-            TrainError::InvalidInput("this trainer has already learned its merges".into())
-        })
+        self.counter.as_ref().ok_or_else(|| TrainError::InvalidInput("this trainer has already learned its merges".into()))
     }
 
     /// Check that every path is a readable regular file; returns the total size.
     pub fn check_files(paths: &[PathBuf]) -> Result<u64, TrainError> {
         let mut total = 0;
         for p in paths {
-            let io_err = |err| TrainError::Io {
-                path: p.clone(),
-                err,
-            };
+            let io_err = |err| TrainError::Io { path: p.clone(), err };
             let meta = std::fs::metadata(p).map_err(io_err)?;
             if meta.is_dir() {
-                return Err(io_err(io::Error::new(
-                    io::ErrorKind::IsADirectory,
-                    "is a directory, not a text file",
-                )));
+                return Err(io_err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory, not a text file")));
             }
             // Opening now reports unreadable files before any work is done.
             std::fs::File::open(p).map_err(io_err)?;
@@ -288,10 +265,7 @@ impl Trainer {
         self.stats.bytes += bytes;
         match res {
             Ok(()) => Ok(()),
-            Err(ChunkError::Io(err)) => Err(TrainError::Io {
-                path: path.to_path_buf(),
-                err,
-            }),
+            Err(ChunkError::Io(err)) => Err(TrainError::Io { path: path.to_path_buf(), err }),
             Err(ChunkError::Train(e)) => Err(e),
         }
     }
@@ -312,32 +286,12 @@ impl Trainer {
 
     /// Pre-tokenize and count `buf` (free of partial special tokens at its ends).
     /// `offset`: where `buf` starts in its source, for error messages.
-    fn count_buffer(
-        &self,
-        buf: &[u8],
-        offset: u64,
-        source: &str,
-        ctl: &Control,
-    ) -> Result<(), TrainError> {
+    fn count_buffer(&self, buf: &[u8], offset: u64, source: &str, ctl: &Control) -> Result<(), TrainError> {
         let counter = self.counter()?;
         let mut ranges = Vec::new();
         self.splitter.segments(buf, 0, &mut ranges);
-        let segs = ranges
-            .into_iter()
-            .map(|(s, e)| Segment {
-                offset: offset + s as u64,
-                bytes: &buf[s..e],
-            })
-            .collect();
-        counter.count_segments(
-            &self.pool,
-            &self.pre,
-            self.builtin,
-            self.errors,
-            segs,
-            source,
-            ctl,
-        )
+        let segs = ranges.into_iter().map(|(s, e)| Segment { offset: offset + s as u64, bytes: &buf[s..e] }).collect();
+        counter.count_segments(&self.pool, &self.pre, self.builtin, self.errors, segs, source, ctl)
     }
 
     /// Add text to the text stream: all text fed until `finish_text` is one continuous
@@ -346,9 +300,7 @@ impl Trainer {
         self.counter()?;
         self.text_buf.extend_from_slice(text.as_bytes());
         while self.text_buf.len() >= self.chunk_size {
-            let Some(cut) = self.cut(&self.text_buf) else {
-                break;
-            };
+            let Some(cut) = self.cut(&self.text_buf) else { break };
             self.count_stream(cut, ctl)?;
         }
         Ok(())
@@ -391,11 +343,7 @@ impl Trainer {
 
     /// Learn up to `num_merges` merges from everything counted so far (stops early when
     /// no pair is left). Consumes the counts: a trainer learns once.
-    pub fn learn(
-        &mut self,
-        num_merges: usize,
-        ctl: &Control,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+    pub fn learn(&mut self, num_merges: usize, ctl: &Control) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
         let counts = self.take_counts()?;
         self.learn_from_counts(counts, num_merges, ctl)
     }
@@ -411,8 +359,7 @@ impl Trainer {
         ctl.set_done(0);
         if counts.is_empty() {
             return Err(TrainError::InvalidInput(
-                "the corpus is empty: no text to train on (only empty input or special tokens)"
-                    .into(),
+                "the corpus is empty: no text to train on (only empty input or special tokens)".into(),
             ));
         }
         let t = Instant::now();
@@ -420,9 +367,7 @@ impl Trainer {
         self.stats.words = words.len() as u64;
         let words_s = t.elapsed().as_secs_f64();
         let mut times = MergeTimes::default();
-        let merges = self
-            .pool
-            .install(|| learn_merges(words, num_merges, ctl, &mut times))?;
+        let merges = self.pool.install(|| learn_merges(words, num_merges, ctl, &mut times))?;
         self.stats.build_s = words_s + times.build_s;
         self.stats.merge_s = times.merge_s;
         self.stats.words_s = words_s;

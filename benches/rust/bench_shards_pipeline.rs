@@ -30,8 +30,7 @@ fn cpu_seconds() -> f64 {
 }
 
 fn job(input: &str, threads: usize) -> EncodeJob {
-    let out =
-        std::env::temp_dir().join(format!("ferrolm-bench-pipeline-{}.bin", std::process::id()));
+    let out = std::env::temp_dir().join(format!("ferrolm-bench-pipeline-{}.bin", std::process::id()));
     EncodeJob {
         inputs: vec![InputSpec::detect(PathBuf::from(input), None)],
         out_bin: out,
@@ -46,10 +45,7 @@ fn job(input: &str, threads: usize) -> EncodeJob {
         newline_cuts: true,
         params: format!(
             "bench {}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
         ),
         commit_interval: Duration::from_secs(5),
         hash: true,
@@ -81,26 +77,15 @@ fn run_pipeline<E: TextEncoder + ?Sized>(input: &str, threads: usize, enc: &E) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let input = args
-        .first()
-        .expect("usage: bench_shards_pipeline FILE [VOCAB MERGES] [THREADS]")
-        .clone();
+    let input = args.first().expect("usage: bench_shards_pipeline FILE [VOCAB MERGES] [THREADS]").clone();
     let bytes = std::fs::metadata(&input).unwrap().len();
     let threads: usize = args.get(3).and_then(|t| t.parse().ok()).unwrap_or(2);
-    println!(
-        "{input}: {:.1} MB, pipeline threads {threads}",
-        bytes as f64 / 1e6
-    );
+    println!("{input}: {:.1} MB, pipeline threads {threads}", bytes as f64 / 1e6);
 
     let nothing = |_: &str, _: &mut Vec<u32>| {};
-    measure("pipeline, encoder emits nothing (1 thread)", bytes, || {
-        run_pipeline(&input, 1, &nothing)
-    });
-    let trivial =
-        |t: &str, out: &mut Vec<u32>| out.extend(t.as_bytes().chunks(4).map(|c| c[0] as u32));
-    measure("pipeline, one id per 4 bytes (1 thread)", bytes, || {
-        run_pipeline(&input, 1, &trivial)
-    });
+    measure("pipeline, encoder emits nothing (1 thread)", bytes, || run_pipeline(&input, 1, &nothing));
+    let trivial = |t: &str, out: &mut Vec<u32>| out.extend(t.as_bytes().chunks(4).map(|c| c[0] as u32));
+    measure("pipeline, one id per 4 bytes (1 thread)", bytes, || run_pipeline(&input, 1, &trivial));
 
     if args.len() >= 3 {
         let enc = gpt2::load(&args[1], &args[2]);
@@ -114,13 +99,9 @@ fn main() {
                 enc.encode_into(&text, true, &mut ids);
             });
         }
-        measure("pipeline with the GPT-2 encoder, 1 thread", bytes, || {
-            run_pipeline(&input, 1, &enc)
+        measure("pipeline with the GPT-2 encoder, 1 thread", bytes, || run_pipeline(&input, 1, &enc));
+        measure(&format!("pipeline with the GPT-2 encoder, {threads} threads"), bytes, || {
+            run_pipeline(&input, threads, &enc)
         });
-        measure(
-            &format!("pipeline with the GPT-2 encoder, {threads} threads"),
-            bytes,
-            || run_pipeline(&input, threads, &enc),
-        );
     }
 }

@@ -28,10 +28,7 @@ fn main() {
     let [input, vocab, merges] = [&args[0], &args[1], &args[2]];
     let reps: usize = args.get(3).and_then(|r| r.parse().ok()).unwrap_or(5);
     let text = std::fs::read_to_string(input).unwrap();
-    let docs: Vec<&str> = text
-        .split("<|endoftext|>")
-        .filter(|d| !d.is_empty())
-        .collect();
+    let docs: Vec<&str> = text.split("<|endoftext|>").filter(|d| !d.is_empty()).collect();
     let mb = text.len() as f64 / 1e6;
     let enc = gpt2::load(vocab, merges);
     let pre = ferrolm::pretokenize::PreTokenizer::new("gpt2").unwrap();
@@ -42,10 +39,7 @@ fn main() {
             pre.for_each_piece_range(d, |_, _| pieces += 1);
         }
     });
-    println!(
-        "pre-tokenizer only      {:7.1} MB/s  ({pieces} pieces)",
-        mb / t
-    );
+    println!("pre-tokenizer only      {:7.1} MB/s  ({pieces} pieces)", mb / t);
     let mut ids = Vec::new();
     // Cold: a fresh encoder, so each piece not in the vocab is merged the first time it
     // is seen (as in a CLI run over a corpus).
@@ -55,21 +49,14 @@ fn main() {
         ids.clear();
         cold.encode_into(d, true, &mut ids);
     }
-    println!(
-        "encode_into per document, cold caches {:7.1} MB/s",
-        mb / t0.elapsed().as_secs_f64()
-    );
+    println!("encode_into per document, cold caches {:7.1} MB/s", mb / t0.elapsed().as_secs_f64());
     let t = best(reps, || {
         for d in &docs {
             ids.clear();
             enc.encode_into(d, true, &mut ids);
         }
     });
-    println!(
-        "encode_into per document {:7.1} MB/s  ({} documents)",
-        mb / t,
-        docs.len()
-    );
+    println!("encode_into per document {:7.1} MB/s  ({} documents)", mb / t, docs.len());
     let t = best(reps, || {
         let all: Vec<Vec<u32>> = docs.iter().map(|d| enc.encode(d, true)).collect();
         std::hint::black_box(all);
@@ -79,9 +66,5 @@ fn main() {
         ids.clear();
         enc.encode_into(&text, true, &mut ids);
     });
-    println!(
-        "encode_into, whole text  {:7.1} MB/s  ({} ids)",
-        mb / t,
-        ids.len()
-    );
+    println!("encode_into, whole text  {:7.1} MB/s  ({} ids)", mb / t, ids.len());
 }

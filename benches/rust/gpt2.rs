@@ -29,11 +29,7 @@ pub fn load(vocab: &str, merges: &str) -> Encoder {
     let vocab: Vec<(u64, Vec<u8>)> = v
         .iter()
         .map(|(k, id)| {
-            let bytes = if k == "<|endoftext|>" {
-                k.as_bytes().to_vec()
-            } else {
-                tok(k)
-            };
+            let bytes = if k == "<|endoftext|>" { k.as_bytes().to_vec() } else { tok(k) };
             (id.as_u64().unwrap(), bytes)
         })
         .collect();

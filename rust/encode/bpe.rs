@@ -68,12 +68,8 @@ fn bpe_large(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
     let n = piece.len();
     assert!(n < u32::MAX as usize, "a piece of 4 GiB or more");
     let mut ids: Vec<u32> = piece.iter().map(|&b| enc.byte_ids[b as usize]).collect();
-    let mut next: Vec<u32> = (1..=n as u32)
-        .map(|i| if i as usize == n { NONE } else { i })
-        .collect();
-    let mut prev: Vec<u32> = (0..n as u32)
-        .map(|i| if i == 0 { NONE } else { i - 1 })
-        .collect();
+    let mut next: Vec<u32> = (1..=n as u32).map(|i| if i as usize == n { NONE } else { i }).collect();
+    let mut prev: Vec<u32> = (0..n as u32).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
     let key = |v: u64, pos: u32| Reverse((v & !0xFFFF_FFFF) | pos as u64);
     let mut heap: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(n);
     for i in 0..n - 1 {

@@ -53,11 +53,7 @@ const MASK_LO: [u64; 17] = {
     let mut m = [0u64; 17];
     let mut i = 0;
     while i <= 16 {
-        m[i] = if i >= 8 {
-            u64::MAX
-        } else {
-            (1u64 << (8 * i)) - 1
-        };
+        m[i] = if i >= 8 { u64::MAX } else { (1u64 << (8 * i)) - 1 };
         i += 1;
     }
     m
@@ -92,11 +88,7 @@ fn pack(key: &[u8]) -> (u64, u64) {
     let rd8 = |i: usize| u64::from_le_bytes(key[i..i + 8].try_into().unwrap());
     let rd4 = |i: usize| u32::from_le_bytes(key[i..i + 4].try_into().unwrap()) as u64;
     if n >= 8 {
-        let hi = if n == 8 {
-            0
-        } else {
-            rd8(n - 8) >> (8 * (16 - n))
-        };
+        let hi = if n == 8 { 0 } else { rd8(n - 8) >> (8 * (16 - n)) };
         (rd8(0), hi)
     } else if n >= 4 {
         (rd4(0) | (rd4(n - 4) << (8 * (n - 4))), 0)
@@ -202,20 +194,10 @@ impl PieceTable {
     pub(crate) fn probe(&self, key: &[u8]) -> Probe {
         let n = key.len();
         if n == 0 || n > INLINE_KEY {
-            return Probe {
-                lo: 0,
-                hi: 0,
-                hash: 0,
-                n: u32::MAX,
-            };
+            return Probe { lo: 0, hi: 0, hash: 0, n: u32::MAX };
         }
         let (lo, hi) = pack(key);
-        Probe {
-            lo,
-            hi,
-            hash: hash(lo, hi, n),
-            n: n as u32,
-        }
+        Probe { lo, hi, hash: hash(lo, hi, n), n: n as u32 }
     }
 
     /// [`PieceTable::probe`] of `text[start..start + len]`, reading 16 bytes at once and
@@ -231,12 +213,7 @@ impl PieceTable {
                     std::ptr::read_unaligned(p.add(8) as *const u64).to_le() & MASK_HI[len],
                 )
             };
-            return Probe {
-                lo,
-                hi,
-                hash: hash(lo, hi, len),
-                n: len as u32,
-            };
+            return Probe { lo, hi, hash: hash(lo, hi, len), n: len as u32 };
         }
         self.probe(&text[start..start + len])
     }
@@ -285,12 +262,7 @@ impl PieceTable {
         let hit = |s: &Slot| s.meta & 0xFF == p.n && s.lo == p.lo && s.hi == p.hi;
         // SAFETY: home is even and masked, so home + 1 <= mask: both are in the table,
         // and in the same 64-byte line.
-        let (s0, s1) = unsafe {
-            (
-                self.slots.get_unchecked(home),
-                self.slots.get_unchecked(home + 1),
-            )
-        };
+        let (s0, s1) = unsafe { (self.slots.get_unchecked(home), self.slots.get_unchecked(home + 1)) };
         let s = if hit(s0) {
             s0
         } else if hit(s1) {
@@ -326,26 +298,17 @@ impl PieceTable {
         if key.is_empty() || self.long.is_empty() {
             return None;
         }
-        self.long
-            .get(key)
-            .map(|&(o, c)| &self.overflow[o as usize..(o + c) as usize])
+        self.long.get(key).map(|&(o, c)| &self.overflow[o as usize..(o + c) as usize])
     }
 
     /// Insert or replace; `ids` is not empty.
     pub(crate) fn insert(&mut self, key: &[u8], ids: &[u32]) {
         let n = key.len();
-        assert!(
-            n > 0 && !ids.is_empty() && ids.len() < (1 << 24),
-            "bad piece table entry"
-        );
+        assert!(n > 0 && !ids.is_empty() && ids.len() < (1 << 24), "bad piece table entry");
         if n > INLINE_KEY {
             let o = self.overflow.len() as u32;
             self.overflow.extend_from_slice(ids);
-            if self
-                .long
-                .insert(key.into(), (o, ids.len() as u32))
-                .is_none()
-            {
+            if self.long.insert(key.into(), (o, ids.len() as u32)).is_none() {
                 self.long_bytes += n + LONG_ENTRY_BYTES;
             }
             return;
@@ -354,12 +317,7 @@ impl PieceTable {
             self.grow();
         }
         let (lo, hi) = pack(key);
-        let mut slot = Slot {
-            lo,
-            hi,
-            meta: n as u32 | ((ids.len() as u32) << COUNT_SHIFT),
-            ids: [0; INLINE_IDS],
-        };
+        let mut slot = Slot { lo, hi, meta: n as u32 | ((ids.len() as u32) << COUNT_SHIFT), ids: [0; INLINE_IDS] };
         if ids.len() <= INLINE_IDS {
             slot.ids[..ids.len()].copy_from_slice(ids);
         } else {
@@ -426,12 +384,7 @@ fn load_quarters() -> usize {
     #[cfg(test)]
     {
         static L: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *L.get_or_init(|| {
-            std::env::var("FERROLM_TEST_LOAD")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(3)
-        })
+        *L.get_or_init(|| std::env::var("FERROLM_TEST_LOAD").ok().and_then(|v| v.parse().ok()).unwrap_or(3))
     }
     #[cfg(not(test))]
     3
@@ -459,10 +412,7 @@ impl PieceCache {
             (max_slots, max_side) = (base.slots.len().max(a), b);
         }
         #[cfg(test)]
-        if let Some(a) = std::env::var("FERROLM_TEST_SLOTS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-        {
+        if let Some(a) = std::env::var("FERROLM_TEST_SLOTS").ok().and_then(|v| v.parse::<usize>().ok()) {
             max_slots = base.slots.len().max(a);
         }
         PieceCache {
@@ -483,13 +433,7 @@ impl PieceCache {
     /// (slots, bytes outside the slots) now, and the bounds they stay within.
     #[cfg(test)]
     pub(crate) fn usage(&self) -> ((usize, usize), (usize, usize)) {
-        (
-            (
-                self.table.slots_len(),
-                self.table.side_bytes() - self.base_side,
-            ),
-            (self.max_slots, self.max_side),
-        )
+        ((self.table.slots_len(), self.table.side_bytes() - self.base_side), (self.max_slots, self.max_side))
     }
 
     /// Remember the ids of a piece that needed merges.
@@ -515,11 +459,7 @@ impl PieceCache {
             // The last two doublings in one step: a doubling holds the table and its
             // double at once (1.5x the largest size at the last one; 1.25x this way).
             let slots = self.table.slots.len();
-            self.table.grow_to(if slots * 4 >= self.max_slots {
-                self.max_slots
-            } else {
-                slots * 2
-            });
+            self.table.grow_to(if slots * 4 >= self.max_slots { self.max_slots } else { slots * 2 });
         }
         self.table.insert(piece, ids);
     }
@@ -552,11 +492,7 @@ pub(crate) fn owners() -> Vec<u64> {
 /// Run `f` with this thread's table for encoder `owner` (made from `base` the first
 /// time; a thread keeps the tables of its last few encoders). Re-entrant calls get a
 /// temporary table.
-pub(crate) fn with_cache<R>(
-    owner: u64,
-    base: &PieceTable,
-    f: impl FnOnce(&mut PieceCache) -> R,
-) -> R {
+pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut PieceCache) -> R) -> R {
     let mut f = Some(f);
     let done = CACHES.try_with(|cell| {
         let mut caches = cell.try_borrow_mut().ok()?;
@@ -589,9 +525,7 @@ pub(crate) fn with_cache<R>(
 /// Encoder `owner` is dropped: forget its tables (this thread's now, other threads' when
 /// they next encode).
 pub(crate) fn forget(owner: u64) {
-    LIVE.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|&o| o != owner);
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|&o| o != owner);
     DROPS.fetch_add(1, Ordering::Relaxed);
     let _ = CACHES.try_with(|cell| {
         if let Ok(mut caches) = cell.try_borrow_mut() {

@@ -34,11 +34,7 @@ unsafe impl<T: Zeroable + Sync> Sync for ZeroedBuf<T> {}
 impl<T: Zeroable> ZeroedBuf<T> {
     fn layout(len: usize) -> Layout {
         let size = (len * std::mem::size_of::<T>()).max(1);
-        let align = if size >= HUGE_PAGE {
-            HUGE_PAGE
-        } else {
-            std::mem::align_of::<T>().max(64)
-        };
+        let align = if size >= HUGE_PAGE { HUGE_PAGE } else { std::mem::align_of::<T>().max(64) };
         Layout::from_size_align(size, align).expect("table too large")
     }
 
@@ -52,10 +48,7 @@ impl<T: Zeroable> ZeroedBuf<T> {
         let layout = Self::layout(len);
         #[cfg(target_os = "linux")]
         if Self::mapped(len) {
-            return ZeroedBuf {
-                ptr: map_zeroed(layout.size()).cast(),
-                len,
-            };
+            return ZeroedBuf { ptr: map_zeroed(layout.size()).cast(), len };
         }
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) } as *mut T;
@@ -68,9 +61,7 @@ impl<T: Zeroable> ZeroedBuf<T> {
 /// (so that it can be backed by huge pages), with huge pages requested.
 #[cfg(target_os = "linux")]
 fn map_zeroed(size: usize) -> NonNull<u8> {
-    let fail = || -> ! {
-        handle_alloc_error(Layout::from_size_align(size, HUGE_PAGE).expect("table too large"))
-    };
+    let fail = || -> ! { handle_alloc_error(Layout::from_size_align(size, HUGE_PAGE).expect("table too large")) };
     let align = if size >= HUGE_PAGE { HUGE_PAGE } else { 4096 };
     let size = size.next_multiple_of(4096);
     let total = size + align - 4096;
@@ -134,12 +125,7 @@ impl<T: Zeroable> Drop for ZeroedBuf<T> {
         #[cfg(target_os = "linux")]
         if Self::mapped(self.len) {
             // SAFETY: mapped in `map_zeroed` with this (page-rounded) size.
-            unsafe {
-                libc::munmap(
-                    self.ptr.as_ptr() as *mut libc::c_void,
-                    layout.size().next_multiple_of(4096),
-                )
-            };
+            unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, layout.size().next_multiple_of(4096)) };
             return;
         }
         // SAFETY: allocated in `new` with this layout.

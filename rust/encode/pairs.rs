@@ -145,10 +145,7 @@ impl PairTable {
         while self.hot[i].key != 0 {
             i = (i + 1) & (HOT_SLOTS - 1);
         }
-        self.hot[i] = HotSlot {
-            key: k,
-            val: ((rank as u32) << 16) | merged,
-        };
+        self.hot[i] = HotSlot { key: k, val: ((rank as u32) << 16) | merged };
     }
 
     #[inline(always)]
@@ -194,20 +191,11 @@ impl PairTable {
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let h = hash(key(left, right));
-            _mm_prefetch(
-                self.filter.as_ptr().add((h % FILTER_BITS) / 64) as *const i8,
-                _MM_HINT_T0,
-            );
+            _mm_prefetch(self.filter.as_ptr().add((h % FILTER_BITS) / 64) as *const i8, _MM_HINT_T0);
             if hot_key(left, right).is_some() {
-                _mm_prefetch(
-                    self.hot.as_ptr().add(hot_index(h)) as *const i8,
-                    _MM_HINT_T0,
-                );
+                _mm_prefetch(self.hot.as_ptr().add(hot_index(h)) as *const i8, _MM_HINT_T0);
             } else {
-                _mm_prefetch(
-                    self.slots.as_ptr().add(h & self.mask) as *const i8,
-                    _MM_HINT_T0,
-                );
+                _mm_prefetch(self.slots.as_ptr().add(h & self.mask) as *const i8, _MM_HINT_T0);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -234,16 +222,8 @@ mod tests {
             (x % m) as u32
         };
         for rank in 0..40_000u64 {
-            let (l, r) = if rank % 3 == 0 {
-                (next(300), next(300))
-            } else {
-                (next(200_000), next(70_000))
-            };
-            let merged = if rank % 5 == 0 {
-                70_000 + rank as u32
-            } else {
-                256 + rank as u32
-            };
+            let (l, r) = if rank % 3 == 0 { (next(300), next(300)) } else { (next(200_000), next(70_000)) };
+            let merged = if rank % 5 == 0 { 70_000 + rank as u32 } else { 256 + rank as u32 };
             let val = (rank << 32) | merged as u64;
             let first = !want.contains_key(&(l, r));
             assert_eq!(t.insert_new(l, r, val), first);

@@ -14,10 +14,7 @@ pub type ThreadCount = Option<usize>;
 
 fn pool(n: usize) -> Arc<rayon::ThreadPool> {
     static POOLS: OnceLock<Mutex<FxHashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
-    let mut pools = POOLS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     pools
         .entry(n)
         .or_insert_with(|| {
@@ -54,17 +51,9 @@ pub(super) fn encode_batch<S: AsRef<str> + Sync>(
     threads: ThreadCount,
 ) -> Vec<Vec<u32>> {
     if effective_threads(threads) <= 1 || texts.len() <= 1 {
-        return texts
-            .iter()
-            .map(|t| enc.encode(t.as_ref(), allow_special))
-            .collect();
+        return texts.iter().map(|t| enc.encode(t.as_ref(), allow_special)).collect();
     }
-    run_with_threads(threads, || {
-        texts
-            .par_iter()
-            .map(|t| enc.encode(t.as_ref(), allow_special))
-            .collect()
-    })
+    run_with_threads(threads, || texts.par_iter().map(|t| enc.encode(t.as_ref(), allow_special)).collect())
 }
 
 /// The ids of consecutive texts of a batch, back to back: text `i` of the group has
@@ -86,10 +75,7 @@ pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync>(
 ) -> Vec<BatchIds> {
     let encode_group = |group: &[S]| {
         let bytes: usize = group.iter().map(|t| t.as_ref().len()).sum();
-        let mut out = BatchIds {
-            ids: Vec::with_capacity(bytes / 4 + 16),
-            ends: Vec::with_capacity(group.len()),
-        };
+        let mut out = BatchIds { ids: Vec::with_capacity(bytes / 4 + 16), ends: Vec::with_capacity(group.len()) };
         for t in group {
             enc.encode_into(t.as_ref(), allow_special, &mut out.ids);
             out.ends.push(out.ids.len());
@@ -115,17 +101,10 @@ pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync>(
     if start < texts.len() {
         groups.push(&texts[start..]);
     }
-    run_with_threads(threads, || {
-        groups.par_iter().map(|g| encode_group(g)).collect()
-    })
+    run_with_threads(threads, || groups.par_iter().map(|g| encode_group(g)).collect())
 }
 
-pub(super) fn encode_parallel(
-    enc: &Encoder,
-    text: &str,
-    allow_special: bool,
-    threads: ThreadCount,
-) -> Vec<u32> {
+pub(super) fn encode_parallel(enc: &Encoder, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<u32> {
     let parts = encode_parallel_parts(enc, text, allow_special, threads);
     if parts.len() == 1 {
         return parts.into_iter().next().unwrap_or_default();
@@ -155,12 +134,7 @@ pub(super) fn encode_parallel_parts(
         parts.push(&text[at..c]);
         at = c;
     }
-    run_with_threads(threads, || {
-        parts
-            .par_iter()
-            .map(|p| enc.encode(p, allow_special))
-            .collect()
-    })
+    run_with_threads(threads, || parts.par_iter().map(|p| enc.encode(p, allow_special)).collect())
 }
 
 impl Encoder {
@@ -173,22 +147,14 @@ impl Encoder {
 }
 
 /// Sorted cut positions (exclusive of 0 and `text.len()`), about `every` bytes apart.
-pub(super) fn safe_cuts(
-    enc: &Encoder,
-    text: &str,
-    allow_special: bool,
-    every: usize,
-) -> Vec<usize> {
+pub(super) fn safe_cuts(enc: &Encoder, text: &str, allow_special: bool, every: usize) -> Vec<usize> {
     let bytes = text.as_bytes();
     let every = every.max(1);
     let builtin = enc.has_builtin_pattern();
     // Special-token matches are hard boundaries (when specials are in force) and must
     // not be cut through.
     let matches: Vec<(usize, usize)> = if allow_special && !enc.specials.is_empty() {
-        enc.specials
-            .find_iter(text)
-            .map(|(s, e, _)| (s, e))
-            .collect()
+        enc.specials.find_iter(text).map(|(s, e, _)| (s, e)).collect()
     } else {
         Vec::new()
     };
@@ -200,9 +166,7 @@ pub(super) fn safe_cuts(
             mi += 1;
         }
         // The next special boundary at or after target.
-        let special_cut = matches
-            .get(mi)
-            .map(|&(s, e)| if s >= target { s } else { e });
+        let special_cut = matches.get(mi).map(|&(s, e)| if s >= target { s } else { e });
         // The next pre-tokenizer-safe position at or after target, outside any match.
         let mut pretok_cut = None;
         if builtin {

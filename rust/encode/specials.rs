@@ -20,11 +20,7 @@ impl Specials {
             .build(tokens.iter().map(|(s, _)| s.as_bytes()))
             .expect("special tokens are non-empty strings");
         let max_len = tokens.iter().map(|(s, _)| s.len()).max().unwrap_or(0);
-        Specials {
-            tokens,
-            matcher: Some(matcher),
-            max_len,
-        }
+        Specials { tokens, matcher: Some(matcher), max_len }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -41,10 +37,7 @@ impl Specials {
     }
 
     /// (start, end, id) of each special token in `text`, left to right.
-    pub(crate) fn find_iter<'a>(
-        &'a self,
-        text: &'a str,
-    ) -> impl Iterator<Item = (usize, usize, u32)> + 'a {
+    pub(crate) fn find_iter<'a>(&'a self, text: &'a str) -> impl Iterator<Item = (usize, usize, u32)> + 'a {
         self.matcher
             .iter()
             .flat_map(move |m| m.find_iter(text))

@@ -18,12 +18,7 @@ const MIN_BATCH: usize = 1 << 16;
 impl Encoder {
     /// Encode the longest prefix of `text` whose ids cannot change when more text is
     /// appended; return its length in bytes (a char boundary).
-    pub fn encode_stable_prefix(
-        &self,
-        text: &str,
-        allow_special: bool,
-        out: &mut Vec<u32>,
-    ) -> usize {
+    pub fn encode_stable_prefix(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) -> usize {
         cache::with_cache(self.uid, &self.base, |cache| {
             let total = text.len();
             let mut pos = 0;
@@ -92,11 +87,7 @@ pub struct StreamEncoder {
 
 impl StreamEncoder {
     pub fn new(allow_special: bool) -> Self {
-        StreamEncoder {
-            buf: String::new(),
-            allow_special,
-            next_at: MIN_BATCH,
-        }
+        StreamEncoder { buf: String::new(), allow_special, next_at: MIN_BATCH }
     }
 
     /// Bytes buffered and not yet encoded.

@@ -10,13 +10,7 @@ fn trained(merges: &[(&str, &str)], specials: &[&str], pattern: &str) -> Encoder
         vocab.push((256 + i as u64, format!("{a}{b}").into_bytes()));
         m.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
     }
-    Encoder::new(
-        vocab,
-        m,
-        specials.iter().map(|s| s.to_string()).collect(),
-        pattern,
-    )
-    .unwrap()
+    Encoder::new(vocab, m, specials.iter().map(|s| s.to_string()).collect(), pattern).unwrap()
 }
 
 fn toy() -> Encoder {
@@ -43,9 +37,9 @@ fn naive(merges: &[(&str, &str)], piece: &str) -> Vec<Vec<u8>> {
     loop {
         let mut best: Option<(usize, usize)> = None;
         for i in 0..parts.len().saturating_sub(1) {
-            if let Some(r) = merges.iter().position(|(a, b)| {
-                a.as_bytes() == &parts[i][..] && b.as_bytes() == &parts[i + 1][..]
-            }) {
+            if let Some(r) =
+                merges.iter().position(|(a, b)| a.as_bytes() == &parts[i][..] && b.as_bytes() == &parts[i + 1][..])
+            {
                 if best.map_or(true, |(br, _)| r < br) {
                     best = Some((r, i));
                 }
@@ -66,10 +60,7 @@ fn whole_token_and_merges() {
     let e = toy();
     assert_eq!(e.encode("hello", false), vec![259]);
     assert_eq!(e.encode("hello world", false).len(), 1 + 1 + 4);
-    assert_eq!(
-        e.decode(&e.encode("hello world!!!", true)).unwrap(),
-        "hello world!!!"
-    );
+    assert_eq!(e.decode(&e.encode("hello world!!!", true)).unwrap(), "hello world!!!");
 }
 
 #[test]
@@ -80,14 +71,8 @@ fn specials_longest_first_and_ordinary() {
     assert_eq!(eot, 265);
     assert_eq!(eot2, 266);
     assert_eq!(e.encode("<|endoftext|><|endoftext|>", true), vec![eot2]);
-    assert_eq!(
-        e.encode("<|endoftext|><|endoftext|><|endoftext|>", true),
-        vec![eot2, eot]
-    );
-    assert_eq!(
-        e.encode("a<|endoftext|>b", true),
-        vec![b'a' as u32, eot, b'b' as u32]
-    );
+    assert_eq!(e.encode("<|endoftext|><|endoftext|><|endoftext|>", true), vec![eot2, eot]);
+    assert_eq!(e.encode("a<|endoftext|>b", true), vec![b'a' as u32, eot, b'b' as u32]);
     let ordinary = e.encode("<|endoftext|>", false);
     assert!(ordinary.len() > 1);
     assert_eq!(e.decode(&ordinary).unwrap(), "<|endoftext|>");
@@ -95,36 +80,16 @@ fn specials_longest_first_and_ordinary() {
 
 #[test]
 fn small_and_large_bpe_agree_with_naive() {
-    let merges = [
-        ("a", "a"),
-        ("b", "a"),
-        ("aa", "a"),
-        ("ab", "a"),
-        ("a", "b"),
-        ("ba", "aa"),
-        ("aaa", "aa"),
-        ("b", "b"),
-    ];
+    let merges =
+        [("a", "a"), ("b", "a"), ("aa", "a"), ("ab", "a"), ("a", "b"), ("ba", "aa"), ("aaa", "aa"), ("b", "b")];
     let e = trained(&merges, &[], "gpt2");
     let mut state = 12345u64;
     for _ in 0..2000 {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let n = 2 + (state >> 60) as usize * 3;
-        let s: String = (0..n)
-            .map(|i| {
-                if (state >> (i % 60)) & 1 == 1 {
-                    'a'
-                } else {
-                    'b'
-                }
-            })
-            .collect();
-        let want: Vec<u32> = naive(&merges, &s)
-            .iter()
-            .map(|p| e.whole_token(p).expect("naive produced a token"))
-            .collect();
+        let s: String = (0..n).map(|i| if (state >> (i % 60)) & 1 == 1 { 'a' } else { 'b' }).collect();
+        let want: Vec<u32> =
+            naive(&merges, &s).iter().map(|p| e.whole_token(p).expect("naive produced a token")).collect();
         assert_eq!(bpe::bpe_small_for_test(&e, s.as_bytes()), want, "small {s}");
         assert_eq!(bpe::bpe_large_for_test(&e, s.as_bytes()), want, "large {s}");
     }
@@ -145,8 +110,7 @@ fn long_runs_are_fast_enough_and_exact() {
 #[test]
 fn streaming_equals_whole() {
     let e = toy();
-    let text =
-        "hello world<|endoftext|>\n\n  hello  \n aaaa<|endoftext|><|endoftext|>!! x\n".repeat(50);
+    let text = "hello world<|endoftext|>\n\n  hello  \n aaaa<|endoftext|><|endoftext|>!! x\n".repeat(50);
     let want = e.encode(&text, true);
     for step in [1usize, 2, 3, 7, 13, 100] {
         let chars: Vec<char> = text.chars().collect();
@@ -214,10 +178,7 @@ fn grouped_batch_equals_one_call_per_text() {
         assert_eq!(got, want, "threads {threads:?}");
     }
     assert!(e.encode_batch_grouped(&docs, true, Some(3)).len() > 3);
-    assert_eq!(
-        e.encode_batch_grouped::<&str>(&[], true, Some(2)),
-        vec![BatchIds::default()]
-    );
+    assert_eq!(e.encode_batch_grouped::<&str>(&[], true, Some(2)), vec![BatchIds::default()]);
 }
 
 #[test]
@@ -236,42 +197,24 @@ fn bad_inputs_are_errors() {
     let r = Encoder::new(bytes[1..].to_vec(), vec![], vec![], "gpt2");
     assert!(matches!(r, Err(EncodeError::Vocab(_))));
     // duplicate special
-    let r = Encoder::new(
-        bytes.clone(),
-        vec![],
-        vec!["<s>".into(), "<s>".into()],
-        "gpt2",
-    );
+    let r = Encoder::new(bytes.clone(), vec![], vec!["<s>".into(), "<s>".into()], "gpt2");
     assert!(matches!(r, Err(EncodeError::Specials(_))));
     // id too large
     let mut v = bytes.clone();
     v.push((1 << 32, b"ab".to_vec()));
-    assert!(matches!(
-        Encoder::new(v, vec![], vec![], "gpt2"),
-        Err(EncodeError::Vocab(_))
-    ));
+    assert!(matches!(Encoder::new(v, vec![], vec![], "gpt2"), Err(EncodeError::Vocab(_))));
     // bad pattern
-    assert!(matches!(
-        Encoder::new(bytes.clone(), vec![], vec![], "(unclosed"),
-        Err(EncodeError::Pattern(_))
-    ));
+    assert!(matches!(Encoder::new(bytes.clone(), vec![], vec![], "(unclosed"), Err(EncodeError::Pattern(_))));
     // decode out of range
     let e = Encoder::new(bytes, vec![], vec![], "gpt2").unwrap();
-    assert!(matches!(
-        e.decode_bytes(&[300]),
-        Err(EncodeError::IdOutOfRange { id: 300, .. })
-    ));
+    assert!(matches!(e.decode_bytes(&[300]), Err(EncodeError::IdOutOfRange { id: 300, .. })));
 }
 
 #[test]
 fn duplicate_token_bytes_from_training() {
     // merges (b,c) -> "bc", (a,bc) -> "abc", (a,b) -> "ab", (ab,c) -> "abc" again: the
     // smallest id with those bytes is the one produced.
-    let e = trained(
-        &[("b", "c"), ("a", "bc"), ("a", "b"), ("ab", "c")],
-        &[],
-        "gpt2",
-    );
+    let e = trained(&[("b", "c"), ("a", "bc"), ("a", "b"), ("ab", "c")], &[], "gpt2");
     assert_eq!(e.encode("abc", false), vec![257]);
     assert_eq!(e.encode("xabcab", false), vec![b'x' as u32, 257, 258]);
     assert_eq!(e.token_bytes(259), Some(&b"abc"[..]));
@@ -286,10 +229,7 @@ fn piece_loop_speed() {
     struct Instant(f64);
     impl Instant {
         fn now() -> Self {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
+            let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
             // SAFETY: a valid timespec to fill.
             unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
             Instant(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
@@ -302,10 +242,7 @@ fn piece_loop_speed() {
     let vocab_json = std::fs::read_to_string(format!("{shared}/fixtures/gpt2_vocab.json")).unwrap();
     let merges_txt = std::fs::read_to_string(format!("{shared}/fixtures/gpt2_merges.txt")).unwrap();
     // GPT-2's byte-to-unicode map, inverted.
-    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
     let mut map = std::collections::HashMap::new();
     let mut extra = 0;
     for b in 0..256u32 {
@@ -320,10 +257,7 @@ fn piece_loop_speed() {
     let decode = |s: &str| -> Vec<u8> { s.chars().map(|c| map[&c]).collect() };
     // Minimal JSON object reader for {"token": id, ...}.
     let mut vocab = Vec::new();
-    let body = vocab_json
-        .trim()
-        .trim_start_matches('{')
-        .trim_end_matches('}');
+    let body = vocab_json.trim().trim_start_matches('{').trim_end_matches('}');
     let mut chars = body.chars().peekable();
     loop {
         while matches!(chars.peek(), Some(' ') | Some(',') | Some('\n')) {
@@ -359,11 +293,7 @@ fn piece_loop_speed() {
             num.push(chars.next().unwrap());
         }
         let id: u64 = num.parse().unwrap();
-        let bytes = if key == "<|endoftext|>" {
-            key.into_bytes()
-        } else {
-            decode(&key)
-        };
+        let bytes = if key == "<|endoftext|>" { key.into_bytes() } else { decode(&key) };
         vocab.push((id, bytes));
     }
     let merges: Vec<(Vec<u8>, Vec<u8>)> = merges_txt
@@ -378,10 +308,8 @@ fn piece_loop_speed() {
     let t = Instant::now();
     let e = Encoder::new(vocab, merges, vec!["<|endoftext|>".into()], "gpt2").unwrap();
     println!("build {:?}", t.elapsed());
-    let text = std::fs::read_to_string(format!(
-        "{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt"
-    ))
-    .unwrap();
+    let text =
+        std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
     let docs: Vec<&str> = text.split("\n<|endoftext|>\n").collect();
     for round in 0..6 {
         let t = Instant::now();
@@ -390,29 +318,19 @@ fn piece_loop_speed() {
             n += e.encode(d, true).len();
         }
         let dt = t.elapsed().as_secs_f64();
-        println!(
-            "encode per document, round {round}: {:.1} MB/s ({n} ids)",
-            text.len() as f64 / 1e6 / dt
-        );
+        println!("encode per document, round {round}: {:.1} MB/s ({n} ids)", text.len() as f64 / 1e6 / dt);
     }
     for round in 0..3 {
         let t = Instant::now();
         let mut n = 0;
         e.pretok.for_each_piece(&text, |p| n += p.len());
         let dt = t.elapsed().as_secs_f64();
-        println!(
-            "pretokenize only, round {round}: {:.1} MB/s ({n})",
-            text.len() as f64 / 1e6 / dt
-        );
+        println!("pretokenize only, round {round}: {:.1} MB/s ({n})", text.len() as f64 / 1e6 / dt);
     }
     let t = Instant::now();
     let pieces = e.pretok.pieces(&text);
     let dt = t.elapsed().as_secs_f64();
-    println!(
-        "pretokenize {:.1} MB/s, {} pieces",
-        text.len() as f64 / 1e6 / dt,
-        pieces.len()
-    );
+    println!("pretokenize {:.1} MB/s, {} pieces", text.len() as f64 / 1e6 / dt, pieces.len());
     for _ in 0..3 {
         let t = Instant::now();
         let mut acc = 0u64;
@@ -420,10 +338,7 @@ fn piece_loop_speed() {
             acc = acc.wrapping_add(p.len() as u64 ^ p.as_bytes()[0] as u64);
         }
         let dt = t.elapsed().as_secs_f64();
-        println!(
-            "calibration (touch pieces only): {:.1} ns/piece {acc}",
-            dt * 1e9 / pieces.len() as f64
-        );
+        println!("calibration (touch pieces only): {:.1} ns/piece {acc}", dt * 1e9 / pieces.len() as f64);
     }
     let ranges: Vec<(usize, usize)> = pieces
         .iter()
@@ -433,21 +348,12 @@ fn piece_loop_speed() {
         })
         .collect();
     if let Ok(sm) = std::fs::read_to_string("/proc/self/smaps_rollup") {
-        for l in sm
-            .lines()
-            .filter(|l| l.starts_with("AnonHugePages") || l.starts_with("Rss"))
-        {
+        for l in sm.lines().filter(|l| l.starts_with("AnonHugePages") || l.starts_with("Rss")) {
             println!("{l}");
         }
     }
-    let whole = pieces
-        .iter()
-        .filter(|p| e.whole_token(p.as_bytes()).is_some())
-        .count();
-    println!(
-        "{:.1}% of pieces are whole tokens",
-        100.0 * whole as f64 / pieces.len() as f64
-    );
+    let whole = pieces.iter().filter(|p| e.whole_token(p.as_bytes()).is_some()).count();
+    println!("{:.1}% of pieces are whole tokens", 100.0 * whole as f64 / pieces.len() as f64);
     let mut out = Vec::with_capacity(text.len() / 3);
     for round in 0..6 {
         out.clear();
@@ -486,13 +392,7 @@ fn piece_loop_speed() {
 fn piece_table_all_lengths() {
     let mut t = cache::PieceTable::default();
     let keys: Vec<Vec<u8>> = (1..40usize)
-        .flat_map(|n| {
-            (0..20u8).map(move |k| {
-                (0..n)
-                    .map(|i| (i as u8).wrapping_mul(31).wrapping_add(k))
-                    .collect()
-            })
-        })
+        .flat_map(|n| (0..20u8).map(move |k| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(k)).collect()))
         .collect();
     let ids_for = |i: usize| -> Vec<u32> { (0..(i % 6) + 1).map(|j| (i * 7 + j) as u32).collect() };
     for (i, k) in keys.iter().enumerate() {
@@ -525,14 +425,8 @@ fn piece_cache_is_bounded() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let len = if i % 50 == 0 {
-            20 + (x % 90) as usize
-        } else {
-            2 + (x % 14) as usize
-        };
-        let w: String = (0..len)
-            .map(|k| (b'a' + ((x >> (k % 60)) % 6) as u8) as char)
-            .collect();
+        let len = if i % 50 == 0 { 20 + (x % 90) as usize } else { 2 + (x % 14) as usize };
+        let w: String = (0..len).map(|k| (b'a' + ((x >> (k % 60)) % 6) as u8) as char).collect();
         words.push(w);
     }
     let mut max_slots = 0;
@@ -555,13 +449,7 @@ fn piece_cache_is_bounded() {
     for w in words.iter().step_by(1999) {
         let want: Vec<u32> = naive(merges, &format!(" {w}"))
             .iter()
-            .map(|t| {
-                if t.len() == 1 {
-                    t[0] as u32
-                } else {
-                    e.encode(std::str::from_utf8(t).unwrap(), false)[0]
-                }
-            })
+            .map(|t| if t.len() == 1 { t[0] as u32 } else { e.encode(std::str::from_utf8(t).unwrap(), false)[0] })
             .collect();
         assert_eq!(e.encode(&format!(" {w}"), false), want, "{w}");
     }

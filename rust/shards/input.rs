@@ -487,13 +487,7 @@ impl<'a> ChunkReader<'a> {
 
     /// Read into `buf[*filled..target]` until `*filled == target` or the file ends. `buf`'s
     /// length is only ever grown (pooled buffers stay initialized, so nothing is re-zeroed).
-    fn fill(
-        &self,
-        f: &mut OpenFile,
-        buf: &mut Vec<u8>,
-        filled: &mut usize,
-        target: usize,
-    ) -> Result<(), ShardError> {
+    fn fill(&self, f: &mut OpenFile, buf: &mut Vec<u8>, filled: &mut usize, target: usize) -> Result<(), ShardError> {
         if buf.len() < target {
             buf.resize(target, 0);
         }
@@ -534,9 +528,7 @@ impl<'a> ChunkReader<'a> {
                 got: raw.count,
             });
         }
-        let sha256 = raw
-            .hasher
-            .map(|h| h.finalize().iter().map(|b| format!("{b:02x}")).collect());
+        let sha256 = raw.hasher.map(|h| h.finalize().iter().map(|b| format!("{b:02x}")).collect());
         self.records.push(FileSummary {
             path: spec.path.clone(),
             size: self.sizes[f.idx],
@@ -623,10 +615,7 @@ impl<'a> ChunkReader<'a> {
             }
             buf[..filled].copy_from_slice(&self.carry);
             self.carry.clear();
-            let left = self
-                .raw_total
-                .saturating_sub(self.raw_before + f.src.raw().count)
-                + filled as u64;
+            let left = self.raw_total.saturating_sub(self.raw_before + f.src.raw().count) + filled as u64;
             let balanced = ((left / self.tail_split) as usize).max(MIN_TAIL_CHUNK);
             let mut target = self.job.chunk_size.min(balanced).max(filled + 1);
             let cut = loop {

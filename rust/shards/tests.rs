@@ -231,10 +231,7 @@ fn output_equals_whole_text_encoding_for_any_chunk_size_and_threads() {
         assert_eq!(s.num_tokens, expected.len() as u64);
         assert_eq!(s.num_documents, 300);
         assert_eq!(s.inputs.len(), 1);
-        assert_eq!(
-            s.inputs[0].sha256.as_deref().unwrap(),
-            sha256_hex(text.as_bytes())
-        );
+        assert_eq!(s.inputs[0].sha256.as_deref().unwrap(), sha256_hex(text.as_bytes()));
         assert_eq!(s.inputs[0].bytes, text.len() as u64);
     }
 }
@@ -299,11 +296,7 @@ fn unterminated_last_document_gets_an_eos_but_whitespace_tail_does_not() {
     assert_eq!(s.inputs.len(), 3);
     assert_eq!(s.inputs[1].sha256.as_deref().unwrap(), sha256_hex(b""));
     // Without hashing: the same ids, no sha256.
-    let mut j = job(
-        &dir,
-        &[dir.path("a.txt"), dir.path("c.txt"), dir.path("b.txt")],
-        "nohash.bin",
-    );
+    let mut j = job(&dir, &[dir.path("a.txt"), dir.path("c.txt"), dir.path("b.txt")], "nohash.bin");
     j.hash = false;
     let (s, ids2) = run(&j, &enc).unwrap();
     assert_eq!(ids2, expected);
@@ -490,10 +483,7 @@ fn an_interrupted_run_resumes_to_the_same_bytes() {
             reference,
             "stop_after {stop_after}"
         );
-        assert_eq!(
-            s.inputs[0].sha256.as_deref().unwrap(),
-            sha256_hex(text.as_bytes())
-        );
+        assert_eq!(s.inputs[0].sha256.as_deref().unwrap(), sha256_hex(text.as_bytes()));
         // Running again once complete returns the recorded summary without re-encoding.
         let again = encode_to_shard(&j, &enc, |_| panic!("no work expected")).unwrap();
         assert_eq!(again.num_tokens, s.num_tokens);

@@ -148,11 +148,7 @@ impl Journal {
             );
         }
         // A completed run whose partial file was already renamed to the final name.
-        let partial = if self.complete && !partial.exists() {
-            out_bin
-        } else {
-            partial
-        };
+        let partial = if self.complete && !partial.exists() { out_bin } else { partial };
         let len = match std::fs::metadata(partial) {
             Ok(m) => m.len(),
             Err(_) => {

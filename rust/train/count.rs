@@ -163,10 +163,7 @@ impl ShortTable {
     }
 
     fn iter(&self) -> impl Iterator<Item = (u128, u64)> + '_ {
-        self.entries
-            .iter()
-            .filter(|e| e.key[1] != 0)
-            .map(|e| (e.key[0] as u128 | (e.key[1] as u128) << 64, e.count))
+        self.entries.iter().filter(|e| e.key[1] != 0).map(|e| (e.key[0] as u128 | (e.key[1] as u128) << 64, e.count))
     }
 
     fn reserve(&mut self, more: usize) {
@@ -208,8 +205,7 @@ impl Shard {
 
     /// Total bytes of the unique pieces.
     pub fn total_bytes(&self) -> usize {
-        self.short.iter().map(|e| short_bytes(e.0).1).sum::<usize>()
-            + self.long.keys().map(|k| k.len()).sum::<usize>()
+        self.short.iter().map(|e| short_bytes(e.0).1).sum::<usize>() + self.long.keys().map(|k| k.len()).sum::<usize>()
     }
 
     /// Visit each unique piece and its count.
@@ -260,20 +256,14 @@ const CACHE_KEEP: u64 = 4;
 
 impl Default for PieceCounts {
     fn default() -> Self {
-        PieceCounts {
-            cache: Box::new([]),
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-        }
+        PieceCounts { cache: Box::new([]), shards: (0..SHARDS).map(|_| Shard::default()).collect() }
     }
 }
 
 impl PieceCounts {
     /// A table with a count cache, for a counting worker.
     pub fn with_cache() -> Self {
-        PieceCounts {
-            cache: vec![CacheSlot::default(); 1 << CACHE_BITS].into_boxed_slice(),
-            ..Default::default()
-        }
+        PieceCounts { cache: vec![CacheSlot::default(); 1 << CACHE_BITS].into_boxed_slice(), ..Default::default() }
     }
 
     /// Hint the cache slot (or, without a cache, the table slot) of hash `h` into the
@@ -353,10 +343,7 @@ impl PieceCounts {
         for i in 0..self.cache.len() {
             let slot = std::mem::take(&mut self.cache[i]);
             if slot.count > 0 {
-                self.add_short(
-                    slot.key[0] as u128 | (slot.key[1] as u128) << 64,
-                    slot.count,
-                );
+                self.add_short(slot.key[0] as u128 | (slot.key[1] as u128) << 64, slot.count);
             }
         }
     }
@@ -417,9 +404,7 @@ impl PieceCounts {
         use rayon::prelude::*;
         let mut tables = tables;
         tables.par_iter_mut().for_each(|t| t.flush());
-        let mut columns: Vec<Vec<Shard>> = (0..SHARDS)
-            .map(|_| Vec::with_capacity(tables.len()))
-            .collect();
+        let mut columns: Vec<Vec<Shard>> = (0..SHARDS).map(|_| Vec::with_capacity(tables.len())).collect();
         for t in tables {
             for (i, s) in t.shards.into_iter().enumerate() {
                 columns[i].push(s);
@@ -437,10 +422,7 @@ impl PieceCounts {
                 total
             })
             .collect();
-        PieceCounts {
-            cache: Box::new([]),
-            shards,
-        }
+        PieceCounts { cache: Box::new([]), shards }
     }
 }
 
@@ -493,14 +475,8 @@ fn split_long_segments<'a>(segs: &mut Vec<Segment<'a>>, piece: usize) {
             // Cut in [piece, 2 * piece] if possible, else leave it long.
             match safe_text_cut(rest.bytes, piece, 2 * piece) {
                 Some(c) => {
-                    out.push(Segment {
-                        offset: rest.offset,
-                        bytes: &rest.bytes[..c],
-                    });
-                    rest = Segment {
-                        offset: rest.offset + c as u64,
-                        bytes: &rest.bytes[c..],
-                    };
+                    out.push(Segment { offset: rest.offset, bytes: &rest.bytes[..c] });
+                    rest = Segment { offset: rest.offset + c as u64, bytes: &rest.bytes[c..] };
                 }
                 None => break,
             }
@@ -517,11 +493,7 @@ pub struct Counter {
 
 impl Counter {
     pub fn new(workers: usize) -> Self {
-        Counter {
-            tables: (0..workers.max(1))
-                .map(|_| Mutex::new(PieceCounts::with_cache()))
-                .collect(),
-        }
+        Counter { tables: (0..workers.max(1)).map(|_| Mutex::new(PieceCounts::with_cache())).collect() }
     }
 
     /// Pre-tokenize and count `segs` on the pool's workers.
@@ -575,18 +547,14 @@ impl Counter {
                         // Tasks are taken in order, and a task once taken is finished, so
                         // the smallest bad offset found is the first in the source.
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(first, end, bytes)) = tasks.get(i) else {
-                            return;
-                        };
+                        let Some(&(first, end, bytes)) = tasks.get(i) else { return };
                         for seg in &segs[first..end] {
                             match std::str::from_utf8(seg.bytes) {
                                 Ok(text) => count_text(pre, text, &mut map),
                                 Err(err) => match errors {
-                                    Utf8Errors::Replace => count_text(
-                                        pre,
-                                        &String::from_utf8_lossy(seg.bytes),
-                                        &mut map,
-                                    ),
+                                    Utf8Errors::Replace => {
+                                        count_text(pre, &String::from_utf8_lossy(seg.bytes), &mut map)
+                                    }
                                     Utf8Errors::Strict => {
                                         let at = seg.offset + err.valid_up_to() as u64;
                                         let mut bad = bad_utf8.lock().unwrap();
@@ -605,10 +573,7 @@ impl Counter {
             }
         });
         if let Some(offset) = bad_utf8.into_inner().unwrap() {
-            return Err(TrainError::InvalidUtf8 {
-                source: source.to_string(),
-                offset,
-            });
+            return Err(TrainError::InvalidUtf8 { source: source.to_string(), offset });
         }
         if ctl.is_cancelled() {
             return Err(TrainError::Cancelled);
@@ -618,11 +583,6 @@ impl Counter {
 
     /// Merge the workers' tables into one (in parallel on the current rayon pool).
     pub fn into_counts(self) -> PieceCounts {
-        PieceCounts::merge(
-            self.tables
-                .into_iter()
-                .map(|m| m.into_inner().unwrap())
-                .collect(),
-        )
+        PieceCounts::merge(self.tables.into_iter().map(|m| m.into_inner().unwrap()).collect())
     }
 }

@@ -64,10 +64,7 @@ const HEADER: usize = 3;
 
 impl Words {
     pub fn with_capacity(words: usize, bytes: usize) -> Self {
-        Words {
-            data: Vec::with_capacity(words * HEADER + bytes),
-            n: 0,
-        }
+        Words { data: Vec::with_capacity(words * HEADER + bytes), n: 0 }
     }
 
     /// Add a pre-token. Fails only when the table outgrows 32-bit word ids (16 GiB).
@@ -110,19 +107,14 @@ impl Words {
                 res.map(|_| w)
             })
             .collect();
-        let mut parts = parts
-            .into_iter()
-            .collect::<Result<Vec<Words>, TrainError>>()?;
+        let mut parts = parts.into_iter().collect::<Result<Vec<Words>, TrainError>>()?;
         let total: usize = parts.iter().map(|p| p.data.len()).sum();
         if total > u32::MAX as usize {
             return Err(TrainError::InvalidInput(
                 "too many distinct pre-tokens for one training run (over 4 G symbols)".into(),
             ));
         }
-        let mut out = Words {
-            data: Vec::with_capacity(total),
-            n: 0,
-        };
+        let mut out = Words { data: Vec::with_capacity(total), n: 0 };
         super::advise_huge_pages(&out.data);
         for p in parts.iter_mut() {
             out.data.extend_from_slice(&p.data);
@@ -160,6 +152,7 @@ impl Words {
         let w = w as usize;
         &self.data[w + HEADER..w + HEADER + self.data[w] as usize]
     }
+
 }
 
 struct PairStats {
@@ -217,10 +210,7 @@ impl Pairs {
                         if Self::shard_index(key, n) != shard {
                             continue;
                         }
-                        let e = m.entry(key).or_insert_with(|| PairStats {
-                            count: 0,
-                            words: WordList::new(),
-                        });
+                        let e = m.entry(key).or_insert_with(|| PairStats { count: 0, words: WordList::new() });
                         e.count += c;
                         if e.words.last() != Some(&w) {
                             e.words.push(w);
@@ -235,15 +225,8 @@ impl Pairs {
 
     /// Shard `shard` of `n` of the pairs of words made of bytes only.
     fn build_dense(words: &Words, ids: &[u32], n: usize, shard: usize) -> FxMap<u64, PairStats> {
-        let mine: Vec<bool> = (0..1usize << 16)
-            .map(|k| Self::shard_index(pack((k >> 8) as u32, k as u32 & 255), n) == shard)
-            .collect();
-        let mut table: Vec<PairStats> = (0..1usize << 16)
-            .map(|_| PairStats {
-                count: 0,
-                words: WordList::new(),
-            })
-            .collect();
+        let mine: Vec<bool> = (0..1usize << 16).map(|k| Self::shard_index(pack((k >> 8) as u32, k as u32 & 255), n) == shard).collect();
+        let mut table: Vec<PairStats> = (0..1usize << 16).map(|_| PairStats { count: 0, words: WordList::new() }).collect();
         for &w in ids {
             let c = words.count(w);
             let s = words.symbols(w);
@@ -279,10 +262,7 @@ struct Tokens {
 
 impl Tokens {
     fn new() -> Self {
-        let mut t = Tokens {
-            bytes: Vec::new(),
-            prefix: Vec::new(),
-        };
+        let mut t = Tokens { bytes: Vec::new(), prefix: Vec::new() };
         for b in 0..=255u8 {
             t.push(vec![b].into_boxed_slice());
         }
@@ -372,11 +352,7 @@ impl PairHeap {
                 break;
             }
             let r = l + 1;
-            let c = if r < n && Self::greater(tokens, self.v[r], self.v[l]) {
-                r
-            } else {
-                l
-            };
+            let c = if r < n && Self::greater(tokens, self.v[r], self.v[l]) { r } else { l };
             if Self::greater(tokens, self.v[c], self.v[i]) {
                 self.v.swap(c, i);
                 i = c;
@@ -431,15 +407,7 @@ impl Deltas {
         loop {
             let s = self.slots[i];
             if s == 0 {
-                self.entries.push((
-                    key,
-                    DeltaEntry {
-                        count: 0,
-                        head: NONE,
-                        tail: NONE,
-                        n: 0,
-                    },
-                ));
+                self.entries.push((key, DeltaEntry { count: 0, head: NONE, tail: NONE, n: 0 }));
                 self.slots[i] = self.entries.len() as u32;
                 self.used.push(i as u32);
                 return self.entries.len() - 1;
@@ -530,9 +498,7 @@ fn rewrite_word(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut De
     let c = (rec[1] as u64 | (rec[2] as u64) << 32) as i64;
     let s = &mut rec[HEADER..HEADER + n];
     // Find the first occurrence; a stale entry (the word lost the pair) costs just this scan.
-    let Some(first) = s.windows(2).position(|p| p[0] == a && p[1] == b) else {
-        return;
-    };
+    let Some(first) = s.windows(2).position(|p| p[0] == a && p[1] == b) else { return };
     let best = pack(a, b);
     let mut add = |key: u64, d: i64, w: u32| {
         if key != best {
@@ -581,16 +547,7 @@ unsafe impl Sync for SharedWords {}
 /// # Safety
 /// No other thread may access the records of words with ids in `lo..hi` meanwhile, and
 /// every id in `list` must be the offset of a record of `words`.
-unsafe fn rewrite_share(
-    words: SharedWords,
-    list: &[u32],
-    lo: u32,
-    hi: u32,
-    a: u32,
-    b: u32,
-    x: u32,
-    deltas: &mut Deltas,
-) {
+unsafe fn rewrite_share(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
     let mut last = NONE;
     for (k, &w) in list.iter().enumerate() {
         if let Some(&ahead) = list.get(k + PREFETCH) {
@@ -652,11 +609,7 @@ struct Pruning {
     rescan_all: bool,
 }
 
-const PRUNING: Pruning = Pruning {
-    after: 1000,
-    margin: 4.0,
-    rescan_all: false,
-};
+const PRUNING: Pruning = Pruning { after: 1000, margin: 4.0, rescan_all: false };
 
 /// Predicted count of merge `total` from the counts of the merges so far (a power law
 /// fitted to the last three quarters of them).
@@ -670,20 +623,9 @@ fn predict_last_count(history: &[i64], total: usize) -> f64 {
 /// Count all pairs of `words` afresh and track those of count `floor` or more, where
 /// `floor` is `want`, lowered to the greatest count if need be (so that the best pair is
 /// always tracked and the merge loop makes progress). Returns the floor used.
-fn recount(
-    words: &Words,
-    ids: &[u32],
-    tokens: &Tokens,
-    want: i64,
-    bytes_only: bool,
-) -> (Pairs, PairHeap, i64) {
+fn recount(words: &Words, ids: &[u32], tokens: &Tokens, want: i64, bytes_only: bool) -> (Pairs, PairHeap, i64) {
     let mut pairs = Pairs::build(words, ids, rayon::current_num_threads(), bytes_only);
-    let max = pairs
-        .shards
-        .iter()
-        .flat_map(|m| m.values().map(|p| p.count))
-        .max()
-        .unwrap_or(0);
+    let max = pairs.shards.iter().flat_map(|m| m.values().map(|p| p.count)).max().unwrap_or(0);
     let floor = want.min(max).max(1);
     prune(&mut pairs, floor);
     let heap = rebuild_heap(&pairs, tokens);
@@ -694,15 +636,7 @@ fn recount(
 /// have had untracked occurrences before this merge, which its deltas do not show. Count
 /// every pair with `x` exactly from the words and track those of count `floor` or more
 /// (replacing what is tracked of them). Pairs without `x` only lost occurrences.
-fn rescan_symbol(
-    words: &Words,
-    ids: &[u32],
-    x: u32,
-    floor: i64,
-    pairs: &mut Pairs,
-    heap: &mut PairHeap,
-    tokens: &Tokens,
-) {
+fn rescan_symbol(words: &Words, ids: &[u32], x: u32, floor: i64, pairs: &mut Pairs, heap: &mut PairHeap, tokens: &Tokens) {
     let mut found: FxMap<u64, PairStats> = FxMap::default();
     for &w in ids {
         let s = words.symbols(w);
@@ -712,12 +646,7 @@ fn rescan_symbol(
         let c = words.count(w);
         for i in 0..s.len() - 1 {
             if s[i] == x || s[i + 1] == x {
-                let e = found
-                    .entry(pack(s[i], s[i + 1]))
-                    .or_insert_with(|| PairStats {
-                        count: 0,
-                        words: WordList::new(),
-                    });
+                let e = found.entry(pack(s[i], s[i + 1])).or_insert_with(|| PairStats { count: 0, words: WordList::new() });
                 e.count += c;
                 if e.words.last() != Some(&w) {
                     e.words.push(w);
@@ -745,13 +674,7 @@ fn prune(pairs: &mut Pairs, floor: i64) {
 }
 
 fn rebuild_heap(pairs: &Pairs, tokens: &Tokens) -> PairHeap {
-    let mut heap = PairHeap {
-        v: pairs
-            .shards
-            .iter()
-            .flat_map(|m| m.iter().map(|(&k, p)| (p.count, k)))
-            .collect(),
-    };
+    let mut heap = PairHeap { v: pairs.shards.iter().flat_map(|m| m.iter().map(|(&k, p)| (p.count, k))).collect() };
     heap.heapify(tokens);
     heap
 }
@@ -798,9 +721,7 @@ fn learn_merges_with(
     let mut deltas: Vec<Deltas> = (0..workers).map(|_| Deltas::default()).collect();
     // Word-id ranges of the workers: equal shares of the words array.
     let total = words.data.len() as u64;
-    let bounds: Vec<u32> = (0..=workers)
-        .map(|t| (total * t as u64 / workers as u64) as u32)
-        .collect();
+    let bounds: Vec<u32> = (0..=workers).map(|t| (total * t as u64 / workers as u64) as u32).collect();
     while merges.len() < num_merges {
         if ctl.is_cancelled() {
             return Err(TrainError::Cancelled);
@@ -832,10 +753,7 @@ fn learn_merges_with(
         };
         let Some(best) = best else { break };
         let (a, b) = unpack(best);
-        let stats = pairs
-            .shard(best)
-            .remove(&best)
-            .expect("popped pair is present");
+        let stats = pairs.shard(best).remove(&best).expect("popped pair is present");
         history.push(stats.count);
 
         let (ta, tb) = (tokens.get(a), tokens.get(b));
@@ -858,10 +776,7 @@ fn learn_merges_with(
         };
 
         // Rewrite each affected word in one pass, recording count changes.
-        let shared = SharedWords {
-            ptr: words.data.as_mut_ptr(),
-            len: words.data.len(),
-        };
+        let shared = SharedWords { ptr: words.data.as_mut_ptr(), len: words.data.len() };
         let list = &stats.words;
         if workers > 1 && list.len() >= parallel_list {
             let bounds = &bounds;
@@ -869,9 +784,7 @@ fn learn_merges_with(
                 for (t, d) in deltas.iter_mut().enumerate() {
                     scope.spawn(move |_| {
                         // SAFETY: the word-id ranges of the workers are disjoint.
-                        unsafe {
-                            rewrite_share(shared, list, bounds[t], bounds[t + 1], a, b, x, d)
-                        };
+                        unsafe { rewrite_share(shared, list, bounds[t], bounds[t + 1], a, b, x, d) };
                     });
                 }
             });
@@ -896,13 +809,7 @@ fn learn_merges_with(
                 if d.count >= floor.max(1) {
                     let mut list = WordList::with_capacity(d.n as usize);
                     list.extend(d0.words(d.head));
-                    pairs.shard(key).insert(
-                        key,
-                        PairStats {
-                            count: d.count,
-                            words: list,
-                        },
-                    );
+                    pairs.shard(key).insert(key, PairStats { count: d.count, words: list });
                     heap.push(&tokens, (d.count, key));
                 }
                 continue;
@@ -927,10 +834,7 @@ fn learn_merges_with(
                     if d.count >= floor.max(1) {
                         let mut list = WordList::with_capacity(d.n as usize);
                         list.extend(d0.words(d.head));
-                        v.insert(PairStats {
-                            count: d.count,
-                            words: list,
-                        });
+                        v.insert(PairStats { count: d.count, words: list });
                         heap.push(&tokens, (d.count, key));
                     }
                 }
@@ -1001,14 +905,7 @@ mod tests {
         // The worked example of the CS336 assignment (pre-tokens, whitespace split).
         let corpus = [("low", 5), ("lower", 2), ("widest", 3), ("newest", 6)];
         let got = train(&corpus, 6);
-        let want = vec![
-            m("s", "t"),
-            m("e", "st"),
-            m("o", "w"),
-            m("l", "ow"),
-            m("w", "est"),
-            m("n", "e"),
-        ];
+        let want = vec![m("s", "t"), m("e", "st"), m("o", "w"), m("l", "ow"), m("w", "est"), m("n", "e")];
         assert_eq!(got, want);
     }
 
@@ -1028,13 +925,9 @@ mod tests {
         let mut text = Vec::new();
         let mut x: u64 = 1;
         for _ in 0..20_000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let len = 2 + (x >> 60) as usize;
-            let w: String = (0..len)
-                .map(|k| (b'a' + (x.rotate_right((4 * k) as u32) % 6) as u8) as char)
-                .collect();
+            let w: String = (0..len).map(|k| (b'a' + (x.rotate_right((4 * k) as u32) % 6) as u8) as char).collect();
             text.push((w, 1 + (x >> 40) % 5));
         }
         let run = |threads: usize, parallel_list: usize| {
@@ -1042,14 +935,10 @@ mod tests {
             for (w, c) in &text {
                 words.push(w.as_bytes(), *c).unwrap();
             }
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let ctl = Control::default();
             let mut t = MergeTimes::default();
-            pool.install(|| learn_merges_with(words, 300, &ctl, &mut t, parallel_list, PRUNING))
-                .unwrap()
+            pool.install(|| learn_merges_with(words, 300, &ctl, &mut t, parallel_list, PRUNING)).unwrap()
         };
         let serial = run(1, usize::MAX);
         assert!(serial.len() > 200);
@@ -1063,13 +952,9 @@ mod tests {
         let mut text = Vec::new();
         let mut x: u64 = 7;
         for i in 0..30_000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let len = 2 + (x >> 61) as usize;
-            let w: String = (0..len)
-                .map(|k| (b'a' + ((x >> (5 * k + 3)) % 11) as u8) as char)
-                .collect();
+            let w: String = (0..len).map(|k| (b'a' + ((x >> (5 * k + 3)) % 11) as u8) as char).collect();
             text.push((w, 1 + 5000 / (i + 1)));
         }
         let run = |pruning: Pruning| {
@@ -1082,30 +967,10 @@ mod tests {
             let m = learn_merges_with(words, 1500, &ctl, &mut t, usize::MAX, pruning).unwrap();
             (m, t)
         };
-        let (plain, _) = run(Pruning {
-            after: usize::MAX / 8,
-            margin: 1.0,
-            rescan_all: false,
-        });
+        let (plain, _) = run(Pruning { after: usize::MAX / 8, margin: 1.0, rescan_all: false });
         assert!(plain.len() == 1500);
         // A sensible floor, a floor far too high (recounts), and an early, tight one.
-        for pruning in [
-            Pruning {
-                after: 100,
-                margin: 4.0,
-                rescan_all: false,
-            },
-            Pruning {
-                after: 50,
-                margin: 0.05,
-                rescan_all: false,
-            },
-            Pruning {
-                after: 10,
-                margin: 1.0,
-                rescan_all: false,
-            },
-        ] {
+        for pruning in [Pruning { after: 100, margin: 4.0, rescan_all: false }, Pruning { after: 50, margin: 0.05, rescan_all: false }, Pruning { after: 10, margin: 1.0, rescan_all: false }] {
             let (pruned, t) = run(pruning);
             assert!(t.floor > 1, "{pruning:?} did not prune");
             assert_eq!(pruned, plain, "{pruning:?}");
@@ -1115,11 +980,7 @@ mod tests {
         }
     }
 
-    fn train_with(
-        corpus: &[(String, u64)],
-        n: usize,
-        pruning: Pruning,
-    ) -> (Vec<(String, String)>, MergeTimes) {
+    fn train_with(corpus: &[(String, u64)], n: usize, pruning: Pruning) -> (Vec<(String, String)>, MergeTimes) {
         let mut words = Words::default();
         for (w, c) in corpus {
             words.push(w.as_bytes(), *c).unwrap();
@@ -1139,39 +1000,18 @@ mod tests {
         // One long word of count 1000 sets a floor near 1000; once it is merged whole,
         // every pair left counts a few at most: the recount must lower the floor below
         // them (a floor derived from the last merge's count alone would stay too high).
-        let long: String = (b'A'..=b'Z')
-            .chain(b'a'..=b'z')
-            .map(|c| c as char)
-            .collect();
+        let long: String = (b'A'..=b'Z').chain(b'a'..=b'z').map(|c| c as char).collect();
         let mut corpus = vec![(long, 1000u64)];
         let mut x: u64 = 3;
         for _ in 0..300 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let len = 2 + (x >> 61) as usize;
-            let w: String = (0..len)
-                .map(|k| (b'0' + ((x >> (5 * k + 3)) % 7) as u8) as char)
-                .collect();
+            let w: String = (0..len).map(|k| (b'0' + ((x >> (5 * k + 3)) % 7) as u8) as char).collect();
             corpus.push((w, 1 + (x >> 20) % 3));
         }
-        let (got, t) = train_with(
-            &corpus,
-            120,
-            Pruning {
-                after: 10,
-                margin: 1.0,
-                rescan_all: false,
-            },
-        );
+        let (got, t) = train_with(&corpus, 120, Pruning { after: 10, margin: 1.0, rescan_all: false });
         assert!(t.floor >= 500 && t.recounts > 0, "{t:?}");
-        let want: Vec<(String, String)> = naive(
-            &corpus
-                .iter()
-                .map(|(w, c)| (w.as_str(), *c))
-                .collect::<Vec<_>>(),
-            120,
-        );
+        let want: Vec<(String, String)> = naive(&corpus.iter().map(|(w, c)| (w.as_str(), *c)).collect::<Vec<_>>(), 120);
         assert_eq!(got, want);
     }
 
@@ -1187,38 +1027,16 @@ mod tests {
             let mut x = seed * 7919 + 1;
             let mut corpus: Vec<(String, u64)> = Vec::new();
             for i in 0..120u64 {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 let len = 2 + ((x >> 33) % 11) as usize;
-                let w: String = (0..len)
-                    .map(|k| (b'a' + ((x >> (2 * k + 3)) % 3) as u8) as char)
-                    .collect();
+                let w: String = (0..len).map(|k| (b'a' + ((x >> (2 * k + 3)) % 3) as u8) as char).collect();
                 corpus.push((w, 1 + 40 / (i + 1) + (x >> 60)));
             }
-            let want = naive(
-                &corpus
-                    .iter()
-                    .map(|(w, c)| (w.as_str(), *c))
-                    .collect::<Vec<_>>(),
-                80,
-            );
+            let want = naive(&corpus.iter().map(|(w, c)| (w.as_str(), *c)).collect::<Vec<_>>(), 80);
             for pruning in [
-                Pruning {
-                    after: 3,
-                    margin: 4.0,
-                    rescan_all: true,
-                },
-                Pruning {
-                    after: 5,
-                    margin: 1.0,
-                    rescan_all: false,
-                },
-                Pruning {
-                    after: 4,
-                    margin: 0.25,
-                    rescan_all: true,
-                },
+                Pruning { after: 3, margin: 4.0, rescan_all: true },
+                Pruning { after: 5, margin: 1.0, rescan_all: false },
+                Pruning { after: 4, margin: 0.25, rescan_all: true },
             ] {
                 let (got, t) = train_with(&corpus, 80, pruning);
                 assert_eq!(got, want, "seed {seed}, {pruning:?}");
@@ -1226,10 +1044,7 @@ mod tests {
                 recounts += t.recounts;
             }
         }
-        assert!(
-            rescans > 0 && recounts > 0,
-            "rescans {rescans}, recounts {recounts}"
-        );
+        assert!(rescans > 0 && recounts > 0, "rescans {rescans}, recounts {recounts}");
     }
 
     #[test]
@@ -1242,27 +1057,9 @@ mod tests {
     fn same_bytes_from_two_merges_are_one_symbol() {
         // Brute-force check against a naive bytes-keyed trainer on small corpora.
         let corpora: Vec<Vec<(&str, u64)>> = vec![
-            vec![
-                ("abc", 2),
-                ("bcx", 3),
-                ("abx", 2),
-                ("xabc", 1),
-                ("abcabc", 1),
-            ],
-            vec![
-                ("abab", 3),
-                ("baba", 2),
-                ("aabb", 1),
-                ("bbaa", 2),
-                ("ab", 1),
-            ],
-            vec![
-                ("hello", 4),
-                ("yellow", 2),
-                ("mellow", 3),
-                ("low", 5),
-                ("lowest", 1),
-            ],
+            vec![("abc", 2), ("bcx", 3), ("abx", 2), ("xabc", 1), ("abcabc", 1)],
+            vec![("abab", 3), ("baba", 2), ("aabb", 1), ("bbaa", 2), ("ab", 1)],
+            vec![("hello", 4), ("yellow", 2), ("mellow", 3), ("low", 5), ("lowest", 1)],
         ];
         for corpus in corpora {
             let got = train(&corpus, 50);
@@ -1272,10 +1069,8 @@ mod tests {
 
     /// The obvious quadratic trainer: words as lists of byte strings.
     fn naive(corpus: &[(&str, u64)], n: usize) -> Vec<(String, String)> {
-        let mut words: Vec<(Vec<String>, u64)> = corpus
-            .iter()
-            .map(|(w, c)| (w.chars().map(|ch| ch.to_string()).collect(), *c))
-            .collect();
+        let mut words: Vec<(Vec<String>, u64)> =
+            corpus.iter().map(|(w, c)| (w.chars().map(|ch| ch.to_string()).collect(), *c)).collect();
         let mut out = vec![];
         for _ in 0..n {
             let mut counts: std::collections::BTreeMap<(String, String), u64> = Default::default();
@@ -1284,11 +1079,7 @@ mod tests {
                     *counts.entry((p[0].clone(), p[1].clone())).or_default() += c;
                 }
             }
-            let Some(best) = counts
-                .iter()
-                .max_by(|x, y| x.1.cmp(y.1).then(x.0.cmp(y.0)))
-                .map(|x| x.0.clone())
-            else {
+            let Some(best) = counts.iter().max_by(|x, y| x.1.cmp(y.1).then(x.0.cmp(y.0))).map(|x| x.0.clone()) else {
                 break;
             };
             for (w, _) in words.iter_mut() {

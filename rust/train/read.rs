@@ -28,26 +28,16 @@ pub struct SpecialSplitter {
 
 impl SpecialSplitter {
     pub fn new(specials: &[String]) -> Self {
-        let pats: Vec<&[u8]> = specials
-            .iter()
-            .map(|s| s.as_bytes())
-            .filter(|s| !s.is_empty())
-            .collect();
+        let pats: Vec<&[u8]> = specials.iter().map(|s| s.as_bytes()).filter(|s| !s.is_empty()).collect();
         if pats.is_empty() {
-            return SpecialSplitter {
-                ac: None,
-                max_len: 0,
-            };
+            return SpecialSplitter { ac: None, max_len: 0 };
         }
         let max_len = pats.iter().map(|p| p.len()).max().unwrap_or(0);
         let ac = AhoCorasickBuilder::new()
             .match_kind(MatchKind::LeftmostLongest)
             .build(&pats)
             .expect("special tokens are short literal strings");
-        SpecialSplitter {
-            ac: Some(ac),
-            max_len,
-        }
+        SpecialSplitter { ac: Some(ac), max_len }
     }
 
     /// Length of the longest special token (0 when there are none).
@@ -154,9 +144,7 @@ pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option
 /// built-in patterns; for a custom pattern it assumes no match depends on text more
 /// than two pre-tokens ahead.
 pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer) -> Option<usize> {
-    let limit = buf
-        .len()
-        .saturating_sub(splitter.max_len().saturating_sub(1));
+    let limit = buf.len().saturating_sub(splitter.max_len().saturating_sub(1));
     let mut start = 0;
     let mut end = limit;
     splitter.for_each_match(buf, |s, e| {
@@ -197,24 +185,14 @@ where
 {
     let file = File::open(path)?;
     // A small file needs no full-size buffer.
-    let file_len = file
-        .metadata()
-        .map(|m| m.len() as usize)
-        .unwrap_or(usize::MAX);
+    let file_len = file.metadata().map(|m| m.len() as usize).unwrap_or(usize::MAX);
     let chunk_size = chunk_size.min(file_len.saturating_add(1)).max(64);
     let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<(Vec<u8>, usize, u64)>>(1);
     let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
     std::thread::scope(|scope| {
         let cut = &cut;
         scope.spawn(move || {
-            let r = produce_chunks(
-                file,
-                chunk_size,
-                cut,
-                on_read,
-                &back_rx,
-                |chunk, len, offset| tx.send(Ok((chunk, len, offset))).is_ok(),
-            );
+            let r = produce_chunks(file, chunk_size, cut, on_read, &back_rx, |chunk, len, offset| tx.send(Ok((chunk, len, offset))).is_ok());
             if let Err(e) = r {
                 let _ = tx.send(Err(e));
             }
@@ -316,12 +294,9 @@ mod tests {
     fn text_cut_is_exact_for_builtin_patterns() {
         let text = "Hello world.\nThe end  \nx\n\nYes!\nok 12\nZ\n  a\tb\nc";
         let bytes = text.as_bytes();
-        let pres = ["gpt2", "cl100k", "o200k"].iter().flat_map(|p| {
-            [
-                PreTokenizer::new(p).unwrap(),
-                PreTokenizer::new_regex(p).unwrap(),
-            ]
-        });
+        let pres = ["gpt2", "cl100k", "o200k"]
+            .iter()
+            .flat_map(|p| [PreTokenizer::new(p).unwrap(), PreTokenizer::new_regex(p).unwrap()]);
         for pre in pres {
             let pat = pre.pattern().to_string();
             let whole: Vec<&str> = pre.pieces(text);
@@ -343,10 +318,7 @@ mod tests {
         let sp = SpecialSplitter::new(&["<|end|>".into()]);
         let pre = PreTokenizer::new("gpt2").unwrap();
         // Only "one two three four fi" is surely free of a special-token start.
-        assert_eq!(
-            hold_back_cut(b"one two three four five six", &sp, &pre),
-            Some(13)
-        );
+        assert_eq!(hold_back_cut(b"one two three four five six", &sp, &pre), Some(13));
         // The last 6 bytes may start a special token: held back, with the two pieces before.
         assert_eq!(hold_back_cut(b"a b c d<|en", &sp, &pre), Some(1));
         assert_eq!(hold_back_cut(b"x<|end|>a b", &sp, &pre), None);
@@ -361,16 +333,10 @@ mod tests {
         std::fs::write(&path, "word<|endoftext|>".repeat(10_000)).unwrap();
         let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
         let mut calls = 0;
-        let r = for_each_chunk::<io::Error>(
-            &path,
-            1000,
-            |b| find_cut(b, &sp, true),
-            |_| {},
-            |_, _| {
-                calls += 1;
-                Err(io::Error::other("stop"))
-            },
-        );
+        let r = for_each_chunk::<io::Error>(&path, 1000, |b| find_cut(b, &sp, true), |_| {}, |_, _| {
+            calls += 1;
+            Err(io::Error::other("stop"))
+        });
         assert!(r.is_err());
         assert_eq!(calls, 1);
         std::fs::remove_dir_all(&dir).ok();
@@ -390,18 +356,12 @@ mod tests {
         for builtin in [false, true] {
             let mut got = Vec::new();
             let mut n = 0;
-            for_each_chunk::<io::Error>(
-                &path,
-                1000,
-                |b| find_cut(b, &sp, builtin),
-                |_| {},
-                |c, off| {
-                    assert_eq!(off as usize, got.len());
-                    got.extend_from_slice(c);
-                    n += 1;
-                    Ok(())
-                },
-            )
+            for_each_chunk::<io::Error>(&path, 1000, |b| find_cut(b, &sp, builtin), |_| {}, |c, off| {
+                assert_eq!(off as usize, got.len());
+                got.extend_from_slice(c);
+                n += 1;
+                Ok(())
+            })
             .unwrap();
             assert_eq!(got, text.as_bytes());
             assert!(n > 20);
