@@ -510,12 +510,7 @@ impl Encoder {
 
     /// Encode many documents, in parallel over documents (see [`ThreadCount`]); the
     /// result is the same for any thread count.
-    pub fn encode_batch<S: AsRef<str> + Sync>(
-        &self,
-        texts: &[S],
-        allow_special: bool,
-        threads: ThreadCount,
-    ) -> Vec<Vec<u32>> {
+    pub fn encode_batch<S: AsRef<str> + Sync>(&self, texts: &[S], allow_special: bool, threads: ThreadCount) -> Vec<Vec<u32>> {
         parallel::encode_batch(self, texts, allow_special, threads)
     }
 

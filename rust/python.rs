@@ -35,7 +35,7 @@ mod encoder_bindings {
     use pyo3::prelude::*;
     use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
 
-    use crate::encode::{EncodeError, Encoder, StreamEncoder};
+    use crate::encode::{BatchIds, EncodeError, Encoder, StreamEncoder};
 
     fn encode_err(e: EncodeError) -> PyErr {
         PyValueError::new_err(e.to_string())
@@ -52,10 +52,7 @@ mod encoder_bindings {
         // str otherwise). PyO3's abi3-py39 path encodes to a new bytes object and copies
         // it on every call. Not used on Windows, where an abi3 module may only import the
         // functions of the stable ABI of the oldest Python it supports.
-        fn PyUnicode_AsUTF8AndSize(
-            unicode: *mut pyo3::ffi::PyObject,
-            size: *mut pyo3::ffi::Py_ssize_t,
-        ) -> *const std::os::raw::c_char;
+        fn PyUnicode_AsUTF8AndSize(unicode: *mut pyo3::ffi::PyObject, size: *mut pyo3::ffi::Py_ssize_t) -> *const std::os::raw::c_char;
     }
 
     /// The UTF-8 of a Python str, borrowed from it where possible; TypeError for other
@@ -109,11 +106,7 @@ mod encoder_bindings {
     }
 
     /// Run `f` with the GIL released, unless the input (`n` bytes) is small.
-    fn run_detached<T: pyo3::marker::Ungil>(
-        py: Python<'_>,
-        n: usize,
-        f: impl FnOnce() -> T + pyo3::marker::Ungil,
-    ) -> T {
+    fn run_detached<T: pyo3::marker::Ungil>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + pyo3::marker::Ungil) -> T {
         if n < DETACH_MIN {
             f()
         } else {
@@ -265,9 +258,9 @@ mod encoder_bindings {
             special_tokens: &Bound<'_, PyAny>,
             pattern: &str,
         ) -> PyResult<Self> {
-            let vocab = vocab.cast::<PyDict>().map_err(|_| {
-                PyTypeError::new_err(format!("vocab must be a dict[int, bytes], got {}", type_name(vocab)))
-            })?;
+            let vocab = vocab
+                .cast::<PyDict>()
+                .map_err(|_| PyTypeError::new_err(format!("vocab must be a dict[int, bytes], got {}", type_name(vocab))))?;
             let mut v: Vec<(u64, Vec<u8>)> = Vec::with_capacity(vocab.len());
             for (k, b) in vocab.iter() {
                 if k.cast::<pyo3::types::PyInt>().is_err() || k.cast::<pyo3::types::PyBool>().is_ok() {
@@ -288,10 +281,7 @@ mod encoder_bindings {
             for (i, item) in merges.try_iter()?.enumerate() {
                 let item = item?;
                 let pair = item.cast::<PyTuple>().ok().filter(|t| t.len() == 2).ok_or_else(|| {
-                    PyTypeError::new_err(format!(
-                        "merges[{i}] must be a tuple (bytes, bytes), got {}",
-                        type_name(&item)
-                    ))
+                    PyTypeError::new_err(format!("merges[{i}] must be a tuple (bytes, bytes), got {}", type_name(&item)))
                 })?;
                 let a = bytes_of(&pair.get_item(0)?, &|| format!("merges[{i}][0]"))?;
                 let b = bytes_of(&pair.get_item(1)?, &|| format!("merges[{i}][1]"))?;
@@ -306,19 +296,18 @@ mod encoder_bindings {
                 specials.push(t.to_cow()?.into_owned());
             }
             let pattern = pattern.to_owned();
-            let enc = py
-                .detach(move || {
-                    let enc = Encoder::new(v, m, specials, &pattern);
-                    // The inputs and tables built on the way were many small allocations:
-                    // give the pages they leave free back to the OS.
-                    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-                    // SAFETY: plain libc call.
-                    unsafe {
-                        libc::malloc_trim(0);
-                    }
-                    enc
-                })
-                .map_err(encode_err)?;
+            let enc = py.detach(move || {
+                let enc = Encoder::new(v, m, specials, &pattern);
+                // The inputs and tables built on the way were many small allocations:
+                // give the pages they leave free back to the OS.
+                #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                // SAFETY: plain libc call.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+                enc
+            })
+            .map_err(encode_err)?;
             let ints = make_ints(py, enc.vocab_size())?;
             Ok(PyEncoder { inner: Arc::new(enc), ints })
         }
@@ -370,12 +359,7 @@ mod encoder_bindings {
 
         /// Token ids of `text` as a list.
         #[pyo3(signature = (text, allow_special = true))]
-        fn encode<'py>(
-            &self,
-            py: Python<'py>,
-            text: &Bound<'py, PyAny>,
-            allow_special: bool,
-        ) -> PyResult<Bound<'py, PyList>> {
+        fn encode<'py>(&self, py: Python<'py>, text: &Bound<'py, PyAny>, allow_special: bool) -> PyResult<Bound<'py, PyList>> {
             let s = text_of(text, || "encode()".into())?;
             if s.len() < DETACH_MIN {
                 return with_scratch(|ids| {
@@ -448,12 +432,8 @@ mod encoder_bindings {
             let (strs, total) = batch_texts(&objs)?;
             let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
             let mut lists: Vec<Bound<'py, PyList>> = Vec::with_capacity(strs.len());
-            for g in &groups {
-                let mut at = 0;
-                for &end in &g.ends {
-                    lists.push(to_list(py, &self.ints, &g.ids[at..end])?);
-                    at = end;
-                }
+            for ids in groups.iter().flat_map(BatchIds::texts) {
+                lists.push(to_list(py, &self.ints, ids)?);
             }
             PyList::new(py, lists)
         }
@@ -793,8 +773,8 @@ mod trainer_binding {
     use std::time::Duration;
 
     use pyo3::exceptions::{
-        PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError, PyPermissionError, PyRuntimeError,
-        PyValueError,
+        PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError, PyPermissionError,
+        PyRuntimeError, PyValueError,
     };
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict};
@@ -909,9 +889,10 @@ mod trainer_binding {
             progress: Option<&Bound<'_, PyAny>>,
             f: impl FnOnce(&mut Trainer, &Control) -> Result<T, TrainError> + Send,
         ) -> PyResult<T> {
-            let mut trainer = self.inner.take().ok_or_else(|| {
-                PyRuntimeError::new_err("this BpeTrainer failed or was interrupted earlier; make a new one")
-            })?;
+            let mut trainer = self
+                .inner
+                .take()
+                .ok_or_else(|| PyRuntimeError::new_err("this BpeTrainer failed or was interrupted earlier; make a new one"))?;
             let ctl = &self.ctl;
             let (trainer, result) = run_watched(py, ctl, progress, move || {
                 let r = f(&mut trainer, ctl);
@@ -942,14 +923,11 @@ mod trainer_binding {
                 "strict" => Utf8Errors::Strict,
                 "replace" => Utf8Errors::Replace,
                 other => {
-                    return Err(PyValueError::new_err(format!(
-                        "errors must be \"strict\" or \"replace\", got {other:?}"
-                    )))
+                    return Err(PyValueError::new_err(format!("errors must be \"strict\" or \"replace\", got {other:?}")))
                 }
             };
-            let t =
-                Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
-                    .map_err(to_pyerr)?;
+            let t = Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
+                .map_err(to_pyerr)?;
             Ok(PyBpeTrainer { inner: Some(t), ctl: Control::default() })
         }
 
@@ -1027,7 +1005,9 @@ fn pattern_source(name: &str) -> PyResult<&'static str> {
 /// exhaustive tests against `regex`.
 #[pyfunction]
 fn _char_classes(text: &str) -> Vec<u8> {
-    text.chars().map(crate::pretokenize::char_class_flags).collect()
+    text.chars()
+        .map(crate::pretokenize::char_class_flags)
+        .collect()
 }
 
 // ---- end of pre-tokenizer debug bindings ----

@@ -415,14 +415,7 @@ impl PieceCache {
         if let Some(a) = std::env::var("FERROLM_TEST_SLOTS").ok().and_then(|v| v.parse::<usize>().ok()) {
             max_slots = base.slots.len().max(a);
         }
-        PieceCache {
-            owner,
-            table: base.clone(),
-            base_len: base.len(),
-            base_side: base.side_bytes(),
-            max_slots,
-            max_side,
-        }
+        PieceCache { owner, table: base.clone(), base_len: base.len(), base_side: base.side_bytes(), max_slots, max_side }
     }
 
     #[inline(always)]

@@ -50,10 +50,8 @@ pub(super) fn encode_batch<S: AsRef<str> + Sync>(
     allow_special: bool,
     threads: ThreadCount,
 ) -> Vec<Vec<u32>> {
-    if effective_threads(threads) <= 1 || texts.len() <= 1 {
-        return texts.iter().map(|t| enc.encode(t.as_ref(), allow_special)).collect();
-    }
-    run_with_threads(threads, || texts.par_iter().map(|t| enc.encode(t.as_ref(), allow_special)).collect())
+    let groups = encode_batch_grouped(enc, texts, allow_special, threads);
+    groups.iter().flat_map(BatchIds::texts).map(<[u32]>::to_vec).collect()
 }
 
 /// The ids of consecutive texts of a batch, back to back: text `i` of the group has
@@ -62,6 +60,14 @@ pub(super) fn encode_batch<S: AsRef<str> + Sync>(
 pub struct BatchIds {
     pub ids: Vec<u32>,
     pub ends: Vec<usize>,
+}
+
+impl BatchIds {
+    /// The ids of each text of the group, in order.
+    pub fn texts(&self) -> impl Iterator<Item = &[u32]> + '_ {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(s, &e)| &self.ids[s..e])
+    }
 }
 
 /// Texts of about this many bytes make one task of a parallel batch.

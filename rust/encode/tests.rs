@@ -15,17 +15,7 @@ fn trained(merges: &[(&str, &str)], specials: &[&str], pattern: &str) -> Encoder
 
 fn toy() -> Encoder {
     trained(
-        &[
-            ("h", "e"),
-            ("l", "l"),
-            ("he", "ll"),
-            ("hell", "o"),
-            (" ", "w"),
-            ("a", "a"),
-            ("aa", "aa"),
-            ("aa", "a"),
-            ("!", "!"),
-        ],
+        &[("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), (" ", "w"), ("a", "a"), ("aa", "aa"), ("aa", "a"), ("!", "!")],
         &["<|endoftext|>", "<|endoftext|><|endoftext|>"],
         "gpt2",
     )
@@ -37,9 +27,7 @@ fn naive(merges: &[(&str, &str)], piece: &str) -> Vec<Vec<u8>> {
     loop {
         let mut best: Option<(usize, usize)> = None;
         for i in 0..parts.len().saturating_sub(1) {
-            if let Some(r) =
-                merges.iter().position(|(a, b)| a.as_bytes() == &parts[i][..] && b.as_bytes() == &parts[i + 1][..])
-            {
+            if let Some(r) = merges.iter().position(|(a, b)| a.as_bytes() == &parts[i][..] && b.as_bytes() == &parts[i + 1][..]) {
                 if best.map_or(true, |(br, _)| r < br) {
                     best = Some((r, i));
                 }
@@ -80,16 +68,19 @@ fn specials_longest_first_and_ordinary() {
 
 #[test]
 fn small_and_large_bpe_agree_with_naive() {
-    let merges =
-        [("a", "a"), ("b", "a"), ("aa", "a"), ("ab", "a"), ("a", "b"), ("ba", "aa"), ("aaa", "aa"), ("b", "b")];
+    let merges = [("a", "a"), ("b", "a"), ("aa", "a"), ("ab", "a"), ("a", "b"), ("ba", "aa"), ("aaa", "aa"), ("b", "b")];
     let e = trained(&merges, &[], "gpt2");
     let mut state = 12345u64;
     for _ in 0..2000 {
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let n = 2 + (state >> 60) as usize * 3;
-        let s: String = (0..n).map(|i| if (state >> (i % 60)) & 1 == 1 { 'a' } else { 'b' }).collect();
-        let want: Vec<u32> =
-            naive(&merges, &s).iter().map(|p| e.whole_token(p).expect("naive produced a token")).collect();
+        let s: String = (0..n)
+            .map(|i| if (state >> (i % 60)) & 1 == 1 { 'a' } else { 'b' })
+            .collect();
+        let want: Vec<u32> = naive(&merges, &s)
+            .iter()
+            .map(|p| e.whole_token(p).expect("naive produced a token"))
+            .collect();
         assert_eq!(bpe::bpe_small_for_test(&e, s.as_bytes()), want, "small {s}");
         assert_eq!(bpe::bpe_large_for_test(&e, s.as_bytes()), want, "large {s}");
     }
@@ -169,11 +160,7 @@ fn grouped_batch_equals_one_call_per_text() {
         let mut got = Vec::new();
         for g in &groups {
             assert_eq!(g.ends.last().copied().unwrap_or(0), g.ids.len());
-            let mut at = 0;
-            for &end in &g.ends {
-                got.push(g.ids[at..end].to_vec());
-                at = end;
-            }
+            got.extend(g.texts().map(<[u32]>::to_vec));
         }
         assert_eq!(got, want, "threads {threads:?}");
     }
@@ -308,8 +295,7 @@ fn piece_loop_speed() {
     let t = Instant::now();
     let e = Encoder::new(vocab, merges, vec!["<|endoftext|>".into()], "gpt2").unwrap();
     println!("build {:?}", t.elapsed());
-    let text =
-        std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
+    let text = std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
     let docs: Vec<&str> = text.split("\n<|endoftext|>\n").collect();
     for round in 0..6 {
         let t = Instant::now();
