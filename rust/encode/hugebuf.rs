@@ -22,6 +22,9 @@ const MAP_MIN: usize = 1 << 20;
 /// Implement only for plain-old-data types whose all-zero bit pattern is valid.
 pub(crate) unsafe trait Zeroable: Copy {}
 
+// SAFETY: an integer; all zeros is 0.
+unsafe impl Zeroable for u64 {}
+
 pub(crate) struct ZeroedBuf<T: Zeroable> {
     ptr: NonNull<T>,
     len: usize,

@@ -30,7 +30,7 @@ pub(crate) struct PairTable {
     slots: ZeroedBuf<Slot>,
     mask: usize,
     count: usize,
-    /// Bit `hash & FILTER_MASK` is set for every merge pair.
+    /// The bit of every merge pair's hash is set (see `filter_bit`).
     filter: ZeroedBuf<u64>,
     /// The merges of rank < HOT_RANKS whose ids are < 2^16: key !(left << 16 | right),
     /// value rank << 16 | merged id; 0 is empty.
@@ -46,8 +46,6 @@ struct HotSlot {
 
 // SAFETY: plain integers; all zeros is the empty slot.
 unsafe impl Zeroable for HotSlot {}
-// SAFETY: plain integers.
-unsafe impl Zeroable for u64 {}
 
 /// Merges kept in the hot table (their slots: twice as many, 8 bytes each: 256 KiB).
 const HOT_RANKS: u64 = 1 << 14;
@@ -62,6 +60,12 @@ fn hot_key(left: u32, right: u32) -> Option<u32> {
     }
     let k = !((left << 16) | right);
     (k != 0).then_some(k)
+}
+
+/// The filter word and bit of hash `h`.
+#[inline(always)]
+fn filter_bit(h: usize) -> (usize, u64) {
+    ((h % FILTER_BITS) / 64, 1 << (h % 64))
 }
 
 #[inline(always)]
@@ -133,7 +137,8 @@ impl PairTable {
     /// Record a new merge in the filter and, if it qualifies, the hot table.
     fn add_front(&mut self, left: u32, right: u32, val: u64) {
         let h = hash(key(left, right));
-        self.filter[(h % FILTER_BITS) / 64] |= 1 << (h % 64);
+        let (w, bit) = filter_bit(h);
+        self.filter[w] |= bit;
         let (rank, merged) = (val >> 32, val as u32);
         let Some(k) = hot_key(left, right) else {
             return;
@@ -152,8 +157,9 @@ impl PairTable {
     pub(crate) fn get(&self, left: u32, right: u32) -> u64 {
         let k = key(left, right);
         let h = hash(k);
-        // SAFETY: the index is below FILTER_BITS / 64.
-        if unsafe { *self.filter.get_unchecked((h % FILTER_BITS) / 64) } & (1 << (h % 64)) == 0 {
+        let (w, bit) = filter_bit(h);
+        // SAFETY: w < FILTER_BITS / 64, the filter's length.
+        if unsafe { *self.filter.get_unchecked(w) } & bit == 0 {
             return NO_MERGE;
         }
         if let Some(hk) = hot_key(left, right) {
@@ -191,7 +197,7 @@ impl PairTable {
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let h = hash(key(left, right));
-            _mm_prefetch(self.filter.as_ptr().add((h % FILTER_BITS) / 64) as *const i8, _MM_HINT_T0);
+            _mm_prefetch(self.filter.as_ptr().add(filter_bit(h).0) as *const i8, _MM_HINT_T0);
             if hot_key(left, right).is_some() {
                 _mm_prefetch(self.hot.as_ptr().add(hot_index(h)) as *const i8, _MM_HINT_T0);
             } else {
