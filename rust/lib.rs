@@ -6,6 +6,7 @@
 pub mod encode;
 pub mod pretokenize;
 pub mod shards;
+pub mod threads;
 pub mod train;
 mod unicode_tables;
 

@@ -168,13 +168,13 @@ mod encoder_bindings {
     }
 
     /// The ids of consecutive `parts` as one buffer (see `write_ids`); large ones are
-    /// converted on all cores with the GIL released when `parallel` (the buffer is new:
-    /// no other thread can see it yet).
+    /// converted on `threads` threads with the GIL released unless that is 1 (the buffer
+    /// is new: no other thread can see it yet).
     fn parts_to_buffer<'py>(
         py: Python<'py>,
         parts: &[&[u32]],
         itemsize: usize,
-        parallel: bool,
+        threads: crate::threads::ThreadCount,
     ) -> PyResult<Bound<'py, PyByteArray>> {
         use rayon::prelude::*;
         let total: usize = parts.iter().map(|p| p.len()).sum();
@@ -186,9 +186,11 @@ mod encoder_bindings {
                 slices.push(dst);
                 rest = tail;
             }
-            if parallel && parts.len() > 1 && total >= 1 << 18 {
+            if threads != Some(1) && parts.len() > 1 && total >= 1 << 18 {
                 py.detach(|| {
-                    slices.into_par_iter().zip(parts.par_iter()).for_each(|(dst, p)| write_ids(dst, p, itemsize))
+                    crate::threads::install(threads, || {
+                        slices.into_par_iter().zip(parts.par_iter()).for_each(|(dst, p)| write_ids(dst, p, itemsize))
+                    })
                 });
             } else {
                 for (dst, p) in slices.into_iter().zip(parts) {
@@ -392,7 +394,7 @@ mod encoder_bindings {
             }
             let parts = py.detach(|| self.inner.encode_parallel_parts(&s, allow_special, num_threads));
             let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
-            parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))
+            parts_to_buffer(py, &parts, itemsize, num_threads)
         }
 
         /// Read a UTF-8 file (invalid bytes replaced by U+FFFD) and encode it whole,
@@ -416,7 +418,7 @@ mod encoder_bindings {
                 Ok(self.inner.encode_parallel_parts(&text, allow_special, num_threads))
             })?;
             let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
-            parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))
+            parts_to_buffer(py, &parts, itemsize, num_threads)
         }
 
         /// Encode each text (in parallel over texts); a list of lists.
@@ -455,7 +457,7 @@ mod encoder_bindings {
             let (strs, total) = batch_texts(&objs)?;
             let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
             let parts: Vec<&[u32]> = groups.iter().map(|g| g.ids.as_slice()).collect();
-            let ids = parts_to_buffer(py, &parts, itemsize, num_threads != Some(1))?;
+            let ids = parts_to_buffer(py, &parts, itemsize, num_threads)?;
             let offsets = PyByteArray::new_with(py, (strs.len() + 1) * 8, |buf| {
                 let mut at = 8;
                 buf[..8].copy_from_slice(&0u64.to_le_bytes());

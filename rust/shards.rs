@@ -557,30 +557,15 @@ where
         },
     )?;
 
-    let threads = if job.threads == 0 {
-        rayon::current_num_threads().max(1)
-    } else {
-        job.threads
-    };
+    let threads = crate::threads::resolve(Some(job.threads));
     reader.balance_tail(threads);
     let window = if job.window == 0 {
         2 * threads + 2
     } else {
         job.window.max(1)
     };
-    // rayon's global pool when it has the requested size (its threads keep their encoder
-    // caches between calls), else a pool of our own for this job.
-    let pool = if threads == rayon::current_num_threads() {
-        None
-    } else {
-        Some(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .thread_name(|i| format!("ferrolm-encode-{i}"))
-                .build()
-                .map_err(|e| ShardError::Invalid(format!("cannot start {threads} threads: {e}")))?,
-        )
-    };
+    // The shared pool of this size: its threads keep their encoder caches between calls.
+    let pool = crate::threads::try_pool(Some(threads)).map_err(ShardError::Invalid)?;
     // Read buffers and output buffers are pooled apart (their sizes differ).
     let out_bufs = Pool { bufs: Mutex::new(Vec::new()) };
     let bufs = Pool {
@@ -600,16 +585,7 @@ where
     let mut last_commit = Instant::now();
     let mut committed_tokens = tokens;
 
-    // The same loop on either pool (a macro: the scope's lifetime cannot be named in a closure type).
-    macro_rules! in_scope {
-        (|$scope:ident| $body:block) => {
-            match &pool {
-                Some(p) => p.in_place_scope(|$scope| $body),
-                None => rayon::in_place_scope(|$scope| $body),
-            }
-        };
-    }
-    let result: Result<(), ShardError> = in_scope!(|scope| {
+    let result: Result<(), ShardError> = pool.in_place_scope(|scope| {
         let (tx, rx) = mpsc::channel::<(u64, Result<Encoded, ShardError>)>();
         let mut next_read: u64 = 0; // sequence number of the next chunk to read
         let mut next_write: u64 = 0; // sequence number of the next chunk to write

@@ -8,11 +8,10 @@
 //! and the pipeline with that encoder on 1 and on THREADS threads. Wall and CPU seconds
 //! (getrusage of the process), median of 3.
 //!
-//! Caveat when comparing the two thread counts: a job whose thread count equals rayon's
-//! global pool (THREADS = the number of cores) runs on that pool, whose threads keep their
-//! piece caches from one run to the next (warm after the first), while the 1-thread job
-//! gets a new pool, and so cold caches, every run. For cold-against-cold numbers use
-//! `benches/bench_shards.py` (a new process per run).
+//! Each thread count runs on ferrolm's shared pool of that size (rust/threads.rs), whose
+//! threads keep their piece caches from one run to the next: after the first run, both
+//! thread counts encode with warm caches. For cold numbers use `benches/bench_shards.py`
+//! (a new process per run).
 
 #[path = "gpt2.rs"]
 mod gpt2;

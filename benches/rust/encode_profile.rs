@@ -6,6 +6,10 @@
 //! split on <|endoftext|>) with a fresh encoder (cold piece caches, one pass), then warm
 //! (best of REPS runs after a warm-up); one vector per document kept (as a batch call
 //! without grouping would); the whole text in one call.
+//!
+//! A fifth argument picks one measurement instead: `cold` (REPS cold passes, each with a
+//! fresh encoder: for perf on first-seen pieces), `cold-threads` (the whole text with a
+//! fresh encoder on 1 and on 2 threads: wall and process CPU seconds).
 
 #[path = "gpt2.rs"]
 mod gpt2;
@@ -23,6 +27,14 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+fn cpu_s() -> f64 {
+    // SAFETY: getrusage fills the struct.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [input, vocab, merges] = [&args[0], &args[1], &args[2]];
@@ -30,6 +42,35 @@ fn main() {
     let text = std::fs::read_to_string(input).unwrap();
     let docs: Vec<&str> = text.split("<|endoftext|>").filter(|d| !d.is_empty()).collect();
     let mb = text.len() as f64 / 1e6;
+    if args.get(4).map(String::as_str) == Some("cold") {
+        // Only cold passes (a fresh encoder each), for profiling first-seen pieces.
+        let mut ids = Vec::new();
+        for _ in 0..reps {
+            let cold = gpt2::load(vocab, merges);
+            let t0 = Instant::now();
+            for d in &docs {
+                ids.clear();
+                cold.encode_into(d, true, &mut ids);
+            }
+            println!("cold pass {:7.1} MB/s", mb / t0.elapsed().as_secs_f64());
+        }
+        return;
+    }
+    if args.get(4).map(String::as_str) == Some("cold-threads") {
+        // Whole text, parallel, fresh encoder each time: wall and process CPU, 1 vs 2 threads.
+        for _ in 0..reps {
+            for th in [1usize, 2] {
+                let cold = gpt2::load(vocab, merges);
+                let c0 = cpu_s();
+                let t0 = Instant::now();
+                let parts = cold.encode_parallel_parts(&text, true, Some(th));
+                let wall = t0.elapsed().as_secs_f64();
+                std::hint::black_box(parts);
+                println!("{th} thread(s): wall {wall:.3} s, cpu {:.3} s", cpu_s() - c0);
+            }
+        }
+        return;
+    }
     let enc = gpt2::load(vocab, merges);
     let pre = ferrolm::pretokenize::PreTokenizer::new("gpt2").unwrap();
     let mut pieces = 0usize;

@@ -1,48 +1,11 @@
 //! Parallel encoding: many documents (one task per document) or one large text cut
 //! at positions where cutting cannot change the ids.
 
-use std::sync::{Arc, Mutex, OnceLock};
-
 use rayon::prelude::*;
-use rustc_hash::FxHashMap;
 
 use super::Encoder;
-
-/// `None`: all cores (rayon's global pool); `Some(1)`: on the calling thread;
-/// `Some(n)`: a pool of `n` threads (kept for reuse).
-pub type ThreadCount = Option<usize>;
-
-fn pool(n: usize) -> Arc<rayon::ThreadPool> {
-    static POOLS: OnceLock<Mutex<FxHashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
-    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    pools
-        .entry(n)
-        .or_insert_with(|| {
-            Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .thread_name(|i| format!("ferrolm-encode-{i}"))
-                    .build()
-                    .expect("cannot start encoder threads"),
-            )
-        })
-        .clone()
-}
-
-/// Run `f` where its rayon calls use `threads` threads.
-pub fn run_with_threads<R: Send>(threads: ThreadCount, f: impl FnOnce() -> R + Send) -> R {
-    match threads {
-        None | Some(0) => f(),
-        Some(n) => pool(n).install(f),
-    }
-}
-
-fn effective_threads(threads: ThreadCount) -> usize {
-    match threads {
-        None | Some(0) => rayon::current_num_threads(),
-        Some(n) => n,
-    }
-}
+use crate::threads;
+pub use crate::threads::ThreadCount;
 
 pub(super) fn encode_batch<S: AsRef<str> + Sync>(
     enc: &Encoder,
@@ -88,7 +51,7 @@ pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync>(
         }
         out
     };
-    let n = effective_threads(threads);
+    let n = threads::resolve(threads);
     if n <= 1 || texts.len() <= 1 {
         return vec![encode_group(texts)];
     }
@@ -107,7 +70,7 @@ pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync>(
     if start < texts.len() {
         groups.push(&texts[start..]);
     }
-    run_with_threads(threads, || groups.par_iter().map(|g| encode_group(g)).collect())
+    threads::install(threads, || groups.par_iter().map(|g| encode_group(g)).collect())
 }
 
 pub(super) fn encode_parallel(enc: &Encoder, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<u32> {
@@ -128,7 +91,7 @@ pub(super) fn encode_parallel_parts(
     allow_special: bool,
     threads: ThreadCount,
 ) -> Vec<Vec<u32>> {
-    let n = effective_threads(threads);
+    let n = threads::resolve(threads);
     if n <= 1 || text.len() < (1 << 20) {
         return vec![enc.encode(text, allow_special)];
     }
@@ -140,7 +103,7 @@ pub(super) fn encode_parallel_parts(
         parts.push(&text[at..c]);
         at = c;
     }
-    run_with_threads(threads, || parts.par_iter().map(|p| enc.encode(p, allow_special)).collect())
+    threads::install(threads, || parts.par_iter().map(|p| enc.encode(p, allow_special)).collect())
 }
 
 impl Encoder {

@@ -1,0 +1,140 @@
+//! The process's worker threads: one rayon pool per thread count, made on first use
+//! and kept, so that their threads keep their piece caches warm between calls. Nothing
+//! in ferrolm runs on rayon's global pool.
+//!
+//! Fork safety. A child made by `fork()` (multiprocessing's default start method on
+//! Linux, PyTorch DataLoader workers) has only the thread that forked: a pool inherited
+//! from the parent would hand work to threads that do not exist and wait forever. The
+//! pools hang off one registry, which a fork handler detaches in the child (an atomic
+//! store, safe at that point); the child's first parallel call then builds new pools.
+//! The parent's registry is leaked in the child, never locked or dropped there, so a
+//! lock held by one of the parent's threads at the moment of the fork cannot block it.
+
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, Once};
+
+use rayon::ThreadPool;
+
+/// How many threads a parallel call uses: `None` or `Some(0)` for the default
+/// ([`default_threads`]), `Some(n)` for `n`.
+pub type ThreadCount = Option<usize>;
+
+type Registry = Mutex<Vec<(usize, Arc<ThreadPool>)>>;
+
+/// The current process's registry; null until first used, and again in a forked child.
+static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The number of threads used when none is asked for: `RAYON_NUM_THREADS` when set to
+/// a positive number (as rayon reads it), else the CPUs this process may run on.
+pub fn default_threads() -> usize {
+    if let Some(n) = std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+        if n > 0 {
+            return n;
+        }
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The thread count a [`ThreadCount`] stands for.
+pub fn resolve(threads: ThreadCount) -> usize {
+    match threads {
+        None | Some(0) => default_threads(),
+        Some(n) => n,
+    }
+}
+
+fn registry() -> &'static Registry {
+    static AT_FORK: Once = Once::new();
+    AT_FORK.call_once(|| {
+        #[cfg(unix)]
+        {
+            extern "C" fn detach_in_child() {
+                REGISTRY.store(std::ptr::null_mut(), Ordering::SeqCst);
+            }
+            // SAFETY: registers a handler that only stores to an atomic. If registration
+            // fails (ENOMEM), pools are not fork safe, as with rayon's own.
+            unsafe { libc::pthread_atfork(None, None, Some(detach_in_child)) };
+        }
+    });
+    let current = REGISTRY.load(Ordering::Acquire);
+    if !current.is_null() {
+        // SAFETY: a registry, once published, is never freed (see the module doc).
+        return unsafe { &*current };
+    }
+    let fresh = Box::into_raw(Box::new(Registry::default()));
+    match REGISTRY.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: just published; never freed.
+        Ok(_) => unsafe { &*fresh },
+        Err(other) => {
+            // SAFETY: `fresh` was never shared; `other` is published and never freed.
+            drop(unsafe { Box::from_raw(fresh) });
+            unsafe { &*other }
+        }
+    }
+}
+
+/// The pool of `threads` threads (built on first use, then shared), or why the
+/// operating system would not start its threads.
+pub fn try_pool(threads: ThreadCount) -> Result<Arc<ThreadPool>, String> {
+    let n = resolve(threads).max(1);
+    let mut pools = registry().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = pools.iter().find(|(k, _)| *k == n) {
+        return Ok(p.clone());
+    }
+    let p = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("ferrolm-{i}"))
+        .build()
+        .map_err(|e| format!("cannot start {n} worker threads: {e}"))?;
+    let p = Arc::new(p);
+    pools.push((n, p.clone()));
+    Ok(p)
+}
+
+/// [`try_pool`], panicking when the threads cannot be started.
+pub fn pool(threads: ThreadCount) -> Arc<ThreadPool> {
+    try_pool(threads).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Run `f` on the pool of `threads` threads: its rayon calls (`par_iter`, `scope`,
+/// `join`) use that pool.
+pub fn install<R: Send>(threads: ThreadCount, f: impl FnOnce() -> R + Send) -> R {
+    pool(threads).install(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_are_shared_per_thread_count() {
+        let a = pool(Some(2));
+        let b = pool(Some(2));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(a.current_num_threads(), 2);
+        assert_eq!(install(Some(3), rayon::current_num_threads), 3);
+        assert_eq!(resolve(Some(0)), default_threads());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_forked_child_gets_new_pools() {
+        use rayon::prelude::*;
+        // The parent's pool has live threads; the child's work must not wait on them.
+        let sum = |t| install(Some(t), || (0..10_000u64).into_par_iter().sum::<u64>());
+        assert_eq!(sum(2), 49_995_000);
+        // SAFETY: the child only computes, then leaves with _exit (no destructors, no
+        // test-harness state touched).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            unsafe { libc::alarm(10) }; // a hang kills the child: the test then fails
+            let ok = sum(2) == 49_995_000;
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child made above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status}");
+    }
+}
