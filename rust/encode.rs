@@ -266,6 +266,7 @@ impl Encoder {
             merge_ids.push((left, right));
             produced.insert(merged);
         }
+        pairs.index_bytes(&byte_ids);
         // "The vocab is the cache": every token except the special tokens (unless a
         // byte or a merge also produces them), as tiktoken looks a piece up among its
         // mergeable ranks. For a trained vocab these are exactly the bytes and the

@@ -11,29 +11,30 @@ use super::{Encoder, NO_MERGE};
 
 /// Pieces up to this many bytes use the linear scan.
 const SMALL: usize = 48;
+/// Pieces up to this many bytes (most of them) use arrays of this size: less to set up.
+const SHORT: usize = 16;
 
 pub(super) fn bpe(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
     match piece.len() {
         0 => {}
         1 => out.push(enc.byte_ids[piece[0] as usize]),
-        n if n <= SMALL => bpe_small(enc, piece, out),
+        n if n <= SHORT => bpe_small::<SHORT>(enc, piece, out),
+        n if n <= SMALL => bpe_small::<SMALL>(enc, piece, out),
         _ => bpe_large(enc, piece, out),
     }
 }
 
-fn bpe_small(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
-    let mut ids = [0u32; SMALL];
+/// The linear scan, for pieces of 2 to N bytes.
+fn bpe_small<const N: usize>(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
+    let mut ids = [0u32; N];
     // pv[i]: (priority << 32 | merged id) of merging ids[i] and ids[i + 1].
-    let mut pv = [NO_MERGE; SMALL];
+    let mut pv = [NO_MERGE; N];
     let mut n = piece.len();
     for (i, &b) in piece.iter().enumerate() {
         ids[i] = enc.byte_ids[b as usize];
     }
-    for i in 0..n - 1 {
-        enc.pairs.prefetch(ids[i], ids[i + 1]);
-    }
-    for i in 0..n - 1 {
-        pv[i] = enc.pair(ids[i], ids[i + 1]);
+    for (v, w) in pv.iter_mut().zip(piece.windows(2)) {
+        *v = enc.pairs.get_bytes(w[0], w[1]);
     }
     while n > 1 {
         let mut best = NO_MERGE;
@@ -48,8 +49,12 @@ fn bpe_small(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
             break;
         }
         ids[at] = best as u32;
-        ids.copy_within(at + 2..n, at + 1);
-        pv.copy_within(at + 1..n - 1, at);
+        // Close the gap by hand: pieces are short, and a memmove call costs more than
+        // the few elements it would move.
+        for k in at + 1..n - 1 {
+            ids[k] = ids[k + 1];
+            pv[k - 1] = pv[k];
+        }
         n -= 1;
         if at > 0 {
             pv[at - 1] = enc.pair(ids[at - 1], ids[at]);
@@ -72,8 +77,8 @@ fn bpe_large(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
     let mut prev: Vec<u32> = (0..n as u32).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
     let key = |v: u64, pos: u32| Reverse((v & !0xFFFF_FFFF) | pos as u64);
     let mut heap: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(n);
-    for i in 0..n - 1 {
-        let v = enc.pair(ids[i], ids[i + 1]);
+    for (i, w) in piece.windows(2).enumerate() {
+        let v = enc.pairs.get_bytes(w[0], w[1]);
         if v != NO_MERGE {
             heap.push(key(v, i as u32));
         }
@@ -122,7 +127,7 @@ fn bpe_large(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
 pub(super) fn bpe_small_for_test(enc: &Encoder, piece: &[u8]) -> Vec<u32> {
     let mut out = Vec::new();
     if piece.len() <= SMALL && piece.len() > 1 {
-        bpe_small(enc, piece, &mut out);
+        bpe_small::<SMALL>(enc, piece, &mut out);
     } else {
         bpe(enc, piece, &mut out);
     }

@@ -6,7 +6,8 @@
 //! in the CPU's L2. Two small structures in front of it answer most lookups from L2:
 //! a bit filter of all merge pairs (a clear bit: no merge, about a quarter of the lookups
 //! of merging), and an 8-byte-slot copy of the first HOT_RANKS merges (most of the rest)
-//! when ids fit in 16 bits.
+//! when ids fit in 16 bits. A piece's first lookups, pairs of single bytes, read a dense
+//! 256 x 256 table instead (one load each, no hashing).
 
 use super::hugebuf::{Zeroable, ZeroedBuf};
 
@@ -35,6 +36,9 @@ pub(crate) struct PairTable {
     /// The merges of rank < HOT_RANKS whose ids are < 2^16: key !(left << 16 | right),
     /// value rank << 16 | merged id; 0 is empty.
     hot: ZeroedBuf<HotSlot>,
+    /// The value of every pair of single bytes, at `a << 8 | b` (see `index_bytes`):
+    /// a piece's first lookups, one load each.
+    byte_pairs: Box<[u64; 1 << 16]>,
 }
 
 #[derive(Clone, Copy)]
@@ -93,7 +97,25 @@ impl PairTable {
             count: 0,
             filter: ZeroedBuf::new(FILTER_BITS / 64),
             hot: ZeroedBuf::new(HOT_SLOTS),
+            // Built on the heap: 512 KiB would not fit every thread's stack.
+            byte_pairs: vec![NO_MERGE; 1 << 16].into_boxed_slice().try_into().expect("65,536 entries"),
         }
+    }
+
+    /// Fill the table of byte pairs, `byte_ids[b]` being the id of byte `b` (after the
+    /// last insert: later inserts do not reach it).
+    pub(crate) fn index_bytes(&mut self, byte_ids: &[u32; 256]) {
+        for (a, &left) in byte_ids.iter().enumerate() {
+            for (b, &right) in byte_ids.iter().enumerate() {
+                self.byte_pairs[a << 8 | b] = self.get(left, right);
+            }
+        }
+    }
+
+    /// [`PairTable::get`] of the ids of bytes `a` and `b` (after `index_bytes`).
+    #[inline(always)]
+    pub(crate) fn get_bytes(&self, a: u8, b: u8) -> u64 {
+        self.byte_pairs[(a as usize) << 8 | b as usize]
     }
 
     /// Insert unless present; returns whether it was inserted.
@@ -189,24 +211,6 @@ impl PairTable {
             i = (i + 1) & self.mask;
         }
     }
-
-    #[inline(always)]
-    pub(crate) fn prefetch(&self, left: u32, right: u32) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the index is masked; prefetch never faults.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let h = hash(key(left, right));
-            _mm_prefetch(self.filter.as_ptr().add(filter_bit(h).0) as *const i8, _MM_HINT_T0);
-            if hot_key(left, right).is_some() {
-                _mm_prefetch(self.hot.as_ptr().add(hot_index(h)) as *const i8, _MM_HINT_T0);
-            } else {
-                _mm_prefetch(self.slots.as_ptr().add(h & self.mask) as *const i8, _MM_HINT_T0);
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (left, right);
-    }
 }
 
 #[cfg(test)]
@@ -243,6 +247,15 @@ mod tests {
         for _ in 0..100_000 {
             let (l, r) = (next(200_000), next(200_000));
             assert_eq!(t.get(l, r), want.get(&(l, r)).copied().unwrap_or(NO_MERGE));
+        }
+        // The byte-pair table, for bytes whose ids are not the byte values.
+        let byte_ids: [u32; 256] = std::array::from_fn(|b| (b as u32 * 7) % 300);
+        t.index_bytes(&byte_ids);
+        for a in 0..256 {
+            for b in 0..256 {
+                let v = want.get(&(byte_ids[a], byte_ids[b])).copied().unwrap_or(NO_MERGE);
+                assert_eq!(t.get_bytes(a as u8, b as u8), v, "bytes ({a}, {b})");
+            }
         }
     }
 }

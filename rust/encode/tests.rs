@@ -81,6 +81,9 @@ fn small_and_large_bpe_agree_with_naive() {
             .iter()
             .map(|p| e.whole_token(p).expect("naive produced a token"))
             .collect();
+        let mut out = Vec::new();
+        e.bpe(s.as_bytes(), &mut out); // up to 16 bytes: the short arrays
+        assert_eq!(out, want, "bpe {s}");
         assert_eq!(bpe::bpe_small_for_test(&e, s.as_bytes()), want, "small {s}");
         assert_eq!(bpe::bpe_large_for_test(&e, s.as_bytes()), want, "large {s}");
     }
