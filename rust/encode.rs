@@ -482,6 +482,12 @@ impl Encoder {
         bpe::bpe(self, piece, out)
     }
 
+    /// The merges of one pre-token, ignoring the vocab and the piece caches: what
+    /// encoding a piece seen for the first time costs (for benchmarks). Appends its ids.
+    pub fn merge_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
+        self.bpe(piece, out)
+    }
+
     /// Concatenated bytes of `ids`; an id not in the vocab is an error.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, EncodeError> {
         let mut out = Vec::with_capacity(ids.len() * 4);

@@ -9,7 +9,8 @@
 //!
 //! A fifth argument picks one measurement instead: `cold` (REPS cold passes, each with a
 //! fresh encoder: for perf on first-seen pieces), `cold-threads` (the whole text with a
-//! fresh encoder on 1 and on 2 threads: wall and process CPU seconds).
+//! fresh encoder on 1 and on 2 threads: wall and process CPU seconds), `merge` (the
+//! merges alone of every unique pre-token, REPS times: nanoseconds per piece).
 
 #[path = "gpt2.rs"]
 mod gpt2;
@@ -53,6 +54,30 @@ fn main() {
                 cold.encode_into(d, true, &mut ids);
             }
             println!("cold pass {:7.1} MB/s", mb / t0.elapsed().as_secs_f64());
+        }
+        return;
+    }
+    if args.get(4).map(String::as_str) == Some("merge") {
+        let enc = gpt2::load(vocab, merges);
+        let pre = ferrolm::pretokenize::PreTokenizer::new("gpt2").unwrap();
+        let mut seen = std::collections::HashSet::new();
+        let mut pieces: Vec<&str> = Vec::new();
+        for d in &docs {
+            pre.for_each_piece_range(d, |s, e| {
+                if seen.insert(&d[s..e]) {
+                    pieces.push(&d[s..e]);
+                }
+            });
+        }
+        let mut out = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            for p in &pieces {
+                out.clear();
+                enc.merge_piece(p.as_bytes(), &mut out);
+            }
+            let ns = t.elapsed().as_secs_f64() * 1e9 / pieces.len() as f64;
+            println!("merges of {} unique pieces: {ns:.1} ns per piece", pieces.len());
         }
         return;
     }
