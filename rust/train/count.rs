@@ -27,6 +27,8 @@ pub enum Utf8Errors {
 
 /// Pieces of up to this many bytes are keyed by a 128-bit integer (bytes + length).
 const SHORT: usize = 15;
+/// Pieces counted together: their memory accesses are started before any is used.
+const BATCH: usize = 32;
 
 #[inline]
 fn mix(key: u128) -> u64 {
@@ -47,6 +49,18 @@ fn short_key(piece: &[u8]) -> u128 {
     u128::from_le_bytes(buf)
 }
 
+/// `KEY_MASKS[n]` keeps the first n bytes of a little-endian 16-byte word (a load is
+/// cheaper than a variable 128-bit shift).
+const KEY_MASKS: [u128; SHORT + 1] = {
+    let mut m = [0u128; SHORT + 1];
+    let mut i = 0;
+    while i <= SHORT {
+        m[i] = (1u128 << (8 * i)) - 1;
+        i += 1;
+    }
+    m
+};
+
 /// The key of the short piece `text[s..e]`, reading 16 bytes at once when the text
 /// extends at least that far.
 #[inline]
@@ -55,8 +69,7 @@ fn short_key_at(text: &[u8], s: usize, e: usize) -> u128 {
     debug_assert!(len <= SHORT && e <= text.len());
     if s + 16 <= text.len() {
         let word = u128::from_le_bytes(text[s..s + 16].try_into().unwrap());
-        let mask = (1u128 << (8 * len)) - 1;
-        (word & mask) | ((len as u128) << 120)
+        (word & KEY_MASKS[len]) | ((len as u128) << 120)
     } else {
         short_key(&text[s..e])
     }
@@ -324,16 +337,19 @@ impl PieceCounts {
     /// through the cache, then the rest in the table, whose slots are prefetched between.
     #[inline]
     fn add_batch(&mut self, batch: &[(u128, u64)]) {
-        let mut rest = [(0u128, 0u64); 64];
+        debug_assert!(batch.len() <= BATCH);
+        // Indices into `batch` of the pieces the cache did not take (small to set up).
+        let mut rest = [0u8; BATCH];
         let mut n = 0;
-        for &(k, h) in batch {
+        for (i, &(k, h)) in batch.iter().enumerate() {
             if !self.add_short_cached(k, h) {
                 self.prefetch_table(h);
-                rest[n] = (k, h);
+                rest[n] = i as u8;
                 n += 1;
             }
         }
-        for &(k, h) in &rest[..n] {
+        for &i in &rest[..n] {
+            let (k, h) = batch[i as usize];
             self.add_short_table(k, h);
         }
     }
@@ -432,26 +448,39 @@ impl PieceCounts {
 /// Short pieces are counted in batches: their cache slots are prefetched as they are
 /// found and counted once the batch is full, so the memory latencies overlap.
 pub fn count_text(pre: &PreTokenizer, text: &str, map: &mut PieceCounts) {
-    const BATCH: usize = 32;
     let bytes = text.as_bytes();
+    let mut ranges = [(0usize, 0usize); BATCH];
+    let mut n = 0;
+    // The scanner only records where pieces are (a small callback keeps its loop tight);
+    // each full batch is then keyed, prefetched and counted.
+    pre.for_each_piece_range(text, |s, e| {
+        ranges[n] = (s, e);
+        n += 1;
+        if n == BATCH {
+            count_ranges(bytes, &ranges, map);
+            n = 0;
+        }
+    });
+    count_ranges(bytes, &ranges[..n], map);
+}
+
+/// Count the pieces `text[s..e]` of `ranges` (at most BATCH).
+#[inline]
+fn count_ranges(text: &[u8], ranges: &[(usize, usize)], map: &mut PieceCounts) {
     let mut batch = [(0u128, 0u64); BATCH];
     let mut n = 0;
-    pre.for_each_piece_range(text, |s, e| {
+    for &(s, e) in ranges {
         if e - s > SHORT {
-            map.add_long(&bytes[s..e], 1);
+            map.add_long(&text[s..e], 1);
         } else if e > s {
             // (A custom pattern may match the empty string; that is not a pre-token.)
-            let key = short_key_at(bytes, s, e);
+            let key = short_key_at(text, s, e);
             let h = mix(key);
             map.prefetch_slot(h);
             batch[n] = (key, h);
             n += 1;
-            if n == BATCH {
-                map.add_batch(&batch);
-                n = 0;
-            }
         }
-    });
+    }
     map.add_batch(&batch[..n]);
 }
 
