@@ -450,6 +450,7 @@ impl PieceCounts {
 pub fn count_text(pre: &PreTokenizer, text: &str, map: &mut PieceCounts) {
     let bytes = text.as_bytes();
     let mut ranges = [(0usize, 0usize); BATCH];
+    let mut keys = [(0u128, 0u64); BATCH];
     let mut n = 0;
     // The scanner only records where pieces are (a small callback keeps its loop tight);
     // each full batch is then keyed, prefetched and counted.
@@ -457,17 +458,17 @@ pub fn count_text(pre: &PreTokenizer, text: &str, map: &mut PieceCounts) {
         ranges[n] = (s, e);
         n += 1;
         if n == BATCH {
-            count_ranges(bytes, &ranges, map);
+            count_ranges(bytes, &ranges, &mut keys, map);
             n = 0;
         }
     });
-    count_ranges(bytes, &ranges[..n], map);
+    count_ranges(bytes, &ranges[..n], &mut keys, map);
 }
 
-/// Count the pieces `text[s..e]` of `ranges` (at most BATCH).
+/// Count the pieces `text[s..e]` of `ranges` (at most BATCH); `batch` is scratch space
+/// for their keys and hashes.
 #[inline]
-fn count_ranges(text: &[u8], ranges: &[(usize, usize)], map: &mut PieceCounts) {
-    let mut batch = [(0u128, 0u64); BATCH];
+fn count_ranges(text: &[u8], ranges: &[(usize, usize)], batch: &mut [(u128, u64); BATCH], map: &mut PieceCounts) {
     let mut n = 0;
     for &(s, e) in ranges {
         if e - s > SHORT {
