@@ -28,6 +28,19 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// Seconds to encode `docs` once with a fresh encoder: each piece not in the vocab is
+/// merged the first time it is seen (as in a CLI run over a corpus).
+fn cold_pass(vocab: &str, merges: &str, docs: &[&str]) -> f64 {
+    let cold = gpt2::load(vocab, merges);
+    let mut ids = Vec::new();
+    let t0 = Instant::now();
+    for d in docs {
+        ids.clear();
+        cold.encode_into(d, true, &mut ids);
+    }
+    t0.elapsed().as_secs_f64()
+}
+
 fn cpu_s() -> f64 {
     // SAFETY: getrusage fills the struct.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
@@ -45,15 +58,8 @@ fn main() {
     let mb = text.len() as f64 / 1e6;
     if args.get(4).map(String::as_str) == Some("cold") {
         // Only cold passes (a fresh encoder each), for profiling first-seen pieces.
-        let mut ids = Vec::new();
         for _ in 0..reps {
-            let cold = gpt2::load(vocab, merges);
-            let t0 = Instant::now();
-            for d in &docs {
-                ids.clear();
-                cold.encode_into(d, true, &mut ids);
-            }
-            println!("cold pass {:7.1} MB/s", mb / t0.elapsed().as_secs_f64());
+            println!("cold pass {:7.1} MB/s", mb / cold_pass(vocab, merges, &docs));
         }
         return;
     }
@@ -107,15 +113,7 @@ fn main() {
     });
     println!("pre-tokenizer only      {:7.1} MB/s  ({pieces} pieces)", mb / t);
     let mut ids = Vec::new();
-    // Cold: a fresh encoder, so each piece not in the vocab is merged the first time it
-    // is seen (as in a CLI run over a corpus).
-    let cold = gpt2::load(vocab, merges);
-    let t0 = Instant::now();
-    for d in &docs {
-        ids.clear();
-        cold.encode_into(d, true, &mut ids);
-    }
-    println!("encode_into per document, cold caches {:7.1} MB/s", mb / t0.elapsed().as_secs_f64());
+    println!("encode_into per document, cold caches {:7.1} MB/s", mb / cold_pass(vocab, merges, &docs));
     let t = best(reps, || {
         for d in &docs {
             ids.clear();
