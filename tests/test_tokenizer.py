@@ -417,6 +417,23 @@ def test_truncate(trained):
         trained.truncate(10_000)
 
 
+def test_vocab_and_merges_are_built_once_and_read_only_to_the_tokenizer(tmp_path):
+    merges = [(b"a", b"b"), (b"ab", b"c"), (b" ", b"abc")]
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"abc", 258: b" abc"}
+    tok = Tokenizer(vocab, merges, [EOT])
+    # Kept after the first access: a lookup loop does not rebuild 50k entries each time.
+    assert tok.vocab is tok.vocab and tok.merges is tok.merges
+    assert tok.vocab == vocab | {259: EOT.encode()} and tok.merges == merges
+    ids = tok.encode("abc abc" + EOT)
+    # Changing the handed-out copies changes nothing the tokenizer does or saves.
+    tok.vocab[256] = b"zz"
+    tok.merges.clear()
+    assert tok.encode("abc abc" + EOT) == ids == [257, 258, 259]
+    tok.save(tmp_path / "t")
+    again = Tokenizer.load(tmp_path / "t")
+    assert again.vocab == vocab | {259: EOT.encode()} and again.merges == merges
+
+
 def test_train_uses_rust_trainer(tmp_path):
     pytest.importorskip("ferrolm.bpe_trainer", reason="the Rust trainer (ferrolm.bpe_trainer) is not in this build")
     src = shared_file("fixtures/corpus.en")
