@@ -398,23 +398,20 @@ impl Encoder {
     /// together so that their cache misses overlap.
     #[inline]
     fn encode_ranges(&self, text: &[u8], ranges: &[(usize, usize)], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
-        let n = ranges.len().min(PIECE_BATCH);
+        debug_assert!(ranges.len() <= PIECE_BATCH);
         let mut probes = [cache::Probe::default(); PIECE_BATCH];
         {
             let table = cache.table();
-            for i in 0..n {
-                let (s, e) = ranges[i];
-                probes[i] = table.probe_at(text, s, e - s);
-                table.prefetch(&probes[i]);
+            for (p, &(s, e)) in probes.iter_mut().zip(ranges) {
+                *p = table.probe_at(text, s, e - s);
+                table.prefetch(p);
             }
         }
-        out.reserve(n);
-        for i in 0..n {
-            let p = &probes[i];
+        out.reserve(ranges.len());
+        for (p, &(s, e)) in probes.iter().zip(ranges) {
             if cache.table().emit_home(p, out) {
                 continue;
             }
-            let (s, e) = ranges[i];
             let piece = &text[s..e];
             match cache.table().get_probed(p, piece) {
                 Some(&[id]) => out.push(id),

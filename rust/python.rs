@@ -179,31 +179,27 @@ mod encoder_bindings {
         use rayon::prelude::*;
         let total: usize = parts.iter().map(|p| p.len()).sum();
         PyByteArray::new_with(py, total * itemsize, |buf| {
-            let mut slices: Vec<&mut [u8]> = Vec::with_capacity(parts.len());
-            let mut rest = buf;
-            for p in parts {
-                let (dst, tail) = std::mem::take(&mut rest).split_at_mut(p.len() * itemsize);
-                slices.push(dst);
-                rest = tail;
-            }
             if threads != Some(1) && parts.len() > 1 && total >= 1 << 18 {
+                let mut slices: Vec<&mut [u8]> = Vec::with_capacity(parts.len());
+                let mut rest = buf;
+                for p in parts {
+                    let (dst, tail) = std::mem::take(&mut rest).split_at_mut(p.len() * itemsize);
+                    slices.push(dst);
+                    rest = tail;
+                }
                 py.detach(|| {
                     crate::threads::install(threads, || {
                         slices.into_par_iter().zip(parts.par_iter()).for_each(|(dst, p)| write_ids(dst, p, itemsize))
                     })
                 });
             } else {
-                for (dst, p) in slices.into_iter().zip(parts) {
-                    write_ids(dst, p, itemsize);
+                let mut at = 0;
+                for p in parts {
+                    let n = p.len() * itemsize;
+                    write_ids(&mut buf[at..at + n], p, itemsize);
+                    at += n;
                 }
             }
-            Ok(())
-        })
-    }
-
-    fn to_buffer<'py>(py: Python<'py>, ids: &[u32], itemsize: usize) -> PyResult<Bound<'py, PyByteArray>> {
-        PyByteArray::new_with(py, ids.len() * itemsize, |buf| {
-            write_ids(buf, ids, itemsize);
             Ok(())
         })
     }
@@ -389,7 +385,7 @@ mod encoder_bindings {
             if s.len() < DETACH_MIN {
                 return with_scratch(|ids| {
                     self.inner.encode_into(&s, allow_special, ids);
-                    to_buffer(py, ids, itemsize)
+                    parts_to_buffer(py, &[ids], itemsize, Some(1))
                 });
             }
             let parts = py.detach(|| self.inner.encode_parallel_parts(&s, allow_special, num_threads));

@@ -385,20 +385,6 @@ impl PieceCounts {
         }
     }
 
-    /// Add one occurrence of the piece `text[s..e]`.
-    #[inline]
-    pub fn add_at(&mut self, text: &[u8], s: usize, e: usize) {
-        if e - s <= SHORT {
-            let key = short_key_at(text, s, e);
-            let h = mix(key);
-            if !self.add_short_cached(key, h) {
-                self.add_short_table(key, h);
-            }
-        } else {
-            self.add_long(&text[s..e], 1);
-        }
-    }
-
     /// Number of unique pieces (after `flush`).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.len()).sum()
