@@ -3,7 +3,8 @@
 //!     cargo run --release --example train_profile -- VOCAB THREADS FILE... [--dump counts.bin | --load counts.bin]
 //!
 //! `--dump` saves the pre-token counts after counting; `--load` skips counting and
-//! learns from saved counts (to profile the merge stages alone).
+//! learns from saved counts (to profile the merge stages alone). `CHUNK_KB` in the
+//! environment sets the read chunk size (default: the trainer's).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -29,7 +30,7 @@ fn main() {
     let specials = vec!["<|endoftext|>".to_string()];
     let ctl = Control::default();
     let t0 = Instant::now();
-    let mut tr = Trainer::new(&specials, "gpt2", Some(threads), Utf8Errors::Strict, DEFAULT_CHUNK_SIZE).unwrap();
+    let mut tr = Trainer::new(&specials, "gpt2", Some(threads), Utf8Errors::Strict, std::env::var("CHUNK_KB").ok().map(|v| v.parse::<usize>().unwrap() << 10).unwrap_or(DEFAULT_CHUNK_SIZE)).unwrap();
     let counts = if let Some(p) = &load {
         read_counts(p)
     } else {

@@ -610,7 +610,7 @@ mod shards_bindings {
     #[pyfunction]
     #[pyo3(signature = (
         encoder, inputs, out_bin, *, dtype, eos = None, jsonl_field = "text", input_format = None,
-        errors = "strict", chunk_size = 4 << 20, threads = 0, window = 0, part = None,
+        errors = "strict", chunk_size = 1 << 20, threads = 0, window = 0, part = None,
         newline_cuts = true, params = String::new(), commit_interval = 5.0, progress = None,
         progress_interval = 0.1, hash = true
     ))]

@@ -235,13 +235,14 @@ impl Trainer {
         let total = Self::check_files(paths)?;
         ctl.set_total(total);
         ctl.set_done(0);
+        let bufs = read::ReadBuffers::default();
         for p in paths {
-            self.count_file(p, ctl)?;
+            self.count_file(p, &bufs, ctl)?;
         }
         Ok(())
     }
 
-    fn count_file(&mut self, path: &Path, ctl: &Control) -> Result<(), TrainError> {
+    fn count_file(&mut self, path: &Path, bufs: &read::ReadBuffers, ctl: &Control) -> Result<(), TrainError> {
         self.counter()?;
         let name = path.display().to_string();
         let t0 = Instant::now();
@@ -250,6 +251,7 @@ impl Trainer {
         let res = read::for_each_chunk(
             path,
             self.chunk_size,
+            bufs,
             |buf| self.cut(buf),
             |n| bytes += n as u64,
             |chunk, offset| -> Result<(), ChunkError> {

@@ -328,7 +328,7 @@ def _add_encode(sub) -> None:
     p.add_argument("--errors", default="strict", choices=["strict", "replace"],
                    help="invalid UTF-8: strict = error with file and byte offset (default), replace = U+FFFD")
     p.add_argument("--chunk-size", type=float, default=None, metavar="MB",
-                   help="size of the chunks encoded as one task, in MB (default: 4; does not change the output)")
+                   help="size of the chunks encoded as one task, in MB (default: 1; does not change the output)")
     p.add_argument("--commit-interval", type=float, default=None, metavar="S",
                    help="seconds between progress-journal commits (default: 5; 0 = after every chunk)")
     p.add_argument("--no-hash", action="store_true",

@@ -35,8 +35,10 @@ MANIFEST_FORMAT = "ferrolm-shards-manifest"
 EOT = "<|endoftext|>"
 
 #: Target size of the chunks read and encoded as one task (a chunk ends at a document
-#: boundary, so it may be a little larger).
-DEFAULT_CHUNK_SIZE = 4 << 20
+#: boundary, so it may be a little larger). Small enough that the buffers of the chunks in
+#: flight stay few MB: memory a process touches for the first time costs a page fault
+#: per 4 KiB, and with 4 MiB chunks those faults took about 10 % of the encoding time.
+DEFAULT_CHUNK_SIZE = 1 << 20
 #: Seconds between commits of the progress journal (each costs two fsyncs).
 DEFAULT_COMMIT_INTERVAL = 5.0
 _BUILTIN_PATTERNS = ("gpt2", "cl100k", "o200k")

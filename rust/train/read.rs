@@ -169,13 +169,36 @@ pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer)
     (starts[0] != usize::MAX && start + starts[0] > 0).then(|| start + starts[0])
 }
 
+/// Chunk buffers, reused from chunk to chunk and from file to file. Memory the process
+/// has not touched before costs a page fault per 4 KiB page on first use (several
+/// microseconds each on a virtual machine): a run needs only a few buffers, so it
+/// faults them in once rather than once per chunk or per file.
+#[derive(Default)]
+pub struct ReadBuffers(std::sync::Mutex<Vec<Vec<u8>>>);
+
+impl ReadBuffers {
+    /// A buffer to fill (empty if none is free). Buffers keep their length, so reuse
+    /// zeroes nothing.
+    fn take(&self) -> Vec<u8> {
+        self.0.lock().map(|mut v| v.pop()).ok().flatten().unwrap_or_default()
+    }
+
+    fn put(&self, buf: Vec<u8>) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(buf);
+        }
+    }
+}
+
 /// Reads one file in chunks ending at cut positions chosen by `cut(buffer)` (None: read
 /// more first). `f(chunk, file_offset)` is called for each, on the calling thread; the
 /// last chunk ends at the end of the file. A reader thread reads the next chunk while
-/// `f` works on the current one (at most three chunks exist at a time).
+/// `f` works on the current one (a few chunks exist at a time); the chunk buffers come
+/// from `bufs` and go back to it.
 pub fn for_each_chunk<E>(
     path: &Path,
     chunk_size: usize,
+    bufs: &ReadBuffers,
     cut: impl Fn(&[u8]) -> Option<usize> + Sync,
     on_read: impl FnMut(usize) + Send,
     mut f: impl FnMut(&[u8], u64) -> Result<(), E>,
@@ -188,11 +211,10 @@ where
     let file_len = file.metadata().map(|m| m.len() as usize).unwrap_or(usize::MAX);
     let chunk_size = chunk_size.min(file_len.saturating_add(1)).max(64);
     let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<(Vec<u8>, usize, u64)>>(1);
-    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
     std::thread::scope(|scope| {
         let cut = &cut;
         scope.spawn(move || {
-            let r = produce_chunks(file, chunk_size, cut, on_read, &back_rx, |chunk, len, offset| tx.send(Ok((chunk, len, offset))).is_ok());
+            let r = produce_chunks(file, chunk_size, cut, on_read, bufs, |chunk, len, offset| tx.send(Ok((chunk, len, offset))).is_ok());
             if let Err(e) = r {
                 let _ = tx.send(Err(e));
             }
@@ -202,7 +224,7 @@ where
             for msg in rx.iter() {
                 let (chunk, len, offset) = msg?;
                 f(&chunk[..len], offset)?;
-                let _ = back_tx.send(chunk);
+                bufs.put(chunk);
             }
             Ok(())
         })();
@@ -221,10 +243,10 @@ fn produce_chunks(
     chunk_size: usize,
     cut: &impl Fn(&[u8]) -> Option<usize>,
     mut on_read: impl FnMut(usize),
-    recycled: &std::sync::mpsc::Receiver<Vec<u8>>,
+    bufs: &ReadBuffers,
     mut emit: impl FnMut(Vec<u8>, usize, u64) -> bool,
 ) -> io::Result<()> {
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf = bufs.take();
     let mut filled = 0usize; // bytes of buf holding data
     let mut offset: u64 = 0; // file offset of buf[0]
     let mut target = chunk_size;
@@ -250,7 +272,7 @@ fn produce_chunks(
         match cut(&buf[..filled]) {
             Some(c) => {
                 // The tail after the cut starts the next buffer.
-                let mut next = recycled.try_recv().unwrap_or_default();
+                let mut next = bufs.take();
                 let want = chunk_size.max(filled - c + chunk_size / 2);
                 if next.len() < want {
                     next.resize(want, 0);
@@ -333,12 +355,46 @@ mod tests {
         std::fs::write(&path, "word<|endoftext|>".repeat(10_000)).unwrap();
         let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
         let mut calls = 0;
-        let r = for_each_chunk::<io::Error>(&path, 1000, |b| find_cut(b, &sp, true), |_| {}, |_, _| {
+        let r = for_each_chunk::<io::Error>(&path, 1000, &ReadBuffers::default(), |b| find_cut(b, &sp, true), |_| {}, |_, _| {
             calls += 1;
             Err(io::Error::other("stop"))
         });
         assert!(r.is_err());
         assert_eq!(calls, 1);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn reused_buffers_hand_out_only_the_new_file() {
+        // Buffers come back from a first file full of its bytes; the chunks of a second,
+        // different file read with them must hold its bytes only.
+        let dir = std::env::temp_dir().join(format!("ferrolm-read-reuse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.txt"), dir.join("b.txt"));
+        std::fs::write(&a, "aaaa aaaa\nAaaa<|endoftext|>".repeat(3000)).unwrap();
+        let text_b: String = (0..900).map(|i| format!("b{i} bb\nBb<|endoftext|>")).collect();
+        std::fs::write(&b, &text_b).unwrap();
+        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        let bufs = ReadBuffers::default();
+        let read_all = |path: &Path| {
+            let mut got = Vec::new();
+            for_each_chunk::<io::Error>(path, 2000, &bufs, |x| find_cut(x, &sp, true), |_| {}, |c, off| {
+                assert_eq!(off as usize, got.len());
+                got.extend_from_slice(c);
+                Ok(())
+            })
+            .unwrap();
+            got
+        };
+        assert_eq!(read_all(&a).len(), std::fs::metadata(&a).unwrap().len() as usize);
+        let kept = bufs.0.lock().unwrap().len();
+        assert!(kept >= 2, "buffers were not given back ({kept})");
+        assert_eq!(read_all(&b), text_b.as_bytes());
+        // At most four buffers are in use at once (one filling, one being handed over,
+        // one queued, one being counted): had the second file not reused the first
+        // file's buffers, more would be kept now.
+        let after = bufs.0.lock().unwrap().len();
+        assert!(after <= 4, "{after} buffers kept after two files ({kept} after one)");
         std::fs::remove_dir_all(&dir).ok();
     }
 
@@ -356,7 +412,7 @@ mod tests {
         for builtin in [false, true] {
             let mut got = Vec::new();
             let mut n = 0;
-            for_each_chunk::<io::Error>(&path, 1000, |b| find_cut(b, &sp, builtin), |_| {}, |c, off| {
+            for_each_chunk::<io::Error>(&path, 1000, &ReadBuffers::default(), |b| find_cut(b, &sp, builtin), |_| {}, |c, off| {
                 assert_eq!(off as usize, got.len());
                 got.extend_from_slice(c);
                 n += 1;
