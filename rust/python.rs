@@ -31,7 +31,7 @@ mod encoder_bindings {
     use std::borrow::Cow;
     use std::sync::{Arc, Mutex};
 
-    use pyo3::exceptions::{PyTypeError, PyValueError};
+    use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
     use pyo3::prelude::*;
     use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -165,6 +165,14 @@ mod encoder_bindings {
                 d.copy_from_slice(&id.to_le_bytes());
             }
         }
+    }
+
+    /// Make sure the worker pool of `threads` threads can be had before any work starts:
+    /// a count over the limit is a ValueError, threads the OS will not start a
+    /// RuntimeError (not a panic in the middle of a parallel call).
+    fn ready_pool(threads: crate::threads::ThreadCount) -> PyResult<()> {
+        crate::threads::checked(threads).map_err(PyValueError::new_err)?;
+        crate::threads::try_pool(threads).map(|_| ()).map_err(PyRuntimeError::new_err)
     }
 
     /// The ids of consecutive `parts` as one buffer (see `write_ids`); large ones are
@@ -388,6 +396,7 @@ mod encoder_bindings {
                     parts_to_buffer(py, &[ids], itemsize, Some(1))
                 });
             }
+            ready_pool(num_threads)?;
             let parts = py.detach(|| self.inner.encode_parallel_parts(&s, allow_special, num_threads));
             let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
             parts_to_buffer(py, &parts, itemsize, num_threads)
@@ -405,6 +414,7 @@ mod encoder_bindings {
             num_threads: Option<usize>,
         ) -> PyResult<Bound<'py, PyByteArray>> {
             self.check_itemsize(itemsize)?;
+            ready_pool(num_threads)?;
             let parts = py.detach(|| -> std::io::Result<Vec<Vec<u32>>> {
                 let data = std::fs::read(&path)?;
                 let text = match String::from_utf8(data) {
@@ -426,6 +436,7 @@ mod encoder_bindings {
             allow_special: bool,
             num_threads: Option<usize>,
         ) -> PyResult<Bound<'py, PyList>> {
+            ready_pool(num_threads)?;
             let objs = batch_items(texts)?;
             let (strs, total) = batch_texts(&objs)?;
             let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
@@ -449,6 +460,7 @@ mod encoder_bindings {
             num_threads: Option<usize>,
         ) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
             self.check_itemsize(itemsize)?;
+            ready_pool(num_threads)?;
             let objs = batch_items(texts)?;
             let (strs, total) = batch_texts(&objs)?;
             let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));

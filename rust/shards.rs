@@ -486,6 +486,10 @@ where
         }
     }
     let itemsize = job.dtype.itemsize();
+    // The shared pool of this size (its threads keep their encoder caches between
+    // calls), had before anything is written.
+    let threads = crate::threads::resolve(Some(job.threads));
+    let pool = crate::threads::try_pool(Some(threads)).map_err(ShardError::Invalid)?;
 
     // Plan: sizes, this part's byte range.
     let sizes = input::file_sizes(&job.inputs)?;
@@ -557,15 +561,12 @@ where
         },
     )?;
 
-    let threads = crate::threads::resolve(Some(job.threads));
     reader.balance_tail(threads);
     let window = if job.window == 0 {
         2 * threads + 2
     } else {
         job.window.max(1)
     };
-    // The shared pool of this size: its threads keep their encoder caches between calls.
-    let pool = crate::threads::try_pool(Some(threads)).map_err(ShardError::Invalid)?;
     // Read buffers and output buffers are pooled apart (their sizes differ).
     let out_bufs = Pool { bufs: Mutex::new(Vec::new()) };
     let bufs = Pool {

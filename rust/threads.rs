@@ -21,6 +21,15 @@ pub type ThreadCount = Option<usize>;
 
 type Registry = Mutex<Vec<(usize, Arc<ThreadPool>)>>;
 
+/// The most threads one call may ask for. More is surely a mistake (the per-thread
+/// tables alone would take gigabytes), and the OS would refuse threads only after
+/// thousands were started.
+pub const MAX_THREADS: usize = 1024;
+
+/// Pools kept at once, most recently used first. A program that tries many thread
+/// counts would otherwise keep every pool, and its threads, for good.
+const KEPT_POOLS: usize = 4;
+
 /// The current process's registry; null until first used, and again in a forked child.
 static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -73,13 +82,32 @@ fn registry() -> &'static Registry {
     }
 }
 
-/// The pool of `threads` threads (built on first use, then shared), or why the
-/// operating system would not start its threads.
-pub fn try_pool(threads: ThreadCount) -> Result<Arc<ThreadPool>, String> {
+/// The thread count a [`ThreadCount`] stands for, or why it is refused (more than
+/// [`MAX_THREADS`]).
+pub fn checked(threads: ThreadCount) -> Result<usize, String> {
     let n = resolve(threads).max(1);
+    if n > MAX_THREADS {
+        return Err(format!("a thread count of {n} is over the limit of {MAX_THREADS}"));
+    }
+    Ok(n)
+}
+
+/// The pool of `threads` threads (built on first use, then shared), or why it cannot be
+/// had: too many threads asked for, or the operating system would not start them.
+pub fn try_pool(threads: ThreadCount) -> Result<Arc<ThreadPool>, String> {
+    let n = checked(threads)?;
     let mut pools = registry().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, p)) = pools.iter().find(|(k, _)| *k == n) {
-        return Ok(p.clone());
+    pool_of(&mut pools, n)
+}
+
+/// The pool of `n` threads in `pools` (most recently used first), built if missing;
+/// only the [`KEPT_POOLS`] most recently used stay in the list.
+fn pool_of(pools: &mut Vec<(usize, Arc<ThreadPool>)>, n: usize) -> Result<Arc<ThreadPool>, String> {
+    if let Some(i) = pools.iter().position(|(k, _)| *k == n) {
+        let entry = pools.remove(i);
+        let p = entry.1.clone();
+        pools.insert(0, entry);
+        return Ok(p);
     }
     let p = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
@@ -87,7 +115,9 @@ pub fn try_pool(threads: ThreadCount) -> Result<Arc<ThreadPool>, String> {
         .build()
         .map_err(|e| format!("cannot start {n} worker threads: {e}"))?;
     let p = Arc::new(p);
-    pools.push((n, p.clone()));
+    pools.insert(0, (n, p.clone()));
+    // A dropped pool's threads exit once the calls still holding it are done.
+    pools.truncate(KEPT_POOLS);
     Ok(p)
 }
 
@@ -114,6 +144,29 @@ mod tests {
         assert_eq!(a.current_num_threads(), 2);
         assert_eq!(install(Some(3), rayon::current_num_threads), 3);
         assert_eq!(resolve(Some(0)), default_threads());
+    }
+
+    #[test]
+    fn few_pools_are_kept_and_absurd_counts_are_refused() {
+        // A registry of its own: the process's is shared with the other tests.
+        let mut pools = Vec::new();
+        let held = pool_of(&mut pools, 1).unwrap();
+        let again = pool_of(&mut pools, 1).unwrap();
+        assert!(Arc::ptr_eq(&held, &again));
+        for n in 2..2 + KEPT_POOLS {
+            assert_eq!(pool_of(&mut pools, n).unwrap().current_num_threads(), n);
+        }
+        assert_eq!(pools.len(), KEPT_POOLS);
+        assert!(!pools.iter().any(|(_, p)| Arc::ptr_eq(p, &held)), "the least recently used pool was kept");
+        // A pool dropped from the list still works for whoever holds it.
+        assert_eq!(held.install(rayon::current_num_threads), 1);
+        // Using a pool makes it the most recent: it outlives a newer one.
+        let second = pool_of(&mut pools, 2).unwrap();
+        pool_of(&mut pools, 9).unwrap();
+        assert!(pools.iter().any(|(_, p)| Arc::ptr_eq(p, &second)));
+        let err = try_pool(Some(MAX_THREADS + 1)).err().expect("refused");
+        assert!(err.contains("over the limit"), "{err}");
+        assert_eq!(checked(Some(MAX_THREADS)), Ok(MAX_THREADS));
     }
 
     #[cfg(unix)]

@@ -192,7 +192,8 @@ impl Trainer {
         let builtin = pre.is_builtin();
         let mut b = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("ferrolm-train-{i}"));
         if let Some(n) = num_threads {
-            b = b.num_threads(n);
+            // Each worker has its own count tables: an absurd count would exhaust memory.
+            b = b.num_threads(crate::threads::checked(Some(n)).map_err(TrainError::InvalidInput)?);
         }
         let pool = b.build().map_err(|e| TrainError::InvalidInput(format!("cannot start threads: {e}")))?;
         let counter = Some(Counter::new(pool.current_num_threads()));

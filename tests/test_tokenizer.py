@@ -544,6 +544,31 @@ def test_bad_encode_decode_inputs(gpt2):
         gpt2.encode_batch(["x"], num_threads=0)
 
 
+def test_an_absurd_thread_count_is_a_value_error(tmp_path):
+    # Not a panic inside a parallel call, and not thousands of threads started first.
+    from ferrolm import shards
+
+    v = _bytes_vocab()
+    v[256] = b"<|endoftext|>"
+    tok = Tokenizer(v, [], ["<|endoftext|>"])
+    big = "hello world<|endoftext|>" * 20_000
+    path = tmp_path / "t.txt"
+    path.write_text(big, encoding="utf-8")
+    calls = {
+        "encode_batch": lambda: tok.encode_batch(["a b"], num_threads=10**6),
+        "encode_batch_to_numpy": lambda: tok.encode_batch_to_numpy(["a"], num_threads=5000),
+        "encode_to_numpy": lambda: tok.encode_to_numpy(big, num_threads=10**6),
+        "encode_file": lambda: tok.encode_file(path, num_threads=10**6),
+        "train": lambda: Tokenizer.train(iter(["a b c"] * 10), 260, special_tokens=[], num_threads=10**6, progress=False),
+        "shards.encode": lambda: shards.encode(tok, [path], tmp_path / "out", threads=10**6, progress=False),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="over the limit"):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"], "a refused encode left files behind"
+    assert tok.encode_batch(["ab"], num_threads=2) == [[97, 98]]
+
+
 def test_uint16_refused_for_big_vocab():
     v = _bytes_vocab()
     v[70_000] = "<big>".encode()
