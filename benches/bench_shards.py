@@ -13,7 +13,8 @@ bytes (checked by sha256 before timing): the whole file's ids, special tokens in
   the process to one CPU, so that the reader thread and the encoder share it (single-core throughput).
 * gigatoken: `encode_files(TextFileSource([path], separator=b"<|endoftext|>"))` (documents
   between separators, run on all cores), then eos inserted between documents and written as
-  uint16 (gigatoken has no file sink).
+  uint16 (gigatoken has no file sink). "gigatoken 1 core": the same with parallel=False, pinned
+  to one CPU, for how far its own second core takes it on this machine.
 * tiktoken (nanoGPT prepare.py style): read the file, split into documents, a
   multiprocessing.Pool of N processes runs `encode_ordinary(doc) + [eot]`, then the ids
   are written into an np.memmap.
@@ -257,7 +258,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per contender (median reported)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--big-gb", type=float, default=0.0, help="also run the memory check on the input repeated to ~this many GB")
-    ap.add_argument("--contenders", default="ferrolm,ferrolm-1t,ferrolm-1core,ferrolm-nohash,gigatoken,tiktoken")
+    ap.add_argument("--contenders", default="ferrolm,ferrolm-1t,ferrolm-1core,ferrolm-nohash,gigatoken,gigatoken-1core,tiktoken")
     ap.add_argument("--json", default=None, help="write the raw results here")
     args = ap.parse_args()
     work = Path(args.work)
@@ -274,6 +275,8 @@ def main() -> None:
             return "ferrolm", 1, ("--one-core",)
         if name == "ferrolm-nohash":
             return "ferrolm", args.threads, ("--no-hash",)
+        if name == "gigatoken-1core":
+            return "gigatoken", 1, ("--one-core",)
         return name, args.threads, ()
 
     print(f"input {cat} ({size / 1e6:.1f} MB); threads {args.threads}; load average {os.getloadavg()}", file=sys.stderr)
@@ -300,6 +303,12 @@ def main() -> None:
     def med(name, key):
         return statistics.median(r[key] for r in results[name])
 
+    def per_run(slow, fast):
+        """Ratios of encode+write times within each run (contenders of a run follow each
+        other, so slow drifts of the VM cancel): range and median."""
+        rs = sorted(a["encode_s"] / b["encode_s"] for a, b in zip(results[slow], results[fast]))
+        return f"{rs[0]:.2f}-{rs[-1]:.2f}×, median {statistics.median(rs):.2f}×"
+
     tokens = results[names[0]][0]["tokens"]
     lines = []
     lines.append(f"Load average during the runs: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.")
@@ -313,7 +322,8 @@ def main() -> None:
     label = {"ferrolm": f"ferrolm encode ({args.threads} threads)", "ferrolm-1t": "ferrolm encode (1 encoder thread + reader)",
              "ferrolm-1core": "ferrolm encode (1 thread, pinned to 1 core)",
              "ferrolm-nohash": f"ferrolm encode --no-hash ({args.threads} threads)",
-             "gigatoken": "gigatoken encode_files + uint16 .bin", "tiktoken": f"tiktoken, nanoGPT-style ({args.threads} processes)"}
+             "gigatoken": "gigatoken encode_files + uint16 .bin",
+             "gigatoken-1core": "gigatoken encode_files (parallel=False, pinned to 1 core)", "tiktoken": f"tiktoken, nanoGPT-style ({args.threads} processes)"}
     for name in names:
         e = med(name, "encode_s")
         ratio = f"{e / base:.2f}× the time" if base and name != "ferrolm" else "1"
@@ -327,6 +337,13 @@ def main() -> None:
                 lines.append(f"- {label.get(name, name)} takes {med(name, 'encode_s') / base:.2f}× the time of ferrolm "
                              f"({args.threads} threads) to encode and write, {med(name, 'process_s') / med('ferrolm', 'process_s'):.2f}× "
                              "as a whole process")
+        for lib in ("ferrolm", "gigatoken"):
+            if lib in results and f"{lib}-1core" in results:
+                lines.append(f"- {lib}: {args.threads} threads are {med(f'{lib}-1core', 'encode_s') / med(lib, 'encode_s'):.2f}× "
+                             f"its own single-core speed (per run: {per_run(f'{lib}-1core', lib)})")
+        for name in names:
+            if name != "ferrolm" and not name.endswith("-1core"):
+                lines.append(f"- per run, {label.get(name, name)} / ferrolm: {per_run(name, 'ferrolm')}")
         owt = 11.9e9
         lines.append(f"- Projected OpenWebText (11.9 GB) with ferrolm at {size / 1e6 / base:.0f} MB/s on this machine: "
                      f"{owt / (size / base) / 60:.1f} min")
