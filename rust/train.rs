@@ -163,7 +163,7 @@ pub struct Trainer {
     pre: PreTokenizer,
     builtin: bool,
     splitter: SpecialSplitter,
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
     counter: Option<Counter>,
     errors: Utf8Errors,
     chunk_size: usize,
@@ -190,12 +190,9 @@ impl Trainer {
         }
         let pre = PreTokenizer::new(pattern)?;
         let builtin = pre.is_builtin();
-        let mut b = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("ferrolm-train-{i}"));
-        if let Some(n) = num_threads {
-            // Each worker has its own count tables: an absurd count would exhaust memory.
-            b = b.num_threads(crate::threads::checked(Some(n)).map_err(TrainError::InvalidInput)?);
-        }
-        let pool = b.build().map_err(|e| TrainError::InvalidInput(format!("cannot start threads: {e}")))?;
+        // ferrolm's shared, fork-safe pool of this size (kept between calls). Each worker
+        // gets its own count tables, so an absurd thread count is refused up front.
+        let pool = crate::threads::try_pool(num_threads).map_err(TrainError::InvalidInput)?;
         let counter = Some(Counter::new(pool.current_num_threads()));
         Ok(Trainer {
             pre,
