@@ -34,14 +34,15 @@ const KEPT_POOLS: usize = 4;
 static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(std::ptr::null_mut());
 
 /// The number of threads used when none is asked for: `RAYON_NUM_THREADS` when set to
-/// a positive number (as rayon reads it), else the CPUs this process may run on.
+/// a positive number (as rayon reads it), else the CPUs this process may run on (at most
+/// [`MAX_THREADS`]).
 pub fn default_threads() -> usize {
     if let Some(n) = std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
         if n > 0 {
             return n;
         }
     }
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS)
 }
 
 /// The thread count a [`ThreadCount`] stands for.
@@ -87,9 +88,19 @@ fn registry() -> &'static Registry {
 pub fn checked(threads: ThreadCount) -> Result<usize, String> {
     let n = resolve(threads).max(1);
     if n > MAX_THREADS {
-        return Err(format!("a thread count of {n} is over the limit of {MAX_THREADS}"));
+        return Err(over_limit(n, matches!(threads, None | Some(0))));
     }
     Ok(n)
+}
+
+/// The error for `n` threads; `by_default`: no count was asked for, so `n` came from
+/// `RAYON_NUM_THREADS` (the CPU count is capped).
+fn over_limit(n: usize, by_default: bool) -> String {
+    if by_default {
+        format!("RAYON_NUM_THREADS={n} is over ferrolm's limit of {MAX_THREADS} threads")
+    } else {
+        format!("a thread count of {n} is over the limit of {MAX_THREADS}")
+    }
 }
 
 /// The pool of `threads` threads (built on first use, then shared), or why it cannot be
@@ -167,6 +178,8 @@ mod tests {
         let err = try_pool(Some(MAX_THREADS + 1)).err().expect("refused");
         assert!(err.contains("over the limit"), "{err}");
         assert_eq!(checked(Some(MAX_THREADS)), Ok(MAX_THREADS));
+        // A default that came from RAYON_NUM_THREADS says so.
+        assert!(over_limit(5000, true).starts_with("RAYON_NUM_THREADS=5000"));
     }
 
     #[cfg(unix)]

@@ -569,6 +569,25 @@ def test_an_absurd_thread_count_is_a_value_error(tmp_path):
     assert tok.encode_batch(["ab"], num_threads=2) == [[97, 98]]
 
 
+def test_an_absurd_rayon_num_threads_is_named_in_the_error():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from ferrolm.tokenizer import Tokenizer\n"
+        "tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], [])\n"
+        "try:\n"
+        "    tok.encode_batch(['a b'])\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+    )
+    env = dict(os.environ, RAYON_NUM_THREADS="5000")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "RAYON_NUM_THREADS=5000" in out.stdout, out.stdout + out.stderr
+
+
 def test_uint16_refused_for_big_vocab():
     v = _bytes_vocab()
     v[70_000] = "<big>".encode()
