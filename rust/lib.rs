@@ -7,6 +7,7 @@ pub mod encode;
 pub mod pretokenize;
 pub mod shards;
 pub mod threads;
+mod buffers;
 pub mod train;
 mod unicode_tables;
 

@@ -31,8 +31,9 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::buffers::BufferPool;
 
 pub use input::{part_range, Compression, Format, InputSpec};
 use input::{Chunk, ChunkReader, FileSummary};
@@ -330,30 +331,6 @@ struct Encoded {
     raw_done: u64,
 }
 
-/// Reusable buffers, so steady state allocates nothing per chunk.
-struct Pool {
-    bufs: Mutex<Vec<Vec<u8>>>,
-}
-
-impl Pool {
-    fn get(&self) -> Vec<u8> {
-        self.bufs
-            .lock()
-            .map(|mut v| v.pop())
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-    }
-    /// Buffers keep their length (their bytes stay initialized, so reuse zeroes nothing).
-    fn put(&self, buf: Vec<u8>) {
-        if let Ok(mut v) = self.bufs.lock() {
-            if v.len() < 64 {
-                v.push(buf);
-            }
-        }
-    }
-}
-
 thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -488,8 +465,8 @@ where
     let itemsize = job.dtype.itemsize();
     // The shared pool of this size (its threads keep their encoder caches between
     // calls), had before anything is written.
-    let threads = crate::threads::resolve(Some(job.threads));
-    let pool = crate::threads::try_pool(Some(threads)).map_err(ShardError::Invalid)?;
+    let pool = crate::threads::try_pool(Some(job.threads)).map_err(ShardError::Invalid)?;
+    let threads = pool.current_num_threads();
 
     // Plan: sizes, this part's byte range.
     let sizes = input::file_sizes(&job.inputs)?;
@@ -568,10 +545,8 @@ where
         job.window.max(1)
     };
     // Read buffers and output buffers are pooled apart (their sizes differ).
-    let out_bufs = Pool { bufs: Mutex::new(Vec::new()) };
-    let bufs = Pool {
-        bufs: Mutex::new(Vec::new()),
-    };
+    let out_bufs = BufferPool::default();
+    let bufs = BufferPool::default();
 
     let mut journal = Journal {
         params: job.params.clone(),
@@ -607,7 +582,7 @@ where
                         next_read += 1;
                         in_flight += 1;
                         let tx = tx.clone();
-                        let out_buf = out_bufs.get();
+                        let out_buf = out_bufs.take();
                         let bufs = &bufs;
                         scope.spawn(move |_| {
                             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -233,14 +233,14 @@ impl Trainer {
         let total = Self::check_files(paths)?;
         ctl.set_total(total);
         ctl.set_done(0);
-        let bufs = read::ReadBuffers::default();
+        let bufs = crate::buffers::BufferPool::default();
         for p in paths {
             self.count_file(p, &bufs, ctl)?;
         }
         Ok(())
     }
 
-    fn count_file(&mut self, path: &Path, bufs: &read::ReadBuffers, ctl: &Control) -> Result<(), TrainError> {
+    fn count_file(&mut self, path: &Path, bufs: &crate::buffers::BufferPool, ctl: &Control) -> Result<(), TrainError> {
         self.counter()?;
         let name = path.display().to_string();
         let t0 = Instant::now();

@@ -23,7 +23,8 @@ use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
-use super::{EncodeJob, Pool, ShardError};
+use super::{EncodeJob, ShardError};
+use crate::buffers::BufferPool;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
@@ -581,7 +582,7 @@ impl<'a> ChunkReader<'a> {
     }
 
     /// The next chunk in input order, `None` when this part's inputs are exhausted.
-    pub fn next_chunk(&mut self, pool: &Pool) -> Result<Option<Chunk>, ShardError> {
+    pub fn next_chunk(&mut self, pool: &BufferPool) -> Result<Option<Chunk>, ShardError> {
         loop {
             if self.cur.is_none() {
                 let Some(&(idx, range)) = self.plan.get(self.plan_idx) else {
@@ -608,7 +609,7 @@ impl<'a> ChunkReader<'a> {
             let mut f = self.cur.take().unwrap();
             let spec = &self.job.inputs[f.idx];
             let sep = self.job.eos.as_ref().map(|(s, _)| s.as_bytes());
-            let mut buf = pool.get();
+            let mut buf = pool.take();
             let mut filled = self.carry.len();
             if buf.len() < filled {
                 buf.resize(filled, 0);

@@ -18,6 +18,7 @@ use std::path::Path;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 
+use crate::buffers::BufferPool;
 use crate::pretokenize::PreTokenizer;
 
 /// Finds special tokens: leftmost match first, the longest one among those starting there.
@@ -169,36 +170,15 @@ pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer)
     (starts[0] != usize::MAX && start + starts[0] > 0).then(|| start + starts[0])
 }
 
-/// Chunk buffers, reused from chunk to chunk and from file to file. Memory the process
-/// has not touched before costs a page fault per 4 KiB page on first use (several
-/// microseconds each on a virtual machine): a run needs only a few buffers, so it
-/// faults them in once rather than once per chunk or per file.
-#[derive(Default)]
-pub struct ReadBuffers(std::sync::Mutex<Vec<Vec<u8>>>);
-
-impl ReadBuffers {
-    /// A buffer to fill (empty if none is free). Buffers keep their length, so reuse
-    /// zeroes nothing.
-    fn take(&self) -> Vec<u8> {
-        self.0.lock().map(|mut v| v.pop()).ok().flatten().unwrap_or_default()
-    }
-
-    fn put(&self, buf: Vec<u8>) {
-        if let Ok(mut v) = self.0.lock() {
-            v.push(buf);
-        }
-    }
-}
-
 /// Reads one file in chunks ending at cut positions chosen by `cut(buffer)` (None: read
 /// more first). `f(chunk, file_offset)` is called for each, on the calling thread; the
 /// last chunk ends at the end of the file. A reader thread reads the next chunk while
 /// `f` works on the current one (a few chunks exist at a time); the chunk buffers come
 /// from `bufs` and go back to it.
-pub fn for_each_chunk<E>(
+pub(crate) fn for_each_chunk<E>(
     path: &Path,
     chunk_size: usize,
-    bufs: &ReadBuffers,
+    bufs: &BufferPool,
     cut: impl Fn(&[u8]) -> Option<usize> + Sync,
     on_read: impl FnMut(usize) + Send,
     mut f: impl FnMut(&[u8], u64) -> Result<(), E>,
@@ -243,7 +223,7 @@ fn produce_chunks(
     chunk_size: usize,
     cut: &impl Fn(&[u8]) -> Option<usize>,
     mut on_read: impl FnMut(usize),
-    bufs: &ReadBuffers,
+    bufs: &BufferPool,
     mut emit: impl FnMut(Vec<u8>, usize, u64) -> bool,
 ) -> io::Result<()> {
     let mut buf = bufs.take();
@@ -355,7 +335,7 @@ mod tests {
         std::fs::write(&path, "word<|endoftext|>".repeat(10_000)).unwrap();
         let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
         let mut calls = 0;
-        let r = for_each_chunk::<io::Error>(&path, 1000, &ReadBuffers::default(), |b| find_cut(b, &sp, true), |_| {}, |_, _| {
+        let r = for_each_chunk::<io::Error>(&path, 1000, &BufferPool::default(), |b| find_cut(b, &sp, true), |_| {}, |_, _| {
             calls += 1;
             Err(io::Error::other("stop"))
         });
@@ -375,7 +355,7 @@ mod tests {
         let text_b: String = (0..900).map(|i| format!("b{i} bb\nBb<|endoftext|>")).collect();
         std::fs::write(&b, &text_b).unwrap();
         let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
-        let bufs = ReadBuffers::default();
+        let bufs = BufferPool::default();
         let read_all = |path: &Path| {
             let mut got = Vec::new();
             for_each_chunk::<io::Error>(path, 2000, &bufs, |x| find_cut(x, &sp, true), |_| {}, |c, off| {
@@ -387,13 +367,13 @@ mod tests {
             got
         };
         assert_eq!(read_all(&a).len(), std::fs::metadata(&a).unwrap().len() as usize);
-        let kept = bufs.0.lock().unwrap().len();
+        let kept = bufs.free();
         assert!(kept >= 2, "buffers were not given back ({kept})");
         assert_eq!(read_all(&b), text_b.as_bytes());
         // At most four buffers are in use at once (one filling, one being handed over,
         // one queued, one being counted): had the second file not reused the first
         // file's buffers, more would be kept now.
-        let after = bufs.0.lock().unwrap().len();
+        let after = bufs.free();
         assert!(after <= 4, "{after} buffers kept after two files ({kept} after one)");
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -412,7 +392,7 @@ mod tests {
         for builtin in [false, true] {
             let mut got = Vec::new();
             let mut n = 0;
-            for_each_chunk::<io::Error>(&path, 1000, &ReadBuffers::default(), |b| find_cut(b, &sp, builtin), |_| {}, |c, off| {
+            for_each_chunk::<io::Error>(&path, 1000, &BufferPool::default(), |b| find_cut(b, &sp, builtin), |_| {}, |c, off| {
                 assert_eq!(off as usize, got.len());
                 got.extend_from_slice(c);
                 n += 1;
