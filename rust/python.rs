@@ -787,7 +787,7 @@ mod trainer_binding {
         PyRuntimeError, PyValueError,
     };
     use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyDict};
+    use pyo3::types::{PyBytes, PyDict, PyList};
 
     use crate::train::{Control, TrainError, Trainer, Utf8Errors, DEFAULT_CHUNK_SIZE};
 
@@ -966,7 +966,8 @@ mod trainer_binding {
             self.run(py, progress, move |t, ctl| t.finish_text(ctl))
         }
 
-        /// Learn up to `num_merges` merges; returns them as (bytes, bytes) pairs in order.
+        /// Learn up to `num_merges` merges; returns them as (bytes, bytes) pairs in order,
+        /// and the vocab they make: id -> bytes for the 256 bytes, then one id per merge.
         /// `progress(done, total)` is called with merges.
         #[pyo3(signature = (num_merges, progress = None))]
         fn learn<'py>(
@@ -974,9 +975,24 @@ mod trainer_binding {
             py: Python<'py>,
             num_merges: usize,
             progress: Option<&Bound<'py, PyAny>>,
-        ) -> PyResult<Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+        ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyDict>)> {
             let merges = self.run(py, progress, move |t, ctl| t.learn(num_merges, ctl))?;
-            Ok(merges.iter().map(|(a, b)| (PyBytes::new(py, a), PyBytes::new(py, b))).collect())
+            // Built here rather than in Python: a Python loop over 32k merges takes ~15 ms.
+            let vocab = PyDict::new(py);
+            for b in 0..=255u8 {
+                vocab.set_item(b, PyBytes::new(py, &[b]))?;
+            }
+            let mut pairs = Vec::with_capacity(merges.len());
+            for (i, (a, b)) in merges.iter().enumerate() {
+                let joined = PyBytes::new_with(py, a.len() + b.len(), |buf| {
+                    buf[..a.len()].copy_from_slice(a);
+                    buf[a.len()..].copy_from_slice(b);
+                    Ok(())
+                })?;
+                vocab.set_item(256 + i, joined)?;
+                pairs.push((PyBytes::new(py, a), PyBytes::new(py, b)));
+            }
+            Ok((PyList::new(py, pairs)?, vocab))
         }
 
         /// Seconds per stage and sizes of the last run (for profiling).

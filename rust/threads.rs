@@ -143,6 +143,14 @@ pub fn install<R: Send>(threads: ThreadCount, f: impl FnOnce() -> R + Send) -> R
     pool(threads).install(f)
 }
 
+/// Drop `value` on a short-lived thread of its own, so that the caller does not wait
+/// for it: freeing a large structure made of many allocations (the trainer's pair
+/// index) takes milliseconds that would otherwise be serial.
+pub fn drop_in_background<T: Send + 'static>(value: T) {
+    // If no thread can be started, the closure, and with it `value`, is dropped here.
+    let _ = std::thread::Builder::new().name("ferrolm-free".into()).spawn(move || drop(value));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +163,23 @@ mod tests {
         assert_eq!(a.current_num_threads(), 2);
         assert_eq!(install(Some(3), rayon::current_num_threads), 3);
         assert_eq!(resolve(Some(0)), default_threads());
+    }
+
+    #[test]
+    fn background_drops_happen() {
+        struct Flag(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        drop_in_background(Flag(dropped.clone()));
+        let t = std::time::Instant::now();
+        while !dropped.load(Ordering::SeqCst) {
+            assert!(t.elapsed().as_secs() < 10, "never dropped");
+            std::thread::yield_now();
+        }
     }
 
     #[test]

@@ -195,15 +195,13 @@ def train(
         else:
             _feed_texts(trainer, input, bars.stage("counting", "B"))  # type: ignore[arg-type]
         num_merges = vocab_size - 256 - len(specials)
-        merges = trainer.learn(num_merges, bars.stage("merging", "merge", num_merges))
+        merges, vocab = trainer.learn(num_merges, bars.stage("merging", "merge", num_merges))
     finally:
         bars.close()
     if stats is not None:
         stats.update(trainer.stats())
 
-    vocab: dict[int, bytes] = {i: bytes([i]) for i in range(256)}
-    for a, b in merges:
-        vocab[len(vocab)] = a + b
+    # vocab: the 256 bytes, then one token per merge (built by the core).
     for s in specials:
         vocab[len(vocab)] = s.encode("utf-8")
     return vocab, merges
