@@ -32,7 +32,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::pretokenize::{PatternError, PreTokenizer};
 
-pub use parallel::{BatchIds, ThreadCount};
+pub use parallel::{read_text_file, BatchIds, ThreadCount};
 use specials::Specials;
 pub use stream::StreamEncoder;
 

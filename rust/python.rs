@@ -153,20 +153,6 @@ mod encoder_bindings {
         }
     }
 
-    /// `ids` as little-endian uint16 (itemsize 2) or uint32 (4) into `dst`, which holds
-    /// exactly that many bytes.
-    fn write_ids(dst: &mut [u8], ids: &[u32], itemsize: usize) {
-        if itemsize == 2 {
-            for (d, &id) in dst.chunks_exact_mut(2).zip(ids) {
-                d.copy_from_slice(&(id as u16).to_le_bytes());
-            }
-        } else {
-            for (d, &id) in dst.chunks_exact_mut(4).zip(ids) {
-                d.copy_from_slice(&id.to_le_bytes());
-            }
-        }
-    }
-
     /// Make sure the worker pool of `threads` threads can be had before any work starts:
     /// a count over the limit is a ValueError, threads the OS will not start a
     /// RuntimeError (not a panic in the middle of a parallel call).
@@ -186,30 +172,60 @@ mod encoder_bindings {
     ) -> PyResult<Bound<'py, PyByteArray>> {
         use rayon::prelude::*;
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        PyByteArray::new_with(py, total * itemsize, |buf| {
-            if threads != Some(1) && parts.len() > 1 && total >= 1 << 18 {
-                let mut slices: Vec<&mut [u8]> = Vec::with_capacity(parts.len());
-                let mut rest = buf;
-                for p in parts {
-                    let (dst, tail) = std::mem::take(&mut rest).split_at_mut(p.len() * itemsize);
-                    slices.push(dst);
-                    rest = tail;
-                }
-                py.detach(|| {
-                    crate::threads::install(threads, || {
-                        slices.into_par_iter().zip(parts.par_iter()).for_each(|(dst, p)| write_ids(dst, p, itemsize))
-                    })
-                });
-            } else {
+        if !(threads != Some(1) && parts.len() > 1 && total >= 1 << 18) {
+            return PyByteArray::new_with(py, total * itemsize, |buf| {
+                // SAFETY: the same layout; only initialized bytes are written.
+                let buf = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
                 let mut at = 0;
                 for p in parts {
                     let n = p.len() * itemsize;
                     write_ids(&mut buf[at..at + n], p, itemsize);
                     at += n;
                 }
+                Ok(())
+            });
+        }
+        // A large buffer is not zeroed first (PyByteArray::new_with would, on one thread,
+        // faulting in every page): the workers write all of it, each its parts.
+        let len = total * itemsize;
+        let len_py = pyo3::ffi::Py_ssize_t::try_from(len).map_err(|_| PyValueError::new_err("too many ids for one buffer"))?;
+        // SAFETY: a null source makes a bytearray of `len` uninitialized bytes; a null
+        // result is the Python error, taken by from_owned_ptr_or_err.
+        let array = unsafe {
+            Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyByteArray_FromStringAndSize(std::ptr::null(), len_py))?
+                .cast_into_unchecked::<PyByteArray>()
+        };
+        // SAFETY: the bytearray is new, so nothing else can see or resize it, and its
+        // storage holds `len` bytes.
+        let buf: &mut [std::mem::MaybeUninit<u8>] =
+            unsafe { std::slice::from_raw_parts_mut(pyo3::ffi::PyByteArray_AsString(array.as_ptr()).cast(), len) };
+        let mut slices: Vec<&mut [std::mem::MaybeUninit<u8>]> = Vec::with_capacity(parts.len());
+        let mut rest = buf;
+        for p in parts {
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(p.len() * itemsize);
+            slices.push(dst);
+            rest = tail;
+        }
+        py.detach(|| {
+            crate::threads::install(threads, || {
+                slices.into_par_iter().zip(parts.par_iter()).for_each(|(dst, p)| write_ids(dst, p, itemsize))
+            })
+        });
+        Ok(array)
+    }
+
+    /// `ids` as little-endian uint16 (itemsize 2) or uint32 (4) into `dst`, which holds
+    /// exactly that many bytes (fresh memory, or initialized bytes to overwrite).
+    fn write_ids(dst: &mut [std::mem::MaybeUninit<u8>], ids: &[u32], itemsize: usize) {
+        if itemsize == 2 {
+            for (d, &id) in dst.chunks_exact_mut(2).zip(ids) {
+                d.copy_from_slice(&(id as u16).to_le_bytes().map(std::mem::MaybeUninit::new));
             }
-            Ok(())
-        })
+        } else {
+            for (d, &id) in dst.chunks_exact_mut(4).zip(ids) {
+                d.copy_from_slice(&id.to_le_bytes().map(std::mem::MaybeUninit::new));
+            }
+        }
     }
 
     thread_local! {
@@ -416,11 +432,7 @@ mod encoder_bindings {
             self.check_itemsize(itemsize)?;
             ready_pool(num_threads)?;
             let parts = py.detach(|| -> std::io::Result<Vec<Vec<u32>>> {
-                let data = std::fs::read(&path)?;
-                let text = match String::from_utf8(data) {
-                    Ok(t) => t,
-                    Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-                };
+                let text = crate::encode::read_text_file(&path, num_threads)?;
                 Ok(self.inner.encode_parallel_parts(&text, allow_special, num_threads))
             })?;
             let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();

@@ -146,6 +146,58 @@ fn parallel_equals_serial() {
 }
 
 #[test]
+fn parallel_cuts_never_split_a_special_token() {
+    // Special tokens with spaces inside, after printable ASCII (where the pre-tokenizer
+    // alone would cut), and overlapping each other: every cut must fall outside them,
+    // and the parts must encode as the whole does.
+    let e = trained(&[("h", "e"), ("l", "l"), (" ", "w")], &["<|end of text|>", "a b", "a b c d"], "gpt2");
+    let unit = "hello<|end of text|>x a b c d e a b wo a b c hel<|end of text|>lo ";
+    let text = unit.repeat(40_000);
+    let want = e.encode(&text, true);
+    assert_eq!(e.encode_parallel(&text, true, Some(3)), want);
+    assert_eq!(e.encode_parallel(&text, false, Some(2)), e.encode(&text, false));
+    let cuts = e.safe_cuts(&text, true, 997);
+    assert!(cuts.len() > 1000);
+    let matches: Vec<(usize, usize)> = e.specials.find_iter(&text).map(|(s, e, _)| (s, e)).collect();
+    for &c in &cuts {
+        let i = matches.partition_point(|&(_, e)| e <= c);
+        assert!(matches.get(i).map_or(true, |&(s, _)| s >= c), "cut {c} inside a special token");
+    }
+    // Text with no space to cut before: cuts come from the special tokens alone.
+    let dense = "漢字かな<|end of text|>".repeat(100_000);
+    let cuts = e.safe_cuts(&dense, true, 4096);
+    assert!(cuts.len() > 100);
+    assert_eq!(e.encode_parallel(&dense, true, Some(2)), e.encode(&dense, true));
+}
+
+#[test]
+fn files_read_in_parallel_are_read_exactly() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-read-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Over the parallel threshold, with 2- 3- and 4-byte characters across every task
+    // boundary, then the same with invalid bytes (read as U+FFFD, as from_utf8_lossy).
+    let mut valid = Vec::new();
+    let mut k = 0u32;
+    while valid.len() < 9 << 20 {
+        valid.extend_from_slice(["é", "漢", "😀", "a"][(k % 4) as usize].as_bytes());
+        k = k.wrapping_mul(1_103_515_245).wrapping_add(12_345) >> 3;
+    }
+    let mut invalid = valid.clone();
+    invalid[5 << 20] = 0xFF;
+    invalid.push(0xE6); // a character cut short at the end
+    for (name, bytes) in [("valid", &valid), ("invalid", &invalid)] {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let want = String::from_utf8_lossy(bytes).into_owned();
+        for threads in [Some(1), Some(2), Some(3)] {
+            assert!(crate::encode::read_text_file(&path, threads).unwrap() == want, "{name}, {threads:?} threads");
+        }
+    }
+    assert!(crate::encode::read_text_file(&dir.join("missing"), Some(2)).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn grouped_batch_equals_one_call_per_text() {
     let e = toy();
     // Texts of very different sizes (groups are cut by bytes), empty ones included.
