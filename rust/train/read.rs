@@ -215,6 +215,10 @@ where
     })
 }
 
+/// The first chunk of a file is at most this big, and each next one twice the last up
+/// to the chunk size: the consumer waits for the first read alone, once per file.
+const FIRST_CHUNK: usize = 1 << 20;
+
 /// The reader side of `for_each_chunk`: `emit(buffer, len, offset)` hands over a chunk
 /// (the first `len` bytes of the buffer) and returns false to stop. Buffers keep their
 /// length when recycled, so they are zeroed only once.
@@ -229,7 +233,8 @@ fn produce_chunks(
     let mut buf = bufs.take();
     let mut filled = 0usize; // bytes of buf holding data
     let mut offset: u64 = 0; // file offset of buf[0]
-    let mut target = chunk_size;
+    let mut step = chunk_size.min(FIRST_CHUNK);
+    let mut target = step;
     let mut eof = false;
     loop {
         if buf.len() < target {
@@ -253,7 +258,8 @@ fn produce_chunks(
             Some(c) => {
                 // The tail after the cut starts the next buffer.
                 let mut next = bufs.take();
-                let want = chunk_size.max(filled - c + chunk_size / 2);
+                step = (step * 2).min(chunk_size);
+                let want = step.max(filled - c + step / 2);
                 if next.len() < want {
                     next.resize(want, 0);
                 }
@@ -266,7 +272,7 @@ fn produce_chunks(
                 target = want;
             }
             // No exact cut in the whole buffer: read more before processing.
-            None => target = filled + chunk_size,
+            None => target = filled + step,
         }
     }
 }
