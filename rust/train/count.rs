@@ -527,8 +527,10 @@ impl Counter {
     ) -> Result<(), TrainError> {
         let workers = self.tables.len();
         let total: usize = segs.iter().map(|s| s.bytes.len()).sum();
-        // Enough tasks to balance the load, big enough that scheduling costs nothing.
-        let task_bytes = (total / (workers * 8)).clamp(1 << 16, 4 << 20);
+        // Enough tasks to balance the load (a worker that ends early waits for the others
+        // before the next chunk: half a task on average), big enough that scheduling costs
+        // nothing.
+        let task_bytes = (total / (workers * 32)).clamp(1 << 16, 4 << 20);
         if builtin {
             split_long_segments(&mut segs, task_bytes);
         }
