@@ -9,7 +9,10 @@ trains once and reports its wall time (the training call only) and its own peak 
 (VmHWM from /proc/self/status). The table gives the median time, the largest peak RSS and
 the ratio to ferrolm, and the CPU time of the training call (all threads, user + system;
 on a busy machine it is steadier than wall time).
-Before timing, ferrolm's merges are checked equal to the
+The reference runs once by default (`--reference-runs N` for more), each time right
+after a ferrolm run of its own, and the ratio of each such back-to-back pair is printed
+as well: on a VM whose speed drifts over minutes it is steadier than the ratio of the
+medians. Before timing, ferrolm's merges are checked equal to the
 reference's (when the reference runs) and the share of each peer's first merges that
 agree with ferrolm's is printed (peers break ties differently, so some differ).
 
@@ -173,6 +176,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--libs", nargs="*", default=LIBS, choices=LIBS)
     ap.add_argument("--skip-reference", action="store_true", help="do not run ferrolm.reference (minutes)")
+    ap.add_argument(
+        "--reference-runs",
+        type=int,
+        default=1,
+        help="runs of the reference, each right after a ferrolm run of its own: the ratio of each such pair is "
+        "reported too (the VM's speed drifts over minutes, which a pair taken back to back mostly cancels)",
+    )
     ap.add_argument("--concat", type=int, default=0, help="also train on the corpus concatenated N times (a file in /tmp)")
     ap.add_argument("--concat-libs", nargs="*", default=["ferrolm", "gigatoken"], choices=LIBS)
     ap.add_argument("--timeout", type=float, default=3600)
@@ -197,9 +207,16 @@ def main() -> None:
     for vocab_size in args.vocab:
         rows = []
         ferro_tokens = None
+        paired: list[float] = []  # reference time / the ferrolm run just before it
         for lib in libs:
-            runs = args.runs if lib != "reference" else 1
-            outs = [run_child(lib, files, vocab_size, args.threads, args.timeout) for _ in range(runs)]
+            if lib == "reference":
+                outs = []
+                for _ in range(max(1, args.reference_runs)):
+                    before = run_child("ferrolm", files, vocab_size, args.threads, args.timeout)
+                    outs.append(run_child(lib, files, vocab_size, args.threads, args.timeout))
+                    paired.append(outs[-1]["seconds"] / before["seconds"])
+            else:
+                outs = [run_child(lib, files, vocab_size, args.threads, args.timeout) for _ in range(args.runs)]
             secs = statistics.median(o["seconds"] for o in outs)
             cpu = statistics.median(o["cpu_s"] for o in outs)
             rss = max(o["vmhwm_mb"] for o in outs)
@@ -226,6 +243,12 @@ def main() -> None:
             ratio = f"{secs / base:.1f}×" if base else ""
             cratio = f"{cpu / base_cpu:.1f}×" if base_cpu else ""
             print(f"| {lib} | {secs:.2f} | {ratio} | {cpu:.2f} | {cratio} | {rss:.0f} | {n:,} | {note} |")
+        if paired:
+            ps = sorted(paired)
+            print(
+                f"\nreference / ferrolm, each reference run against the ferrolm run just before it: "
+                f"{ps[0]:.1f}-{ps[-1]:.1f}×, median {statistics.median(ps):.1f}× ({len(ps)} pairs)"
+            )
         for lib, secs, rss, n, note, outs, cpu in rows:
             if lib == "ferrolm":
                 med = sorted(outs, key=lambda o: o["seconds"])[len(outs) // 2]

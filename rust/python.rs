@@ -161,9 +161,9 @@ mod encoder_bindings {
         crate::threads::try_pool(threads).map(|_| ()).map_err(PyRuntimeError::new_err)
     }
 
-    /// The ids of consecutive `parts` as one buffer (see `write_ids`); large ones are
-    /// converted on `threads` threads with the GIL released unless that is 1 (the buffer
-    /// is new: no other thread can see it yet).
+    /// The ids of consecutive `parts` as one buffer (see `write_ids`). Large ones are
+    /// written with the GIL released (the buffer is new: no other thread can see it
+    /// yet), part by part on `threads` threads unless that is 1.
     fn parts_to_buffer<'py>(
         py: Python<'py>,
         parts: &[&[u32]],
@@ -172,22 +172,17 @@ mod encoder_bindings {
     ) -> PyResult<Bound<'py, PyByteArray>> {
         use rayon::prelude::*;
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        if !(threads != Some(1) && parts.len() > 1 && total >= 1 << 18) {
-            return PyByteArray::new_with(py, total * itemsize, |buf| {
+        let len = total * itemsize;
+        if len < UNZEROED_MIN {
+            return PyByteArray::new_with(py, len, |buf| {
                 // SAFETY: the same layout; only initialized bytes are written.
                 let buf = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-                let mut at = 0;
-                for p in parts {
-                    let n = p.len() * itemsize;
-                    write_ids(&mut buf[at..at + n], p, itemsize);
-                    at += n;
-                }
+                write_parts(buf, parts, itemsize);
                 Ok(())
             });
         }
-        // A large buffer is not zeroed first (PyByteArray::new_with would, on one thread,
-        // faulting in every page): the workers write all of it, each its parts.
-        let len = total * itemsize;
+        // A large buffer is not zeroed first (PyByteArray::new_with would, faulting in
+        // every page on this thread): the ids overwrite all of it.
         let len_py = pyo3::ffi::Py_ssize_t::try_from(len).map_err(|_| PyValueError::new_err("too many ids for one buffer"))?;
         // SAFETY: a null source makes a bytearray of `len` uninitialized bytes; a null
         // result is the Python error, taken by from_owned_ptr_or_err.
@@ -199,6 +194,10 @@ mod encoder_bindings {
         // storage holds `len` bytes.
         let buf: &mut [std::mem::MaybeUninit<u8>] =
             unsafe { std::slice::from_raw_parts_mut(pyo3::ffi::PyByteArray_AsString(array.as_ptr()).cast(), len) };
+        if threads == Some(1) || parts.len() < 2 {
+            py.detach(|| write_parts(buf, parts, itemsize));
+            return Ok(array);
+        }
         let mut slices: Vec<&mut [std::mem::MaybeUninit<u8>]> = Vec::with_capacity(parts.len());
         let mut rest = buf;
         for p in parts {
@@ -212,6 +211,19 @@ mod encoder_bindings {
             })
         });
         Ok(array)
+    }
+
+    /// Buffers of at least this many bytes are filled without being zeroed first.
+    const UNZEROED_MIN: usize = 1 << 19;
+
+    /// The ids of consecutive `parts` into `buf`, which holds exactly that many.
+    fn write_parts(buf: &mut [std::mem::MaybeUninit<u8>], parts: &[&[u32]], itemsize: usize) {
+        let mut at = 0;
+        for p in parts {
+            let n = p.len() * itemsize;
+            write_ids(&mut buf[at..at + n], p, itemsize);
+            at += n;
+        }
     }
 
     /// `ids` as little-endian uint16 (itemsize 2) or uint32 (4) into `dst`, which holds
