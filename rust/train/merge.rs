@@ -254,33 +254,77 @@ impl Pairs {
     }
 }
 
-/// The bytes of every symbol, with an 8-byte big-endian prefix of each for fast comparison.
+/// The bytes of every symbol, back to back in one array, with an 8-byte big-endian
+/// prefix of each for fast comparison, and an index of the symbols by their bytes. A
+/// merge adds at most one symbol and allocates nothing (amortized).
 struct Tokens {
-    bytes: Vec<Box<[u8]>>,
+    arena: Vec<u8>,
+    /// Where each symbol's bytes end in `arena` (they start where the previous ends).
+    ends: Vec<usize>,
     prefix: Vec<u64>,
+    /// Symbol ids, found by their bytes.
+    by_bytes: hashbrown::HashTable<u32>,
+}
+
+/// The bytes of symbol `t` (a free function, to borrow only these fields).
+#[inline]
+fn token_bytes<'a>(arena: &'a [u8], ends: &[usize], t: u32) -> &'a [u8] {
+    let t = t as usize;
+    &arena[if t == 0 { 0 } else { ends[t - 1] }..ends[t]]
+}
+
+fn bytes_hash(b: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    FxBuildHasher.hash_one(b)
 }
 
 impl Tokens {
     fn new() -> Self {
-        let mut t = Tokens { bytes: Vec::new(), prefix: Vec::new() };
+        let mut t = Tokens { arena: Vec::new(), ends: Vec::new(), prefix: Vec::new(), by_bytes: hashbrown::HashTable::new() };
         for b in 0..=255u8 {
-            t.push(vec![b].into_boxed_slice());
+            t.arena.push(b);
+            t.add_last();
         }
         t
     }
 
-    fn push(&mut self, bytes: Box<[u8]>) -> u32 {
+    /// Make the bytes after the last symbol's in `arena` a new symbol.
+    fn add_last(&mut self) -> u32 {
+        let start = self.ends.last().copied().unwrap_or(0);
+        let bytes = &self.arena[start..];
         let mut p = [0u8; 8];
         let n = bytes.len().min(8);
         p[..n].copy_from_slice(&bytes[..n]);
         self.prefix.push(u64::from_be_bytes(p));
-        self.bytes.push(bytes);
-        (self.bytes.len() - 1) as u32
+        let id = self.ends.len() as u32;
+        let h = bytes_hash(bytes);
+        self.ends.push(self.arena.len());
+        let (arena, ends) = (&self.arena, &self.ends);
+        self.by_bytes.insert_unique(h, id, |&t| bytes_hash(token_bytes(arena, ends, t)));
+        id
+    }
+
+    /// The symbol whose bytes are those of `a` then those of `b`, made if there is none
+    /// yet, and whether it was there before.
+    fn join(&mut self, a: u32, b: u32) -> (u32, bool) {
+        let start = self.arena.len();
+        for t in [a, b] {
+            let t = t as usize;
+            let from = if t == 0 { 0 } else { self.ends[t - 1] };
+            self.arena.extend_from_within(from..self.ends[t]);
+        }
+        let (arena, ends) = (&self.arena, &self.ends);
+        let joined = &arena[start..];
+        if let Some(&x) = self.by_bytes.find(bytes_hash(joined), |&t| token_bytes(arena, ends, t) == joined) {
+            self.arena.truncate(start);
+            return (x, true);
+        }
+        (self.add_last(), false)
     }
 
     #[inline]
     fn get(&self, t: u32) -> &[u8] {
-        &self.bytes[t as usize]
+        token_bytes(&self.arena, &self.ends, t)
     }
 
     /// Compare two symbols by their bytes. Differing prefixes order the byte strings the
@@ -291,7 +335,7 @@ impl Tokens {
             return std::cmp::Ordering::Equal;
         }
         match self.prefix[x as usize].cmp(&self.prefix[y as usize]) {
-            std::cmp::Ordering::Equal => self.bytes[x as usize].cmp(&self.bytes[y as usize]),
+            std::cmp::Ordering::Equal => self.get(x).cmp(self.get(y)),
             o => o,
         }
     }
@@ -701,12 +745,12 @@ fn learn_merges_with(
     pruning: Pruning,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
     let t0 = std::time::Instant::now();
-    let mut merges = Vec::with_capacity(num_merges);
     if num_merges == 0 || words.is_empty() {
-        return Ok(merges);
+        return Ok(Vec::new());
     }
     let mut tokens = Tokens::new();
-    let mut sym_of: FxMap<Box<[u8]>, u32> = FxMap::default();
+    // The merges as symbol pairs; their bytes are looked up once, at the end.
+    let mut merged: Vec<(u32, u32)> = Vec::with_capacity(num_merges);
 
     // Pair counts and the pair -> words index.
     let ids = words.ids();
@@ -722,7 +766,7 @@ fn learn_merges_with(
     // Word-id ranges of the workers: equal shares of the words array.
     let total = words.data.len() as u64;
     let bounds: Vec<u32> = (0..=workers).map(|t| (total * t as u64 / workers as u64) as u32).collect();
-    while merges.len() < num_merges {
+    while merged.len() < num_merges {
         if ctl.is_cancelled() {
             return Err(TrainError::Cancelled);
         }
@@ -740,7 +784,7 @@ fn learn_merges_with(
                 None if floor > 1 => {
                     // No tracked pair is left, but untracked ones may be: recount them all
                     // under a lower floor (the last stretch of merges under none).
-                    let want = if num_merges - merges.len() < pruning.after {
+                    let want = if num_merges - merged.len() < pruning.after {
                         1
                     } else {
                         (*history.last().unwrap_or(&0) as f64 / (2.0 * pruning.margin)) as i64
@@ -756,24 +800,8 @@ fn learn_merges_with(
         let stats = pairs.shard(best).remove(&best).expect("popped pair is present");
         history.push(stats.count);
 
-        let (ta, tb) = (tokens.get(a), tokens.get(b));
-        let mut joined = Vec::with_capacity(ta.len() + tb.len());
-        joined.extend_from_slice(ta);
-        joined.extend_from_slice(tb);
-        merges.push((ta.to_vec(), tb.to_vec()));
-        let mut known_bytes = false;
-        let x = match sym_of.get(joined.as_slice()) {
-            Some(&x) => {
-                known_bytes = true;
-                x
-            }
-            None => {
-                let boxed = joined.into_boxed_slice();
-                let x = tokens.push(boxed.clone());
-                sym_of.insert(boxed, x);
-                x
-            }
-        };
+        merged.push((a, b));
+        let (x, known_bytes) = tokens.join(a, b);
 
         // Rewrite each affected word in one pass, recording count changes.
         let shared = SharedWords { ptr: words.data.as_mut_ptr(), len: words.data.len() };
@@ -846,19 +874,19 @@ fn learn_merges_with(
             rescan_symbol(&words, &ids, x, floor, &mut pairs, &mut heap, &tokens);
             times.rescans += 1;
         }
-        if merges.len() == pruning.after && num_merges >= 4 * pruning.after {
+        if merged.len() == pruning.after && num_merges >= 4 * pruning.after {
             floor = ((predict_last_count(&history, num_merges) / pruning.margin) as i64).max(1);
             prune(&mut pairs, floor);
             heap = rebuild_heap(&pairs, &tokens);
             times.floor = floor;
         }
-        ctl.set_done(merges.len() as u64);
+        ctl.set_done(merged.len() as u64);
     }
     times.merge_s = t1.elapsed().as_secs_f64();
     // Freeing the pair index (a list per pair) and the words takes ~10 ms for 74 MB of
     // text, more for larger corpora: the caller need not wait for it.
-    crate::threads::drop_in_background((words, pairs, heap, tokens, sym_of));
-    Ok(merges)
+    crate::threads::drop_in_background((words, pairs, heap));
+    Ok(merged.iter().map(|&(a, b)| (tokens.get(a).to_vec(), tokens.get(b).to_vec())).collect())
 }
 
 #[cfg(test)]
