@@ -168,6 +168,24 @@ def test_parallel_whole_text_equals_serial(gpt2, tiktoken_gpt2):
     assert gpt2.encode_to_numpy(text.replace(EOT, " "), num_threads=2).tolist() == tiktoken_gpt2.encode_ordinary(text.replace(EOT, " "))
 
 
+def test_encode_file_keeps_line_ends_and_replaces_bad_bytes(tmp_path):
+    # Over 4 MiB, so that the file is read and checked in parallel: CRLF line ends,
+    # multi-byte characters, special tokens, and invalid bytes in the middle and at the end.
+    unit = "Hello, wörld!\r\nSecond line 漢字 😀 a b<|endoftext|>c\r\n  spaced   out\n".encode()
+    data = bytearray(unit * (5_000_000 // len(unit)))
+    data[len(data) // 2] = 0xFF
+    data += b"tail \xe6"
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(bytes(data))
+    tok = Tokenizer.train(iter([unit.decode() * 50]), 400, [EOT], progress=False)
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        text = f.read()
+    assert "\r\n" in text and "\ufffd" in text
+    want = tok.encode_to_numpy(text, num_threads=1).tolist()
+    for threads in (1, 2, 3):
+        assert tok.encode_file(path, num_threads=threads).tolist() == want
+
+
 def test_encode_batch(gpt2, tiktoken_gpt2):
     text = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt").read_text(encoding="utf-8")
     docs = text.split(EOT)[:400]

@@ -321,7 +321,9 @@ class Tokenizer:
 
     def encode_file(self, path: PathInput, dtype: Any = None, num_threads: int | None = None) -> "np.ndarray":
         """Encode a whole UTF-8 text file (invalid bytes read as U+FFFD) into a numpy array,
-        in parallel; the same ids as ``encode_to_numpy(open(path).read())``."""
+        in parallel; the same ids as ``encode_to_numpy(open(path, encoding="utf-8",
+        errors="replace", newline="").read())`` (``newline=""``: line ends are kept as they
+        are in the file, ``\\r\\n`` included)."""
         dt, itemsize = self._dtype(dtype)
         path = os.fspath(path)
         if not os.path.isfile(path):
