@@ -377,6 +377,19 @@ impl PairHeap {
         }
     }
 
+    /// The greatest entry, left in place.
+    fn peek(&self) -> Option<(i64, u64)> {
+        self.v.first().copied()
+    }
+
+    /// Lower the count of the greatest entry to `count` (one sift, where a pop and a
+    /// push would take two).
+    fn lower_top(&mut self, tokens: &Tokens, count: i64) {
+        debug_assert!(count <= self.v[0].0);
+        self.v[0].0 = count;
+        self.sift_down(tokens, 0);
+    }
+
     fn pop(&mut self, tokens: &Tokens) -> Option<(i64, u64)> {
         if self.v.is_empty() {
             return None;
@@ -770,16 +783,21 @@ fn learn_merges_with(
         if ctl.is_cancelled() {
             return Err(TrainError::Cancelled);
         }
-        // The best pair: pop until an entry matches the pair's current count.
+        // The best pair: the top entry once it matches the pair's current count. A top
+        // entry whose pair has fewer occurrences now takes that count and sinks; one whose
+        // pair is gone (or has a newer entry with a higher count) is dropped.
         let best = loop {
-            match heap.pop(&tokens) {
+            match heap.peek() {
                 Some((cnt, key)) => match pairs.get(key) {
                     Some(p) if p.count == cnt => {
                         debug_assert!(cnt >= floor);
+                        heap.pop(&tokens);
                         break Some(key);
                     }
-                    Some(p) if p.count < cnt => heap.push(&tokens, (p.count, key)),
-                    _ => {}
+                    Some(p) if p.count < cnt => heap.lower_top(&tokens, p.count),
+                    _ => {
+                        heap.pop(&tokens);
+                    }
                 },
                 None if floor > 1 => {
                     // No tracked pair is left, but untracked ones may be: recount them all
