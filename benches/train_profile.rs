@@ -43,7 +43,7 @@ fn main() {
     let merges = tr.learn_from_counts(counts, vocab - 256 - specials.len(), &ctl).unwrap();
     let total = t0.elapsed().as_secs_f64();
     println!("{:?}", tr.stats);
-    println!("total {total:.3} s, {} merges, last {:?}", merges.len(), merges.last().map(|(a, b)| (String::from_utf8_lossy(a).into_owned(), String::from_utf8_lossy(b).into_owned())));
+    println!("total {total:.3} s, {} merges, last {:?}", merges.len(), merges.iter().last().map(|(a, b)| (String::from_utf8_lossy(a).into_owned(), String::from_utf8_lossy(b).into_owned())));
 }
 
 fn write_counts(p: &PathBuf, counts: &PieceCounts) {

@@ -34,6 +34,7 @@ use crate::pretokenize::{PatternError, PreTokenizer};
 pub use count::Utf8Errors;
 pub use count::PieceCounts;
 use count::{Counter, Segment};
+pub use merge::Merges;
 use merge::{learn_merges, MergeTimes, Words};
 use read::SpecialSplitter;
 
@@ -343,7 +344,7 @@ impl Trainer {
 
     /// Learn up to `num_merges` merges from everything counted so far (stops early when
     /// no pair is left). Consumes the counts: a trainer learns once.
-    pub fn learn(&mut self, num_merges: usize, ctl: &Control) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+    pub fn learn(&mut self, num_merges: usize, ctl: &Control) -> Result<Merges, TrainError> {
         let counts = self.take_counts()?;
         self.learn_from_counts(counts, num_merges, ctl)
     }
@@ -354,7 +355,7 @@ impl Trainer {
         counts: PieceCounts,
         num_merges: usize,
         ctl: &Control,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+    ) -> Result<Merges, TrainError> {
         ctl.set_total(num_merges as u64);
         ctl.set_done(0);
         if counts.is_empty() {

@@ -254,6 +254,52 @@ impl Pairs {
     }
 }
 
+/// Learned merges, in order: each as the two symbols it joins and the symbol it makes,
+/// with the bytes of every symbol. Symbols 0-255 are the bytes; a merge whose bytes no
+/// earlier merge made adds the next symbol (one that did makes the same symbol again).
+#[derive(Debug)]
+pub struct Merges {
+    arena: Vec<u8>,
+    ends: Vec<usize>,
+    pairs: Vec<(u32, u32)>,
+    made: Vec<u32>,
+}
+
+impl Merges {
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// The number of symbols (256 bytes and the distinct merge results).
+    pub fn num_symbols(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// The bytes of symbol `s` (< `num_symbols()`).
+    pub fn symbol_bytes(&self, s: u32) -> &[u8] {
+        token_bytes(&self.arena, &self.ends, s)
+    }
+
+    /// Merge `i`: the symbols it joins and the symbol it makes.
+    pub fn merge(&self, i: usize) -> ((u32, u32), u32) {
+        (self.pairs[i], self.made[i])
+    }
+
+    /// The merges as byte strings.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        self.pairs.iter().map(|&(a, b)| (self.symbol_bytes(a), self.symbol_bytes(b)))
+    }
+
+    /// The merges as owned byte strings.
+    pub fn to_vecs(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        self.iter().map(|(a, b)| (a.to_vec(), b.to_vec())).collect()
+    }
+}
+
 /// The bytes of every symbol, back to back in one array, with an 8-byte big-endian
 /// prefix of each for fast comparison, and an index of the symbols by their bytes. A
 /// merge adds at most one symbol and allocates nothing (amortized).
@@ -743,7 +789,7 @@ pub fn learn_merges(
     num_merges: usize,
     ctl: &Control,
     times: &mut MergeTimes,
-) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+) -> Result<Merges, TrainError> {
     learn_merges_with(words, num_merges, ctl, times, PARALLEL_LIST, PRUNING)
 }
 
@@ -756,14 +802,15 @@ fn learn_merges_with(
     times: &mut MergeTimes,
     parallel_list: usize,
     pruning: Pruning,
-) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TrainError> {
+) -> Result<Merges, TrainError> {
     let t0 = std::time::Instant::now();
-    if num_merges == 0 || words.is_empty() {
-        return Ok(Vec::new());
-    }
     let mut tokens = Tokens::new();
-    // The merges as symbol pairs; their bytes are looked up once, at the end.
+    if num_merges == 0 || words.is_empty() {
+        return Ok(Merges { arena: tokens.arena, ends: tokens.ends, pairs: Vec::new(), made: Vec::new() });
+    }
+    // The merges as symbol pairs, and the symbol each makes.
     let mut merged: Vec<(u32, u32)> = Vec::with_capacity(num_merges);
+    let mut made: Vec<u32> = Vec::with_capacity(num_merges);
 
     // Pair counts and the pair -> words index.
     let ids = words.ids();
@@ -820,6 +867,7 @@ fn learn_merges_with(
 
         merged.push((a, b));
         let (x, known_bytes) = tokens.join(a, b);
+        made.push(x);
 
         // Rewrite each affected word in one pass, recording count changes.
         let shared = SharedWords { ptr: words.data.as_mut_ptr(), len: words.data.len() };
@@ -903,8 +951,8 @@ fn learn_merges_with(
     times.merge_s = t1.elapsed().as_secs_f64();
     // Freeing the pair index (a list per pair) and the words takes ~10 ms for 74 MB of
     // text, more for larger corpora: the caller need not wait for it.
-    crate::threads::drop_in_background((words, pairs, heap));
-    Ok(merged.iter().map(|&(a, b)| (tokens.get(a).to_vec(), tokens.get(b).to_vec())).collect())
+    crate::threads::drop_in_background((words, pairs, heap, tokens.by_bytes));
+    Ok(Merges { arena: tokens.arena, ends: tokens.ends, pairs: merged, made })
 }
 
 #[cfg(test)]
@@ -920,6 +968,7 @@ mod tests {
         let mut t = MergeTimes::default();
         learn_merges(words, n, &ctl, &mut t)
             .unwrap()
+            .to_vecs()
             .into_iter()
             .map(|(a, b)| (String::from_utf8(a).unwrap(), String::from_utf8(b).unwrap()))
             .collect()
@@ -987,7 +1036,7 @@ mod tests {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let ctl = Control::default();
             let mut t = MergeTimes::default();
-            pool.install(|| learn_merges_with(words, 300, &ctl, &mut t, parallel_list, PRUNING)).unwrap()
+            pool.install(|| learn_merges_with(words, 300, &ctl, &mut t, parallel_list, PRUNING)).unwrap().to_vecs()
         };
         let serial = run(1, usize::MAX);
         assert!(serial.len() > 200);
@@ -1013,7 +1062,7 @@ mod tests {
             }
             let ctl = Control::default();
             let mut t = MergeTimes::default();
-            let m = learn_merges_with(words, 1500, &ctl, &mut t, usize::MAX, pruning).unwrap();
+            let m = learn_merges_with(words, 1500, &ctl, &mut t, usize::MAX, pruning).unwrap().to_vecs();
             (m, t)
         };
         let (plain, _) = run(Pruning { after: usize::MAX / 8, margin: 1.0, rescan_all: false });
@@ -1038,6 +1087,7 @@ mod tests {
         let mut t = MergeTimes::default();
         let got = learn_merges_with(words, n, &ctl, &mut t, usize::MAX, pruning)
             .unwrap()
+            .to_vecs()
             .into_iter()
             .map(|(a, b)| (String::from_utf8(a).unwrap(), String::from_utf8(b).unwrap()))
             .collect();
@@ -1098,6 +1148,9 @@ mod tests {
 
     #[test]
     fn stops_when_no_pair_is_left() {
+        // No merge at all still names the 256 byte symbols.
+        let none = learn_merges(Words::default(), 10, &Control::default(), &mut MergeTimes::default()).unwrap();
+        assert!(none.is_empty() && none.num_symbols() == 256 && none.symbol_bytes(255) == [255]);
         let got = train(&[("ab", 1)], 10);
         assert_eq!(got, vec![m("a", "b")]);
     }
