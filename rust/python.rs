@@ -170,14 +170,12 @@ mod encoder_bindings {
         itemsize: usize,
         threads: crate::threads::ThreadCount,
     ) -> PyResult<Bound<'py, PyByteArray>> {
-        use rayon::prelude::*;
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        let len = total * itemsize;
+        let len = parts.iter().map(|p| p.len()).sum::<usize>() * itemsize;
         if len < UNZEROED_MIN {
             return PyByteArray::new_with(py, len, |buf| {
                 // SAFETY: the same layout; only initialized bytes are written.
                 let buf = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-                write_parts(buf, parts, itemsize);
+                write_parts(buf, parts, itemsize, None);
                 Ok(())
             });
         }
@@ -194,35 +192,35 @@ mod encoder_bindings {
         // storage holds `len` bytes.
         let buf: &mut [std::mem::MaybeUninit<u8>] =
             unsafe { std::slice::from_raw_parts_mut(pyo3::ffi::PyByteArray_AsString(array.as_ptr()).cast(), len) };
-        if threads == Some(1) || parts.len() < 2 {
-            py.detach(|| write_parts(buf, parts, itemsize));
-            return Ok(array);
-        }
-        let mut slices: Vec<&mut [std::mem::MaybeUninit<u8>]> = Vec::with_capacity(parts.len());
-        let mut rest = buf;
-        for p in parts {
-            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(p.len() * itemsize);
-            slices.push(dst);
-            rest = tail;
-        }
-        py.detach(|| {
-            crate::threads::install(threads, || {
-                slices.into_par_iter().zip(parts.par_iter()).for_each(|(dst, p)| write_ids(dst, p, itemsize))
-            })
-        });
+        let parallel = (threads != Some(1) && parts.len() > 1).then_some(threads);
+        py.detach(|| write_parts(buf, parts, itemsize, parallel));
         Ok(array)
     }
 
     /// Buffers of at least this many bytes are filled without being zeroed first.
     const UNZEROED_MIN: usize = 1 << 19;
 
-    /// The ids of consecutive `parts` into `buf`, which holds exactly that many.
-    fn write_parts(buf: &mut [std::mem::MaybeUninit<u8>], parts: &[&[u32]], itemsize: usize) {
-        let mut at = 0;
-        for p in parts {
-            let n = p.len() * itemsize;
-            write_ids(&mut buf[at..at + n], p, itemsize);
-            at += n;
+    /// The ids of consecutive `parts` into `buf`, which holds exactly that many: on this
+    /// thread, or part by part on the pool of `Some(threads)`.
+    fn write_parts(
+        buf: &mut [std::mem::MaybeUninit<u8>],
+        parts: &[&[u32]],
+        itemsize: usize,
+        parallel: Option<crate::threads::ThreadCount>,
+    ) {
+        use rayon::prelude::*;
+        let mut rest = buf;
+        let pieces = parts.iter().map(move |p| {
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(p.len() * itemsize);
+            rest = tail;
+            (dst, *p)
+        });
+        match parallel {
+            None => pieces.for_each(|(dst, p)| write_ids(dst, p, itemsize)),
+            Some(threads) => {
+                let pieces: Vec<_> = pieces.collect();
+                crate::threads::install(threads, || pieces.into_par_iter().for_each(|(dst, p)| write_ids(dst, p, itemsize)))
+            }
         }
     }
 

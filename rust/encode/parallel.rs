@@ -139,17 +139,7 @@ fn space_cuts(enc: &Encoder, bytes: &[u8], specials: bool, every: usize) -> Opti
     let mut target = every;
     while target < bytes.len() {
         let limit = (target + every).min(bytes.len());
-        let mut p = target.max(1);
-        let mut found = None;
-        while let Some(off) = memchr::memchr(b' ', &bytes[p..limit]) {
-            let q = p + off;
-            if (0x21..=0x7e).contains(&bytes[q - 1]) && !(specials && in_special_occurrence(enc, bytes, q)) {
-                found = Some(q);
-                break;
-            }
-            p = q + 1;
-        }
-        match found {
+        match space_after_ascii(bytes, target, limit, |q| !(specials && in_special_occurrence(enc, bytes, q))) {
             Some(q) => cuts.push(q),
             // The rest of the text is shorter than `every`: it is the last part.
             None if limit == bytes.len() => break,
@@ -158,6 +148,21 @@ fn space_cuts(enc: &Encoder, bytes: &[u8], specials: bool, every: usize) -> Opti
         target = cuts[cuts.len() - 1] + every;
     }
     Some(cuts)
+}
+
+/// The first position `q` in `from.max(1)..stop` with a space after a printable ASCII
+/// character (where the built-in patterns always start a piece that does not depend on
+/// the text before it) for which `ok(q)` holds.
+fn space_after_ascii(bytes: &[u8], from: usize, stop: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    let mut p = from.max(1);
+    while p < stop {
+        let q = p + memchr::memchr(b' ', &bytes[p..stop])?;
+        if (0x21..=0x7e).contains(&bytes[q - 1]) && ok(q) {
+            return Some(q);
+        }
+        p = q + 1;
+    }
+    None
 }
 
 /// Whether an occurrence of a special token starts before `q` and ends after it.
@@ -194,21 +199,7 @@ fn cuts_between_matches(enc: &Encoder, text: &str, specials: bool, every: usize)
         // The next pre-tokenizer-safe position at or after target, outside any match.
         let mut pretok_cut = None;
         if builtin {
-            let stop = special_cut.unwrap_or(bytes.len());
-            let mut p = target.max(1);
-            while p < stop {
-                match memchr::memchr(b' ', &bytes[p..stop]) {
-                    None => break,
-                    Some(off) => {
-                        let q = p + off;
-                        if (0x21..=0x7e).contains(&bytes[q - 1]) {
-                            pretok_cut = Some(q);
-                            break;
-                        }
-                        p = q + 1;
-                    }
-                }
-            }
+            pretok_cut = space_after_ascii(bytes, target, special_cut.unwrap_or(bytes.len()), |_| true);
             // Inside a match that started before target?
             if let (Some(q), Some(&(s, e))) = (pretok_cut, matches.get(mi)) {
                 if s < q && q < e {
@@ -240,8 +231,9 @@ const READ_TASK: usize = 2 << 20;
 /// `String::from_utf8_lossy` does). A large file is read and its UTF-8 checked in
 /// parallel: done serially, these took a fifth of `encode_file`'s time on two threads.
 pub fn read_text_file(path: &std::path::Path, threads: ThreadCount) -> std::io::Result<String> {
-    let data = read_file(path, threads)?;
-    let valid = if data.len() < PARALLEL_READ || threads::resolve(threads) <= 1 {
+    let parallel = threads::resolve(threads) > 1;
+    let data = read_file(path, threads, parallel)?;
+    let valid = if data.len() < PARALLEL_READ || !parallel {
         std::str::from_utf8(&data).is_ok()
     } else {
         // Task boundaries moved forward to the start of a character (past at most 3
@@ -269,14 +261,15 @@ fn char_start_at_or_after(data: &[u8], i: usize) -> usize {
     j
 }
 
-/// The bytes of the file at `path`; a large one is read by several threads at once.
-fn read_file(path: &std::path::Path, threads: ThreadCount) -> std::io::Result<Vec<u8>> {
+/// The bytes of the file at `path`; a large one is read by the threads of `threads` at
+/// once if `parallel`.
+fn read_file(path: &std::path::Path, threads: ThreadCount, parallel: bool) -> std::io::Result<Vec<u8>> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileExt;
         let file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
-        if len >= PARALLEL_READ as u64 && len <= isize::MAX as u64 && threads::resolve(threads) > 1 {
+        if parallel && len >= PARALLEL_READ as u64 && len <= isize::MAX as u64 {
             // Zeroed by the OS as its pages are first touched, by the reading threads.
             let mut data = vec![0u8; len as usize];
             let read = threads::install(threads, || {
@@ -298,5 +291,7 @@ fn read_file(path: &std::path::Path, threads: ThreadCount) -> std::io::Result<Ve
             }
         }
     }
+    #[cfg(not(unix))]
+    let _ = (threads, parallel);
     std::fs::read(path)
 }

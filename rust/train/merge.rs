@@ -254,13 +254,42 @@ impl Pairs {
     }
 }
 
+/// The bytes of symbols `0..len()`, back to back in one array.
+#[derive(Debug, Default)]
+struct SymbolBytes {
+    arena: Vec<u8>,
+    /// Where each symbol's bytes end in `arena` (they start where the previous ends).
+    ends: Vec<usize>,
+}
+
+impl SymbolBytes {
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    #[inline]
+    fn range(&self, t: u32) -> std::ops::Range<usize> {
+        let t = t as usize;
+        (if t == 0 { 0 } else { self.ends[t - 1] })..self.ends[t]
+    }
+
+    #[inline]
+    fn get(&self, t: u32) -> &[u8] {
+        &self.arena[self.range(t)]
+    }
+
+    /// The bytes after the last symbol's in `arena`, not yet a symbol.
+    fn pending(&self) -> &[u8] {
+        &self.arena[self.ends.last().copied().unwrap_or(0)..]
+    }
+}
+
 /// Learned merges, in order: each as the two symbols it joins and the symbol it makes,
 /// with the bytes of every symbol. Symbols 0-255 are the bytes; a merge whose bytes no
 /// earlier merge made adds the next symbol (one that did makes the same symbol again).
 #[derive(Debug)]
 pub struct Merges {
-    arena: Vec<u8>,
-    ends: Vec<usize>,
+    symbols: SymbolBytes,
     pairs: Vec<(u32, u32)>,
     made: Vec<u32>,
 }
@@ -276,12 +305,12 @@ impl Merges {
 
     /// The number of symbols (256 bytes and the distinct merge results).
     pub fn num_symbols(&self) -> usize {
-        self.ends.len()
+        self.symbols.len()
     }
 
     /// The bytes of symbol `s` (< `num_symbols()`).
     pub fn symbol_bytes(&self, s: u32) -> &[u8] {
-        token_bytes(&self.arena, &self.ends, s)
+        self.symbols.get(s)
     }
 
     /// Merge `i`: the symbols it joins and the symbol it makes.
@@ -300,23 +329,14 @@ impl Merges {
     }
 }
 
-/// The bytes of every symbol, back to back in one array, with an 8-byte big-endian
-/// prefix of each for fast comparison, and an index of the symbols by their bytes. A
-/// merge adds at most one symbol and allocates nothing (amortized).
+/// The symbols of a training run: their bytes, an 8-byte big-endian prefix of each for
+/// fast comparison, and an index of the symbols by their bytes. A merge adds at most
+/// one symbol and allocates nothing (amortized).
 struct Tokens {
-    arena: Vec<u8>,
-    /// Where each symbol's bytes end in `arena` (they start where the previous ends).
-    ends: Vec<usize>,
+    bytes: SymbolBytes,
     prefix: Vec<u64>,
     /// Symbol ids, found by their bytes.
     by_bytes: hashbrown::HashTable<u32>,
-}
-
-/// The bytes of symbol `t` (a free function, to borrow only these fields).
-#[inline]
-fn token_bytes<'a>(arena: &'a [u8], ends: &[usize], t: u32) -> &'a [u8] {
-    let t = t as usize;
-    &arena[if t == 0 { 0 } else { ends[t - 1] }..ends[t]]
 }
 
 fn bytes_hash(b: &[u8]) -> u64 {
@@ -326,51 +346,49 @@ fn bytes_hash(b: &[u8]) -> u64 {
 
 impl Tokens {
     fn new() -> Self {
-        let mut t = Tokens { arena: Vec::new(), ends: Vec::new(), prefix: Vec::new(), by_bytes: hashbrown::HashTable::new() };
+        let mut t = Tokens { bytes: SymbolBytes::default(), prefix: Vec::new(), by_bytes: hashbrown::HashTable::new() };
         for b in 0..=255u8 {
-            t.arena.push(b);
-            t.add_last();
+            t.bytes.arena.push(b);
+            t.add_pending();
         }
         t
     }
 
-    /// Make the bytes after the last symbol's in `arena` a new symbol.
-    fn add_last(&mut self) -> u32 {
-        let start = self.ends.last().copied().unwrap_or(0);
-        let bytes = &self.arena[start..];
+    /// Make the pending bytes (see `SymbolBytes::pending`) a new symbol.
+    fn add_pending(&mut self) -> u32 {
+        let new = self.bytes.pending();
         let mut p = [0u8; 8];
-        let n = bytes.len().min(8);
-        p[..n].copy_from_slice(&bytes[..n]);
+        let n = new.len().min(8);
+        p[..n].copy_from_slice(&new[..n]);
         self.prefix.push(u64::from_be_bytes(p));
-        let id = self.ends.len() as u32;
-        let h = bytes_hash(bytes);
-        self.ends.push(self.arena.len());
-        let (arena, ends) = (&self.arena, &self.ends);
-        self.by_bytes.insert_unique(h, id, |&t| bytes_hash(token_bytes(arena, ends, t)));
+        let h = bytes_hash(new);
+        let id = self.bytes.len() as u32;
+        self.bytes.ends.push(self.bytes.arena.len());
+        let bytes = &self.bytes;
+        self.by_bytes.insert_unique(h, id, |&t| bytes_hash(bytes.get(t)));
         id
     }
 
     /// The symbol whose bytes are those of `a` then those of `b`, made if there is none
     /// yet, and whether it was there before.
     fn join(&mut self, a: u32, b: u32) -> (u32, bool) {
-        let start = self.arena.len();
+        let start = self.bytes.arena.len();
         for t in [a, b] {
-            let t = t as usize;
-            let from = if t == 0 { 0 } else { self.ends[t - 1] };
-            self.arena.extend_from_within(from..self.ends[t]);
+            let r = self.bytes.range(t);
+            self.bytes.arena.extend_from_within(r);
         }
-        let (arena, ends) = (&self.arena, &self.ends);
-        let joined = &arena[start..];
-        if let Some(&x) = self.by_bytes.find(bytes_hash(joined), |&t| token_bytes(arena, ends, t) == joined) {
-            self.arena.truncate(start);
+        let bytes = &self.bytes;
+        let joined = bytes.pending();
+        if let Some(&x) = self.by_bytes.find(bytes_hash(joined), |&t| bytes.get(t) == joined) {
+            self.bytes.arena.truncate(start);
             return (x, true);
         }
-        (self.add_last(), false)
+        (self.add_pending(), false)
     }
 
     #[inline]
     fn get(&self, t: u32) -> &[u8] {
-        token_bytes(&self.arena, &self.ends, t)
+        self.bytes.get(t)
     }
 
     /// Compare two symbols by their bytes. Differing prefixes order the byte strings the
@@ -806,7 +824,7 @@ fn learn_merges_with(
     let t0 = std::time::Instant::now();
     let mut tokens = Tokens::new();
     if num_merges == 0 || words.is_empty() {
-        return Ok(Merges { arena: tokens.arena, ends: tokens.ends, pairs: Vec::new(), made: Vec::new() });
+        return Ok(Merges { symbols: tokens.bytes, pairs: Vec::new(), made: Vec::new() });
     }
     // The merges as symbol pairs, and the symbol each makes.
     let mut merged: Vec<(u32, u32)> = Vec::with_capacity(num_merges);
@@ -952,7 +970,7 @@ fn learn_merges_with(
     // Freeing the pair index (a list per pair) and the words takes ~10 ms for 74 MB of
     // text, more for larger corpora: the caller need not wait for it.
     crate::threads::drop_in_background((words, pairs, heap, tokens.by_bytes));
-    Ok(Merges { arena: tokens.arena, ends: tokens.ends, pairs: merged, made })
+    Ok(Merges { symbols: tokens.bytes, pairs: merged, made })
 }
 
 #[cfg(test)]
