@@ -407,17 +407,39 @@ impl Encoder {
                 table.prefetch(p);
             }
         }
-        out.reserve(ranges.len());
-        for (p, &(s, e)) in probes.iter().zip(ranges) {
-            if cache.table().emit_home(p, out) {
-                continue;
+        // Pieces found in their home line are written straight into `out`'s spare room
+        // (3 ids each at most), with the table's address and the output position kept in
+        // registers; any other piece leaves that loop for the general lookup.
+        let n = ranges.len();
+        let mut i = 0;
+        while i < n {
+            out.reserve(3 * (n - i));
+            let view = cache.table().home_view();
+            let dst = out.as_mut_ptr();
+            let mut len = out.len();
+            while i < n {
+                // SAFETY: the table is unchanged since the view was taken (nothing was
+                // inserted), and the reserve leaves room for 3 ids for each piece left.
+                let k = unsafe { view.emit_home(&probes[i], dst.add(len)) };
+                if k == 0 {
+                    break;
+                }
+                len += k;
+                i += 1;
             }
+            // SAFETY: the ids up to `len` were written above.
+            unsafe { out.set_len(len) };
+            if i == n {
+                break;
+            }
+            let (s, e) = ranges[i];
             let piece = &text[s..e];
-            match cache.table().get_probed(p, piece) {
+            match cache.table().get_probed(&probes[i], piece) {
                 Some(&[id]) => out.push(id),
                 Some(ids) => out.extend_from_slice(ids),
                 None => self.encode_miss(piece, cache, out),
             }
+            i += 1;
         }
     }
 

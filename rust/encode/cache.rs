@@ -252,38 +252,11 @@ impl PieceTable {
         }
     }
 
-    /// Append the ids of a piece that sits in its home line (the two slots of
-    /// [`PieceTable::home`]) with its ids inline (at most 3): most lookups of real text;
-    /// false if it does not (then use [`PieceTable::get_probed`]).
+    /// The slot array's address and mask, to keep in registers over a run of lookups
+    /// (valid until the next insert: see [`HomeView`]).
     #[inline(always)]
-    pub(crate) fn emit_home(&self, p: &Probe, out: &mut Vec<u32>) -> bool {
-        let home = self.home(p.hash);
-        // A long-key probe has n = u32::MAX, which no key length equals.
-        let hit = |s: &Slot| s.meta & 0xFF == p.n && s.lo == p.lo && s.hi == p.hi;
-        // SAFETY: home is even and masked, so home + 1 <= mask: both are in the table,
-        // and in the same 64-byte line.
-        let (s0, s1) = unsafe { (self.slots.get_unchecked(home), self.slots.get_unchecked(home + 1)) };
-        let s = if hit(s0) {
-            s0
-        } else if hit(s1) {
-            s1
-        } else {
-            return false;
-        };
-        match s.meta >> COUNT_SHIFT {
-            1 => out.push(s.ids[0]),
-            2 => {
-                out.push(s.ids[0]);
-                out.push(s.ids[1]);
-            }
-            3 => {
-                out.push(s.ids[0]);
-                out.push(s.ids[1]);
-                out.push(s.ids[2]);
-            }
-            _ => return false,
-        }
-        true
+    pub(crate) fn home_view(&self) -> HomeView {
+        HomeView { slots: self.slots.as_ptr(), mask: self.mask }
     }
 
     #[inline(always)]
@@ -360,6 +333,55 @@ impl PieceTable {
             }
             self.slots[i] = s;
         }
+    }
+}
+
+/// A table's slot array for lookups of pieces that sit in their home line (the two
+/// slots of [`PieceTable::home`]) with their ids inline: most lookups of real text. A
+/// copy of the table's address and mask, so a loop of such lookups keeps them in
+/// registers. It must not outlive the table, nor be used after an insert (which may
+/// move the slots).
+#[derive(Clone, Copy)]
+pub(crate) struct HomeView {
+    slots: *const Slot,
+    mask: usize,
+}
+
+impl HomeView {
+    /// Write the ids of the probed piece at `dst` and return how many (1 to 3), or 0 when
+    /// the piece is not in its home line with its ids inline (then use
+    /// [`PieceTable::get_probed`]).
+    ///
+    /// # Safety
+    /// The table this view was taken from is alive and unchanged since, and `dst` has
+    /// room for 3 ids.
+    #[inline(always)]
+    pub(crate) unsafe fn emit_home(self, p: &Probe, dst: *mut u32) -> usize {
+        let home = p.hash as usize & self.mask & !1;
+        // A long-key probe has n = u32::MAX, which no key length equals.
+        let hit = |s: &Slot| s.meta & 0xFF == p.n && s.lo == p.lo && s.hi == p.hi;
+        // SAFETY: home is even and masked, so home + 1 <= mask: both are in the table,
+        // and in the same 64-byte line.
+        let (s0, s1) = unsafe { (&*self.slots.add(home), &*self.slots.add(home + 1)) };
+        let s = if hit(s0) {
+            s0
+        } else if hit(s1) {
+            s1
+        } else {
+            return 0;
+        };
+        let count = (s.meta >> COUNT_SHIFT) as usize;
+        // One id is the common case: a branch on it lets the CPU run on to the next piece
+        // without waiting for the count.
+        if count == 1 {
+            unsafe { dst.write(s.ids[0]) };
+            return 1;
+        }
+        if count > INLINE_IDS {
+            return 0;
+        }
+        unsafe { (dst as *mut [u32; INLINE_IDS]).write_unaligned(s.ids) };
+        count
     }
 }
 
