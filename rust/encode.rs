@@ -80,7 +80,7 @@ use pairs::NO_MERGE;
 const MAX_SPARSE_SLACK: u64 = 1 << 22;
 
 /// Pieces looked up together (see `Encoder::encode_pieces`).
-const PIECE_BATCH: usize = 32;
+const PIECE_BATCH: usize = 64;
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
