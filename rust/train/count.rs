@@ -28,7 +28,7 @@ pub enum Utf8Errors {
 /// Pieces of up to this many bytes are keyed by a 128-bit integer (bytes + length).
 const SHORT: usize = 15;
 /// Pieces counted together: their memory accesses are started before any is used.
-const BATCH: usize = 32;
+const BATCH: usize = 128;
 
 #[inline]
 fn mix(key: u128) -> u64 {
