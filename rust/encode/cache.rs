@@ -256,7 +256,7 @@ impl PieceTable {
     /// (valid until the next insert: see [`HomeView`]).
     #[inline(always)]
     pub(crate) fn home_view(&self) -> HomeView {
-        HomeView { slots: self.slots.as_ptr(), mask: self.mask }
+        HomeView { slots: self.slots.as_ptr(), home_mask: self.mask & !1 }
     }
 
     #[inline(always)]
@@ -344,7 +344,8 @@ impl PieceTable {
 #[derive(Clone, Copy)]
 pub(crate) struct HomeView {
     slots: *const Slot,
-    mask: usize,
+    /// The table's mask without its lowest bit: hash & home_mask is the home slot.
+    home_mask: usize,
 }
 
 impl HomeView {
@@ -357,7 +358,7 @@ impl HomeView {
     /// room for 3 ids.
     #[inline(always)]
     pub(crate) unsafe fn emit_home(self, p: &Probe, dst: *mut u32) -> usize {
-        let home = p.hash as usize & self.mask & !1;
+        let home = p.hash as usize & self.home_mask;
         // A long-key probe has n = u32::MAX, which no key length equals.
         let hit = |s: &Slot| s.meta & 0xFF == p.n && s.lo == p.lo && s.hi == p.hi;
         // SAFETY: home is even and masked, so home + 1 <= mask: both are in the table,
