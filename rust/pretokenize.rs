@@ -213,15 +213,15 @@ impl PreTokenizer {
         match &self.engine {
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::Gpt2) => {
-                windows::drive_windows(text.as_bytes(), f, windows::gpt2_window, gpt2_next)
+                windows::drive_windows::<windows::Gpt2>(text.as_bytes(), f)
             }
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::Cl100k) => {
-                windows::drive_windows(text.as_bytes(), f, windows::cl100k_window, cl100k_next)
+                windows::drive_windows::<windows::Cl100k>(text.as_bytes(), f)
             }
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::O200k) => {
-                windows::drive_windows(text.as_bytes(), f, windows::o200k_window, o200k_next)
+                windows::drive_windows::<windows::O200k>(text.as_bytes(), f)
             }
             #[cfg(not(target_arch = "x86_64"))]
             Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
@@ -865,16 +865,56 @@ mod windows {
         }
     }
 
+    /// A built-in pattern's scanner: the piece starts of a 64-byte window, and the end of
+    /// the piece at a position (the scalar path). Static calls, so that both are inlined
+    /// into `drive_windows` (calls through `impl Fn` parameters were not always inlined).
+    pub(super) trait Scan {
+        fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize>;
+        fn next_end(b: &[u8], i: usize) -> usize;
+    }
+
+    pub(super) struct Gpt2;
+    pub(super) struct Cl100k;
+    pub(super) struct O200k;
+
+    impl Scan for Gpt2 {
+        #[inline(always)]
+        fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+            gpt2_window(b, i)
+        }
+        #[inline(always)]
+        fn next_end(b: &[u8], i: usize) -> usize {
+            gpt2_next(b, i)
+        }
+    }
+
+    impl Scan for Cl100k {
+        #[inline(always)]
+        fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+            cl100k_window(b, i)
+        }
+        #[inline(always)]
+        fn next_end(b: &[u8], i: usize) -> usize {
+            cl100k_next(b, i)
+        }
+    }
+
+    impl Scan for O200k {
+        #[inline(always)]
+        fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+            o200k_window(b, i)
+        }
+        #[inline(always)]
+        fn next_end(b: &[u8], i: usize) -> usize {
+            o200k_next(b, i)
+        }
+    }
+
     /// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
     /// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
     /// `limit` are simple), the scalar `next_end` elsewhere.
     #[inline(always)]
-    pub(super) fn drive_windows(
-        b: &[u8],
-        mut f: impl FnMut(usize, usize),
-        window: impl Fn(&[u8], usize) -> Result<(u64, u64), usize>,
-        next_end: impl Fn(&[u8], usize) -> usize,
-    ) {
+    pub(super) fn drive_windows<S: Scan>(b: &[u8], mut f: impl FnMut(usize, usize)) {
         let n = b.len();
         let mut i = 0;
         // Where to try a window again after one made no progress, and how many failed in
@@ -883,7 +923,7 @@ mod windows {
         let mut failures = 0u32;
         while i < n {
             if i + 64 <= n && i >= retry_at {
-                let limit = match window(b, i) {
+                let limit = match S::window(b, i) {
                     Ok((starts, valid)) => {
                         let s = emit_window(i, starts, valid, &mut f);
                         if s != 0 {
@@ -906,7 +946,7 @@ mod windows {
                         0
                     };
             }
-            let e = next_end(b, i);
+            let e = S::next_end(b, i);
             debug_assert!(e > i && e <= n);
             f(i, e);
             i = e;

@@ -33,7 +33,10 @@ mod encoder_bindings {
 
     use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
     use pyo3::prelude::*;
-    use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
+    use std::mem::MaybeUninit;
+
+    use numpy::{PyArray1, PyArrayMethods};
+    use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
     use crate::encode::{BatchIds, EncodeError, Encoder, StreamEncoder};
 
@@ -161,79 +164,78 @@ mod encoder_bindings {
         crate::threads::try_pool(threads).map(|_| ()).map_err(PyRuntimeError::new_err)
     }
 
-    /// The ids of consecutive `parts` as one buffer (see `write_ids`). Large ones are
-    /// written with the GIL released (the buffer is new: no other thread can see it
-    /// yet), part by part on `threads` threads unless that is 1.
-    fn parts_to_buffer<'py>(
+    /// The ids of consecutive `parts` as one new numpy array: uint16 (itemsize 2, which
+    /// the caller checked the vocab fits) or uint32 (4). Made by numpy's C API, not zeroed
+    /// (the ids overwrite all of it). Large ones are written with the GIL released, part
+    /// by part on `threads` threads unless that is 1.
+    fn parts_to_array<'py>(
         py: Python<'py>,
         parts: &[&[u32]],
         itemsize: usize,
         threads: crate::threads::ThreadCount,
-    ) -> PyResult<Bound<'py, PyByteArray>> {
-        let len = parts.iter().map(|p| p.len()).sum::<usize>() * itemsize;
-        if len < UNZEROED_MIN {
-            return PyByteArray::new_with(py, len, |buf| {
-                // SAFETY: the same layout; only initialized bytes are written.
-                let buf = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-                write_parts(buf, parts, itemsize, None);
-                Ok(())
-            });
-        }
-        // A large buffer is not zeroed first (PyByteArray::new_with would, faulting in
-        // every page on this thread): the ids overwrite all of it.
-        let len_py = pyo3::ffi::Py_ssize_t::try_from(len).map_err(|_| PyValueError::new_err("too many ids for one buffer"))?;
-        // SAFETY: a null source makes a bytearray of `len` uninitialized bytes; a null
-        // result is the Python error, taken by from_owned_ptr_or_err.
-        let array = unsafe {
-            Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyByteArray_FromStringAndSize(std::ptr::null(), len_py))?
-                .cast_into_unchecked::<PyByteArray>()
-        };
-        // SAFETY: the bytearray is new, so nothing else can see or resize it, and its
-        // storage holds `len` bytes.
-        let buf: &mut [std::mem::MaybeUninit<u8>] =
-            unsafe { std::slice::from_raw_parts_mut(pyo3::ffi::PyByteArray_AsString(array.as_ptr()).cast(), len) };
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let n = parts.iter().map(|p| p.len()).sum::<usize>();
         let parallel = (threads != Some(1) && parts.len() > 1).then_some(threads);
-        py.detach(|| write_parts(buf, parts, itemsize, parallel));
-        Ok(array)
+        if itemsize == 2 {
+            // SAFETY: a new, contiguous 1-d array, filled by fill_array before Python sees it.
+            fill_array(py, unsafe { PyArray1::<u16>::new(py, n, false) }, parts, |id| id as u16, parallel)
+        } else {
+            // SAFETY: as above.
+            fill_array(py, unsafe { PyArray1::<u32>::new(py, n, false) }, parts, |id| id, parallel)
+        }
     }
 
-    /// Buffers of at least this many bytes are filled without being zeroed first.
-    const UNZEROED_MIN: usize = 1 << 19;
+    /// Arrays of at least this many bytes are filled with the GIL released.
+    const DETACH_FILL: usize = 1 << 19;
 
-    /// The ids of consecutive `parts` into `buf`, which holds exactly that many: on this
-    /// thread, or part by part on the pool of `Some(threads)`.
-    fn write_parts(
-        buf: &mut [std::mem::MaybeUninit<u8>],
+    /// Write the ids of `parts`, converted by `conv`, into all of the new uninitialized
+    /// array `array`.
+    fn fill_array<'py, T: numpy::Element + Send>(
+        py: Python<'py>,
+        array: Bound<'py, PyArray1<T>>,
         parts: &[&[u32]],
-        itemsize: usize,
+        conv: impl Fn(u32) -> T + Sync + Send + Copy,
+        parallel: Option<crate::threads::ThreadCount>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let n = parts.iter().map(|p| p.len()).sum::<usize>();
+        if n > 0 {
+            // SAFETY: the array is new, so nothing else can see or resize it; it is 1-d and
+            // contiguous with `n` elements (uninitialized: written, never read, here).
+            let dst: &mut [MaybeUninit<T>] = unsafe { std::slice::from_raw_parts_mut(array.data().cast(), n) };
+            if n * std::mem::size_of::<T>() >= DETACH_FILL {
+                py.detach(|| write_parts(dst, parts, conv, parallel));
+            } else {
+                write_parts(dst, parts, conv, parallel);
+            }
+        }
+        Ok(array.into_any())
+    }
+
+    /// The ids of consecutive `parts`, converted by `conv`, into `dst`, which holds exactly
+    /// that many: on this thread, or part by part on the pool of `Some(threads)`.
+    fn write_parts<T: Send>(
+        dst: &mut [MaybeUninit<T>],
+        parts: &[&[u32]],
+        conv: impl Fn(u32) -> T + Sync + Copy,
         parallel: Option<crate::threads::ThreadCount>,
     ) {
         use rayon::prelude::*;
-        let mut rest = buf;
+        let mut rest = dst;
         let pieces = parts.iter().map(move |p| {
-            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(p.len() * itemsize);
+            let (d, tail) = std::mem::take(&mut rest).split_at_mut(p.len());
             rest = tail;
-            (dst, *p)
+            (d, *p)
         });
+        let write = |(d, p): (&mut [MaybeUninit<T>], &[u32])| {
+            for (d, &id) in d.iter_mut().zip(p) {
+                d.write(conv(id));
+            }
+        };
         match parallel {
-            None => pieces.for_each(|(dst, p)| write_ids(dst, p, itemsize)),
+            None => pieces.for_each(write),
             Some(threads) => {
                 let pieces: Vec<_> = pieces.collect();
-                crate::threads::install(threads, || pieces.into_par_iter().for_each(|(dst, p)| write_ids(dst, p, itemsize)))
-            }
-        }
-    }
-
-    /// `ids` as little-endian uint16 (itemsize 2) or uint32 (4) into `dst`, which holds
-    /// exactly that many bytes (fresh memory, or initialized bytes to overwrite).
-    fn write_ids(dst: &mut [std::mem::MaybeUninit<u8>], ids: &[u32], itemsize: usize) {
-        if itemsize == 2 {
-            for (d, &id) in dst.chunks_exact_mut(2).zip(ids) {
-                d.copy_from_slice(&(id as u16).to_le_bytes().map(std::mem::MaybeUninit::new));
-            }
-        } else {
-            for (d, &id) in dst.chunks_exact_mut(4).zip(ids) {
-                d.copy_from_slice(&id.to_le_bytes().map(std::mem::MaybeUninit::new));
+                crate::threads::install(threads, || pieces.into_par_iter().for_each(write))
             }
         }
     }
@@ -403,33 +405,33 @@ mod encoder_bindings {
             to_list(py, &self.ints, &ids)
         }
 
-        /// Token ids of `text` as little-endian uint16 (itemsize 2) or uint32 (4) in a
-        /// bytearray; `num_threads` other than 1 encodes large texts in parallel.
+        /// Token ids of `text` as a numpy array of uint16 (itemsize 2) or uint32 (4);
+        /// `num_threads` other than 1 encodes large texts in parallel.
         #[pyo3(signature = (text, allow_special = true, itemsize = 4, num_threads = None))]
-        fn encode_to_buffer<'py>(
+        fn encode_to_array<'py>(
             &self,
             py: Python<'py>,
             text: &Bound<'py, PyAny>,
             allow_special: bool,
             itemsize: usize,
             num_threads: Option<usize>,
-        ) -> PyResult<Bound<'py, PyByteArray>> {
+        ) -> PyResult<Bound<'py, PyAny>> {
             self.check_itemsize(itemsize)?;
             let s = text_of(text, || "encode_to_numpy()".into())?;
             if s.len() < DETACH_MIN {
                 return with_scratch(|ids| {
                     self.inner.encode_into(&s, allow_special, ids);
-                    parts_to_buffer(py, &[ids], itemsize, Some(1))
+                    parts_to_array(py, &[ids], itemsize, Some(1))
                 });
             }
             ready_pool(num_threads)?;
             let parts = py.detach(|| self.inner.encode_parallel_parts(&s, allow_special, num_threads));
             let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
-            parts_to_buffer(py, &parts, itemsize, num_threads)
+            parts_to_array(py, &parts, itemsize, num_threads)
         }
 
         /// Read a UTF-8 file (invalid bytes replaced by U+FFFD) and encode it whole,
-        /// in parallel; ids as in encode_to_buffer.
+        /// in parallel; ids as in encode_to_array.
         #[pyo3(signature = (path, allow_special = true, itemsize = 4, num_threads = None))]
         fn encode_file<'py>(
             &self,
@@ -438,7 +440,7 @@ mod encoder_bindings {
             allow_special: bool,
             itemsize: usize,
             num_threads: Option<usize>,
-        ) -> PyResult<Bound<'py, PyByteArray>> {
+        ) -> PyResult<Bound<'py, PyAny>> {
             self.check_itemsize(itemsize)?;
             ready_pool(num_threads)?;
             let parts = py.detach(|| -> std::io::Result<Vec<Vec<u32>>> {
@@ -446,7 +448,7 @@ mod encoder_bindings {
                 Ok(self.inner.encode_parallel_parts(&text, allow_special, num_threads))
             })?;
             let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
-            parts_to_buffer(py, &parts, itemsize, num_threads)
+            parts_to_array(py, &parts, itemsize, num_threads)
         }
 
         /// Encode each text (in parallel over texts); a list of lists.
@@ -469,39 +471,33 @@ mod encoder_bindings {
             PyList::new(py, lists)
         }
 
-        /// Encode each text (in parallel over texts) into one flat buffer of ids
-        /// (little-endian, `itemsize` 2 or 4) and a buffer of `len(texts) + 1` offsets
-        /// (little-endian uint64): text i has ids[offsets[i]:offsets[i + 1]].
+        /// Encode each text (in parallel over texts) into one flat numpy array of ids
+        /// (uint16 for `itemsize` 2, uint32 for 4) and an int64 array of `len(texts) + 1`
+        /// offsets: text i has ids[offsets[i]:offsets[i + 1]].
         #[pyo3(signature = (texts, allow_special = true, itemsize = 4, num_threads = None))]
-        fn encode_batch_to_buffer<'py>(
+        fn encode_batch_to_arrays<'py>(
             &self,
             py: Python<'py>,
             texts: &Bound<'py, PyAny>,
             allow_special: bool,
             itemsize: usize,
             num_threads: Option<usize>,
-        ) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
+        ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyArray1<i64>>)> {
             self.check_itemsize(itemsize)?;
             ready_pool(num_threads)?;
             let objs = batch_items(texts)?;
             let (strs, total) = batch_texts(&objs)?;
             let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
             let parts: Vec<&[u32]> = groups.iter().map(|g| g.ids.as_slice()).collect();
-            let ids = parts_to_buffer(py, &parts, itemsize, num_threads)?;
-            let offsets = PyByteArray::new_with(py, (strs.len() + 1) * 8, |buf| {
-                let mut at = 8;
-                buf[..8].copy_from_slice(&0u64.to_le_bytes());
-                let mut base = 0u64;
-                for g in &groups {
-                    for &end in &g.ends {
-                        buf[at..at + 8].copy_from_slice(&(base + end as u64).to_le_bytes());
-                        at += 8;
-                    }
-                    base += g.ids.len() as u64;
-                }
-                Ok(())
-            })?;
-            Ok((ids, offsets))
+            let ids = parts_to_array(py, &parts, itemsize, num_threads)?;
+            let mut offsets = Vec::with_capacity(strs.len() + 1);
+            offsets.push(0i64);
+            let mut base = 0i64;
+            for g in &groups {
+                offsets.extend(g.ends.iter().map(|&end| base + end as i64));
+                base += g.ids.len() as i64;
+            }
+            Ok((ids, PyArray1::from_vec(py, offsets)))
         }
 
         /// The concatenated bytes of `ids` (a sequence of ints); ValueError for an id

@@ -7,6 +7,8 @@ and `ferrolm.shards`; these stubs let editors and mypy check those modules.
 import os
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+import numpy as np
+
 Progress = Optional[Callable[..., Any]]
 
 def version() -> str: ...
@@ -52,14 +54,14 @@ class Encoder:
         """The merges in rank order, as given (a new list)."""
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         """Ids of ``text``. UnicodeEncodeError for lone surrogates (the Tokenizer repairs them)."""
-    def encode_to_buffer(self, text: str, allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> bytearray:
-        """Ids as little-endian uint16 (itemsize 2) or uint32 (4); large texts in parallel."""
-    def encode_file(self, path: str | os.PathLike[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> bytearray:
-        """A whole UTF-8 file (invalid bytes read as U+FFFD), as encode_to_buffer."""
+    def encode_to_array(self, text: str, allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> np.ndarray:
+        """Ids as a numpy array of uint16 (itemsize 2) or uint32 (4); large texts in parallel."""
+    def encode_file(self, path: str | os.PathLike[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> np.ndarray:
+        """A whole UTF-8 file (invalid bytes read as U+FFFD), as encode_to_array."""
     def encode_batch(self, texts: Iterable[str], allow_special: bool = True, num_threads: int | None = None) -> list[list[int]]:
         """Each text's ids, in parallel over texts (None: all cores; 1: this thread)."""
-    def encode_batch_to_buffer(self, texts: Iterable[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> tuple[bytearray, bytearray]:
-        """Flat little-endian ids and len(texts) + 1 little-endian uint64 offsets."""
+    def encode_batch_to_arrays(self, texts: Iterable[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Flat ids (uint16 or uint32) and len(texts) + 1 int64 offsets, as numpy arrays."""
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         """Concatenated token bytes; ValueError for an id not in the vocabulary."""
     def decode_bytes_u32le(self, data: bytes) -> bytes:

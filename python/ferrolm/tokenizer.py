@@ -76,15 +76,6 @@ def _numpy():
     return numpy
 
 
-def _frombuffer(buf, dtype):
-    """numpy.frombuffer (positional arguments: keyword parsing costs more than a small encode)."""
-    global _frombuffer
-    import numpy
-
-    _frombuffer = numpy.frombuffer
-    return _frombuffer(buf, dtype)
-
-
 class Tokenizer:
     """Encode and decode with a byte-level BPE vocabulary, its merges and special tokens.
 
@@ -109,7 +100,8 @@ class Tokenizer:
         self._special_ids: dict[str, int] = dict(self._core.special_tokens)
         self._pattern = source
         self._fingerprint: str | None = None
-        self._default_dtype = None
+        # Bytes per id of the numpy calls' default dtype: uint16 when the vocab fits.
+        self._default_itemsize = 2 if self._core.vocab_size <= 1 << 16 else 4
         # What `vocab` and `merges` hand out: built on first access, then kept.
         self._vocab_dict: dict[int, bytes] | None = None
         self._merges_list: list[tuple[bytes, bytes]] | None = None
@@ -289,19 +281,17 @@ class Tokenizer:
         """Encode each text (in parallel) into one flat numpy array of ids and an array of
         ``len(texts) + 1`` offsets (int64): text ``i`` has ``ids[offsets[i]:offsets[i + 1]]``.
         No Python int is made per id."""
-        np = _numpy()
         if isinstance(texts, (str, bytes)):
             raise TypeError("encode_batch_to_numpy expects a list of str; use encode_to_numpy() for a single str")
         if not isinstance(texts, (list, tuple)):
             texts = list(texts)
-        dt, itemsize = self._dtype(dtype)
+        itemsize = self._itemsize(dtype)
         threads = _check_threads(num_threads)
         try:
-            ids, offsets = self._core.encode_batch_to_buffer(texts, True, itemsize, threads)
+            return self._core.encode_batch_to_arrays(texts, True, itemsize, threads)
         except UnicodeEncodeError:
             fixed = [_repair(t) if isinstance(t, str) else t for t in texts]
-            ids, offsets = self._core.encode_batch_to_buffer(fixed, True, itemsize, threads)
-        return _frombuffer(ids, dt), _frombuffer(offsets, np.dtype("<u8")).astype(np.int64)
+            return self._core.encode_batch_to_arrays(fixed, True, itemsize, threads)
 
     def encode_to_numpy(self, text: str, dtype: Any = None, num_threads: int | None = None) -> "np.ndarray":
         """Token ids of ``text`` as a numpy array (uint16 or uint32; by default uint16 when the
@@ -309,47 +299,38 @@ class Tokenizer:
         (``num_threads``: None = all cores, 1 = this thread); the ids do not depend on it."""
         # The common case (default dtype, no or a valid thread count) without calls: this
         # runs once per document when documents are encoded one at a time.
-        spec = self._default_dtype if dtype is None else None
-        dt, itemsize = spec if spec is not None else self._dtype(dtype)
+        itemsize = self._default_itemsize if dtype is None else self._itemsize(dtype)
         if num_threads is not None and (num_threads.__class__ is not int or num_threads < 1):
             _check_threads(num_threads)
         try:
-            buf = self._core.encode_to_buffer(text, True, itemsize, num_threads)
+            return self._core.encode_to_array(text, True, itemsize, num_threads)
         except UnicodeEncodeError:
-            buf = self._core.encode_to_buffer(_repair(text), True, itemsize, num_threads)
-        return _frombuffer(buf, dt)
+            return self._core.encode_to_array(_repair(text), True, itemsize, num_threads)
 
     def encode_file(self, path: PathInput, dtype: Any = None, num_threads: int | None = None) -> "np.ndarray":
         """Encode a whole UTF-8 text file (invalid bytes read as U+FFFD) into a numpy array,
         in parallel; the same ids as ``encode_to_numpy(open(path, encoding="utf-8",
         errors="replace", newline="").read())`` (``newline=""``: line ends are kept as they
         are in the file, ``\\r\\n`` included)."""
-        dt, itemsize = self._dtype(dtype)
+        itemsize = self._itemsize(dtype)
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no such file: {path}")
-        buf = self._core.encode_file(path, True, itemsize, _check_threads(num_threads))
-        return _frombuffer(buf, dt)
+        return self._core.encode_file(path, True, itemsize, _check_threads(num_threads))
 
-    def _dtype(self, dtype: Any):
-        if dtype is None and self._default_dtype is not None:
-            return self._default_dtype
+    def _itemsize(self, dtype: Any) -> int:
+        """Bytes per id of ``dtype`` (None: the default), which must be uint16 or uint32."""
+        if dtype is None:
+            return self._default_itemsize
         np = _numpy()
-        default = dtype is None
-        if default:
-            dtype = np.uint16 if self.vocab_size <= 1 << 16 else np.uint32
         dt = np.dtype(dtype)
         if dt == np.dtype(np.uint16):
             if self.vocab_size > 1 << 16:
                 raise ValueError(f"vocab_size {self.vocab_size} does not fit in uint16; use dtype=np.uint32")
-            result = (dt.newbyteorder("<"), 2)
-        elif dt == np.dtype(np.uint32):
-            result = (dt.newbyteorder("<"), 4)
-        else:
-            raise ValueError(f"dtype must be numpy.uint16 or numpy.uint32, got {dt}")
-        if default:
-            self._default_dtype = result
-        return result
+            return 2
+        if dt == np.dtype(np.uint32):
+            return 4
+        raise ValueError(f"dtype must be numpy.uint16 or numpy.uint32, got {dt}")
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """Lazily encode a stream of str chunks (e.g. an open text file), yielding ids.
