@@ -79,7 +79,7 @@ use pairs::NO_MERGE;
 /// table is dense).
 const MAX_SPARSE_SLACK: u64 = 1 << 22;
 
-/// Pieces looked up together (see `Encoder::encode_pieces`).
+/// Pieces looked up together (see `Encoder::encode_ranges`).
 const PIECE_BATCH: usize = 64;
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);

@@ -29,13 +29,12 @@ fn pretokenize(py: Python<'_>, text: &str, pattern: &str) -> PyResult<Vec<String
 
 mod encoder_bindings {
     use std::borrow::Cow;
+    use std::mem::MaybeUninit;
     use std::sync::{Arc, Mutex};
 
+    use numpy::{PyArray1, PyArrayMethods};
     use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
     use pyo3::prelude::*;
-    use std::mem::MaybeUninit;
-
-    use numpy::{PyArray1, PyArrayMethods};
     use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
     use crate::encode::{BatchIds, EncodeError, Encoder, StreamEncoder};

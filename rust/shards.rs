@@ -650,7 +650,7 @@ where
                         }
                     }
                     Err(e) => {
-                        if stop_at.as_ref().map_or(true, |(at, _)| next_write < *at) {
+                        if stop_at.as_ref().is_none_or(|(at, _)| next_write < *at) {
                             stop_at = Some((next_write, e));
                         }
                         break;

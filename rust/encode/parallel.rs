@@ -214,7 +214,7 @@ fn cuts_between_matches(enc: &Encoder, text: &str, specials: bool, every: usize)
                 None => break,
             },
         };
-        if cut > 0 && cut < bytes.len() && cuts.last().map_or(true, |&l| cut > l) {
+        if cut > 0 && cut < bytes.len() && cuts.last().is_none_or(|&l| cut > l) {
             cuts.push(cut);
         }
         target = cut.max(target) + every;

@@ -576,7 +576,7 @@ impl Counter {
                                     Utf8Errors::Strict => {
                                         let at = seg.offset + err.valid_up_to() as u64;
                                         let mut bad = bad_utf8.lock().unwrap();
-                                        if bad.map_or(true, |b| at < b) {
+                                        if bad.is_none_or(|b| at < b) {
                                             *bad = Some(at);
                                         }
                                         stop.store(true, Ordering::Relaxed);
