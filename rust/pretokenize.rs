@@ -873,42 +873,27 @@ mod windows {
         fn next_end(b: &[u8], i: usize) -> usize;
     }
 
-    pub(super) struct Gpt2;
-    pub(super) struct Cl100k;
-    pub(super) struct O200k;
+    /// `scanner!(Name, window, next_end)`: a `Scan` made of those two functions.
+    macro_rules! scanner {
+        ($name:ident, $window:ident, $next_end:ident) => {
+            pub(super) struct $name;
 
-    impl Scan for Gpt2 {
-        #[inline(always)]
-        fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-            gpt2_window(b, i)
-        }
-        #[inline(always)]
-        fn next_end(b: &[u8], i: usize) -> usize {
-            gpt2_next(b, i)
-        }
+            impl Scan for $name {
+                #[inline(always)]
+                fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+                    $window(b, i)
+                }
+                #[inline(always)]
+                fn next_end(b: &[u8], i: usize) -> usize {
+                    $next_end(b, i)
+                }
+            }
+        };
     }
 
-    impl Scan for Cl100k {
-        #[inline(always)]
-        fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-            cl100k_window(b, i)
-        }
-        #[inline(always)]
-        fn next_end(b: &[u8], i: usize) -> usize {
-            cl100k_next(b, i)
-        }
-    }
-
-    impl Scan for O200k {
-        #[inline(always)]
-        fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-            o200k_window(b, i)
-        }
-        #[inline(always)]
-        fn next_end(b: &[u8], i: usize) -> usize {
-            o200k_next(b, i)
-        }
-    }
+    scanner!(Gpt2, gpt2_window, gpt2_next);
+    scanner!(Cl100k, cl100k_window, cl100k_next);
+    scanner!(O200k, o200k_window, o200k_next);
 
     /// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
     /// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
