@@ -20,6 +20,11 @@ text = "\n<|endoftext|>\n".join(f"Story {i}: the cat sat on the mat and looked a
 tok = ferrolm.Tokenizer.train(iter([text]), vocab_size=300, special_tokens=["<|endoftext|>"], progress=False)
 ids = tok.encode("the cat sat<|endoftext|>")
 assert tok.decode(ids) == "the cat sat<|endoftext|>", ids
+# numpy arrays are made by the extension (rust-numpy): check them in the built wheel too.
+arr = tok.encode_to_numpy("the cat sat<|endoftext|>")
+assert arr.dtype.itemsize == 2 and arr.tolist() == ids, (arr, ids)
+flat, offsets = tok.encode_batch_to_numpy(["the cat", "", "sat<|endoftext|>"])
+assert offsets.tolist()[-1] == len(flat) and flat.tolist() == tok.encode("the cat") + tok.encode("sat<|endoftext|>")
 with tempfile.TemporaryDirectory() as d:
     tok.save(d)
     again = ferrolm.Tokenizer.load(d)
