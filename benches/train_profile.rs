@@ -28,6 +28,10 @@ fn main() {
     let threads: usize = args[1].parse().unwrap();
     let files: Vec<PathBuf> = args[2..].iter().map(PathBuf::from).collect();
     let specials = vec!["<|endoftext|>".to_string()];
+    let Some(num_merges) = vocab.checked_sub(256 + specials.len()) else {
+        eprintln!("VOCAB must be at least {} (256 bytes and the special tokens)", 256 + specials.len());
+        std::process::exit(2);
+    };
     let ctl = Control::default();
     let t0 = Instant::now();
     let mut tr = Trainer::new(&specials, "gpt2", Some(threads), Utf8Errors::Strict, std::env::var("CHUNK_KB").ok().map(|v| v.parse::<usize>().unwrap() << 10).unwrap_or(DEFAULT_CHUNK_SIZE)).unwrap();
@@ -40,7 +44,7 @@ fn main() {
     if let Some(p) = &dump {
         write_counts(p, &counts);
     }
-    let merges = tr.learn_from_counts(counts, vocab - 256 - specials.len(), &ctl).unwrap();
+    let merges = tr.learn_from_counts(counts, num_merges, &ctl).unwrap();
     let total = t0.elapsed().as_secs_f64();
     println!("{:?}", tr.stats);
     println!("total {total:.3} s, {} merges, last {:?}", merges.len(), merges.iter().last().map(|(a, b)| (String::from_utf8_lossy(a).into_owned(), String::from_utf8_lossy(b).into_owned())));
