@@ -173,33 +173,31 @@ mod encoder_bindings {
         itemsize: usize,
         threads: crate::threads::ThreadCount,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let n = parts.iter().map(|p| p.len()).sum::<usize>();
         let parallel = (threads != Some(1) && parts.len() > 1).then_some(threads);
         if itemsize == 2 {
-            // SAFETY: a new, contiguous 1-d array, filled by fill_array before Python sees it.
-            fill_array(py, unsafe { PyArray1::<u16>::new(py, n, false) }, parts, |id| id as u16, parallel)
+            new_filled_array(py, parts, |id| id as u16, parallel)
         } else {
-            // SAFETY: as above.
-            fill_array(py, unsafe { PyArray1::<u32>::new(py, n, false) }, parts, |id| id, parallel)
+            new_filled_array(py, parts, |id| id, parallel)
         }
     }
 
     /// Arrays of at least this many bytes are filled with the GIL released.
     const DETACH_FILL: usize = 1 << 19;
 
-    /// Write the ids of `parts`, converted by `conv`, into all of the new uninitialized
-    /// array `array`.
-    fn fill_array<'py, T: numpy::Element + Send>(
+    /// A new 1-d array of the ids of `parts`, converted by `conv`.
+    fn new_filled_array<'py, T: numpy::Element + Send>(
         py: Python<'py>,
-        array: Bound<'py, PyArray1<T>>,
         parts: &[&[u32]],
         conv: impl Fn(u32) -> T + Sync + Send + Copy,
         parallel: Option<crate::threads::ThreadCount>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let n = parts.iter().map(|p| p.len()).sum::<usize>();
+        // SAFETY: a new, contiguous 1-d array of `n` elements, all written below before
+        // Python can see it.
+        let array = unsafe { PyArray1::<T>::new(py, n, false) };
         if n > 0 {
-            // SAFETY: the array is new, so nothing else can see or resize it; it is 1-d and
-            // contiguous with `n` elements (uninitialized: written, never read, here).
+            // SAFETY: the array is new, so nothing else can see or resize it; its `n`
+            // elements are uninitialized (written, never read, here).
             let dst: &mut [MaybeUninit<T>] = unsafe { std::slice::from_raw_parts_mut(array.data().cast(), n) };
             if n * std::mem::size_of::<T>() >= DETACH_FILL {
                 py.detach(|| write_parts(dst, parts, conv, parallel));

@@ -77,6 +77,15 @@ const MASK_HI: [u64; 17] = {
 // SAFETY: plain integers; all zeros is the empty slot.
 unsafe impl Zeroable for Slot {}
 
+impl Slot {
+    /// Whether this slot holds the probed key. A long-key probe has n = u32::MAX, which
+    /// no key length equals.
+    #[inline(always)]
+    fn holds(&self, p: &Probe) -> bool {
+        self.meta & 0xFF == p.n && self.lo == p.lo && self.hi == p.hi
+    }
+}
+
 const K1: u64 = 0x9E37_79B9_7F4A_7C15;
 const K2: u64 = 0xC2B2_AE3D_27D4_EB4F;
 
@@ -242,7 +251,7 @@ impl PieceTable {
         loop {
             // SAFETY: i is masked to slots.len() - 1.
             let s = unsafe { self.slots.get_unchecked(i) };
-            if s.meta & 0xFF == p.n && s.lo == p.lo && s.hi == p.hi {
+            if s.holds(p) {
                 return Some(self.ids_of(s));
             }
             if s.meta == 0 {
@@ -359,14 +368,12 @@ impl HomeView {
     #[inline(always)]
     pub(crate) unsafe fn emit_home(self, p: &Probe, dst: *mut u32) -> usize {
         let home = p.hash as usize & self.home_mask;
-        // A long-key probe has n = u32::MAX, which no key length equals.
-        let hit = |s: &Slot| s.meta & 0xFF == p.n && s.lo == p.lo && s.hi == p.hi;
         // SAFETY: home is even and masked, so home + 1 <= mask: both are in the table,
         // and in the same 64-byte line.
         let (s0, s1) = unsafe { (&*self.slots.add(home), &*self.slots.add(home + 1)) };
-        let s = if hit(s0) {
+        let s = if s0.holds(p) {
             s0
-        } else if hit(s1) {
+        } else if s1.holds(p) {
             s1
         } else {
             return 0;
