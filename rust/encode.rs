@@ -9,7 +9,8 @@
 //! 3. each piece becomes ids:
 //!    * "the vocab is the cache": a piece whose bytes are a token is that token
 //!      (one hash lookup; most pieces of real text end here);
-//!    * otherwise a per-thread piece cache (bytes -> ids) is consulted;
+//!    * otherwise the encoder's piece table (bytes -> ids), shared by all threads,
+//!      holds the pieces merged before;
 //!    * otherwise merges are applied by rank, lowest first, leftmost first among
 //!      equals: a linear scan for short pieces, a heap over a linked list for long
 //!      ones (so `"a" * 1_000_000` stays near linear).
@@ -26,7 +27,9 @@ mod specials;
 mod stream;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, Guard};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -82,7 +85,8 @@ const MAX_SPARSE_SLACK: u64 = 1 << 22;
 /// Pieces looked up together (see `Encoder::encode_ranges`).
 const PIECE_BATCH: usize = 64;
 
-static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+/// A thread's hold on an encoder's current piece table.
+type TableGuard = Guard<Arc<cache::SharedTable>>;
 
 fn show(b: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(b))
@@ -90,11 +94,8 @@ fn show(b: &[u8]) -> String {
 
 /// A byte-level BPE encoder: vocab, merges, special tokens and pre-tokenizer.
 ///
-/// `Send + Sync`: share one behind an `Arc` between threads; each thread keeps its own
-/// piece cache.
+/// `Send + Sync`: share one behind an `Arc` between threads; they share its piece table.
 pub struct Encoder {
-    /// Distinguishes encoders in the thread-local piece caches.
-    uid: u64,
     /// Decode table: bytes of id `i` are `arena[start[i]..start[i] + len[i]]`;
     /// `len[i] == u32::MAX` for ids absent from a sparse vocab.
     arena: Vec<u8>,
@@ -105,8 +106,11 @@ pub struct Encoder {
     /// (left << 32 | right) -> (rank << 32 | merged id).
     pairs: pairs::PairTable,
     /// Bytes -> id for every ordinary token: a pre-token found here is that single
-    /// token. Each thread encodes with a copy that also caches merged pieces.
+    /// token. The encoding threads share a copy that also caches merged pieces (`live`).
     base: cache::PieceTable,
+    /// The table lookups go to: the base plus merged pieces. Replaced when it outgrows
+    /// its slots or side storage (see `cache::SharedTable`).
+    live: ArcSwap<cache::SharedTable>,
     specials: Specials,
     pretok: PreTokenizer,
     /// The merges as given, (left id, right id) in rank order (duplicates kept).
@@ -281,7 +285,7 @@ impl Encoder {
         drop(by_bytes);
 
         let mut enc = Encoder {
-            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+            live: ArcSwap::from_pointee(cache::SharedTable::from_base(&whole_map, cache::TableLimits::for_base(&whole_map))),
             arena,
             start,
             len,
@@ -301,7 +305,6 @@ impl Encoder {
             enc.arena.extend_from_slice(s.as_bytes());
         }
         enc.specials = Specials::new(special_ids);
-        cache::register(enc.uid);
         Ok(enc)
     }
 
@@ -358,10 +361,10 @@ impl Encoder {
 
     /// Encode `text`, appending the ids to `out`.
     pub fn encode_into(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) {
-        cache::with_cache(self.uid, &self.base, |cache| self.encode_with(text, allow_special, cache, out));
+        self.encode_with(text, allow_special, &mut self.live.load(), out);
     }
 
-    fn encode_with(&self, text: &str, allow_special: bool, cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+    fn encode_with(&self, text: &str, allow_special: bool, cache: &mut TableGuard, out: &mut Vec<u32>) {
         if allow_special && !self.specials.is_empty() {
             let mut pos = 0;
             for (s, e, id) in self.specials.find_iter(text) {
@@ -376,7 +379,7 @@ impl Encoder {
     }
 
     /// Encode text that holds no special token boundaries.
-    fn encode_span(&self, text: &str, cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+    fn encode_span(&self, text: &str, cache: &mut TableGuard, out: &mut Vec<u32>) {
         if text.is_empty() {
             return;
         }
@@ -387,39 +390,45 @@ impl Encoder {
             batch[n] = (s, e);
             n += 1;
             if n == PIECE_BATCH {
-                self.encode_ranges(bytes, &batch, cache, out);
+                self.encode_ranges(bytes, &batch, self.current(cache), out);
                 n = 0;
             }
         });
-        self.encode_ranges(bytes, &batch[..n], cache, out);
+        self.encode_ranges(bytes, &batch[..n], self.current(cache), out);
+    }
+
+    /// The table held, after moving to the encoder's current one if it was replaced.
+    #[inline(always)]
+    fn current<'g>(&self, held: &'g mut TableGuard) -> &'g cache::SharedTable {
+        if held.retired() {
+            *held = self.live.load();
+        }
+        held
     }
 
     /// Encode consecutive pieces `text[s..e]`; the lookups of the batch are started
     /// together so that their cache misses overlap.
     #[inline]
-    fn encode_ranges(&self, text: &[u8], ranges: &[(usize, usize)], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+    fn encode_ranges(&self, text: &[u8], ranges: &[(usize, usize)], table: &cache::SharedTable, out: &mut Vec<u32>) {
         debug_assert!(ranges.len() <= PIECE_BATCH);
         let mut probes = [cache::Probe::default(); PIECE_BATCH];
-        {
-            let table = cache.table();
-            for (p, &(s, e)) in probes.iter_mut().zip(ranges) {
-                *p = table.probe_at(text, s, e - s);
-                table.prefetch(p);
-            }
+        for (p, &(s, e)) in probes.iter_mut().zip(ranges) {
+            *p = cache::Probe::at(text, s, e - s);
+            table.prefetch(p);
         }
         // Pieces found in their home line are written straight into `out`'s spare room
         // (3 ids each at most), with the table's address and the output position kept in
         // registers; any other piece leaves that loop for the general lookup.
         let n = ranges.len();
+        let view = table.home_view();
         let mut i = 0;
         while i < n {
             out.reserve(3 * (n - i));
-            let view = cache.table().home_view();
             let dst = out.as_mut_ptr();
             let mut len = out.len();
             while i < n {
-                // SAFETY: the table is unchanged since the view was taken (nothing was
-                // inserted), and the reserve leaves room for 3 ids for each piece left.
+                // SAFETY: the table outlives this call, and the reserve leaves room for
+                // 3 ids for each piece left.
                 let k = unsafe { view.emit_home(&probes[i], dst.add(len)) };
                 if k == 0 {
                     break;
@@ -434,10 +443,8 @@ impl Encoder {
             }
             let (s, e) = ranges[i];
             let piece = &text[s..e];
-            match cache.table().get_probed(&probes[i], piece) {
-                Some(&[id]) => out.push(id),
-                Some(ids) => out.extend_from_slice(ids),
-                None => self.encode_miss(piece, cache, out),
+            if !table.emit(&probes[i], piece, out) {
+                self.encode_miss(piece, table, out);
             }
             i += 1;
         }
@@ -445,40 +452,53 @@ impl Encoder {
 
     /// Encode consecutive pieces (see `encode_ranges`).
     #[cfg(test)]
-    fn encode_pieces(&self, pieces: &[&[u8]], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+    fn encode_pieces(&self, pieces: &[&[u8]], table: &cache::SharedTable, out: &mut Vec<u32>) {
         let mut probes = [cache::Probe::default(); PIECE_BATCH];
-        {
-            let table = cache.table();
-            for (p, piece) in probes.iter_mut().zip(pieces) {
-                *p = table.probe(piece);
-                table.prefetch(p);
-            }
+        for (p, piece) in probes.iter_mut().zip(pieces) {
+            *p = cache::Probe::of(piece);
+            table.prefetch(p);
         }
         for (p, piece) in probes.iter().zip(pieces) {
-            match cache.table().get_probed(p, piece) {
-                Some(&[id]) => out.push(id),
-                Some(ids) => out.extend_from_slice(ids),
-                None => self.encode_miss(piece, cache, out),
+            if !table.emit(p, piece, out) {
+                self.encode_miss(piece, table, out);
             }
         }
     }
 
     /// Encode one piece.
     #[inline]
-    pub(crate) fn encode_piece(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
-        match cache.table().get(piece) {
-            Some(&[id]) => out.push(id),
-            Some(ids) => out.extend_from_slice(ids),
-            None => self.encode_miss(piece, cache, out),
+    pub(crate) fn encode_piece(&self, piece: &[u8], table: &cache::SharedTable, out: &mut Vec<u32>) {
+        if !table.emit(&cache::Probe::of(piece), piece, out) {
+            self.encode_miss(piece, table, out);
         }
     }
 
-    /// A piece seen for the first time (by this thread): merges, then remember it.
+    /// A piece not in the table: merges, then remember it.
     #[inline(never)]
-    fn encode_miss(&self, piece: &[u8], cache: &mut cache::PieceCache, out: &mut Vec<u32>) {
+    fn encode_miss(&self, piece: &[u8], table: &cache::SharedTable, out: &mut Vec<u32>) {
         let at = out.len();
         self.bpe(piece, out);
-        cache.insert(&self.base, piece, &out[at..]);
+        if let Some(why) = table.insert(piece, &out[at..]) {
+            self.replace_table(table, why);
+        }
+    }
+
+    /// Bound the piece table to `max_slots` slots and `max_side` bytes (tests of the
+    /// replacements): it starts again from the base.
+    #[cfg(test)]
+    fn set_table_limits(&self, max_slots: usize, max_side: usize) {
+        let limits = cache::TableLimits { max_slots: max_slots.max(self.base.slots_len()), max_side };
+        self.live.store(Arc::new(cache::SharedTable::from_base(&self.base, limits)));
+    }
+
+    /// Put a replacement for `old` in place (unless another thread is already at it);
+    /// threads move to it at their next batch of pieces.
+    #[cold]
+    fn replace_table(&self, old: &cache::SharedTable, why: cache::Outgrown) {
+        if old.claim_replacement() {
+            self.live.store(Arc::new(old.replacement(why, &self.base)));
+            old.retire();
+        }
     }
 
     /// The id of a piece that is a single ordinary token.
@@ -570,12 +590,6 @@ impl Encoder {
     /// ends); about every `every` bytes. Used by the parallel encoders and shard writers.
     pub fn safe_cuts(&self, text: &str, allow_special: bool, every: usize) -> Vec<usize> {
         parallel::safe_cuts(self, text, allow_special, every)
-    }
-}
-
-impl Drop for Encoder {
-    fn drop(&mut self) {
-        cache::forget(self.uid);
     }
 }
 

@@ -1,6 +1,6 @@
 //! The process's worker threads: one rayon pool per thread count, made on first use
-//! and kept, so that their threads keep their piece caches warm between calls. Nothing
-//! in ferrolm runs on rayon's global pool.
+//! and kept, so that calls do not pay for starting threads. Nothing in ferrolm runs on
+//! rayon's global pool.
 //!
 //! Fork safety. A child made by `fork()` (multiprocessing's default start method on
 //! Linux, PyTorch DataLoader workers) has only the thread that forked: a pool inherited
@@ -21,9 +21,9 @@ pub type ThreadCount = Option<usize>;
 
 type Registry = Mutex<Vec<(usize, Arc<ThreadPool>)>>;
 
-/// The most threads one call may ask for. More is surely a mistake (the per-thread
-/// tables alone would take gigabytes), and the OS would refuse threads only after
-/// thousands were started.
+/// The most threads one call may ask for. More is surely a mistake (the trainer's
+/// per-worker count tables alone would take gigabytes), and the OS would refuse threads
+/// only after thousands were started.
 pub const MAX_THREADS: usize = 1024;
 
 /// Pools kept at once, most recently used first. A program that tries many thread

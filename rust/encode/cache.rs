@@ -1,16 +1,18 @@
-//! The lookup table on the hot path: piece bytes -> ids.
+//! The lookup tables on the hot path: piece bytes -> ids.
 //!
 //! Each encoder builds a base table holding every ordinary token (a piece that is a
-//! token is that token: "the vocab is the cache"). Each thread encodes with its own
-//! copy of it, into which the ids of pieces that needed merges are added, so that any
-//! piece seen before costs one lookup, usually one cache line.
+//! token is that token: "the vocab is the cache"). All threads that encode with it look
+//! pieces up in one shared table made from the base, into which the ids of pieces that
+//! needed merges are added, so that any piece seen before, by any thread, costs one
+//! lookup, usually one cache line. One table for all threads: a piece is merged once,
+//! not once per thread, and the CPU caches hold one table, not one per core.
 //!
 //! Slots are 32 bytes: keys of up to 16 bytes and up to 3 ids live inline (no pointer
 //! chase); longer keys and longer id lists go to side storage.
 
-use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
 
@@ -18,18 +20,14 @@ use super::hugebuf::{Zeroable, ZeroedBuf};
 
 /// Pieces longer than this are not cached (they rarely repeat).
 pub(crate) const MAX_CACHED_PIECE: usize = 128;
-/// A thread's table is reset to the base when it holds this many cached pieces ...
-const MAX_CACHED_PIECES: usize = 1 << 20;
-/// ... or this many bytes outside its slots (ids of pieces of more than 3 ids, keys of
-/// more than 16 bytes) ...
+/// The shared table goes back to the base when its side storage (ids of pieces of more
+/// than 3 ids; keys of more than 16 bytes) would pass this many bytes ...
 const MAX_SIDE_BYTES: usize = 4 << 20;
 /// ... or when its slot array would grow past this many slots (16 MiB), or past the
 /// base's size if that is larger.
 const MAX_SLOTS: usize = 1 << 19;
 /// Bookkeeping bytes counted per long key besides its bytes.
 const LONG_ENTRY_BYTES: usize = 48;
-/// Encoders whose tables a thread keeps at once.
-const TABLES_PER_THREAD: usize = 4;
 
 const INLINE_KEY: usize = 16;
 const INLINE_IDS: usize = 3;
@@ -80,7 +78,7 @@ unsafe impl Zeroable for Slot {}
 impl Slot {
     /// Whether this slot holds the probed key. A long-key probe has n = u32::MAX, which
     /// no key length equals.
-    #[inline(always)]
+    #[cfg(test)]
     fn holds(&self, p: &Probe) -> bool {
         self.meta & 0xFF == p.n && self.lo == p.lo && self.hi == p.hi
     }
@@ -117,13 +115,45 @@ fn hash(lo: u64, hi: u64, len: usize) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
-/// A prepared lookup (see [`PieceTable::probe`]).
+/// A prepared lookup (see [`Probe::of`]).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Probe {
     lo: u64,
     hi: u64,
     hash: u64,
     n: u32,
+}
+
+impl Probe {
+    /// The hash of `key` and its packed form; [`SharedTable::prefetch`] it, then
+    /// [`SharedTable::emit`] (a batch of lookups then overlaps its cache misses).
+    #[inline(always)]
+    pub(crate) fn of(key: &[u8]) -> Probe {
+        let n = key.len();
+        if n == 0 || n > INLINE_KEY {
+            return Probe { lo: 0, hi: 0, hash: 0, n: u32::MAX };
+        }
+        let (lo, hi) = pack(key);
+        Probe { lo, hi, hash: hash(lo, hi, n), n: n as u32 }
+    }
+
+    /// [`Probe::of`] `text[start..start + len]`, reading 16 bytes at once and
+    /// masking (no branches on the length) when the text extends that far.
+    #[inline(always)]
+    pub(crate) fn at(text: &[u8], start: usize, len: usize) -> Probe {
+        if len <= INLINE_KEY && len > 0 && start + 16 <= text.len() {
+            // SAFETY: start + 16 <= text.len(), so both 8-byte reads are inside `text`.
+            let (lo, hi) = unsafe {
+                let p = text.as_ptr().add(start);
+                (
+                    std::ptr::read_unaligned(p as *const u64).to_le() & MASK_LO[len],
+                    std::ptr::read_unaligned(p.add(8) as *const u64).to_le() & MASK_HI[len],
+                )
+            };
+            return Probe { lo, hi, hash: hash(lo, hi, len), n: len as u32 };
+        }
+        Probe::of(&text[start..start + len])
+    }
 }
 
 /// Piece bytes -> ids. Open addressing, linear probing, load factor at most 3/4.
@@ -134,8 +164,6 @@ pub(crate) struct PieceTable {
     count: usize,
     overflow: Vec<u32>,
     long: FxHashMap<Box<[u8]>, (u32, u32)>,
-    /// Bytes of the keys in `long` (plus LONG_ENTRY_BYTES each).
-    long_bytes: usize,
 }
 
 impl PieceTable {
@@ -147,7 +175,6 @@ impl PieceTable {
             count: 0,
             overflow: Vec::new(),
             long: FxHashMap::default(),
-            long_bytes: 0,
         }
     }
 
@@ -164,21 +191,6 @@ impl PieceTable {
         h as usize & self.mask & !1
     }
 
-    /// Number of pieces held.
-    pub(crate) fn len(&self) -> usize {
-        self.count + self.long.len()
-    }
-
-    /// Bytes held outside the slots.
-    fn side_bytes(&self) -> usize {
-        self.overflow.len() * 4 + self.long_bytes
-    }
-
-    /// Whether inserting a key of `n` bytes would grow the slot array past `max_slots`.
-    fn would_outgrow(&self, n: usize, max_slots: usize) -> bool {
-        n <= INLINE_KEY && self.full(self.count + 1) && self.slots.len() * 2 > max_slots
-    }
-
     /// Whether `count` keys exceed the load factor (3/4: the vocab's tokens, looked up most,
     /// are inserted first and so sit at or next to their home slot).
     #[inline]
@@ -186,7 +198,7 @@ impl PieceTable {
         count * 4 > self.slots.len() * load_quarters()
     }
 
-    #[inline(always)]
+    #[cfg(test)]
     fn ids_of<'a>(&'a self, s: &'a Slot) -> &'a [u32] {
         let c = (s.meta >> COUNT_SHIFT) as usize;
         if c <= INLINE_IDS {
@@ -197,53 +209,8 @@ impl PieceTable {
         }
     }
 
-    /// The hash of `key` and its packed form; [`PieceTable::prefetch`] it, then
-    /// [`PieceTable::get_probed`] (a batch of lookups then overlaps its cache misses).
-    #[inline(always)]
-    pub(crate) fn probe(&self, key: &[u8]) -> Probe {
-        let n = key.len();
-        if n == 0 || n > INLINE_KEY {
-            return Probe { lo: 0, hi: 0, hash: 0, n: u32::MAX };
-        }
-        let (lo, hi) = pack(key);
-        Probe { lo, hi, hash: hash(lo, hi, n), n: n as u32 }
-    }
-
-    /// [`PieceTable::probe`] of `text[start..start + len]`, reading 16 bytes at once and
-    /// masking (no branches on the length) when the text extends that far.
-    #[inline(always)]
-    pub(crate) fn probe_at(&self, text: &[u8], start: usize, len: usize) -> Probe {
-        if len <= INLINE_KEY && len > 0 && start + 16 <= text.len() {
-            // SAFETY: start + 16 <= text.len(), so both 8-byte reads are inside `text`.
-            let (lo, hi) = unsafe {
-                let p = text.as_ptr().add(start);
-                (
-                    std::ptr::read_unaligned(p as *const u64).to_le() & MASK_LO[len],
-                    std::ptr::read_unaligned(p.add(8) as *const u64).to_le() & MASK_HI[len],
-                )
-            };
-            return Probe { lo, hi, hash: hash(lo, hi, len), n: len as u32 };
-        }
-        self.probe(&text[start..start + len])
-    }
-
-    #[inline(always)]
-    pub(crate) fn prefetch(&self, p: &Probe) {
-        #[cfg(target_arch = "x86_64")]
-        if p.n != u32::MAX {
-            // SAFETY: the index is masked to the table size; prefetch never faults anyway.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                let at = self.home(p.hash);
-                _mm_prefetch(self.slots.as_ptr().add(at) as *const i8, _MM_HINT_T0);
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = p;
-    }
-
-    #[inline(always)]
-    pub(crate) fn get_probed(&self, p: &Probe, key: &[u8]) -> Option<&[u32]> {
+    #[cfg(test)]
+    fn get_probed(&self, p: &Probe, key: &[u8]) -> Option<&[u32]> {
         if p.n == u32::MAX {
             return self.get_long(key);
         }
@@ -261,21 +228,13 @@ impl PieceTable {
         }
     }
 
-    /// The slot array's address and mask, to keep in registers over a run of lookups
-    /// (valid until the next insert: see [`HomeView`]).
-    #[inline(always)]
-    pub(crate) fn home_view(&self) -> HomeView {
-        HomeView { slots: self.slots.as_ptr(), home_mask: self.mask & !1 }
-    }
-
-    #[inline(always)]
+    /// The ids of `key` (tests; encoding looks pieces up in a [`SharedTable`]).
+    #[cfg(test)]
     pub(crate) fn get(&self, key: &[u8]) -> Option<&[u32]> {
-        let p = self.probe(key);
-        self.get_probed(&p, key)
+        self.get_probed(&Probe::of(key), key)
     }
 
-    #[cold]
-    #[inline(never)]
+    #[cfg(test)]
     fn get_long(&self, key: &[u8]) -> Option<&[u32]> {
         if key.is_empty() || self.long.is_empty() {
             return None;
@@ -290,9 +249,7 @@ impl PieceTable {
         if n > INLINE_KEY {
             let o = self.overflow.len() as u32;
             self.overflow.extend_from_slice(ids);
-            if self.long.insert(key.into(), (o, ids.len() as u32)).is_none() {
-                self.long_bytes += n + LONG_ENTRY_BYTES;
-            }
+            self.long.insert(key.into(), (o, ids.len() as u32));
             return;
         }
         if self.full(self.count + 1) {
@@ -345,14 +302,54 @@ impl PieceTable {
     }
 }
 
-/// A table's slot array for lookups of pieces that sit in their home line (the two
-/// slots of [`PieceTable::home`]) with their ids inline: most lookups of real text. A
-/// copy of the table's address and mask, so a loop of such lookups keeps them in
-/// registers. It must not outlive the table, nor be used after an insert (which may
-/// move the slots).
+/// A slot of a [`SharedTable`]: the layout of [`Slot`], every field atomic, since
+/// threads read and write the table at once.
+#[derive(Default)]
+#[repr(C, align(32))]
+struct SharedSlot {
+    lo: AtomicU64,
+    hi: AtomicU64,
+    meta: AtomicU32,
+    ids: [AtomicU32; INLINE_IDS],
+}
+
+const _: () = assert!(std::mem::size_of::<SharedSlot>() == std::mem::size_of::<Slot>());
+
+// SAFETY: atomics of integers; all zeros is the empty slot.
+unsafe impl Zeroable for SharedSlot {}
+
+/// The `meta` of a slot being written: its key length byte matches no probe, and it is
+/// not empty, so lookups pass over it.
+const BUSY: u32 = 0xFF;
+
+impl SharedSlot {
+    /// The inline ids of a slot whose `meta` was read (acquire) as published: they were
+    /// written before that and are never written again, so a plain read is no race, and
+    /// one copy of 12 bytes is cheaper than three atomic loads.
+    #[inline(always)]
+    fn published_ids(&self) -> [u32; INLINE_IDS] {
+        // SAFETY: AtomicU32 has the layout of u32; no write to these ids can happen
+        // after the slot's publication (see above).
+        unsafe { std::ptr::read(self.ids.as_ptr() as *const [u32; INLINE_IDS]) }
+    }
+
+    /// The slot's `meta` if it holds the probed key. The key is compared after `meta` is
+    /// read (acquire): a slot's key and ids are written before its `meta` is published.
+    #[inline(always)]
+    fn matches(&self, p: &Probe) -> Option<u32> {
+        let m = self.meta.load(Ordering::Acquire);
+        (m & 0xFF == p.n && self.lo.load(Ordering::Relaxed) == p.lo && self.hi.load(Ordering::Relaxed) == p.hi)
+            .then_some(m)
+    }
+}
+
+/// A [`SharedTable`]'s slot array for lookups of pieces that sit in their home line (the
+/// two slots of [`SharedTable::home`]) with their ids inline: most lookups of real text.
+/// A copy of the table's address and mask, so a loop of such lookups keeps them in
+/// registers. It must not outlive the table.
 #[derive(Clone, Copy)]
 pub(crate) struct HomeView {
-    slots: *const Slot,
+    slots: *const SharedSlot,
     /// The table's mask without its lowest bit: hash & home_mask is the home slot.
     home_mask: usize,
 }
@@ -360,52 +357,404 @@ pub(crate) struct HomeView {
 impl HomeView {
     /// Write the ids of the probed piece at `dst` and return how many (1 to 3), or 0 when
     /// the piece is not in its home line with its ids inline (then use
-    /// [`PieceTable::get_probed`]).
+    /// [`SharedTable::emit`]).
     ///
     /// # Safety
-    /// The table this view was taken from is alive and unchanged since, and `dst` has
-    /// room for 3 ids.
+    /// The table this view was taken from is alive, and `dst` has room for 3 ids.
     #[inline(always)]
     pub(crate) unsafe fn emit_home(self, p: &Probe, dst: *mut u32) -> usize {
         let home = p.hash as usize & self.home_mask;
         // SAFETY: home is even and masked, so home + 1 <= mask: both are in the table,
         // and in the same 64-byte line.
         let (s0, s1) = unsafe { (&*self.slots.add(home), &*self.slots.add(home + 1)) };
-        let s = if s0.holds(p) {
-            s0
-        } else if s1.holds(p) {
-            s1
+        let (s, m) = if let Some(m) = s0.matches(p) {
+            (s0, m)
+        } else if let Some(m) = s1.matches(p) {
+            (s1, m)
         } else {
             return 0;
         };
-        let count = (s.meta >> COUNT_SHIFT) as usize;
+        let count = (m >> COUNT_SHIFT) as usize;
         // One id is the common case: a branch on it lets the CPU run on to the next piece
         // without waiting for the count.
         if count == 1 {
-            unsafe { dst.write(s.ids[0]) };
+            unsafe { dst.write(s.ids[0].load(Ordering::Relaxed)) };
             return 1;
         }
         if count > INLINE_IDS {
             return 0;
         }
-        unsafe { (dst as *mut [u32; INLINE_IDS]).write_unaligned(s.ids) };
+        for (k, id) in s.ids.iter().enumerate() {
+            unsafe { dst.add(k).write(id.load(Ordering::Relaxed)) };
+        }
         count
     }
 }
 
-/// One thread's table for one encoder: the encoder's base table plus cached pieces.
+/// How large an encoder's [`SharedTable`] may get before it goes back to the base.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TableLimits {
+    /// Slots (a power of two; at least the base's).
+    pub(crate) max_slots: usize,
+    /// Bytes outside the slots: ids of pieces of more than 3 ids (this many bytes of
+    /// them), and keys of more than 16 bytes with their ids (as many again).
+    pub(crate) max_side: usize,
+}
+
+impl TableLimits {
+    pub(crate) fn for_base(base: &PieceTable) -> Self {
+        TableLimits { max_slots: base.slots.len().max(MAX_SLOTS), max_side: MAX_SIDE_BYTES }
+    }
+}
+
+/// What a table needs after an insert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outgrown {
+    /// Its slots are 3/4 taken: a larger table with the same pieces (or the base again,
+    /// at the largest size).
+    Slots,
+    /// Its side storage is full: the base again.
+    Side,
+}
+
+/// Credits to take slots, reserved from a table's count this many at a time: threads
+/// do not write one shared counter per insert.
+const CREDIT_BLOCK: usize = 32;
+
+thread_local! {
+    /// (table id, slots this thread may still take in that table).
+    static CREDITS: Cell<(u64, usize)> = const { Cell::new((0, 0)) };
+}
+
+static NEXT_TABLE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Keys of more than 16 bytes -> their ids.
+type LongMap = FxHashMap<Box<[u8]>, Box<[u32]>>;
+
+/// Keys of more than 16 bytes, with their ids.
+#[derive(Default, Clone)]
+struct LongPieces {
+    map: LongMap,
+    /// Bytes of the pieces added since the table was made (plus LONG_ENTRY_BYTES each).
+    added: usize,
+}
+
+/// The table an encoder's threads all look pieces up in and add merged pieces to: the
+/// base (every ordinary token) plus every piece merged since, so that each piece is
+/// merged once per table, not once per thread, and the CPU caches hold one table.
 ///
-/// Its memory is bounded: when the cached pieces reach one of the limits above, the
-/// table goes back to the base (frequent pieces are cached again at once). Besides
-/// memory, a table that stays small stays in the CPU caches: the vocab's entries are
-/// the ones most looked up, and they are spread over the whole slot array.
-pub(crate) struct PieceCache {
-    owner: u64,
-    table: PieceTable,
-    base_len: usize,
-    base_side: usize,
-    max_slots: usize,
-    max_side: usize,
+/// Lookups take no lock. A piece is added by claiming an empty slot (compare and swap
+/// of its `meta` to BUSY), writing its key and ids, then publishing its `meta`; two
+/// threads that add the same piece at once may both store it (the first is found).
+/// The slot array never grows in place: a full table is replaced (see
+/// [`Outgrown`]) and threads move to the new one between batches of pieces.
+pub(crate) struct SharedTable {
+    slots: ZeroedBuf<SharedSlot>,
+    mask: usize,
+    /// Slots that may be taken in all (7/8 of them: a probe always ends at an empty
+    /// slot), and the count past which the table asks to be replaced (3/4).
+    hard_cap: usize,
+    soft_cap: usize,
+    /// Ids of pieces of more than 3 ids (slot: offset, count), fixed capacity.
+    overflow: ZeroedBuf<AtomicU32>,
+    /// The base's keys of more than 16 bytes (read without a lock), and those added.
+    base_long: Arc<LongMap>,
+    long: Mutex<LongPieces>,
+    limits: TableLimits,
+    id: u64,
+    /// Written by inserts and replacement: kept off the line the lookups read.
+    counts: Counters,
+}
+
+#[derive(Default)]
+#[repr(align(64))]
+struct Counters {
+    /// Slots reserved (in CREDIT_BLOCKs) or taken by the copy this table was made from.
+    reserved: AtomicUsize,
+    overflow_len: AtomicUsize,
+    /// A thread is building this table's replacement.
+    replacing: std::sync::atomic::AtomicBool,
+    /// The replacement is in place: threads holding this table should load the new one.
+    retired: std::sync::atomic::AtomicBool,
+    /// Whether `long` holds anything (lookups of long pieces skip its lock until then).
+    any_long: std::sync::atomic::AtomicBool,
+}
+
+impl SharedTable {
+    /// A table of the base's pieces, with room for `limits`.
+    pub(crate) fn from_base(base: &PieceTable, limits: TableLimits) -> Self {
+        let base_long =
+            base.long.iter().map(|(k, &(o, c))| (k.clone(), base.overflow[o as usize..(o + c) as usize].into()));
+        let t = Self::empty(base.slots.len(), limits, Arc::new(base_long.collect()));
+        for s in base.slots.iter().filter(|s| s.meta != 0) {
+            let c = (s.meta >> COUNT_SHIFT) as usize;
+            // The base holds single tokens: its ids are inline.
+            debug_assert!(c <= INLINE_IDS);
+            t.put(s.lo, s.hi, s.meta & 0xFF, &s.ids[..c]);
+        }
+        t
+    }
+
+    /// A table of `slots` slots holding what `old` holds now.
+    fn grown(old: &SharedTable, slots: usize) -> Self {
+        let t = Self::empty(slots, old.limits, old.base_long.clone());
+        let mut ids = Vec::new();
+        for s in old.slots.iter() {
+            let m = s.meta.load(Ordering::Acquire);
+            if m == 0 || m == BUSY {
+                continue;
+            }
+            ids.clear();
+            old.push_ids(s, m, &mut ids);
+            if !t.put(s.lo.load(Ordering::Relaxed), s.hi.load(Ordering::Relaxed), m & 0xFF, &ids) {
+                break;
+            }
+        }
+        let long = old.long.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        t.counts.any_long.store(!long.map.is_empty(), Ordering::Relaxed);
+        *t.long.lock().unwrap_or_else(|e| e.into_inner()) = long;
+        t
+    }
+
+    fn empty(slots: usize, limits: TableLimits, base_long: Arc<LongMap>) -> Self {
+        debug_assert!(slots.is_power_of_two() && slots >= 16);
+        SharedTable {
+            slots: ZeroedBuf::new(slots),
+            mask: slots - 1,
+            hard_cap: slots - slots / 8,
+            soft_cap: slots * load_quarters() / 4,
+            overflow: ZeroedBuf::new((limits.max_side / 4).max(1)),
+            base_long,
+            long: Mutex::new(LongPieces::default()),
+            limits,
+            id: NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed),
+            counts: Counters::default(),
+        }
+    }
+
+    /// Store a piece while the table is private to its builder; false when full.
+    fn put(&self, lo: u64, hi: u64, n: u32, ids: &[u32]) -> bool {
+        if self.counts.reserved.load(Ordering::Relaxed) >= self.hard_cap {
+            return false;
+        }
+        self.counts.reserved.fetch_add(1, Ordering::Relaxed);
+        self.store(&Probe { lo, hi, hash: hash(lo, hi, n as usize), n }, ids).is_ok()
+    }
+
+    /// ((slots, bytes outside the slots added since the table was made), their bounds)
+    /// (tests of the memory bound).
+    #[cfg(test)]
+    pub(crate) fn usage(&self) -> ((usize, usize), (usize, usize)) {
+        let side = self.counts.overflow_len.load(Ordering::Relaxed).min(self.overflow.len()) * 4
+            + self.long.lock().unwrap_or_else(|e| e.into_inner()).added;
+        ((self.slots.len(), side), (self.limits.max_slots, 2 * self.limits.max_side))
+    }
+
+    #[inline(always)]
+    fn home(&self, h: u64) -> usize {
+        h as usize & self.mask & !1
+    }
+
+    #[inline(always)]
+    pub(crate) fn home_view(&self) -> HomeView {
+        HomeView { slots: self.slots.as_ptr(), home_mask: self.mask & !1 }
+    }
+
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, p: &Probe) {
+        #[cfg(target_arch = "x86_64")]
+        if p.n != u32::MAX {
+            // SAFETY: the index is masked to the table size; prefetch never faults anyway.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch(self.slots.as_ptr().add(self.home(p.hash)) as *const i8, _MM_HINT_T0);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+
+    /// Whether a replacement is in place (threads holding this table load the new one).
+    #[inline(always)]
+    pub(crate) fn retired(&self) -> bool {
+        self.counts.retired.load(Ordering::Relaxed)
+    }
+
+    /// The ids of slot `s`, whose `meta` was read (acquire) as `m`, published, appended
+    /// to `out`.
+    #[inline(always)]
+    fn push_ids(&self, s: &SharedSlot, m: u32, out: &mut Vec<u32>) {
+        let c = (m >> COUNT_SHIFT) as usize;
+        if c <= INLINE_IDS {
+            out.extend_from_slice(&s.published_ids()[..c]);
+        } else {
+            let o = s.ids[0].load(Ordering::Relaxed) as usize;
+            out.extend(self.overflow[o..o + c].iter().map(|a| a.load(Ordering::Relaxed)));
+        }
+    }
+
+    /// Append the ids of the probed piece `key` to `out`; false when it is not held.
+    #[inline(always)]
+    pub(crate) fn emit(&self, p: &Probe, key: &[u8], out: &mut Vec<u32>) -> bool {
+        if p.n == u32::MAX {
+            return self.emit_long(key, out);
+        }
+        let mut i = self.home(p.hash);
+        loop {
+            // SAFETY: i is masked to slots.len() - 1.
+            let s = unsafe { self.slots.get_unchecked(i) };
+            let m = s.meta.load(Ordering::Acquire);
+            if m & 0xFF == p.n && s.lo.load(Ordering::Relaxed) == p.lo && s.hi.load(Ordering::Relaxed) == p.hi {
+                self.push_ids(s, m, out);
+                return true;
+            }
+            if m == 0 {
+                return false;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn emit_long(&self, key: &[u8], out: &mut Vec<u32>) -> bool {
+        if let Some(ids) = self.base_long.get(key) {
+            out.extend_from_slice(ids);
+            return true;
+        }
+        if key.is_empty() || !self.counts.any_long.load(Ordering::Acquire) {
+            return false;
+        }
+        // Merged pieces only: when another thread holds the lock, merging the piece again
+        // gives its ids without waiting (and no lock is ever waited for, even in a
+        // child forked while another thread held it).
+        let Some(long) = self.try_long() else {
+            return false;
+        };
+        match long.map.get(key) {
+            Some(ids) => {
+                out.extend_from_slice(ids);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The added long pieces, unless another thread holds them.
+    fn try_long(&self) -> Option<std::sync::MutexGuard<'_, LongPieces>> {
+        match self.long.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Add a merged piece (`ids` not empty). Returns what the table needs, if anything:
+    /// the piece may not have been stored then (it will be merged again when next seen).
+    pub(crate) fn insert(&self, key: &[u8], ids: &[u32]) -> Option<Outgrown> {
+        if key.len() > MAX_CACHED_PIECE || ids.is_empty() || self.counts.replacing.load(Ordering::Relaxed) {
+            return None;
+        }
+        if key.len() > INLINE_KEY {
+            let mut long = self.try_long()?;
+            let add = key.len() + LONG_ENTRY_BYTES + ids.len() * 4;
+            if long.added + add > self.limits.max_side {
+                return Some(Outgrown::Side);
+            }
+            if long.map.insert(key.into(), ids.into()).is_none() {
+                long.added += add;
+            }
+            self.counts.any_long.store(true, Ordering::Release);
+            return None;
+        }
+        let mut outgrown = None;
+        // Take a slot credit, reserving a block when this thread has none for this table.
+        let (tid, credits) = CREDITS.with(|c| c.get());
+        let credits = if tid == self.id && credits > 0 {
+            credits
+        } else {
+            let before = self.counts.reserved.fetch_add(CREDIT_BLOCK, Ordering::Relaxed);
+            if before + CREDIT_BLOCK > self.soft_cap {
+                outgrown = Some(Outgrown::Slots);
+            }
+            if before + CREDIT_BLOCK > self.hard_cap {
+                return outgrown;
+            }
+            CREDIT_BLOCK
+        };
+        CREDITS.with(|c| c.set((self.id, credits - 1)));
+        if self.store(&Probe::of(key), ids).is_err() {
+            return Some(Outgrown::Side);
+        }
+        outgrown
+    }
+
+    /// Claim a slot for the probed key and publish it with `ids`, unless the key is
+    /// there already. The caller holds a slot credit. Err when the side storage is full.
+    fn store(&self, p: &Probe, ids: &[u32]) -> Result<(), ()> {
+        let c = ids.len();
+        let mut inline = [0u32; INLINE_IDS];
+        if c <= INLINE_IDS {
+            inline[..c].copy_from_slice(ids);
+        } else {
+            let o = self.counts.overflow_len.fetch_add(c, Ordering::Relaxed);
+            if o + c > self.overflow.len() {
+                return Err(());
+            }
+            // The range is this thread's alone until the slot is published.
+            for (a, &id) in self.overflow[o..o + c].iter().zip(ids) {
+                a.store(id, Ordering::Relaxed);
+            }
+            inline = [o as u32, c as u32, 0];
+        }
+        let meta = p.n | ((c as u32) << COUNT_SHIFT);
+        let mut i = self.home(p.hash);
+        loop {
+            // SAFETY: i is masked to slots.len() - 1.
+            let s = unsafe { self.slots.get_unchecked(i) };
+            let m = s.meta.load(Ordering::Acquire);
+            if m == 0 {
+                if s.meta.compare_exchange(0, BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                    continue; // taken meanwhile: look at it again
+                }
+                s.lo.store(p.lo, Ordering::Relaxed);
+                s.hi.store(p.hi, Ordering::Relaxed);
+                for (a, &id) in s.ids.iter().zip(&inline) {
+                    a.store(id, Ordering::Relaxed);
+                }
+                s.meta.store(meta, Ordering::Release);
+                return Ok(());
+            }
+            if m & 0xFF == p.n && s.lo.load(Ordering::Relaxed) == p.lo && s.hi.load(Ordering::Relaxed) == p.hi {
+                return Ok(());
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Start replacing this table, unless another thread has: true for the one thread
+    /// that should build the replacement.
+    pub(crate) fn claim_replacement(&self) -> bool {
+        !self.counts.replacing.swap(true, Ordering::AcqRel)
+    }
+
+    /// The replacement for `why`: the same pieces in more slots, or the base again.
+    pub(crate) fn replacement(&self, why: Outgrown, base: &PieceTable) -> SharedTable {
+        let slots = self.slots.len();
+        if why == Outgrown::Slots && slots < self.limits.max_slots {
+            // The last two doublings in one step: a doubling holds the table and its
+            // double at once (1.5x the largest size at the last one; 1.25x this way).
+            let to = if slots * 4 >= self.limits.max_slots { self.limits.max_slots } else { slots * 2 };
+            SharedTable::grown(self, to)
+        } else {
+            SharedTable::from_base(base, self.limits)
+        }
+    }
+
+    /// Mark the replacement in place.
+    pub(crate) fn retire(&self) {
+        self.counts.retired.store(true, Ordering::Release);
+    }
 }
 
 /// The load factor in quarters (3; tests may set FERROLM_TEST_LOAD).
@@ -418,141 +767,4 @@ fn load_quarters() -> usize {
     }
     #[cfg(not(test))]
     3
-}
-
-#[cfg(test)]
-thread_local! {
-    /// Smaller bounds for this thread's new tables (tests of the resets).
-    static TEST_LIMITS: std::cell::Cell<Option<(usize, usize)>> = const { std::cell::Cell::new(None) };
-}
-
-/// Make this thread's tables made from now on reset at `max_slots` slots and `max_side`
-/// side bytes (tests).
-#[cfg(test)]
-pub(crate) fn set_test_limits(max_slots: usize, max_side: usize) {
-    TEST_LIMITS.with(|l| l.set(Some((max_slots, max_side))));
-}
-
-impl PieceCache {
-    fn new(owner: u64, base: &PieceTable) -> Self {
-        #[allow(unused_mut)]
-        let (mut max_slots, mut max_side) = (base.slots.len().max(MAX_SLOTS), MAX_SIDE_BYTES);
-        #[cfg(test)]
-        if let Some((a, b)) = TEST_LIMITS.with(|l| l.get()) {
-            (max_slots, max_side) = (base.slots.len().max(a), b);
-        }
-        #[cfg(test)]
-        if let Some(a) = std::env::var("FERROLM_TEST_SLOTS").ok().and_then(|v| v.parse::<usize>().ok()) {
-            max_slots = base.slots.len().max(a);
-        }
-        PieceCache { owner, table: base.clone(), base_len: base.len(), base_side: base.side_bytes(), max_slots, max_side }
-    }
-
-    #[inline(always)]
-    pub(crate) fn table(&self) -> &PieceTable {
-        &self.table
-    }
-
-    /// (slots, bytes outside the slots) now, and the bounds they stay within.
-    #[cfg(test)]
-    pub(crate) fn usage(&self) -> ((usize, usize), (usize, usize)) {
-        ((self.table.slots_len(), self.table.side_bytes() - self.base_side), (self.max_slots, self.max_side))
-    }
-
-    /// Remember the ids of a piece that needed merges.
-    pub(crate) fn insert(&mut self, base: &PieceTable, piece: &[u8], ids: &[u32]) {
-        if piece.len() > MAX_CACHED_PIECE || ids.is_empty() {
-            return;
-        }
-        let side = if piece.len() > INLINE_KEY {
-            piece.len() + LONG_ENTRY_BYTES + ids.len() * 4
-        } else if ids.len() > INLINE_IDS {
-            ids.len() * 4
-        } else {
-            0
-        };
-        if self.table.len() - self.base_len >= MAX_CACHED_PIECES
-            || self.table.side_bytes() - self.base_side + side > self.max_side
-            || self.table.would_outgrow(piece.len(), self.max_slots)
-        {
-            // The old table goes first, so that both are never held at once.
-            self.table = PieceTable::default();
-            self.table = base.clone();
-        } else if piece.len() <= INLINE_KEY && self.table.full(self.table.count + 1) {
-            // The last two doublings in one step: a doubling holds the table and its
-            // double at once (1.5x the largest size at the last one; 1.25x this way).
-            let slots = self.table.slots.len();
-            self.table.grow_to(if slots * 4 >= self.max_slots { self.max_slots } else { slots * 2 });
-        }
-        self.table.insert(piece, ids);
-    }
-}
-
-thread_local! {
-    /// Most recently used first.
-    static CACHES: RefCell<Vec<PieceCache>> = const { RefCell::new(Vec::new()) };
-    /// The value of DROPS when this thread last dropped the tables of dead encoders.
-    static SEEN_DROPS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The encoders alive (their uids), and how many were dropped so far: a thread drops its
-/// tables of dropped encoders the next time it encodes (pool threads would otherwise keep
-/// them until they had used TABLES_PER_THREAD newer encoders).
-static LIVE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
-static DROPS: AtomicU64 = AtomicU64::new(0);
-
-/// Record a new encoder.
-pub(crate) fn register(owner: u64) {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(owner);
-}
-
-/// The encoders whose tables this thread holds (tests).
-#[cfg(test)]
-pub(crate) fn owners() -> Vec<u64> {
-    CACHES.with(|c| c.borrow().iter().map(|t| t.owner).collect())
-}
-
-/// Run `f` with this thread's table for encoder `owner` (made from `base` the first
-/// time; a thread keeps the tables of its last few encoders). Re-entrant calls get a
-/// temporary table.
-pub(crate) fn with_cache<R>(owner: u64, base: &PieceTable, f: impl FnOnce(&mut PieceCache) -> R) -> R {
-    let mut f = Some(f);
-    let done = CACHES.try_with(|cell| {
-        let mut caches = cell.try_borrow_mut().ok()?;
-        let drops = DROPS.load(Ordering::Relaxed);
-        if SEEN_DROPS.with(|s| s.replace(drops)) != drops && !caches.is_empty() {
-            let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-            caches.retain(|c| c.owner == owner || live.contains(&c.owner));
-        }
-        match caches.iter().position(|c| c.owner == owner) {
-            Some(0) => {}
-            Some(i) => {
-                let c = caches.remove(i);
-                caches.insert(0, c);
-            }
-            None => {
-                if caches.len() >= TABLES_PER_THREAD {
-                    caches.pop();
-                }
-                caches.insert(0, PieceCache::new(owner, base));
-            }
-        }
-        Some((f.take().unwrap())(&mut caches[0]))
-    });
-    match done {
-        Ok(Some(r)) => r,
-        _ => (f.take().unwrap())(&mut PieceCache::new(owner, base)),
-    }
-}
-
-/// Encoder `owner` is dropped: forget its tables (this thread's now, other threads' when
-/// they next encode).
-pub(crate) fn forget(owner: u64) {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|&o| o != owner);
-    DROPS.fetch_add(1, Ordering::Relaxed);
-    let _ = CACHES.try_with(|cell| {
-        if let Ok(mut caches) = cell.try_borrow_mut() {
-            caches.retain(|c| c.owner != owner);
-        }
-    });
 }

@@ -20,10 +20,11 @@ const MAP_MIN: usize = 1 << 20;
 ///
 /// # Safety
 /// Implement only for plain-old-data types whose all-zero bit pattern is valid.
-pub(crate) unsafe trait Zeroable: Copy {}
+pub(crate) unsafe trait Zeroable {}
 
-// SAFETY: an integer; all zeros is 0.
+// SAFETY: integers; all zeros is 0.
 unsafe impl Zeroable for u64 {}
+unsafe impl Zeroable for std::sync::atomic::AtomicU32 {}
 
 pub(crate) struct ZeroedBuf<T: Zeroable> {
     ptr: NonNull<T>,
@@ -114,7 +115,7 @@ impl<T: Zeroable> DerefMut for ZeroedBuf<T> {
     }
 }
 
-impl<T: Zeroable> Clone for ZeroedBuf<T> {
+impl<T: Zeroable + Copy> Clone for ZeroedBuf<T> {
     fn clone(&self) -> Self {
         let mut b = ZeroedBuf::new(self.len);
         b.copy_from_slice(self);

@@ -10,7 +10,7 @@
 //! So streamed ids equal the ids of the whole text, and the buffer holds only the
 //! unfinished tail (plus up to 64 KiB waiting to be processed in one go).
 
-use super::{cache, Encoder};
+use super::Encoder;
 
 /// Text is processed once this much is buffered (amortizes tiny chunks).
 const MIN_BATCH: usize = 1 << 16;
@@ -19,7 +19,8 @@ impl Encoder {
     /// Encode the longest prefix of `text` whose ids cannot change when more text is
     /// appended; return its length in bytes (a char boundary).
     pub fn encode_stable_prefix(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) -> usize {
-        cache::with_cache(self.uid, &self.base, |cache| {
+        let cache = &mut self.live.load();
+        {
             let total = text.len();
             let mut pos = 0;
             let mut limit = total;
@@ -54,7 +55,7 @@ impl Encoder {
                 let p_end = p_start + piece.len();
                 if let Some(h) = held {
                     if p_end < end {
-                        self.encode_piece(h.as_bytes(), cache, out);
+                        self.encode_piece(h.as_bytes(), self.current(cache), out);
                     } else {
                         // `piece` touches the end of the known text: neither is final.
                         return;
@@ -72,7 +73,7 @@ impl Encoder {
                 keep_from = h.as_ptr() as usize - base;
             }
             pos + keep_from
-        })
+        }
     }
 }
 

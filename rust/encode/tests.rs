@@ -1,6 +1,7 @@
 //! Unit tests of the encoder on small hand-made vocabularies.
 
 use super::*;
+use std::sync::Arc;
 
 /// Bytes at their own ids, then the given merges (a trained tokenizer's layout).
 fn trained(merges: &[(&str, &str)], specials: &[&str], pattern: &str) -> Encoder {
@@ -399,24 +400,26 @@ fn piece_loop_speed() {
     for round in 0..6 {
         out.clear();
         let t = Instant::now();
-        cache::with_cache(e.uid, &e.base, |c| {
+        {
+            let mut held = e.live.load();
             for chunk in ranges.chunks(PIECE_BATCH) {
-                e.encode_ranges(text.as_bytes(), chunk, c, &mut out);
+                e.encode_ranges(text.as_bytes(), chunk, e.current(&mut held), &mut out);
             }
-        });
+        }
         let a = t.elapsed().as_secs_f64();
         let n = out.len();
         out.clear();
         let t = Instant::now();
-        cache::with_cache(e.uid, &e.base, |c| {
+        {
+            let mut held = e.live.load();
             let mut b: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
             for chunk in pieces.chunks(PIECE_BATCH) {
                 for (d, p) in b.iter_mut().zip(chunk) {
                     *d = p.as_bytes();
                 }
-                e.encode_pieces(&b[..chunk.len()], c, &mut out);
+                e.encode_pieces(&b[..chunk.len()], e.current(&mut held), &mut out);
             }
-        });
+        }
         let b = t.elapsed().as_secs_f64();
         assert_eq!(n, out.len());
         let per = |x: f64| x * 1e9 / pieces.len() as f64;
@@ -452,70 +455,95 @@ fn piece_table_all_lengths() {
     assert_eq!(t.get(&[0u8, 0, 0]), None);
 }
 
-/// A thread's piece cache stays within its bounds however many distinct pieces it sees
-/// (it goes back to the vocab's table when full), and the ids stay right across resets.
+/// Distinct random pieces of letters a-f (each one pre-token after a space), short and
+/// long ones: more than a small table holds.
+fn random_words(n: u32, seed: u64) -> Vec<String> {
+    let mut x: u64 = seed | 1;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = if i % 50 == 0 { 20 + (x % 90) as usize } else { 2 + (x % 14) as usize };
+            (0..len).map(|k| (b'a' + ((x >> (k % 60)) % 6) as u8) as char).collect()
+        })
+        .collect()
+}
+
+/// The ids of `" " + w` by the naive BPE of `merges`.
+fn naive_ids(e: &Encoder, merges: &[(&str, &str)], w: &str) -> Vec<u32> {
+    naive(merges, &format!(" {w}"))
+        .iter()
+        .map(|t| if t.len() == 1 { t[0] as u32 } else { e.encode(std::str::from_utf8(t).unwrap(), false)[0] })
+        .collect()
+}
+
+const BOUNDED_MERGES: &[(&str, &str)] = &[("a", "b"), ("c", "d"), ("ab", "cd"), ("e", "f")];
+
+/// The piece table stays within its bounds however many distinct pieces it sees (it is
+/// replaced by the vocab's table when full), and the ids stay right across replacements.
 #[test]
-fn piece_cache_is_bounded() {
-    let merges: &[(&str, &str)] = &[("a", "b"), ("c", "d"), ("ab", "cd"), ("e", "f")];
-    let e = trained(merges, &[], "gpt2");
-    cache::set_test_limits(1 << 13, 1 << 14);
-    let mut words = Vec::new();
-    // Distinct pieces (letters only, so each is one pre-token), short and long ones.
-    let mut x: u64 = 1;
-    for i in 0..200_000u32 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let len = if i % 50 == 0 { 20 + (x % 90) as usize } else { 2 + (x % 14) as usize };
-        let w: String = (0..len).map(|k| (b'a' + ((x >> (k % 60)) % 6) as u8) as char).collect();
-        words.push(w);
-    }
+fn piece_table_is_bounded() {
+    let e = trained(BOUNDED_MERGES, &[], "gpt2");
+    e.set_table_limits(1 << 13, 1 << 14);
+    let words = random_words(200_000, 1);
     let mut max_slots = 0;
     let mut max_side = 0;
     let mut bounds = (0, 0);
+    let mut tables = std::collections::HashSet::new();
     for chunk in words.chunks(997) {
         let doc: String = chunk.iter().map(|w| format!(" {w}")).collect();
         let ids = e.encode(&doc, false);
         assert_eq!(e.decode(&ids).unwrap(), doc);
-        cache::with_cache(e.uid, &e.base, |c| {
-            let ((slots, side), b) = c.usage();
-            max_slots = max_slots.max(slots);
-            max_side = max_side.max(side);
-            bounds = b;
-        });
+        let t = e.live.load();
+        tables.insert(Arc::as_ptr(&t) as usize);
+        let ((slots, side), b) = t.usage();
+        max_slots = max_slots.max(slots);
+        max_side = max_side.max(side);
+        bounds = b;
     }
     assert!(max_slots <= bounds.0, "{max_slots} slots > {}", bounds.0);
     assert!(max_side <= bounds.1, "{max_side} side bytes > {}", bounds.1);
-    // Spot-check ids against the naive BPE after many resets.
+    assert!(tables.len() > 3, "the table was replaced {} times", tables.len() - 1);
+    // Spot-check ids against the naive BPE after many replacements.
     for w in words.iter().step_by(1999) {
-        let want: Vec<u32> = naive(merges, &format!(" {w}"))
-            .iter()
-            .map(|t| if t.len() == 1 { t[0] as u32 } else { e.encode(std::str::from_utf8(t).unwrap(), false)[0] })
-            .collect();
-        assert_eq!(e.encode(&format!(" {w}"), false), want, "{w}");
+        assert_eq!(e.encode(&format!(" {w}"), false), naive_ids(&e, BOUNDED_MERGES, w), "{w}");
     }
 }
 
-/// A thread drops its tables of an encoder dropped elsewhere the next time it encodes.
+/// Threads that encode with one encoder at once, adding the same and different pieces
+/// to its table while it is replaced under them, get the ids of one thread alone.
 #[test]
-fn tables_of_dropped_encoders_are_freed_on_other_threads() {
-    let a = std::sync::Arc::new(toy());
-    let b = toy();
-    let (to_worker, inbox) = std::sync::mpsc::channel::<Option<std::sync::Arc<Encoder>>>();
-    let (to_main, replies) = std::sync::mpsc::channel::<Vec<u64>>();
-    let worker = std::thread::spawn(move || {
-        while let Ok(Some(e)) = inbox.recv() {
-            e.encode("hello world", true);
-            to_main.send(cache::owners()).unwrap();
-        }
-    });
-    let (ua, ub) = (a.uid, b.uid);
-    to_worker.send(Some(a.clone())).unwrap();
-    assert_eq!(replies.recv().unwrap(), vec![ua]);
-    drop(a);
-    let b = std::sync::Arc::new(b);
-    to_worker.send(Some(b.clone())).unwrap();
-    assert_eq!(replies.recv().unwrap(), vec![ub]);
-    to_worker.send(None).unwrap();
-    worker.join().unwrap();
+fn piece_table_shared_by_threads() {
+    let e = Arc::new(trained(BOUNDED_MERGES, &[], "gpt2"));
+    e.set_table_limits(1 << 12, 1 << 12);
+    let words = random_words(40_000, 7);
+    let docs: Vec<String> = words.chunks(101).map(|c| c.iter().map(|w| format!(" {w}")).collect()).collect();
+    // Ids from a private encoder, one document at a time.
+    let solo = trained(BOUNDED_MERGES, &[], "gpt2");
+    let want: Vec<Vec<u32>> = docs.iter().map(|d| solo.encode(d, false)).collect();
+    let docs = Arc::new(docs);
+    let want = Arc::new(want);
+    let first = e.live.load_full();
+    let workers: Vec<_> = (0..4)
+        .map(|k| {
+            let (e, docs, want) = (e.clone(), docs.clone(), want.clone());
+            std::thread::spawn(move || {
+                // Each thread starts at another document, so that they overlap.
+                for round in 0..3 {
+                    for j in 0..docs.len() {
+                        let i = (j + k * docs.len() / 4 + round) % docs.len();
+                        assert_eq!(e.encode(&docs[i], false), want[i], "thread {k}, document {i}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let last = e.live.load_full();
+    assert!(!Arc::ptr_eq(&first, &last), "the table was never replaced");
+    let ((slots, side), (max_slots, max_side)) = last.usage();
+    assert!(slots <= max_slots && side <= max_side);
 }
