@@ -293,7 +293,12 @@ def main() -> None:
         sys.exit(f"outputs differ, refusing to time different work: {hashes}")
     results: dict[str, list[dict]] = {n: [] for n in names}
     for run in range(args.runs):
-        for name in names:  # interleaved, so slow drifts in machine load hit all alike
+        # Interleaved, so that slow drifts in machine load hit all alike, in an order that
+        # rotates each run: the process after the tiktoken pipeline (807 MB, freed just
+        # before it) starts on memory the VM has handed back to its host, which is slow
+        # to touch again (see shards.md), and that should not always be the same one.
+        k = run % len(names)
+        for name in names[k:] + names[:k]:
             kind, th, extra = spec(name)
             r = spawn(kind, th, cat, work / f"out_{name}", tokdir, ranks, extra)
             results[name].append(r)

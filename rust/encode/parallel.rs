@@ -238,7 +238,8 @@ pub fn read_text_file(path: &std::path::Path, threads: ThreadCount) -> std::io::
     } else {
         // Task boundaries moved forward to the start of a character (past at most 3
         // continuation bytes), so that each task checks whole characters.
-        let mut bounds: Vec<usize> = (0..data.len()).step_by(READ_TASK).map(|b| char_start_at_or_after(&data, b)).collect();
+        let mut bounds: Vec<usize> =
+            (0..data.len()).step_by(READ_TASK).map(|b| char_start_at_or_after(&data, b)).collect();
         bounds.push(data.len());
         bounds.dedup();
         threads::install(threads, || bounds.par_windows(2).all(|w| std::str::from_utf8(&data[w[0]..w[1]]).is_ok()))
@@ -261,6 +262,47 @@ fn char_start_at_or_after(data: &[u8], i: usize) -> usize {
     j
 }
 
+/// The spare capacity of a byte vector that reading tasks fill, each its own range.
+#[cfg(unix)]
+struct SpareBytes(*mut u8);
+
+// SAFETY: the tasks write disjoint ranges (see `read_file`).
+#[cfg(unix)]
+unsafe impl Sync for SpareBytes {}
+
+#[cfg(unix)]
+impl SpareBytes {
+    fn at(&self, offset: usize) -> *mut u8 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// Read exactly `n` bytes of `file` at `offset` into `dst`.
+///
+/// # Safety
+/// `dst` is valid for writes of `n` bytes, and nothing else accesses them meanwhile.
+#[cfg(unix)]
+unsafe fn pread_exact(file: &std::fs::File, dst: *mut u8, n: usize, offset: u64) -> std::io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let mut done = 0;
+    while done < n {
+        let at = libc::off_t::try_from(offset + done as u64).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        // SAFETY: the caller's guarantee on dst[..n].
+        let got = unsafe { libc::pread(file.as_raw_fd(), dst.add(done).cast(), n - done, at) };
+        match got {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            g if g < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            g => done += g as usize,
+        }
+    }
+    Ok(())
+}
+
 /// The bytes of the file at `path`; a large one is read by the threads of `threads` at
 /// once if `parallel`.
 fn read_file(path: &std::path::Path, threads: ThreadCount, parallel: bool) -> std::io::Result<Vec<u8>> {
@@ -270,18 +312,25 @@ fn read_file(path: &std::path::Path, threads: ThreadCount, parallel: bool) -> st
         let file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
         if parallel && len >= PARALLEL_READ as u64 && len <= isize::MAX as u64 {
-            // Zeroed by the OS as its pages are first touched, by the reading threads.
-            let mut data = vec![0u8; len as usize];
+            let len = len as usize;
+            // Read straight into the spare capacity, not zeroed first: zeroing was a serial
+            // pass over the whole buffer (memory reused from an earlier call is not zero).
+            let mut data: Vec<u8> = Vec::with_capacity(len);
+            let spare = SpareBytes(data.as_mut_ptr());
             let read = threads::install(threads, || {
-                data.par_chunks_mut(READ_TASK)
-                    .enumerate()
-                    .try_for_each(|(i, chunk)| file.read_exact_at(chunk, (i * READ_TASK) as u64))
+                (0..len.div_ceil(READ_TASK)).into_par_iter().try_for_each(|i| {
+                    let start = i * READ_TASK;
+                    // SAFETY: tasks fill disjoint ranges of the `len` bytes of capacity.
+                    unsafe { pread_exact(&file, spare.at(start), READ_TASK.min(len - start), start as u64) }
+                })
             });
             match read {
                 Ok(()) => {
+                    // SAFETY: every byte up to `len` was written by the reads above.
+                    unsafe { data.set_len(len) };
                     // The file may have grown meanwhile: read it whole then, as at once.
                     let mut probe = [0u8; 1];
-                    if file.read_at(&mut probe, len)? == 0 {
+                    if file.read_at(&mut probe, len as u64)? == 0 {
                         return Ok(data);
                     }
                 }
