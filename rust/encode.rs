@@ -521,7 +521,7 @@ impl Encoder {
         bpe::bpe(self, piece, out)
     }
 
-    /// The merges of one pre-token, ignoring the vocab and the piece caches: what
+    /// The merges of one pre-token, ignoring the vocab and the piece table: what
     /// encoding a piece seen for the first time costs (for benchmarks). Appends its ids.
     pub fn merge_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
         self.bpe(piece, out)

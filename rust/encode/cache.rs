@@ -510,9 +510,11 @@ impl SharedTable {
                 break;
             }
         }
-        let long = old.long.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        t.counts.any_long.store(!long.map.is_empty(), Ordering::Relaxed);
-        *t.long.lock().unwrap_or_else(|e| e.into_inner()) = long;
+        // The long pieces too, unless another thread holds them (they are merged again).
+        if let Some(long) = old.try_long().map(|l| l.clone()) {
+            t.counts.any_long.store(!long.map.is_empty(), Ordering::Relaxed);
+            *t.long.lock().unwrap_or_else(|e| e.into_inner()) = long;
+        }
         t
     }
 
