@@ -34,7 +34,7 @@ impl BatchIds {
 }
 
 /// Texts of about this many bytes make one task of a parallel batch.
-const GROUP_BYTES: usize = 1 << 18;
+pub(super) const GROUP_BYTES: usize = 1 << 18;
 
 pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync>(
     enc: &Encoder,

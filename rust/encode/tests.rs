@@ -201,14 +201,18 @@ fn files_read_in_parallel_are_read_exactly() {
 #[test]
 fn grouped_batch_equals_one_call_per_text() {
     let e = toy();
-    // Texts of very different sizes (groups are cut by bytes), empty ones included.
+    // Texts of very different sizes (groups are cut by bytes), empty ones included, and
+    // some larger than a group (GROUP_BYTES); 13 MB in all, so that the debug build of
+    // this test takes seconds (it took a minute with 160 MB).
     let docs: Vec<String> = (0..3000)
         .map(|i| match i % 7 {
             0 => String::new(),
-            3 => "hello world, aaaa! ".repeat(i * 13),
+            3 if i % 70 == 3 => "hello world, aaaa! ".repeat(15_000),
+            3 => "hello world, aaaa! ".repeat(i % 64),
             _ => format!("doc {i}: hello<|endoftext|>x y  z"),
         })
         .collect();
+    assert!(docs.iter().any(|d| d.len() > parallel::GROUP_BYTES));
     let want: Vec<Vec<u32>> = docs.iter().map(|d| e.encode(d, true)).collect();
     for threads in [Some(1), Some(2), Some(3), None] {
         let groups = e.encode_batch_grouped(&docs, true, threads);
