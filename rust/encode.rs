@@ -364,22 +364,22 @@ impl Encoder {
         self.encode_with(text, allow_special, &mut self.live.load(), out);
     }
 
-    fn encode_with(&self, text: &str, allow_special: bool, cache: &mut TableGuard, out: &mut Vec<u32>) {
+    fn encode_with(&self, text: &str, allow_special: bool, held: &mut TableGuard, out: &mut Vec<u32>) {
         if allow_special && !self.specials.is_empty() {
             let mut pos = 0;
             for (s, e, id) in self.specials.find_iter(text) {
-                self.encode_span(&text[pos..s], cache, out);
+                self.encode_span(&text[pos..s], held, out);
                 out.push(id);
                 pos = e;
             }
-            self.encode_span(&text[pos..], cache, out);
+            self.encode_span(&text[pos..], held, out);
         } else {
-            self.encode_span(text, cache, out);
+            self.encode_span(text, held, out);
         }
     }
 
     /// Encode text that holds no special token boundaries.
-    fn encode_span(&self, text: &str, cache: &mut TableGuard, out: &mut Vec<u32>) {
+    fn encode_span(&self, text: &str, held: &mut TableGuard, out: &mut Vec<u32>) {
         if text.is_empty() {
             return;
         }
@@ -390,11 +390,11 @@ impl Encoder {
             batch[n] = (s, e);
             n += 1;
             if n == PIECE_BATCH {
-                self.encode_ranges(bytes, &batch, self.current(cache), out);
+                self.encode_ranges(bytes, &batch, self.current(held), out);
                 n = 0;
             }
         });
-        self.encode_ranges(bytes, &batch[..n], self.current(cache), out);
+        self.encode_ranges(bytes, &batch[..n], self.current(held), out);
     }
 
     /// The table held, after moving to the encoder's current one if it was replaced.

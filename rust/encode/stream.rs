@@ -19,7 +19,7 @@ impl Encoder {
     /// Encode the longest prefix of `text` whose ids cannot change when more text is
     /// appended; return its length in bytes (a char boundary).
     pub fn encode_stable_prefix(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) -> usize {
-        let cache = &mut self.live.load();
+        let live = &mut self.live.load();
         {
             let total = text.len();
             let mut pos = 0;
@@ -32,7 +32,7 @@ impl Encoder {
                     if s + m > total {
                         break;
                     }
-                    self.encode_span(&text[pos..s], cache, out);
+                    self.encode_span(&text[pos..s], live, out);
                     out.push(id);
                     pos = e;
                 }
@@ -55,7 +55,7 @@ impl Encoder {
                 let p_end = p_start + piece.len();
                 if let Some(h) = held {
                     if p_end < end {
-                        self.encode_piece(h.as_bytes(), self.current(cache), out);
+                        self.encode_piece(h.as_bytes(), self.current(live), out);
                     } else {
                         // `piece` touches the end of the known text: neither is final.
                         return;
