@@ -157,25 +157,21 @@ impl Probe {
 }
 
 /// Piece bytes -> ids. Open addressing, linear probing, load factor at most 3/4.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub(crate) struct PieceTable {
     slots: ZeroedBuf<Slot>,
     mask: usize,
     count: usize,
+    /// Ids of keys of up to 16 bytes with more than 3 ids (slot: offset, count).
     overflow: Vec<u32>,
-    long: FxHashMap<Box<[u8]>, (u32, u32)>,
+    /// Keys of more than 16 bytes (shared as they are with the tables made from this one).
+    long: Arc<LongMap>,
 }
 
 impl PieceTable {
     pub(crate) fn with_capacity(n: usize) -> Self {
         let size = (n.max(8) * 2).next_power_of_two();
-        PieceTable {
-            slots: ZeroedBuf::new(size),
-            mask: size - 1,
-            count: 0,
-            overflow: Vec::new(),
-            long: FxHashMap::default(),
-        }
+        PieceTable { slots: ZeroedBuf::new(size), mask: size - 1, count: 0, overflow: Vec::new(), long: Arc::default() }
     }
 
     /// Number of slots (for tests of the memory bound).
@@ -239,7 +235,7 @@ impl PieceTable {
         if key.is_empty() || self.long.is_empty() {
             return None;
         }
-        self.long.get(key).map(|&(o, c)| &self.overflow[o as usize..(o + c) as usize])
+        self.long.get(key).map(|ids| &ids[..])
     }
 
     /// Insert or replace; `ids` is not empty.
@@ -247,9 +243,7 @@ impl PieceTable {
         let n = key.len();
         assert!(n > 0 && !ids.is_empty() && ids.len() < (1 << 24), "bad piece table entry");
         if n > INLINE_KEY {
-            let o = self.overflow.len() as u32;
-            self.overflow.extend_from_slice(ids);
-            self.long.insert(key.into(), (o, ids.len() as u32));
+            Arc::make_mut(&mut self.long).insert(key.into(), ids.into());
             return;
         }
         if self.full(self.count + 1) {
@@ -333,13 +327,19 @@ impl SharedSlot {
         unsafe { std::ptr::read(self.ids.as_ptr() as *const [u32; INLINE_IDS]) }
     }
 
-    /// The slot's `meta` if it holds the probed key. The key is compared after `meta` is
-    /// read (acquire): a slot's key and ids are written before its `meta` is published.
+    /// Whether this slot, whose `meta` was read (acquire) as `m`, holds the probed key:
+    /// a slot's key and ids are written before its `meta` is published, so the key is
+    /// read after it. BUSY and empty slots match no probe.
+    #[inline(always)]
+    fn holds(&self, m: u32, p: &Probe) -> bool {
+        m & 0xFF == p.n && self.lo.load(Ordering::Relaxed) == p.lo && self.hi.load(Ordering::Relaxed) == p.hi
+    }
+
+    /// The slot's `meta` if it holds the probed key.
     #[inline(always)]
     fn matches(&self, p: &Probe) -> Option<u32> {
         let m = self.meta.load(Ordering::Acquire);
-        (m & 0xFF == p.n && self.lo.load(Ordering::Relaxed) == p.lo && self.hi.load(Ordering::Relaxed) == p.hi)
-            .then_some(m)
+        self.holds(m, p).then_some(m)
     }
 }
 
@@ -483,15 +483,19 @@ struct Counters {
 impl SharedTable {
     /// A table of the base's pieces, with room for `limits`.
     pub(crate) fn from_base(base: &PieceTable, limits: TableLimits) -> Self {
-        let base_long =
-            base.long.iter().map(|(k, &(o, c))| (k.clone(), base.overflow[o as usize..(o + c) as usize].into()));
-        let t = Self::empty(base.slots.len(), limits, Arc::new(base_long.collect()));
-        for s in base.slots.iter().filter(|s| s.meta != 0) {
-            let c = (s.meta >> COUNT_SHIFT) as usize;
-            // The base holds single tokens: its ids are inline.
-            debug_assert!(c <= INLINE_IDS);
-            t.put(s.lo, s.hi, s.meta & 0xFF, &s.ids[..c]);
+        // The base holds single tokens (no overflow), and the table has its size and hash:
+        // its slots are copied as they are.
+        assert!(base.overflow.is_empty(), "a base table with ids outside its slots");
+        let t = Self::empty(base.slots.len(), limits, base.long.clone());
+        for (d, s) in t.slots.iter().zip(base.slots.iter()).filter(|(_, s)| s.meta != 0) {
+            d.lo.store(s.lo, Ordering::Relaxed);
+            d.hi.store(s.hi, Ordering::Relaxed);
+            for (a, &id) in d.ids.iter().zip(&s.ids) {
+                a.store(id, Ordering::Relaxed);
+            }
+            d.meta.store(s.meta, Ordering::Relaxed);
         }
+        t.counts.reserved.store(base.count, Ordering::Relaxed);
         t
     }
 
@@ -606,7 +610,7 @@ impl SharedTable {
             // SAFETY: i is masked to slots.len() - 1.
             let s = unsafe { self.slots.get_unchecked(i) };
             let m = s.meta.load(Ordering::Acquire);
-            if m & 0xFF == p.n && s.lo.load(Ordering::Relaxed) == p.lo && s.hi.load(Ordering::Relaxed) == p.hi {
+            if s.holds(m, p) {
                 self.push_ids(s, m, out);
                 return true;
             }
@@ -727,7 +731,7 @@ impl SharedTable {
                 s.meta.store(meta, Ordering::Release);
                 return Ok(());
             }
-            if m & 0xFF == p.n && s.lo.load(Ordering::Relaxed) == p.lo && s.hi.load(Ordering::Relaxed) == p.hi {
+            if s.holds(m, p) {
                 return Ok(());
             }
             i = (i + 1) & self.mask;

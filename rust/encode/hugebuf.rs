@@ -115,14 +115,6 @@ impl<T: Zeroable> DerefMut for ZeroedBuf<T> {
     }
 }
 
-impl<T: Zeroable + Copy> Clone for ZeroedBuf<T> {
-    fn clone(&self) -> Self {
-        let mut b = ZeroedBuf::new(self.len);
-        b.copy_from_slice(self);
-        b
-    }
-}
-
 impl<T: Zeroable> Drop for ZeroedBuf<T> {
     fn drop(&mut self) {
         let layout = Self::layout(self.len);
