@@ -188,19 +188,18 @@ impl Pairs {
         self.shards[Self::shard_index(key, self.shards.len())].get(&key)
     }
 
-    /// Count all adjacent pairs of the words `ids`, `n` shards in parallel (each worker
-    /// scans every word and keeps the pairs of its shard). `bytes_only`: every symbol is
-    /// still a byte (no merge yet), so a worker tallies into a dense table of the 65,536
-    /// byte pairs instead of hashing each occurrence.
+    /// Count all adjacent pairs of the words `ids` into `n` shards, in parallel. Each
+    /// worker scans every word and keeps the pairs of its shard, except when
+    /// `bytes_only` (see `build_dense`).
     fn build(words: &Words, ids: &[u32], n: usize, bytes_only: bool) -> Pairs {
         use rayon::prelude::*;
         let n = n.max(1);
+        if bytes_only {
+            return Self::build_dense(words, ids, n);
+        }
         let shards = (0..n)
             .into_par_iter()
             .map(|shard| {
-                if bytes_only {
-                    return Self::build_dense(words, ids, n, shard);
-                }
                 let mut m: FxMap<u64, PairStats> = FxMap::default();
                 for &w in ids {
                     let c = words.count(w);
@@ -223,34 +222,53 @@ impl Pairs {
         Pairs { shards }
     }
 
-    /// Shard `shard` of `n` of the pairs of words made of bytes only.
-    fn build_dense(words: &Words, ids: &[u32], n: usize, shard: usize) -> FxMap<u64, PairStats> {
-        let mine: Vec<bool> = (0..1usize << 16).map(|k| Self::shard_index(pack((k >> 8) as u32, k as u32 & 255), n) == shard).collect();
-        let mut table: Vec<PairStats> = (0..1usize << 16).map(|_| PairStats { count: 0, words: WordList::new() }).collect();
-        for &w in ids {
-            let c = words.count(w);
-            let s = words.symbols(w);
-            for p in s.windows(2) {
-                debug_assert!(p[0] < 256 && p[1] < 256);
-                let k = ((p[0] as usize) << 8 | p[1] as usize) & 0xffff;
-                if !mine[k] {
-                    continue;
+    /// `build` when every symbol is still a byte (no merge yet). Each worker tallies its
+    /// own contiguous share of the words into a dense table of the 65,536 byte pairs (no
+    /// hashing, and no unpredictable branch on whose pair an occurrence is); then each
+    /// shard gathers its pairs from all the tables, their word lists joined in word order.
+    fn build_dense(words: &Words, ids: &[u32], n: usize) -> Pairs {
+        use rayon::prelude::*;
+        let share = ids.len().div_ceil(n).max(1);
+        let tables: Vec<Vec<PairStats>> = ids
+            .par_chunks(share)
+            .map(|part| {
+                let mut table: Vec<PairStats> = (0..1usize << 16).map(|_| PairStats { count: 0, words: WordList::new() }).collect();
+                for &w in part {
+                    let c = words.count(w);
+                    let s = words.symbols(w);
+                    for p in s.windows(2) {
+                        debug_assert!(p[0] < 256 && p[1] < 256);
+                        let e = &mut table[((p[0] as usize) << 8 | p[1] as usize) & 0xffff];
+                        e.count += c;
+                        if e.words.last() != Some(&w) {
+                            e.words.push(w);
+                        }
+                    }
                 }
-                let e = &mut table[k];
-                e.count += c;
-                if e.words.last() != Some(&w) {
-                    e.words.push(w);
+                table
+            })
+            .collect();
+        let shards = (0..n)
+            .into_par_iter()
+            .map(|shard| {
+                let mut m: FxMap<u64, PairStats> = FxMap::default();
+                for k in 0..1usize << 16 {
+                    let key = pack((k >> 8) as u32, k as u32 & 255);
+                    let count: i64 = tables.iter().map(|t| t[k].count).sum();
+                    if count == 0 || Self::shard_index(key, n) != shard {
+                        continue;
+                    }
+                    let mut list = WordList::with_capacity(tables.iter().map(|t| t[k].words.len()).sum());
+                    for t in &tables {
+                        list.extend_from_slice(&t[k].words);
+                    }
+                    m.insert(key, PairStats { count, words: list });
                 }
-            }
-        }
-        let used = table.iter().filter(|e| e.count > 0).count();
-        let mut m: FxMap<u64, PairStats> = FxMap::with_capacity_and_hasher(used, FxBuildHasher);
-        for (k, e) in table.into_iter().enumerate() {
-            if e.count > 0 {
-                m.insert(pack((k >> 8) as u32, k as u32 & 255), e);
-            }
-        }
-        m
+                m
+            })
+            .collect();
+        crate::threads::drop_in_background(tables);
+        Pairs { shards }
     }
 }
 
