@@ -9,6 +9,7 @@ pub mod shards;
 pub mod threads;
 mod buffers;
 pub mod train;
+pub mod vocab_files;
 mod unicode_tables;
 
 #[cfg(feature = "python")]

@@ -382,6 +382,18 @@ mod encoder_bindings {
             PyList::new(py, items)
         }
 
+        /// The tokenizer fingerprint of this vocab and these merges with `specials` and the
+        /// pattern source `pattern` (`vocab_files::fingerprint`).
+        fn fingerprint(&self, py: Python<'_>, specials: Vec<String>, pattern: &str) -> String {
+            let inner = &self.inner;
+            py.detach(|| {
+                let vocab = (0..inner.vocab_size() as u32).filter_map(|id| Some((id, inner.token_bytes(id)?)));
+                let side = |id: u32| inner.token_bytes(id).expect("merge sides are tokens");
+                let merges = inner.merge_ids().iter().map(|&(a, b)| (side(a), side(b)));
+                crate::vocab_files::fingerprint(vocab, merges, &specials, pattern)
+            })
+        }
+
         /// [(token, id)] in the order given (ids of appended tokens included).
         #[getter]
         fn special_tokens(&self) -> Vec<(String, u32)> {
@@ -1029,6 +1041,43 @@ mod trainer_binding {
     }
 }
 
+// ---- tokenizer files (owner: vocab_files) ----
+
+mod vocab_files_bindings {
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+    /// vocab.json's text as {id: token bytes}, or None when ferrolm.tokenizer_files must
+    /// read it (and report what is wrong).
+    #[pyfunction]
+    fn read_vocab_json<'py>(py: Python<'py>, text: &str, specials: Vec<String>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(items) = py.detach(|| crate::vocab_files::read_vocab_json(text, &specials)) else { return Ok(None) };
+        let d = PyDict::new(py);
+        for (id, bytes) in items {
+            d.set_item(id, PyBytes::new(py, &bytes))?;
+        }
+        Ok(Some(d))
+    }
+
+    /// merges.txt's text as [(left bytes, right bytes)], or None when
+    /// ferrolm.tokenizer_files must read it (and report what is wrong).
+    #[pyfunction]
+    fn read_merges_txt<'py>(py: Python<'py>, text: &str) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(merges) = py.detach(|| crate::vocab_files::read_merges_txt(text)) else { return Ok(None) };
+        let items = merges
+            .iter()
+            .map(|(a, b)| PyTuple::new(py, [PyBytes::new(py, a), PyBytes::new(py, b)]))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Some(PyList::new(py, items)?))
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_function(wrap_pyfunction!(read_vocab_json, m)?)?;
+        m.add_function(wrap_pyfunction!(read_merges_txt, m)?)?;
+        Ok(())
+    }
+}
+
 // ---- pre-tokenizer debug bindings (owner: pretokenize) ----
 
 /// The regex source of a built-in pattern name ("gpt2", "cl100k", "o200k"); a test
@@ -1061,5 +1110,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trainer_binding::PyBpeTrainer>()?; // BPE trainer
     m.add_function(wrap_pyfunction!(pattern_source, m)?)?;
     m.add_function(wrap_pyfunction!(_char_classes, m)?)?;
+    vocab_files_bindings::register(m)?; // tokenizer files
     Ok(())
 }

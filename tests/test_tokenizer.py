@@ -14,7 +14,7 @@ from conftest import corpus_files, shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ferrolm import Tokenizer, patterns
+from ferrolm import Tokenizer, _core, patterns
 from ferrolm.tokenizer_files import TokenizerFileError, read_merges, read_vocab
 
 EOT = "<|endoftext|>"
@@ -636,3 +636,77 @@ def test_bad_files(tmp_path):
     (tmp_path / "bad.tiktoken").write_text("!!!notbase64 x\n")
     with pytest.raises(TokenizerFileError):
         Tokenizer.from_tiktoken_file(tmp_path / "bad.tiktoken")
+
+
+def _read_both(reader, path, *args):
+    """reader(path, *args) with fast=False and fast=True: (result or exception, same)."""
+    out = []
+    for fast in (False, True):
+        try:
+            out.append(reader(path, *args, fast=fast))
+        except Exception as e:  # noqa: BLE001 - the exception itself is compared
+            out.append((type(e), str(e)))
+    return out
+
+
+def test_fast_file_readers_equal_the_python_readers(gpt2, trained, tmp_path):
+    """The core's vocab.json / merges.txt readers (fast=True, what Tokenizer.load uses) give
+    what tokenizer_files' Python readers give, and hand every file they do not accept to
+    them, so the errors are the same; the core's fingerprint is tokenizer_files'."""
+    from ferrolm import tokenizer_files as tf
+
+    odd = Tokenizer({**_bytes_vocab(), 300: b"a b", 301: b"\\\"\n"}, [], ["<|sp a|>", "a b"], pattern=r"\w+|\s+|.")
+    for tok in (gpt2, trained, odd):
+        d = tok.save(tmp_path / f"tok{tok.vocab_size}")
+        slow, fast = _read_both(tf.read_vocab, d / "vocab.json", tok.special_tokens)
+        assert fast == slow and slow == tok.vocab
+        slow, fast = _read_both(tf.read_merges, d / "merges.txt")
+        assert fast == slow and slow == tok.merges
+        # The core read these itself (no fallback).
+        assert _core.read_vocab_json((d / "vocab.json").read_text(encoding="utf-8"), tok.special_tokens) == tok.vocab
+        assert _core.read_merges_txt((d / "merges.txt").read_text(encoding="utf-8")) == tok.merges
+        assert tok.fingerprint == tf.fingerprint(tok.vocab, tok.merges, tok.special_tokens, tok.pattern)
+    cases = [
+        ("{not json", "#version: 0.2\n"),
+        ("[1, 2]", "a b c\n"),
+        ('{"a": 0, "b": 0}', "a  b\n"),
+        ('{"a": -1}', "ab\n"),
+        ('{"a": 1.0}', "x\n#version: 0.2\n"),
+        ('{"a": true}', "a \u0144\n"),
+        ('{"": 0}', "a b\r\r\n\n"),
+        ('{"a c": 0}', "\ta b\n"),
+        ('{"a": 0, "a": 1}', "#version: 0.2\r\nĠ t\n"),
+        ('{"\u0144": 0}', ""),
+        ('{"a": 4294967296, "b": 1}', "a\u00a0 b\n"),
+    ]
+    for i, (vocab_text, merges_text) in enumerate(cases):
+        (tmp_path / f"v{i}.json").write_text(vocab_text, encoding="utf-8")
+        (tmp_path / f"m{i}.txt").write_text(merges_text, encoding="utf-8", newline="")
+        slow, fast = _read_both(tf.read_vocab, tmp_path / f"v{i}.json", ["<|sp|>"])
+        assert fast == slow, vocab_text
+        slow, fast = _read_both(tf.read_merges, tmp_path / f"m{i}.txt")
+        assert fast == slow, merges_text
+    (tmp_path / "latin1.txt").write_bytes(b"a \xff\n")
+    assert _read_both(tf.read_merges, tmp_path / "latin1.txt")[0][0] is TokenizerFileError
+    slow, fast = _read_both(tf.read_merges, tmp_path / "latin1.txt")
+    assert fast == slow
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=st.lists(st.binary(min_size=2, max_size=6), min_size=1, max_size=40, unique=True), seed=st.integers(0, 2**32 - 1))
+def test_fast_file_readers_on_random_vocabs(tokens, seed, tmp_path_factory):
+    """Random byte tokens (every byte value, control bytes and UTF-8 fragments included)
+    saved and read back: the core's readers and the Python readers agree."""
+    from ferrolm import tokenizer_files as tf
+
+    rng = random.Random(seed)
+    vocab = {**_bytes_vocab(), **{256 + i: t for i, t in enumerate(tokens)}}
+    merges = [(t[:1], t[1:]) for t in tokens if rng.random() < 0.5]
+    d = tmp_path_factory.mktemp("rand")
+    tf.save_dir(d, vocab, merges, ["<|x|>"], "gpt2")
+    slow_vocab, fast = _read_both(tf.read_vocab, d / "vocab.json", ["<|x|>"])
+    assert fast == slow_vocab
+    slow, fast = _read_both(tf.read_merges, d / "merges.txt")
+    assert fast == slow == merges
+    assert _core.read_merges_txt((d / "merges.txt").read_text(encoding="utf-8")) == merges
+    assert _core.read_vocab_json((d / "vocab.json").read_text(encoding="utf-8"), ["<|x|>"]) == slow_vocab

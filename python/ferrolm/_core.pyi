@@ -15,6 +15,10 @@ def version() -> str: ...
 def pretokenize(text: str, pattern: str = "gpt2") -> list[str]: ...
 def pattern_source(name: str) -> str: ...
 def _char_classes(text: str) -> bytes: ...
+def read_vocab_json(text: str, special_tokens: Sequence[str]) -> Optional[dict[int, bytes]]:
+    """vocab.json's text as {id: token bytes}; None when ferrolm.tokenizer_files must read it."""
+def read_merges_txt(text: str) -> Optional[list[tuple[bytes, bytes]]]:
+    """merges.txt's text as [(left, right)]; None when ferrolm.tokenizer_files must read it."""
 
 class BpeTrainer:
     def __new__(
@@ -52,6 +56,8 @@ class Encoder:
         """{id: token bytes}, special tokens included, in id order (a new dict)."""
     def merges(self) -> list[tuple[bytes, bytes]]:
         """The merges in rank order, as given (a new list)."""
+    def fingerprint(self, special_tokens: Sequence[str], pattern: str) -> str:
+        """ferrolm.tokenizer_files.fingerprint of this vocab and these merges."""
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         """Ids of ``text``. UnicodeEncodeError for lone surrogates (the Tokenizer repairs them)."""
     def encode_to_array(self, text: str, allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> np.ndarray:

@@ -122,8 +122,8 @@ class Tokenizer:
     def from_files(cls, vocab_path: PathInput, merges_path: PathInput, special_tokens: Sequence[str] | None = None, pattern: str = "gpt2") -> "Tokenizer":
         """Load GPT-2-style vocab.json and merges.txt (byte-to-unicode form)."""
         specials = _check_special_tokens(special_tokens)
-        vocab = tf.read_vocab(vocab_path, specials)
-        merges = tf.read_merges(merges_path)
+        vocab = tf.read_vocab(vocab_path, specials, fast=True)
+        merges = tf.read_merges(merges_path, fast=True)
         return cls(vocab, merges, specials, pattern)
 
     def save(self, directory: PathInput) -> Path:
@@ -133,7 +133,7 @@ class Tokenizer:
     @classmethod
     def load(cls, directory: PathInput) -> "Tokenizer":
         """Load a directory written by :meth:`save` (or a bare GPT-2 vocab.json + merges.txt)."""
-        vocab, merges, specials, pattern = tf.load_dir(directory)
+        vocab, merges, specials, pattern = tf.load_dir(directory, fast=True)
         return cls(vocab, merges, specials, pattern)
 
     @classmethod
@@ -235,7 +235,8 @@ class Tokenizer:
     def fingerprint(self) -> str:
         """sha256 over vocab, merges, special tokens and pattern (recorded by shards and checkpoints)."""
         if self._fingerprint is None:
-            self._fingerprint = tf.fingerprint(self._vocab, self._merges, self._special_tokens, self._pattern)
+            # tf.fingerprint defines it; the core hashes the same text ~100x faster.
+            self._fingerprint = self._core.fingerprint(list(self._special_tokens), patterns.resolve(self._pattern))
         return self._fingerprint
 
     @property

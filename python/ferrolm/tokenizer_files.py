@@ -108,14 +108,29 @@ def write_merges(path: str | os.PathLike, merges: Iterable[tuple[bytes, bytes]])
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))
 
 
-def read_vocab(path: str | os.PathLike, special_tokens: Sequence[str] = ()) -> dict[int, bytes]:
-    """Read a GPT-2-style vocab.json. Entries equal to a special token are read as its UTF-8 bytes."""
+def read_vocab(path: str | os.PathLike, special_tokens: Sequence[str] = (), *, fast: bool = False) -> dict[int, bytes]:
+    """Read a GPT-2-style vocab.json. Entries equal to a special token are read as its UTF-8 bytes.
+
+    ``fast``: parse with the compiled core when it accepts the file (the Rust-backed
+    Tokenizer's loaders); otherwise, and for any problem, in Python, which says what is
+    wrong. The reference keeps the default, so it stays pure Python.
+    """
     path = Path(path)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"vocab file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
+    if fast:
+        from ferrolm import _core
+
+        vocab = _core.read_vocab_json(text, list(special_tokens))
+        if vocab is not None:
+            return vocab
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
         raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(raw, dict):
         raise TokenizerFileError(f"{path}: expected a JSON object {{token: id}}, got {type(raw).__name__}")
@@ -135,8 +150,11 @@ def read_vocab(path: str | os.PathLike, special_tokens: Sequence[str] = ()) -> d
     return vocab
 
 
-def read_merges(path: str | os.PathLike) -> list[tuple[bytes, bytes]]:
-    """Read a GPT-2-style merges.txt (an optional ``#version`` line, then ``a b`` per line)."""
+def read_merges(path: str | os.PathLike, *, fast: bool = False) -> list[tuple[bytes, bytes]]:
+    """Read a GPT-2-style merges.txt (an optional ``#version`` line, then ``a b`` per line).
+
+    ``fast`` as for :func:`read_vocab`.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -144,6 +162,12 @@ def read_merges(path: str | os.PathLike) -> list[tuple[bytes, bytes]]:
         raise FileNotFoundError(f"merges file not found: {path}") from None
     except UnicodeDecodeError as e:
         raise TokenizerFileError(f"{path}: not UTF-8: {e}") from None
+    if fast:
+        from ferrolm import _core
+
+        merges = _core.read_merges_txt(text)
+        if merges is not None:
+            return merges
     merges = []
     for lineno, line in enumerate(text.split("\n"), start=1):
         line = line.rstrip("\r")
@@ -208,11 +232,11 @@ def save_dir(directory: str | os.PathLike, vocab: dict[int, bytes], merges: Sequ
     return directory
 
 
-def load_dir(directory: str | os.PathLike) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], list[str], str]:
+def load_dir(directory: str | os.PathLike, *, fast: bool = False) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], list[str], str]:
     """Read a tokenizer directory: (vocab, merges, special_tokens, pattern).
 
     Without tokenizer.json (a bare GPT-2-style pair of files) the specials default to
-    none and the pattern to "gpt2".
+    none and the pattern to "gpt2". ``fast`` as for :func:`read_vocab`.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -223,8 +247,8 @@ def load_dir(directory: str | os.PathLike) -> tuple[dict[int, bytes], list[tuple
         specials, pattern = list(config.get("special_tokens", [])), config.get("pattern", "gpt2")
     else:
         specials, pattern = [], "gpt2"
-    vocab = read_vocab(directory / VOCAB_FILE, specials)
-    merges = read_merges(directory / MERGES_FILE)
+    vocab = read_vocab(directory / VOCAB_FILE, specials, fast=fast)
+    merges = read_merges(directory / MERGES_FILE, fast=fast)
     return vocab, merges, specials, patterns.resolve(pattern)
 
 
