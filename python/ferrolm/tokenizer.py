@@ -128,7 +128,7 @@ class Tokenizer:
 
     def save(self, directory: PathInput) -> Path:
         """Write vocab.json, merges.txt and tokenizer.json into ``directory`` (created if needed)."""
-        return tf.save_dir(directory, self._vocab, self._merges, self._special_tokens, self._pattern)
+        return tf.save_dir(directory, self._vocab, self._merges, self._special_tokens, self._pattern, self.fingerprint)
 
     @classmethod
     def load(cls, directory: PathInput) -> "Tokenizer":

@@ -212,8 +212,17 @@ def read_config(path: str | os.PathLike) -> dict:
     return record
 
 
-def save_dir(directory: str | os.PathLike, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str], pattern: str) -> Path:
-    """Write vocab.json, merges.txt and tokenizer.json into `directory` (created if needed)."""
+def save_dir(
+    directory: str | os.PathLike,
+    vocab: dict[int, bytes],
+    merges: Sequence[tuple[bytes, bytes]],
+    special_tokens: Sequence[str],
+    pattern: str,
+    fp: str | None = None,
+) -> Path:
+    """Write vocab.json, merges.txt and tokenizer.json into `directory` (created if needed).
+
+    ``fp``: the fingerprint when the caller has it (else computed here)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     specials = list(special_tokens)
@@ -228,7 +237,7 @@ def save_dir(directory: str | os.PathLike, vocab: dict[int, bytes], merges: Sequ
         items[key] = i
     atomic_write_bytes(directory / VOCAB_FILE, json.dumps(items, ensure_ascii=False).encode("utf-8"))
     write_merges(directory / MERGES_FILE, merges)
-    write_config(directory / CONFIG_FILE, specials, pattern, fingerprint(vocab, merges, specials, pattern))
+    write_config(directory / CONFIG_FILE, specials, pattern, fp or fingerprint(vocab, merges, specials, pattern))
     return directory
 
 
