@@ -22,6 +22,10 @@ pub(crate) struct PartialWriter {
     /// write-back (see `start_writeback`).
     written: u64,
     writeback_from: u64,
+    /// Whether the file's directory entry still has to be made durable (a fresh file):
+    /// done with the first `sync`, so that a run does not start with a wait on the disk.
+    /// A crash before that loses nothing: no journal has counted the file's tokens yet.
+    dir_unsynced: bool,
 }
 
 /// Output is handed to write-back in pieces of this size while encoding goes on.
@@ -49,15 +53,13 @@ impl PartialWriter {
             .map_err(|e| ShardError::io(path, "truncating", e))?;
         file.seek(SeekFrom::End(0))
             .map_err(|e| ShardError::io(path, "writing", e))?;
-        if fresh {
-            sync_dir(path);
-        }
         let start = if fresh { 0 } else { keep };
         Ok(PartialWriter {
             file,
             path: path.to_path_buf(),
             written: start,
             writeback_from: start,
+            dir_unsynced: fresh,
         })
     }
 
@@ -102,7 +104,11 @@ impl PartialWriter {
     pub fn sync(&mut self) -> Result<(), ShardError> {
         self.file
             .sync_data()
-            .map_err(|e| ShardError::io(&self.path, "syncing", e))
+            .map_err(|e| ShardError::io(&self.path, "syncing", e))?;
+        if std::mem::take(&mut self.dir_unsynced) {
+            sync_dir(&self.path);
+        }
+        Ok(())
     }
 }
 
