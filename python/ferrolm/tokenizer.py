@@ -235,7 +235,7 @@ class Tokenizer:
     def fingerprint(self) -> str:
         """sha256 over vocab, merges, special tokens and pattern (recorded by shards and checkpoints)."""
         if self._fingerprint is None:
-            # tf.fingerprint defines it; the core hashes the same text ~100x faster.
+            # tf.fingerprint defines it; the core hashes the same text ~10x faster.
             self._fingerprint = self._core.fingerprint(list(self._special_tokens), patterns.resolve(self._pattern))
         return self._fingerprint
 
