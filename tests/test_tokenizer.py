@@ -692,6 +692,21 @@ def test_fast_file_readers_equal_the_python_readers(gpt2, trained, tmp_path):
     assert fast == slow
 
 
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.binary(max_size=12), max_size=30))
+def test_byte_to_unicode_writers(tokens):
+    """token_to_str / tokens_to_strs (charmap codec, one call for many tokens) give GPT-2's
+    byte-to-unicode form, character by character, and str_to_token reads it back."""
+    from ferrolm import tokenizer_files as tf
+
+    table = tf.bytes_to_unicode()
+    want = ["".join(table[b] for b in t) for t in tokens]
+    assert [tf.token_to_str(t) for t in tokens] == want
+    assert tf.tokens_to_strs(tokens) == want
+    assert tf.tokens_to_strs(iter(tokens)) == want
+    assert [tf.str_to_token(s) for s in want if s] == [t for t in tokens if t]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tokens=st.lists(st.binary(min_size=2, max_size=6), min_size=1, max_size=40, unique=True), seed=st.integers(0, 2**32 - 1))
 def test_fast_file_readers_on_random_vocabs(tokens, seed, tmp_path_factory):
