@@ -279,7 +279,7 @@ impl Encoder {
             special_ids.iter().map(|&(_, id)| id).filter(|id| !produced.contains(id)).collect();
         for (bytes, &id) in &by_bytes {
             if !special_only.contains(&id) {
-                whole_map.insert(bytes, &[id]);
+                whole_map.insert(bytes, id);
             }
         }
         drop(by_bytes);
@@ -504,10 +504,11 @@ impl Encoder {
     /// The id of a piece that is a single ordinary token.
     #[cfg(test)]
     pub(crate) fn whole_token(&self, piece: &[u8]) -> Option<u32> {
-        match self.base.get(piece) {
-            Some(&[id]) => Some(id),
-            _ => None,
-        }
+        // A piece held with one id is a token: merges that end in one token start from
+        // a piece that is that token, which the base holds.
+        let mut ids = Vec::new();
+        let held = self.live.load();
+        (held.emit(&cache::Probe::of(piece), piece, &mut ids) && ids.len() == 1).then(|| ids[0])
     }
 
     /// (priority << 32 | merged id) of merging `left` and `right`, or NO_MERGE.

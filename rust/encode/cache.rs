@@ -75,15 +75,6 @@ const MASK_HI: [u64; 17] = {
 // SAFETY: plain integers; all zeros is the empty slot.
 unsafe impl Zeroable for Slot {}
 
-impl Slot {
-    /// Whether this slot holds the probed key. A long-key probe has n = u32::MAX, which
-    /// no key length equals.
-    #[cfg(test)]
-    fn holds(&self, p: &Probe) -> bool {
-        self.meta & 0xFF == p.n && self.lo == p.lo && self.hi == p.hi
-    }
-}
-
 const K1: u64 = 0x9E37_79B9_7F4A_7C15;
 const K2: u64 = 0xC2B2_AE3D_27D4_EB4F;
 
@@ -156,14 +147,14 @@ impl Probe {
     }
 }
 
-/// Piece bytes -> ids. Open addressing, linear probing, load factor at most 3/4.
+/// The base: each ordinary token's bytes -> its id, in the slot layout and hash of a
+/// [`SharedTable`], which copies it (the table is only built, never looked up itself).
+/// Open addressing, linear probing, load factor at most 3/4.
 #[derive(Default)]
 pub(crate) struct PieceTable {
     slots: ZeroedBuf<Slot>,
     mask: usize,
     count: usize,
-    /// Ids of keys of up to 16 bytes with more than 3 ids (slot: offset, count).
-    overflow: Vec<u32>,
     /// Keys of more than 16 bytes (shared as they are with the tables made from this one).
     long: Arc<LongMap>,
 }
@@ -171,7 +162,7 @@ pub(crate) struct PieceTable {
 impl PieceTable {
     pub(crate) fn with_capacity(n: usize) -> Self {
         let size = (n.max(8) * 2).next_power_of_two();
-        PieceTable { slots: ZeroedBuf::new(size), mask: size - 1, count: 0, overflow: Vec::new(), long: Arc::default() }
+        PieceTable { slots: ZeroedBuf::new(size), mask: size - 1, count: 0, long: Arc::default() }
     }
 
     /// Number of slots (for tests of the memory bound).
@@ -194,70 +185,19 @@ impl PieceTable {
         count * 4 > self.slots.len() * load_quarters()
     }
 
-    #[cfg(test)]
-    fn ids_of<'a>(&'a self, s: &'a Slot) -> &'a [u32] {
-        let c = (s.meta >> COUNT_SHIFT) as usize;
-        if c <= INLINE_IDS {
-            &s.ids[..c]
-        } else {
-            let o = s.ids[0] as usize;
-            &self.overflow[o..o + c]
-        }
-    }
-
-    #[cfg(test)]
-    fn get_probed(&self, p: &Probe, key: &[u8]) -> Option<&[u32]> {
-        if p.n == u32::MAX {
-            return self.get_long(key);
-        }
-        let mut i = self.home(p.hash);
-        loop {
-            // SAFETY: i is masked to slots.len() - 1.
-            let s = unsafe { self.slots.get_unchecked(i) };
-            if s.holds(p) {
-                return Some(self.ids_of(s));
-            }
-            if s.meta == 0 {
-                return None;
-            }
-            i = (i + 1) & self.mask;
-        }
-    }
-
-    /// The ids of `key` (tests; encoding looks pieces up in a [`SharedTable`]).
-    #[cfg(test)]
-    pub(crate) fn get(&self, key: &[u8]) -> Option<&[u32]> {
-        self.get_probed(&Probe::of(key), key)
-    }
-
-    #[cfg(test)]
-    fn get_long(&self, key: &[u8]) -> Option<&[u32]> {
-        if key.is_empty() || self.long.is_empty() {
-            return None;
-        }
-        self.long.get(key).map(|ids| &ids[..])
-    }
-
-    /// Insert or replace; `ids` is not empty.
-    pub(crate) fn insert(&mut self, key: &[u8], ids: &[u32]) {
+    /// Insert or replace the token `key` (not empty).
+    pub(crate) fn insert(&mut self, key: &[u8], id: u32) {
         let n = key.len();
-        assert!(n > 0 && !ids.is_empty() && ids.len() < (1 << 24), "bad piece table entry");
+        assert!(n > 0, "the empty string is not a token");
         if n > INLINE_KEY {
-            Arc::make_mut(&mut self.long).insert(key.into(), ids.into());
+            Arc::make_mut(&mut self.long).insert(key.into(), Box::new([id]));
             return;
         }
         if self.full(self.count + 1) {
             self.grow();
         }
         let (lo, hi) = pack(key);
-        let mut slot = Slot { lo, hi, meta: n as u32 | ((ids.len() as u32) << COUNT_SHIFT), ids: [0; INLINE_IDS] };
-        if ids.len() <= INLINE_IDS {
-            slot.ids[..ids.len()].copy_from_slice(ids);
-        } else {
-            slot.ids[0] = self.overflow.len() as u32;
-            slot.ids[1] = ids.len() as u32;
-            self.overflow.extend_from_slice(ids);
-        }
+        let slot = Slot { lo, hi, meta: n as u32 | (1 << COUNT_SHIFT), ids: [id, 0, 0] };
         let mut i = self.home(hash(lo, hi, n));
         loop {
             let s = &mut self.slots[i];
@@ -483,9 +423,7 @@ struct Counters {
 impl SharedTable {
     /// A table of the base's pieces, with room for `limits`.
     pub(crate) fn from_base(base: &PieceTable, limits: TableLimits) -> Self {
-        // The base holds single tokens (no overflow), and the table has its size and hash:
-        // its slots are copied as they are.
-        assert!(base.overflow.is_empty(), "a base table with ids outside its slots");
+        // The table has the base's size and hash: its slots are copied as they are.
         let t = Self::empty(base.slots.len(), limits, base.long.clone());
         for (d, s) in t.slots.iter().zip(base.slots.iter()).filter(|(_, s)| s.meta != 0) {
             d.lo.store(s.lo, Ordering::Relaxed);

@@ -438,25 +438,31 @@ fn piece_loop_speed() {
 
 #[test]
 fn piece_table_all_lengths() {
-    let mut t = cache::PieceTable::default();
+    // Keys inline, at the 16-byte edge and long, with ids inline and in the overflow.
+    let base = cache::PieceTable::with_capacity(1024);
+    let t = cache::SharedTable::from_base(&base, cache::TableLimits::for_base(&base));
+    let get = |k: &[u8]| {
+        let mut ids = Vec::new();
+        t.emit(&cache::Probe::of(k), k, &mut ids).then_some(ids)
+    };
     let keys: Vec<Vec<u8>> = (1..40usize)
         .flat_map(|n| (0..20u8).map(move |k| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(k)).collect()))
         .collect();
     let ids_for = |i: usize| -> Vec<u32> { (0..(i % 6) + 1).map(|j| (i * 7 + j) as u32).collect() };
     for (i, k) in keys.iter().enumerate() {
-        t.insert(k, &ids_for(i));
+        assert_eq!(t.insert(k, &ids_for(i)), None);
     }
     for (i, k) in keys.iter().enumerate() {
-        assert_eq!(t.get(k), Some(&ids_for(i)[..]));
+        assert_eq!(get(k), Some(ids_for(i)));
         let mut other = k.clone();
         other.push(0);
-        assert_ne!(t.get(&other), Some(&ids_for(i)[..]));
+        assert_ne!(get(&other), Some(ids_for(i)));
         let mut z = k.clone();
         *z.last_mut().unwrap() ^= 0x80;
-        assert_ne!(t.get(&z), Some(&ids_for(i)[..]));
+        assert_ne!(get(&z), Some(ids_for(i)));
     }
-    assert_eq!(t.get(b""), None);
-    assert_eq!(t.get(&[0u8, 0, 0]), None);
+    assert_eq!(get(b""), None);
+    assert_eq!(get(&[0u8, 0, 0]), None);
 }
 
 /// Distinct random pieces of letters a-f (each one pre-token after a space), short and
