@@ -33,7 +33,7 @@ use arc_swap::{ArcSwap, Guard};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::pretokenize::{PatternError, PreTokenizer};
+use crate::pretokenize::{PatternError, PreTokenizer, MAX_BATCH};
 
 pub use parallel::{read_text_file, BatchIds, ThreadCount};
 use specials::Specials;
@@ -82,8 +82,6 @@ use pairs::NO_MERGE;
 /// table is dense).
 const MAX_SPARSE_SLACK: u64 = 1 << 22;
 
-/// Pieces looked up together (see `Encoder::encode_ranges`).
-const PIECE_BATCH: usize = 64;
 
 /// A thread's hold on an encoder's current piece table.
 type TableGuard = Guard<Arc<cache::SharedTable>>;
@@ -384,17 +382,9 @@ impl Encoder {
             return;
         }
         let bytes = text.as_bytes();
-        let mut batch = [(0usize, 0usize); PIECE_BATCH];
-        let mut n = 0;
-        self.pretok.for_each_piece_range(text, |s, e| {
-            batch[n] = (s, e);
-            n += 1;
-            if n == PIECE_BATCH {
-                self.encode_ranges(bytes, &batch, self.current(held), out);
-                n = 0;
-            }
+        self.pretok.for_each_piece_batch(text, |bounds| {
+            self.encode_bounds(bytes, bounds, self.current(held), out);
         });
-        self.encode_ranges(bytes, &batch[..n], self.current(held), out);
     }
 
     /// The table held, after moving to the encoder's current one if it was replaced.
@@ -406,20 +396,23 @@ impl Encoder {
         held
     }
 
-    /// Encode consecutive pieces `text[s..e]`; the lookups of the batch are started
-    /// together so that their cache misses overlap.
+    /// Encode consecutive pieces `text[bounds[k]..bounds[k + 1]]` (fewer than
+    /// `MAX_BATCH`); their lookups are started together so that their cache misses
+    /// overlap.
     #[inline]
-    fn encode_ranges(&self, text: &[u8], ranges: &[(usize, usize)], table: &cache::SharedTable, out: &mut Vec<u32>) {
-        debug_assert!(ranges.len() <= PIECE_BATCH);
-        let mut probes = [cache::Probe::default(); PIECE_BATCH];
-        for (p, &(s, e)) in probes.iter_mut().zip(ranges) {
-            *p = cache::Probe::at(text, s, e - s);
-            table.prefetch(p);
+    fn encode_bounds(&self, text: &[u8], bounds: &[usize], table: &cache::SharedTable, out: &mut Vec<u32>) {
+        let n = bounds.len().saturating_sub(1);
+        debug_assert!(n < MAX_BATCH);
+        // Only the first n are written and read (no 4 KiB of zeros per batch).
+        let mut slots = [std::mem::MaybeUninit::<cache::Probe>::uninit(); MAX_BATCH];
+        for (p, w) in slots.iter_mut().zip(bounds.windows(2)) {
+            table.prefetch(p.write(cache::Probe::at(text, w[0], w[1] - w[0])));
         }
+        // SAFETY: the first n slots were written just above.
+        let probes: &[cache::Probe] = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast(), n) };
         // Pieces found in their home line are written straight into `out`'s spare room
         // (3 ids each at most), with the table's address and the output position kept in
         // registers; any other piece leaves that loop for the general lookup.
-        let n = ranges.len();
         let view = table.home_view();
         let mut i = 0;
         while i < n {
@@ -441,8 +434,7 @@ impl Encoder {
             if i == n {
                 break;
             }
-            let (s, e) = ranges[i];
-            let piece = &text[s..e];
+            let piece = &text[bounds[i]..bounds[i + 1]];
             if !table.emit(&probes[i], piece, out) {
                 self.encode_miss(piece, table, out);
             }
@@ -450,10 +442,10 @@ impl Encoder {
         }
     }
 
-    /// Encode consecutive pieces (see `encode_ranges`).
+    /// Encode consecutive pieces (see `encode_bounds`).
     #[cfg(test)]
     fn encode_pieces(&self, pieces: &[&[u8]], table: &cache::SharedTable, out: &mut Vec<u32>) {
-        let mut probes = [cache::Probe::default(); PIECE_BATCH];
+        let mut probes = [cache::Probe::default(); MAX_BATCH];
         for (p, piece) in probes.iter_mut().zip(pieces) {
             *p = cache::Probe::of(piece);
             table.prefetch(p);

@@ -54,6 +54,12 @@ macro_rules! drive {
     }};
 }
 
+/// [`PreTokenizer::for_each_piece_batch`] hands over at least this many pieces at once
+/// (but for the last batch of a text)...
+pub const PIECE_BATCH: usize = 64;
+/// ... and fewer than this many.
+pub const MAX_BATCH: usize = PIECE_BATCH + 64;
+
 /// GPT-2's pattern (also r50k/p50k).
 pub const GPT2_PATTERN: &str =
     r"'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
@@ -151,12 +157,62 @@ enum Engine {
 pub struct PreTokenizer {
     source: String,
     engine: Engine,
+    /// The instruction set of the built-in scanners.
+    simd: Simd,
+}
+
+/// The instruction set the built-in scanners use (x86_64), chosen at run time: the best
+/// the CPU has, or less where the environment variable `FERROLM_SIMD` (`baseline`,
+/// `avx2`, `avx512`) caps it. All levels give the same pieces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Simd {
+    /// SSE2 on x86_64 (every x86_64 CPU has it); portable code elsewhere.
+    Baseline,
+    /// AVX2, BMI1/2, LZCNT, POPCNT.
+    Avx2,
+    /// AVX-512F and AVX-512BW, with the above.
+    Avx512,
+}
+
+impl Simd {
+    /// The level used by default: the best this CPU has, capped by `FERROLM_SIMD`.
+    pub fn detected() -> Simd {
+        static LEVEL: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            let cap = match std::env::var("FERROLM_SIMD").as_deref() {
+                Ok("baseline") | Ok("sse2") => Simd::Baseline,
+                Ok("avx2") => Simd::Avx2,
+                _ => Simd::Avx512,
+            };
+            Simd::supported().min(cap)
+        })
+    }
+
+    /// The best level this CPU has.
+    fn supported() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let v3 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("bmi1")
+                && is_x86_feature_detected!("bmi2")
+                && is_x86_feature_detected!("lzcnt")
+                && is_x86_feature_detected!("popcnt");
+            if v3 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                return Simd::Avx512;
+            }
+            if v3 {
+                return Simd::Avx2;
+            }
+        }
+        Simd::Baseline
+    }
 }
 
 impl fmt::Debug for PreTokenizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PreTokenizer")
             .field("builtin", &self.builtin())
+            .field("simd", &self.simd)
             .field("pattern", &self.source)
             .finish()
     }
@@ -171,6 +227,7 @@ impl PreTokenizer {
             Some(b) => Ok(PreTokenizer {
                 source: source.to_string(),
                 engine: Engine::Scanner(b),
+                simd: Simd::detected(),
             }),
             None => Self::new_regex(source),
         }
@@ -184,7 +241,20 @@ impl PreTokenizer {
         Ok(PreTokenizer {
             source,
             engine: Engine::Regex(Box::new(regex)),
+            simd: Simd::detected(),
         })
+    }
+
+    /// This pre-tokenizer with its scanner at `simd`, or at the best level the CPU has
+    /// if that is lower (for tests and benchmarks: every level gives the same pieces).
+    pub fn with_simd(mut self, simd: Simd) -> Self {
+        self.simd = simd.min(Simd::supported());
+        self
+    }
+
+    /// The instruction set of its scanner.
+    pub fn simd(&self) -> Simd {
+        self.simd
     }
 
     /// The regex source this pre-tokenizer implements.
@@ -213,15 +283,15 @@ impl PreTokenizer {
         match &self.engine {
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::Gpt2) => {
-                windows::drive_windows::<windows::Gpt2>(text.as_bytes(), f)
+                windows::pieces::<windows::Gpt2>(self.simd, text.as_bytes(), f)
             }
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::Cl100k) => {
-                windows::drive_windows::<windows::Cl100k>(text.as_bytes(), f)
+                windows::pieces::<windows::Cl100k>(self.simd, text.as_bytes(), f)
             }
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::O200k) => {
-                windows::drive_windows::<windows::O200k>(text.as_bytes(), f)
+                windows::pieces::<windows::O200k>(self.simd, text.as_bytes(), f)
             }
             #[cfg(not(target_arch = "x86_64"))]
             Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
@@ -236,6 +306,50 @@ impl PreTokenizer {
                         // fancy-regex gives up only on pathological backtracking in custom patterns.
                         Err(_) => break,
                     }
+                }
+            }
+        }
+    }
+
+    /// The pieces of `text` in batches, for callers that look pieces up in bulk: `f(b)`
+    /// gets piece boundaries, the pieces being `b[k]..b[k + 1]`, at least
+    /// [`PIECE_BATCH`] of them per call (but for the last call, or where a custom
+    /// pattern skips text) and fewer than [`MAX_BATCH`]. Same pieces, same order as
+    /// [`PreTokenizer::for_each_piece_range`]. With a built-in scanner the pieces of a
+    /// whole 64-byte window are written at once, with the count kept in a register,
+    /// instead of one callback per piece.
+    #[inline]
+    pub fn for_each_piece_batch(&self, text: &str, mut f: impl FnMut(&[usize])) {
+        match &self.engine {
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::Gpt2) => {
+                windows::batches::<windows::Gpt2>(self.simd, text.as_bytes(), f)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::Cl100k) => {
+                windows::batches::<windows::Cl100k>(self.simd, text.as_bytes(), f)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Engine::Scanner(Builtin::O200k) => {
+                windows::batches::<windows::O200k>(self.simd, text.as_bytes(), f)
+            }
+            _ => {
+                // One piece at a time; a gap (text a custom pattern skips) ends a batch.
+                let mut bounds = [0usize; PIECE_BATCH + 1];
+                let mut n = 0;
+                self.for_each_piece_range(text, |s, e| {
+                    if n == PIECE_BATCH || (n > 0 && bounds[n] != s) {
+                        f(&bounds[..=n]);
+                        n = 0;
+                    }
+                    if n == 0 {
+                        bounds[0] = s;
+                    }
+                    n += 1;
+                    bounds[n] = e;
+                });
+                if n > 0 {
+                    f(&bounds[..=n]);
                 }
             }
         }
@@ -761,7 +875,8 @@ mod windows {
     use super::*;
 
     /// Class masks of the 64 bytes at `b[i..i + 64]`.
-    struct Window {
+    #[derive(Default)]
+    pub(super) struct Window {
         letter: u64,
         upper: u64,
         digit: u64,
@@ -772,6 +887,99 @@ mod windows {
         newline: u64,
         slash: u64,
         non_ascii: u64,
+    }
+
+    /// How a window's class masks are computed: SSE2 (every x86_64), AVX2, AVX-512BW.
+    /// The AVX ones are only used inside functions compiled for those features (see
+    /// `dispatch`), after the CPU was checked to have them.
+    pub(super) trait Masks {
+        fn masks(b: &[u8], i: usize) -> Window;
+    }
+
+    pub(super) struct Sse2;
+    pub(super) struct Avx2;
+    pub(super) struct Avx512;
+
+    impl Masks for Sse2 {
+        #[inline(always)]
+        fn masks(b: &[u8], i: usize) -> Window {
+            window_masks(b, i)
+        }
+    }
+
+    impl Masks for Avx2 {
+        #[inline(always)]
+        fn masks(b: &[u8], i: usize) -> Window {
+            // SAFETY: only called from code compiled for AVX2 on a CPU that has it.
+            unsafe { window_masks_avx2(b, i) }
+        }
+    }
+
+    impl Masks for Avx512 {
+        #[inline(always)]
+        fn masks(b: &[u8], i: usize) -> Window {
+            // SAFETY: only called from code compiled for AVX-512BW on a CPU that has it.
+            unsafe { window_masks_avx512(b, i) }
+        }
+    }
+
+    /// `window_masks` 32 bytes at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[inline(always)]
+    unsafe fn window_masks_avx2(b: &[u8], i: usize) -> Window {
+        use std::arch::x86_64::*;
+        assert!(i + 64 <= b.len());
+        let mut w = Window::default();
+        let set = |x: u8| _mm256_set1_epi8(x as i8);
+        for k in 0..2 {
+            let v = _mm256_loadu_si256(b.as_ptr().add(i + 32 * k) as *const __m256i);
+            let mask = |m: __m256i| (_mm256_movemask_epi8(m) as u32 as u64) << (32 * k);
+            let in_range = |x: __m256i, lo: u8, hi: u8| {
+                _mm256_and_si256(_mm256_cmpgt_epi8(x, set(lo - 1)), _mm256_cmpgt_epi8(set(hi + 1), x))
+            };
+            let space = _mm256_cmpeq_epi8(v, set(b' '));
+            w.letter |= mask(in_range(_mm256_or_si256(v, set(0x20)), b'a', b'z'));
+            w.upper |= mask(in_range(v, b'A', b'Z'));
+            w.digit |= mask(in_range(v, b'0', b'9'));
+            w.space |= mask(space);
+            // \t \n \v \f \r
+            w.white |= mask(_mm256_or_si256(space, in_range(v, 0x09, 0x0d)));
+            w.apostrophe |= mask(_mm256_cmpeq_epi8(v, set(b'\'')));
+            w.newline |= mask(_mm256_or_si256(_mm256_cmpeq_epi8(v, set(b'\n')), _mm256_cmpeq_epi8(v, set(b'\r'))));
+            w.slash |= mask(_mm256_cmpeq_epi8(v, set(b'/')));
+            w.non_ascii |= mask(v);
+        }
+        w
+    }
+
+    /// `window_masks` in one 64-byte vector, the compares giving the bit masks directly.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX-512BW.
+    #[inline(always)]
+    unsafe fn window_masks_avx512(b: &[u8], i: usize) -> Window {
+        use std::arch::x86_64::*;
+        assert!(i + 64 <= b.len());
+        let v = _mm512_loadu_si512(b.as_ptr().add(i) as *const __m512i);
+        let set = |x: u8| _mm512_set1_epi8(x as i8);
+        // lo <= x <= hi as one unsigned compare of x - lo.
+        let in_range = |x: __m512i, lo: u8, hi: u8| _mm512_cmple_epu8_mask(_mm512_sub_epi8(x, set(lo)), set(hi - lo));
+        let eq = |c: u8| _mm512_cmpeq_epi8_mask(v, set(c));
+        let space = eq(b' ');
+        Window {
+            letter: in_range(_mm512_or_si512(v, set(0x20)), b'a', b'z'),
+            upper: in_range(v, b'A', b'Z'),
+            digit: in_range(v, b'0', b'9'),
+            space,
+            // \t \n \v \f \r
+            white: space | in_range(v, 0x09, 0x0d),
+            apostrophe: eq(b'\''),
+            newline: eq(b'\n') | eq(b'\r'),
+            slash: eq(b'/'),
+            non_ascii: _mm512_movepi8_mask(v),
+        }
     }
 
     #[inline(always)]
@@ -869,7 +1077,7 @@ mod windows {
     /// the piece at a position (the scalar path). Static calls, so that both are inlined
     /// into `drive_windows` (calls through `impl Fn` parameters were not always inlined).
     pub(super) trait Scan {
-        fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize>;
+        fn window<K: Masks>(b: &[u8], i: usize) -> Result<(u64, u64), usize>;
         fn next_end(b: &[u8], i: usize) -> usize;
     }
 
@@ -880,8 +1088,8 @@ mod windows {
 
             impl Scan for $name {
                 #[inline(always)]
-                fn window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-                    $window(b, i)
+                fn window<K: Masks>(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+                    $window::<K>(b, i)
                 }
                 #[inline(always)]
                 fn next_end(b: &[u8], i: usize) -> usize {
@@ -899,7 +1107,7 @@ mod windows {
     /// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
     /// `limit` are simple), the scalar `next_end` elsewhere.
     #[inline(always)]
-    pub(super) fn drive_windows<S: Scan>(b: &[u8], mut f: impl FnMut(usize, usize)) {
+    pub(super) fn drive_windows<S: Scan, K: Masks>(b: &[u8], mut f: impl FnMut(usize, usize)) {
         let n = b.len();
         let mut i = 0;
         // Where to try a window again after one made no progress, and how many failed in
@@ -908,7 +1116,7 @@ mod windows {
         let mut failures = 0u32;
         while i < n {
             if i + 64 <= n && i >= retry_at {
-                let limit = match S::window(b, i) {
+                let limit = match S::window::<K>(b, i) {
                     Ok((starts, valid)) => {
                         let s = emit_window(i, starts, valid, &mut f);
                         if s != 0 {
@@ -938,10 +1146,138 @@ mod windows {
         }
     }
 
+    /// `drive_windows`, handing the pieces over in batches of boundaries (see
+    /// `PreTokenizer::for_each_piece_batch`).
+    #[inline(always)]
+    pub(super) fn drive_windows_batched<S: Scan, K: Masks>(b: &[u8], mut f: impl FnMut(&[usize])) {
+        let n = b.len();
+        // bounds[0] is where the batch's first piece starts; a window adds at most 63
+        // pieces to a batch of fewer than PIECE_BATCH (and the unrolled writes below may
+        // write 3 past the last).
+        let mut bounds = [0usize; MAX_BATCH + 4];
+        let mut k = 0;
+        let mut i = 0;
+        let mut retry_at = 0;
+        let mut failures = 0u32;
+        while i < n {
+            if i + 64 <= n && i >= retry_at {
+                let limit = match S::window::<K>(b, i) {
+                    Ok((starts, valid)) => {
+                        let mut m = starts & valid & !1;
+                        if m != 0 {
+                            // Each piece ends where the next starts; the last start is
+                            // where the unfinished piece begins (the next window).
+                            let pieces = m.count_ones() as usize;
+                            let last = 63 - m.leading_zeros() as usize;
+                            let mut at = k + 1;
+                            loop {
+                                // Four at a time (past the last, trailing_zeros(0) = 64
+                                // writes a harmless value the batch does not include).
+                                bounds[at] = i + m.trailing_zeros() as usize;
+                                m &= m.wrapping_sub(1);
+                                bounds[at + 1] = i + m.trailing_zeros() as usize;
+                                m &= m.wrapping_sub(1);
+                                bounds[at + 2] = i + m.trailing_zeros() as usize;
+                                m &= m.wrapping_sub(1);
+                                bounds[at + 3] = i + m.trailing_zeros() as usize;
+                                m &= m.wrapping_sub(1);
+                                at += 4;
+                                if m == 0 {
+                                    break;
+                                }
+                            }
+                            k += pieces;
+                            i += last;
+                            failures = 0;
+                            if k >= PIECE_BATCH {
+                                f(&bounds[..=k]);
+                                bounds[0] = bounds[k];
+                                k = 0;
+                            }
+                            continue;
+                        }
+                        64
+                    }
+                    Err(limit) => limit,
+                };
+                failures += 1;
+                retry_at = i
+                    + limit
+                    + 1
+                    + if failures > 2 {
+                        32 << failures.min(6)
+                    } else {
+                        0
+                    };
+            }
+            let e = S::next_end(b, i);
+            debug_assert!(e > i && e <= n);
+            k += 1;
+            bounds[k] = e;
+            i = e;
+            if k >= PIECE_BATCH {
+                f(&bounds[..=k]);
+                bounds[0] = bounds[k];
+                k = 0;
+            }
+        }
+        if k > 0 {
+            f(&bounds[..=k]);
+        }
+    }
+
+    // The drivers compiled for AVX2 and for AVX-512 (with the bit instructions that
+    // come with them: popcnt, lzcnt, bmi); `pieces` and `batches` pick one by `Simd`.
+    // Everything inlined into them, the caller's closure included, is compiled for
+    // that level.
+
+    #[target_feature(enable = "avx512f,avx512bw,avx2,bmi1,bmi2,lzcnt,popcnt")]
+    unsafe fn pieces_avx512<S: Scan>(b: &[u8], f: impl FnMut(usize, usize)) {
+        drive_windows::<S, Avx512>(b, f)
+    }
+
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    unsafe fn pieces_avx2<S: Scan>(b: &[u8], f: impl FnMut(usize, usize)) {
+        drive_windows::<S, Avx2>(b, f)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx2,bmi1,bmi2,lzcnt,popcnt")]
+    unsafe fn batches_avx512<S: Scan>(b: &[u8], f: impl FnMut(&[usize])) {
+        drive_windows_batched::<S, Avx512>(b, f)
+    }
+
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    unsafe fn batches_avx2<S: Scan>(b: &[u8], f: impl FnMut(&[usize])) {
+        drive_windows_batched::<S, Avx2>(b, f)
+    }
+
+    /// `drive_windows` at the level `simd`.
+    #[inline(always)]
+    pub(super) fn pieces<S: Scan>(simd: Simd, b: &[u8], f: impl FnMut(usize, usize)) {
+        match simd {
+            // SAFETY: a `Simd` above the baseline is only ever one the CPU has
+            // (`Simd::detected` caps it).
+            Simd::Avx512 => unsafe { pieces_avx512::<S>(b, f) },
+            Simd::Avx2 => unsafe { pieces_avx2::<S>(b, f) },
+            Simd::Baseline => drive_windows::<S, Sse2>(b, f),
+        }
+    }
+
+    /// `drive_windows_batched` at the level `simd`.
+    #[inline(always)]
+    pub(super) fn batches<S: Scan>(simd: Simd, b: &[u8], f: impl FnMut(&[usize])) {
+        match simd {
+            // SAFETY: as in `pieces`.
+            Simd::Avx512 => unsafe { batches_avx512::<S>(b, f) },
+            Simd::Avx2 => unsafe { batches_avx2::<S>(b, f) },
+            Simd::Baseline => drive_windows_batched::<S, Sse2>(b, f),
+        }
+    }
+
     /// The GPT-2 piece starts of the window at `i` and the certain ones.
     #[inline(always)]
-    pub(super) fn gpt2_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-        let w = window_masks(b, i);
+    pub(super) fn gpt2_window<K: Masks>(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+        let w = K::masks(b, i);
         // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
         let limit = w.non_ascii.trailing_zeros();
         if limit < 8 {
@@ -994,8 +1330,8 @@ mod windows {
     /// a run without newline, gives back its last char (`\s+(?!\S)`), which opens a
     /// letter run after it (`[^\r\n\p{L}\p{N}]?`) or, if a space, a punctuation run.
     #[inline(always)]
-    fn shared_window(b: &[u8], i: usize, tail_slash: bool) -> Result<SharedStarts, usize> {
-        let w = window_masks(b, i);
+    fn shared_window<K: Masks>(b: &[u8], i: usize, tail_slash: bool) -> Result<SharedStarts, usize> {
+        let w = K::masks(b, i);
         // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain (and, in a
         // whitespace run with a newline, only if the run ends before the limit).
         let limit = w.non_ascii.trailing_zeros() as usize;
@@ -1059,8 +1395,8 @@ mod windows {
 
     /// The cl100k piece starts of the window at `i` and the certain ones.
     #[inline(always)]
-    pub(super) fn cl100k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-        let sh = shared_window(b, i, false)?;
+    pub(super) fn cl100k_window<K: Masks>(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+        let sh = shared_window::<K>(b, i, false)?;
         let mut starts = sh.starts;
         // `'(?i:[sdmt]|ll|ve|re)` at an apostrophe that starts a piece.
         let mut apostrophes = sh.w.apostrophe & sh.punct_start & sh.valid;
@@ -1076,8 +1412,8 @@ mod windows {
 
     /// The o200k piece starts of the window at `i` and the certain ones.
     #[inline(always)]
-    pub(super) fn o200k_window(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-        let sh = shared_window(b, i, true)?;
+    pub(super) fn o200k_window<K: Masks>(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
+        let sh = shared_window::<K>(b, i, true)?;
         let lower = sh.w.letter & !sh.w.upper;
         // `[A-Z]*[a-z]+|[A-Z]+`: an upper-case letter after a lower-case one starts a piece.
         let mut starts = sh.starts | (sh.w.upper & (lower << 1));
@@ -1597,13 +1933,15 @@ mod tests {
     #[test]
     fn random_differential_against_fancy_regex() {
         let names = ["gpt2", "cl100k", "o200k"];
-        let scanners: Vec<_> = names
-            .iter()
-            .map(|n| PreTokenizer::new(n).unwrap())
-            .collect();
         let regexes: Vec<_> = names
             .iter()
             .map(|n| PreTokenizer::new_regex(n).unwrap())
+            .collect();
+        // Each scanner at each instruction set this CPU has.
+        let levels: Vec<Simd> = ALL_SIMD.iter().copied().filter(|&l| l <= Simd::supported()).collect();
+        let scanners: Vec<Vec<PreTokenizer>> = names
+            .iter()
+            .map(|n| levels.iter().map(|&l| PreTokenizer::new(n).unwrap().with_simd(l)).collect())
             .collect();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for round in 0..4000 {
@@ -1626,14 +1964,76 @@ mod tests {
                 rng.below(24)
             };
             let text: String = (0..len).map(|_| sub[rng.below(sub.len())]).collect();
-            for ((name, s), r) in names.iter().zip(&scanners).zip(&regexes) {
-                assert_eq!(
-                    s.pieces(&text),
-                    r.pieces(&text),
-                    "round {round}, {name} on {text:?}"
-                );
+            for ((name, at_levels), r) in names.iter().zip(&scanners).zip(&regexes) {
+                let want = r.pieces(&text);
+                for s in at_levels {
+                    assert_eq!(s.pieces(&text), want, "round {round}, {name} at {:?} on {text:?}", s.simd());
+                }
             }
         }
+    }
+
+    const ALL_SIMD: [Simd; 3] = [Simd::Baseline, Simd::Avx2, Simd::Avx512];
+
+    #[test]
+    fn simd_levels_are_capped_by_the_cpu() {
+        let p = PreTokenizer::new("gpt2").unwrap();
+        assert!(p.simd() <= Simd::supported());
+        assert_eq!(p.clone().with_simd(Simd::Baseline).simd(), Simd::Baseline);
+        assert_eq!(p.with_simd(Simd::Avx512).simd(), Simd::supported());
+    }
+
+    /// The pieces of `for_each_piece_batch`, as ranges, checking the batch sizes.
+    fn batched_ranges(p: &PreTokenizer, text: &str) -> Vec<(usize, usize)> {
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        let mut last_short = false;
+        p.for_each_piece_batch(text, |b| {
+            assert!(b.len() >= 2 && b.len() <= MAX_BATCH, "batch of {} pieces", b.len() - 1);
+            // Only the last batch (or one ended by a gap) is short.
+            assert!(!last_short || !p.is_builtin(), "a short batch before the last");
+            last_short = b.len() - 1 < PIECE_BATCH;
+            out.extend(b.windows(2).map(|w| (w[0], w[1])));
+        });
+        out
+    }
+
+    #[test]
+    fn batches_give_the_pieces_of_for_each_piece_range() {
+        let custom = [r"\d+", r"\p{L}+| ?[^\s\p{L}]", r"(?i)ab|c"];
+        let mut pretoks: Vec<PreTokenizer> = ["gpt2", "cl100k", "o200k"]
+            .iter()
+            .chain(custom.iter())
+            .map(|n| PreTokenizer::new(n).unwrap())
+            .collect();
+        // The built-in scanners at the baseline too (the batching is the same code at
+        // every level, the class masks are not).
+        for n in ["gpt2", "cl100k", "o200k"] {
+            pretoks.push(PreTokenizer::new(n).unwrap().with_simd(Simd::Baseline));
+        }
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for round in 0..600 {
+            // Mostly ASCII words and numbers (the windows), some other chars (the scalar
+            // path), long enough for several batches.
+            let len = if round % 3 == 0 { rng.below(40) } else { 200 + rng.below(3000) };
+            let text: String = (0..len)
+                .map(|_| {
+                    if rng.below(10) == 0 {
+                        ALPHABET[rng.below(ALPHABET.len())]
+                    } else {
+                        ASCII_ALPHABET[rng.below(ASCII_ALPHABET.len())]
+                    }
+                })
+                .collect();
+            for p in &pretoks {
+                assert_eq!(batched_ranges(p, &text), p.piece_ranges(&text), "round {round}, {} on {text:?}", p.pattern());
+            }
+        }
+        // A window's 63 pieces on top of a batch of 63 (the largest batch).
+        let text = "a!".repeat(5000);
+        for p in pretoks.iter().filter(|p| p.is_builtin()) {
+            assert_eq!(batched_ranges(p, &text), p.piece_ranges(&text));
+        }
+        assert!(batched_ranges(&pretoks[0], "").is_empty());
     }
 
     /// fancy-regex follows Python `regex` on the built-in patterns wherever both agree

@@ -112,6 +112,13 @@ fn main() {
         }
     });
     println!("pre-tokenizer only      {:7.1} MB/s  ({pieces} pieces)", mb / t);
+    let t = best(reps, || {
+        pieces = 0;
+        for d in &docs {
+            pre.for_each_piece_batch(d, |b| pieces += b.len() - 1);
+        }
+    });
+    println!("pre-tokenizer, batches  {:7.1} MB/s  ({pieces} pieces)", mb / t);
     let mut ids = Vec::new();
     println!("encode_into per document, cold caches {:7.1} MB/s", mb / cold_pass(vocab, merges, &docs));
     let t = best(reps, || {

@@ -27,8 +27,10 @@ pub enum Utf8Errors {
 
 /// Pieces of up to this many bytes are keyed by a 128-bit integer (bytes + length).
 const SHORT: usize = 15;
-/// Pieces counted together: their memory accesses are started before any is used.
-const BATCH: usize = 128;
+/// Pieces counted together (at most): their memory accesses are started before any
+/// is used. The pre-tokenizer's batches are smaller.
+const BATCH: usize = crate::pretokenize::MAX_BATCH;
+const _: () = assert!(BATCH <= 256, "add_batch keeps batch indices in u8");
 
 #[inline]
 fn mix(key: u128) -> u64 {
@@ -429,34 +431,23 @@ impl PieceCounts {
 }
 
 /// Pre-tokenize one span of text (no special tokens inside) into `map`.
-#[inline]
 ///
-/// Short pieces are counted in batches: their cache slots are prefetched as they are
-/// found and counted once the batch is full, so the memory latencies overlap.
+/// The scanner hands the pieces over in batches; short pieces are then keyed, their
+/// cache slots prefetched, and counted, so that the memory latencies overlap.
+#[inline]
 pub fn count_text(pre: &PreTokenizer, text: &str, map: &mut PieceCounts) {
     let bytes = text.as_bytes();
-    let mut ranges = [(0usize, 0usize); BATCH];
-    let mut keys = [(0u128, 0u64); BATCH];
-    let mut n = 0;
-    // The scanner only records where pieces are (a small callback keeps its loop tight);
-    // each full batch is then keyed, prefetched and counted.
-    pre.for_each_piece_range(text, |s, e| {
-        ranges[n] = (s, e);
-        n += 1;
-        if n == BATCH {
-            count_ranges(bytes, &ranges, &mut keys, map);
-            n = 0;
-        }
-    });
-    count_ranges(bytes, &ranges[..n], &mut keys, map);
+    pre.for_each_piece_batch(text, |bounds| count_bounds(bytes, bounds, map));
 }
 
-/// Count the pieces `text[s..e]` of `ranges` (at most BATCH); `batch` is scratch space
-/// for their keys and hashes.
+/// Count the pieces `text[bounds[k]..bounds[k + 1]]` (fewer than BATCH).
 #[inline]
-fn count_ranges(text: &[u8], ranges: &[(usize, usize)], batch: &mut [(u128, u64); BATCH], map: &mut PieceCounts) {
+fn count_bounds(text: &[u8], bounds: &[usize], map: &mut PieceCounts) {
+    // Keys and hashes of the short pieces; only the first n are written and read.
+    let mut batch = [std::mem::MaybeUninit::<(u128, u64)>::uninit(); BATCH];
     let mut n = 0;
-    for &(s, e) in ranges {
+    for w in bounds.windows(2) {
+        let (s, e) = (w[0], w[1]);
         if e - s > SHORT {
             map.add_long(&text[s..e], 1);
         } else if e > s {
@@ -464,11 +455,12 @@ fn count_ranges(text: &[u8], ranges: &[(usize, usize)], batch: &mut [(u128, u64)
             let key = short_key_at(text, s, e);
             let h = mix(key);
             map.prefetch_slot(h);
-            batch[n] = (key, h);
+            batch[n].write((key, h));
             n += 1;
         }
     }
-    map.add_batch(&batch[..n]);
+    // SAFETY: the first n entries were written above.
+    map.add_batch(unsafe { std::slice::from_raw_parts(batch.as_ptr().cast(), n) });
 }
 
 /// A span of text free of special tokens, with its offset in its source (for errors).
