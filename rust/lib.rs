@@ -11,6 +11,7 @@ mod buffers;
 pub mod train;
 pub mod vocab_files;
 mod unicode_tables;
+mod utf8;
 
 #[cfg(feature = "python")]
 mod python;

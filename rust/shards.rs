@@ -344,7 +344,7 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
 ) -> Result<(Vec<u8>, u64, u64), ShardError> {
     let spec = &job.inputs[chunk.file];
     let data = &chunk.data[..chunk.len];
-    let text: Cow<str> = match std::str::from_utf8(data) {
+    let text: Cow<str> = match crate::utf8::to_str(data) {
         Ok(s) => Cow::Borrowed(s),
         Err(e) => match job.errors {
             Utf8Errors::Replace => String::from_utf8_lossy(data),

@@ -234,7 +234,7 @@ pub fn read_text_file(path: &std::path::Path, threads: ThreadCount) -> std::io::
     let parallel = threads::resolve(threads) > 1;
     let data = read_file(path, threads, parallel)?;
     let valid = if data.len() < PARALLEL_READ || !parallel {
-        std::str::from_utf8(&data).is_ok()
+        crate::utf8::to_str(&data).is_ok()
     } else {
         // Task boundaries moved forward to the start of a character (past at most 3
         // continuation bytes), so that each task checks whole characters.
@@ -242,7 +242,7 @@ pub fn read_text_file(path: &std::path::Path, threads: ThreadCount) -> std::io::
             (0..data.len()).step_by(READ_TASK).map(|b| char_start_at_or_after(&data, b)).collect();
         bounds.push(data.len());
         bounds.dedup();
-        threads::install(threads, || bounds.par_windows(2).all(|w| std::str::from_utf8(&data[w[0]..w[1]]).is_ok()))
+        threads::install(threads, || bounds.par_windows(2).all(|w| crate::utf8::to_str(&data[w[0]..w[1]]).is_ok()))
     };
     Ok(if valid {
         // SAFETY: every byte was checked above, in ranges that start at characters.

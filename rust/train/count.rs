@@ -559,7 +559,7 @@ impl Counter {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&(first, end, bytes)) = tasks.get(i) else { return };
                         for seg in &segs[first..end] {
-                            match std::str::from_utf8(seg.bytes) {
+                            match crate::utf8::to_str(seg.bytes) {
                                 Ok(text) => count_text(pre, text, &mut map),
                                 Err(err) => match errors {
                                     Utf8Errors::Replace => {

@@ -159,7 +159,7 @@ pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer)
         return None;
     }
     let region = &buf[start..end];
-    let text = match std::str::from_utf8(region) {
+    let text = match crate::utf8::to_str(region) {
         Ok(t) => t,
         Err(e) => std::str::from_utf8(&region[..e.valid_up_to()]).unwrap(),
     };
