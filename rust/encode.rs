@@ -35,7 +35,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::pretokenize::{PatternError, PreTokenizer, MAX_BATCH};
 
-pub use parallel::{read_text_file, BatchIds, ThreadCount};
+pub use parallel::{read_text_file, BatchIds, IdElem, ThreadCount};
 use specials::Specials;
 pub use stream::StreamEncoder;
 
@@ -82,6 +82,9 @@ use pairs::NO_MERGE;
 /// table is dense).
 const MAX_SPARSE_SLACK: u64 = 1 << 22;
 
+
+/// `Encoder::encode_drained` hands over ids once it holds at least this many (16 KiB).
+const DRAIN_IDS: usize = 4096;
 
 /// A thread's hold on an encoder's current piece table.
 type TableGuard = Guard<Arc<cache::SharedTable>>;
@@ -359,31 +362,59 @@ impl Encoder {
 
     /// Encode `text`, appending the ids to `out`.
     pub fn encode_into(&self, text: &str, allow_special: bool, out: &mut Vec<u32>) {
-        self.encode_with(text, allow_special, &mut self.live.load(), out);
+        self.encode_with(text, allow_special, &mut self.live.load(), out, &mut |_: &mut Vec<u32>| {});
     }
 
-    fn encode_with(&self, text: &str, allow_special: bool, held: &mut TableGuard, out: &mut Vec<u32>) {
+    /// Encode `text`, handing its ids to `drain` a few thousand at a time (and the rest at
+    /// the end) through `buf`, which stays small enough to stay in the CPU cache: for
+    /// callers that store ids in another form (u16 arrays) without a u32 copy of all of
+    /// them first. `buf` is cleared first and left empty.
+    pub fn encode_drained(&self, text: &str, allow_special: bool, buf: &mut Vec<u32>, mut drain: impl FnMut(&[u32])) {
+        buf.clear();
+        let mut flush = |b: &mut Vec<u32>| {
+            if b.len() >= DRAIN_IDS {
+                drain(b);
+                b.clear();
+            }
+        };
+        self.encode_with(text, allow_special, &mut self.live.load(), buf, &mut flush);
+        if !buf.is_empty() {
+            drain(buf);
+            buf.clear();
+        }
+    }
+
+    /// `flush(out)` runs after each batch of pieces (see `encode_drained`).
+    fn encode_with(
+        &self,
+        text: &str,
+        allow_special: bool,
+        held: &mut TableGuard,
+        out: &mut Vec<u32>,
+        flush: &mut impl FnMut(&mut Vec<u32>),
+    ) {
         if allow_special && !self.specials.is_empty() {
             let mut pos = 0;
             for (s, e, id) in self.specials.find_iter(text) {
-                self.encode_span(&text[pos..s], held, out);
+                self.encode_span(&text[pos..s], held, out, flush);
                 out.push(id);
                 pos = e;
             }
-            self.encode_span(&text[pos..], held, out);
+            self.encode_span(&text[pos..], held, out, flush);
         } else {
-            self.encode_span(text, held, out);
+            self.encode_span(text, held, out, flush);
         }
     }
 
     /// Encode text that holds no special token boundaries.
-    fn encode_span(&self, text: &str, held: &mut TableGuard, out: &mut Vec<u32>) {
+    fn encode_span(&self, text: &str, held: &mut TableGuard, out: &mut Vec<u32>, flush: &mut impl FnMut(&mut Vec<u32>)) {
         if text.is_empty() {
             return;
         }
         let bytes = text.as_bytes();
         self.pretok.for_each_piece_batch(text, |bounds| {
             self.encode_bounds(bytes, bounds, self.current(held), out);
+            flush(out);
         });
     }
 
@@ -565,9 +596,26 @@ impl Encoder {
         parallel::encode_batch_grouped(self, texts, allow_special, threads)
     }
 
+    /// [`Encoder::encode_batch_grouped`] with the ids stored as `T` (u16 only when every
+    /// id of the vocabulary fits).
+    pub fn encode_batch_grouped_as<T: IdElem, S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        allow_special: bool,
+        threads: ThreadCount,
+    ) -> Vec<BatchIds<T>> {
+        parallel::encode_batch_grouped(self, texts, allow_special, threads)
+    }
+
     /// [`Encoder::encode_parallel`] without the final concatenation: the ids of
     /// consecutive parts of `text` (one part when it is encoded on one thread).
     pub fn encode_parallel_parts(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<Vec<u32>> {
+        parallel::encode_parallel_parts(self, text, allow_special, threads)
+    }
+
+    /// [`Encoder::encode_parallel_parts`] with the ids stored as `T` (u16 only when
+    /// every id of the vocabulary fits).
+    pub fn encode_parallel_parts_as<T: IdElem>(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<Vec<T>> {
         parallel::encode_parallel_parts(self, text, allow_special, threads)
     }
 

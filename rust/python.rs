@@ -184,11 +184,61 @@ mod encoder_bindings {
     /// Arrays of at least this many bytes are filled with the GIL released.
     const DETACH_FILL: usize = 1 << 19;
 
-    /// A new 1-d array of the ids of `parts`, converted by `conv`.
-    fn new_filled_array<'py, T: numpy::Element + Send>(
+    /// The ids of consecutive `parts` (already in the array's element type) as one numpy
+    /// array: a single part becomes the array without a copy.
+    fn vecs_to_array<'py, T: numpy::Element + Copy + Send + Sync>(
         py: Python<'py>,
-        parts: &[&[u32]],
-        conv: impl Fn(u32) -> T + Sync + Send + Copy,
+        mut parts: Vec<Vec<T>>,
+        threads: crate::threads::ThreadCount,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if parts.len() == 1 {
+            let mut v = parts.pop().unwrap_or_default();
+            // The array keeps the vector's allocation: not much more than it needs.
+            if v.capacity() > v.len() + v.len() / 4 + 1024 {
+                v.shrink_to_fit();
+            }
+            return Ok(PyArray1::from_vec(py, v).into_any());
+        }
+        let slices: Vec<&[T]> = parts.iter().map(Vec::as_slice).collect();
+        let parallel = (threads != Some(1) && slices.len() > 1).then_some(threads);
+        new_filled_array(py, &slices, |id| id, parallel)
+    }
+
+    /// Ids of consecutive parts of an encoding, as stored in the array to be made: u16
+    /// ids (itemsize 2) are written once as u16, with no u32 copy of them all first.
+    enum Parts {
+        U16(Vec<Vec<u16>>),
+        U32(Vec<Vec<u32>>),
+    }
+
+    impl Parts {
+        fn into_array<'py>(self, py: Python<'py>, threads: crate::threads::ThreadCount) -> PyResult<Bound<'py, PyAny>> {
+            match self {
+                Parts::U16(p) => vecs_to_array(py, p, threads),
+                Parts::U32(p) => vecs_to_array(py, p, threads),
+            }
+        }
+    }
+
+    /// The groups' ids, with the offsets of their texts appended to `offsets` (which
+    /// starts with 0).
+    fn split_groups<T>(groups: Vec<BatchIds<T>>, offsets: &mut Vec<i64>) -> Vec<Vec<T>> {
+        let mut base = *offsets.last().unwrap_or(&0);
+        groups
+            .into_iter()
+            .map(|g| {
+                offsets.extend(g.ends.iter().map(|&end| base + end as i64));
+                base += g.ids.len() as i64;
+                g.ids
+            })
+            .collect()
+    }
+
+    /// A new 1-d array of the ids of `parts`, converted by `conv`.
+    fn new_filled_array<'py, S: Copy + Sync, T: numpy::Element + Send>(
+        py: Python<'py>,
+        parts: &[&[S]],
+        conv: impl Fn(S) -> T + Sync + Send + Copy,
         parallel: Option<crate::threads::ThreadCount>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let n = parts.iter().map(|p| p.len()).sum::<usize>();
@@ -210,10 +260,10 @@ mod encoder_bindings {
 
     /// The ids of consecutive `parts`, converted by `conv`, into `dst`, which holds exactly
     /// that many: on this thread, or part by part on the pool of `Some(threads)`.
-    fn write_parts<T: Send>(
+    fn write_parts<S: Copy + Sync, T: Send>(
         dst: &mut [MaybeUninit<T>],
-        parts: &[&[u32]],
-        conv: impl Fn(u32) -> T + Sync + Copy,
+        parts: &[&[S]],
+        conv: impl Fn(S) -> T + Sync + Copy,
         parallel: Option<crate::threads::ThreadCount>,
     ) {
         use rayon::prelude::*;
@@ -223,7 +273,7 @@ mod encoder_bindings {
             rest = tail;
             (d, *p)
         });
-        let write = |(d, p): (&mut [MaybeUninit<T>], &[u32])| {
+        let write = |(d, p): (&mut [MaybeUninit<T>], &[S])| {
             for (d, &id) in d.iter_mut().zip(p) {
                 d.write(conv(id));
             }
@@ -434,9 +484,15 @@ mod encoder_bindings {
                 });
             }
             ready_pool(num_threads)?;
-            let parts = py.detach(|| self.inner.encode_parallel_parts(&s, allow_special, num_threads));
-            let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
-            parts_to_array(py, &parts, itemsize, num_threads)
+            let enc = &self.inner;
+            let parts = py.detach(|| {
+                if itemsize == 2 {
+                    Parts::U16(enc.encode_parallel_parts_as(&s, allow_special, num_threads))
+                } else {
+                    Parts::U32(enc.encode_parallel_parts_as(&s, allow_special, num_threads))
+                }
+            });
+            parts.into_array(py, num_threads)
         }
 
         /// Read a UTF-8 file (invalid bytes replaced by U+FFFD) and encode it whole,
@@ -452,12 +508,16 @@ mod encoder_bindings {
         ) -> PyResult<Bound<'py, PyAny>> {
             self.check_itemsize(itemsize)?;
             ready_pool(num_threads)?;
-            let parts = py.detach(|| -> std::io::Result<Vec<Vec<u32>>> {
+            let enc = &self.inner;
+            let parts = py.detach(|| -> std::io::Result<Parts> {
                 let text = crate::encode::read_text_file(&path, num_threads)?;
-                Ok(self.inner.encode_parallel_parts(&text, allow_special, num_threads))
+                Ok(if itemsize == 2 {
+                    Parts::U16(enc.encode_parallel_parts_as(&text, allow_special, num_threads))
+                } else {
+                    Parts::U32(enc.encode_parallel_parts_as(&text, allow_special, num_threads))
+                })
             })?;
-            let parts: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
-            parts_to_array(py, &parts, itemsize, num_threads)
+            parts.into_array(py, num_threads)
         }
 
         /// Encode each text (in parallel over texts); a list of lists.
@@ -496,16 +556,18 @@ mod encoder_bindings {
             ready_pool(num_threads)?;
             let objs = batch_items(texts)?;
             let (strs, total) = batch_texts(&objs)?;
-            let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
-            let parts: Vec<&[u32]> = groups.iter().map(|g| g.ids.as_slice()).collect();
-            let ids = parts_to_array(py, &parts, itemsize, num_threads)?;
-            let mut offsets = Vec::with_capacity(strs.len() + 1);
-            offsets.push(0i64);
-            let mut base = 0i64;
-            for g in &groups {
-                offsets.extend(g.ends.iter().map(|&end| base + end as i64));
-                base += g.ids.len() as i64;
-            }
+            let enc = &self.inner;
+            let (parts, offsets) = run_detached(py, total, || {
+                let mut offsets = Vec::with_capacity(strs.len() + 1);
+                offsets.push(0i64);
+                let parts = if itemsize == 2 {
+                    Parts::U16(split_groups(enc.encode_batch_grouped_as(&strs, allow_special, num_threads), &mut offsets))
+                } else {
+                    Parts::U32(split_groups(enc.encode_batch_grouped_as(&strs, allow_special, num_threads), &mut offsets))
+                };
+                (parts, offsets)
+            });
+            let ids = parts.into_array(py, num_threads)?;
             Ok((ids, PyArray1::from_vec(py, offsets)))
         }
 

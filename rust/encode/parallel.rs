@@ -13,21 +13,48 @@ pub(super) fn encode_batch<S: AsRef<str> + Sync>(
     allow_special: bool,
     threads: ThreadCount,
 ) -> Vec<Vec<u32>> {
-    let groups = encode_batch_grouped(enc, texts, allow_special, threads);
+    let groups = encode_batch_grouped::<S, u32>(enc, texts, allow_special, threads);
     groups.iter().flat_map(BatchIds::texts).map(<[u32]>::to_vec).collect()
+}
+
+/// The element type of stored ids: u32, or u16 where the caller knows that every id
+/// fits (a vocabulary of at most 65,536 ids).
+pub trait IdElem: Copy + Send + Sync + 'static {
+    /// Encode `text` onto the end of `out`; `scratch` is a buffer the caller keeps
+    /// between calls.
+    fn encode_onto(enc: &Encoder, text: &str, allow_special: bool, scratch: &mut Vec<u32>, out: &mut Vec<Self>);
+}
+
+impl IdElem for u32 {
+    #[inline]
+    fn encode_onto(enc: &Encoder, text: &str, allow_special: bool, _scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
+        enc.encode_into(text, allow_special, out)
+    }
+}
+
+impl IdElem for u16 {
+    /// Through `scratch`, converted a few thousand ids at a time: the ids are written
+    /// once as u16, with no u32 copy of them all first.
+    #[inline]
+    fn encode_onto(enc: &Encoder, text: &str, allow_special: bool, scratch: &mut Vec<u32>, out: &mut Vec<u16>) {
+        enc.encode_drained(text, allow_special, scratch, |ids| {
+            debug_assert!(ids.iter().all(|&id| id <= u16::MAX as u32));
+            out.extend(ids.iter().map(|&id| id as u16))
+        })
+    }
 }
 
 /// The ids of consecutive texts of a batch, back to back: text `i` of the group has
 /// `ids[ends[i - 1]..ends[i]]` (from 0 for the first).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct BatchIds {
-    pub ids: Vec<u32>,
+pub struct BatchIds<T = u32> {
+    pub ids: Vec<T>,
     pub ends: Vec<usize>,
 }
 
-impl BatchIds {
+impl<T> BatchIds<T> {
     /// The ids of each text of the group, in order.
-    pub fn texts(&self) -> impl Iterator<Item = &[u32]> + '_ {
+    pub fn texts(&self) -> impl Iterator<Item = &[T]> + '_ {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts.zip(&self.ends).map(|(s, &e)| &self.ids[s..e])
     }
@@ -36,17 +63,18 @@ impl BatchIds {
 /// Texts of about this many bytes make one task of a parallel batch.
 pub(super) const GROUP_BYTES: usize = 1 << 18;
 
-pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync>(
+pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync, T: IdElem>(
     enc: &Encoder,
     texts: &[S],
     allow_special: bool,
     threads: ThreadCount,
-) -> Vec<BatchIds> {
+) -> Vec<BatchIds<T>> {
     let encode_group = |group: &[S]| {
         let bytes: usize = group.iter().map(|t| t.as_ref().len()).sum();
         let mut out = BatchIds { ids: Vec::with_capacity(bytes / 4 + 16), ends: Vec::with_capacity(group.len()) };
+        let mut scratch = Vec::new();
         for t in group {
-            enc.encode_into(t.as_ref(), allow_special, &mut out.ids);
+            T::encode_onto(enc, t.as_ref(), allow_special, &mut scratch, &mut out.ids);
             out.ends.push(out.ids.len());
         }
         out
@@ -74,7 +102,7 @@ pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync>(
 }
 
 pub(super) fn encode_parallel(enc: &Encoder, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<u32> {
-    let parts = encode_parallel_parts(enc, text, allow_special, threads);
+    let parts = encode_parallel_parts::<u32>(enc, text, allow_special, threads);
     if parts.len() == 1 {
         return parts.into_iter().next().unwrap_or_default();
     }
@@ -85,15 +113,20 @@ pub(super) fn encode_parallel(enc: &Encoder, text: &str, allow_special: bool, th
     out
 }
 
-pub(super) fn encode_parallel_parts(
+pub(super) fn encode_parallel_parts<T: IdElem>(
     enc: &Encoder,
     text: &str,
     allow_special: bool,
     threads: ThreadCount,
-) -> Vec<Vec<u32>> {
+) -> Vec<Vec<T>> {
+    let encode_part = |part: &str| {
+        let mut out = Vec::with_capacity(part.len() / 4 + 4);
+        T::encode_onto(enc, part, allow_special, &mut Vec::new(), &mut out);
+        out
+    };
     let n = threads::resolve(threads);
     if n <= 1 || text.len() < (1 << 20) {
-        return vec![enc.encode(text, allow_special)];
+        return vec![encode_part(text)];
     }
     let every = (text.len() / (n * 8)).max(1 << 20);
     let cuts = safe_cuts(enc, text, allow_special, every);
@@ -103,7 +136,7 @@ pub(super) fn encode_parallel_parts(
         parts.push(&text[at..c]);
         at = c;
     }
-    threads::install(threads, || parts.par_iter().map(|p| enc.encode(p, allow_special)).collect())
+    threads::install(threads, || parts.par_iter().map(|p| encode_part(p)).collect())
 }
 
 impl Encoder {

@@ -32,7 +32,7 @@ impl Encoder {
                     if s + m > total {
                         break;
                     }
-                    self.encode_span(&text[pos..s], live, out);
+                    self.encode_span(&text[pos..s], live, out, &mut |_: &mut Vec<u32>| {});
                     out.push(id);
                     pos = e;
                 }

@@ -2,7 +2,7 @@
 
 use super::*;
 use std::sync::Arc;
-use crate::pretokenize::PIECE_BATCH;
+use crate::pretokenize::{MAX_BATCH, PIECE_BATCH};
 
 /// Bytes at their own ids, then the given merges (a trained tokenizer's layout).
 fn trained(merges: &[(&str, &str)], specials: &[&str], pattern: &str) -> Encoder {
@@ -227,6 +227,42 @@ fn grouped_batch_equals_one_call_per_text() {
     }
     assert!(e.encode_batch_grouped(&docs, true, Some(3)).len() > 3);
     assert_eq!(e.encode_batch_grouped::<&str>(&[], true, Some(2)), vec![BatchIds::default()]);
+    // Stored as u16 (through the drained buffer): the same ids, the same grouping.
+    for threads in [Some(1), Some(3)] {
+        let wide = e.encode_batch_grouped(&docs, true, threads);
+        let narrow = e.encode_batch_grouped_as::<u16, _>(&docs, true, threads);
+        assert_eq!(narrow.len(), wide.len());
+        for (n, w) in narrow.iter().zip(&wide) {
+            assert_eq!(n.ends, w.ends);
+            assert!(n.ids.iter().zip(&w.ids).all(|(&a, &b)| a as u32 == b) && n.ids.len() == w.ids.len());
+        }
+    }
+}
+
+#[test]
+fn drained_encoding_equals_encode_into() {
+    let e = toy();
+    // Long enough for many drains (DRAIN_IDS ids each), with special tokens between.
+    let text = "some words, 12345 and more<|endoftext|>".repeat(2000);
+    let want = e.encode(&text, true);
+    assert!(want.len() > 4 * DRAIN_IDS);
+    let mut buf = vec![7u32; 3];
+    let mut got = Vec::new();
+    let mut sizes = Vec::new();
+    e.encode_drained(&text, true, &mut buf, |ids| {
+        sizes.push(ids.len());
+        got.extend_from_slice(ids)
+    });
+    assert_eq!(got, want);
+    assert!(buf.is_empty());
+    // Drains come at batch ends once the buffer holds DRAIN_IDS ids.
+    assert!(sizes[..sizes.len() - 1].iter().all(|&n| n >= DRAIN_IDS && n < DRAIN_IDS + 3 * MAX_BATCH + 64));
+    // The whole text as u16 parts, on several threads.
+    let big = "hello world, aaaa! ".repeat(200_000);
+    let parts = e.encode_parallel_parts_as::<u16>(&big, true, Some(2));
+    assert!(parts.len() > 1);
+    let flat: Vec<u32> = parts.concat().into_iter().map(u32::from).collect();
+    assert_eq!(flat, e.encode(&big, true));
 }
 
 #[test]

@@ -512,6 +512,9 @@ struct DeltaEntry {
     head: u32,
     tail: u32,
     n: u32,
+    /// The last word chained (NONE before the first), to skip repeats without reading
+    /// `adds` (it fits in the entry's padding).
+    last: u32,
 }
 
 /// The count changes of one merge (or of one worker's share of it). The words that
@@ -546,7 +549,7 @@ impl Deltas {
         loop {
             let s = self.slots[i];
             if s == 0 {
-                self.entries.push((key, DeltaEntry { count: 0, head: NONE, tail: NONE, n: 0 }));
+                self.entries.push((key, DeltaEntry { count: 0, head: NONE, tail: NONE, n: 0, last: NONE }));
                 self.slots[i] = self.entries.len() as u32;
                 self.used.push(i as u32);
                 return self.entries.len() - 1;
@@ -579,7 +582,8 @@ impl Deltas {
         let k = self.entry(key);
         let e = &mut self.entries[k].1;
         e.count += d;
-        if w != NONE && (e.tail == NONE || self.adds[e.tail as usize].0 != w) {
+        if w != NONE && e.last != w {
+            e.last = w;
             let i = self.adds.len() as u32;
             self.adds.push((w, NONE));
             if e.tail == NONE {
