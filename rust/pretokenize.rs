@@ -19,10 +19,12 @@
 //! 128-entry table.
 //!
 //! On x86_64, ASCII text goes 64 bytes at a time instead: a window starts at a piece
-//! start, SSE2 compares give bit masks of byte classes, and the piece starts follow
-//! from neighbouring bytes by bit operations (see "windows" below); the few starts that
-//! need more context (contractions, whitespace runs with newlines) are settled one by
-//! one. Where a window cannot finish a piece (non-ASCII text), the scalar part does.
+//! start, vector compares give bit masks of byte classes (SSE2 on every x86_64 CPU, AVX2
+//! or AVX-512BW where the CPU has them, chosen at run time: [`Simd`]), and the piece
+//! starts follow from neighbouring bytes by bit operations (see "windows" below); the
+//! few starts that need more context (contractions, whitespace runs with newlines) are
+//! settled one by one. Where a window cannot finish a piece (non-ASCII text), the
+//! scalar part does.
 //!
 //! Classes: `\p{L}` = UPPER (Lu, Lt) | LOWER (Ll) | OLET (Lm, Lo); `\p{M}` = MARK;
 //! `\p{N}` = NUM; `\s` = WS; everything else OTHER. The classes are disjoint (the

@@ -134,26 +134,13 @@ fn main() {
     });
     println!("encode per document, kept {:7.1} MB/s", mb / t);
     let t = best(reps, || {
-        let bytes: usize = docs.iter().map(|d| d.len()).sum();
-        let mut all: Vec<u32> = Vec::with_capacity(bytes / 4 + 16);
-        for d in &docs {
-            enc.encode_into(d, true, &mut all);
-        }
-        let out: Vec<u16> = all.iter().map(|&x| x as u16).collect();
-        std::hint::black_box(out);
+        std::hint::black_box(enc.encode_batch_grouped_as::<u32, _>(&docs, true, Some(1)));
     });
-    println!("batch: one Vec<u32>, then u16 {:7.1} MB/s", mb / t);
+    println!("batch, one thread, u32  {:7.1} MB/s", mb / t);
     let t = best(reps, || {
-        let bytes: usize = docs.iter().map(|d| d.len()).sum();
-        let mut out: Vec<u16> = Vec::with_capacity(bytes / 2 + 16);
-        for d in &docs {
-            ids.clear();
-            enc.encode_into(d, true, &mut ids);
-            out.extend(ids.iter().map(|&x| x as u16));
-        }
-        std::hint::black_box(out);
+        std::hint::black_box(enc.encode_batch_grouped_as::<u16, _>(&docs, true, Some(1)));
     });
-    println!("batch: scratch -> Vec<u16> {:7.1} MB/s", mb / t);
+    println!("batch, one thread, u16  {:7.1} MB/s", mb / t);
     let t = best(reps, || {
         ids.clear();
         enc.encode_into(&text, true, &mut ids);
