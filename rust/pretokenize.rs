@@ -56,6 +56,15 @@ macro_rules! drive {
     }};
 }
 
+/// Call `f(start, end)` for each piece of a batch of boundaries.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn each_range(bounds: &[usize], f: &mut impl FnMut(usize, usize)) {
+    for w in bounds.windows(2) {
+        f(w[0], w[1]);
+    }
+}
+
 /// [`PreTokenizer::for_each_piece_batch`] hands over at least this many pieces at once
 /// (but for the last batch of a text)...
 pub const PIECE_BATCH: usize = 64;
@@ -285,15 +294,15 @@ impl PreTokenizer {
         match &self.engine {
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::Gpt2) => {
-                windows::pieces::<windows::Gpt2>(self.simd, text.as_bytes(), f)
+                windows::batches::<windows::Gpt2>(self.simd, text.as_bytes(), |b| each_range(b, &mut f))
             }
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::Cl100k) => {
-                windows::pieces::<windows::Cl100k>(self.simd, text.as_bytes(), f)
+                windows::batches::<windows::Cl100k>(self.simd, text.as_bytes(), |b| each_range(b, &mut f))
             }
             #[cfg(target_arch = "x86_64")]
             Engine::Scanner(Builtin::O200k) => {
-                windows::pieces::<windows::O200k>(self.simd, text.as_bytes(), f)
+                windows::batches::<windows::O200k>(self.simd, text.as_bytes(), |b| each_range(b, &mut f))
             }
             #[cfg(not(target_arch = "x86_64"))]
             Engine::Scanner(Builtin::Gpt2) => drive!(text.as_bytes(), gpt2_next, f),
@@ -1037,21 +1046,6 @@ mod windows {
         w
     }
 
-    /// Report the pieces between the start bits of `starts` that are in `valid`; returns
-    /// the last of those starts (where the unfinished piece begins), 0 if none finished.
-    #[inline(always)]
-    fn emit_window(i: usize, starts: u64, valid: u64, f: &mut impl FnMut(usize, usize)) -> usize {
-        let mut m = starts & valid & !1;
-        let mut s = 0;
-        while m != 0 {
-            let e = m.trailing_zeros() as usize;
-            m &= m - 1;
-            f(i + s, i + e);
-            s = e;
-        }
-        s
-    }
-
     /// Remove the starts inside the piece `[k, k + len)` of a window and start one after it.
     #[inline(always)]
     fn make_piece(starts: u64, k: usize, len: usize) -> u64 {
@@ -1107,51 +1101,10 @@ mod windows {
 
     /// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
     /// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
-    /// `limit` are simple), the scalar `next_end` elsewhere.
+    /// `limit` are simple), the scalar `next_end` elsewhere. The pieces are handed over in
+    /// batches of boundaries (see `PreTokenizer::for_each_piece_batch`).
     #[inline(always)]
-    pub(super) fn drive_windows<S: Scan, K: Masks>(b: &[u8], mut f: impl FnMut(usize, usize)) {
-        let n = b.len();
-        let mut i = 0;
-        // Where to try a window again after one made no progress, and how many failed in
-        // a row (text that is mostly not ASCII should not pay for windows).
-        let mut retry_at = 0;
-        let mut failures = 0u32;
-        while i < n {
-            if i + 64 <= n && i >= retry_at {
-                let limit = match S::window::<K>(b, i) {
-                    Ok((starts, valid)) => {
-                        let s = emit_window(i, starts, valid, &mut f);
-                        if s != 0 {
-                            i += s;
-                            failures = 0;
-                            continue;
-                        }
-                        64
-                    }
-                    Err(limit) => limit,
-                };
-                // Past the byte that stopped this window, later if windows keep failing.
-                failures += 1;
-                retry_at = i
-                    + limit
-                    + 1
-                    + if failures > 2 {
-                        32 << failures.min(6)
-                    } else {
-                        0
-                    };
-            }
-            let e = S::next_end(b, i);
-            debug_assert!(e > i && e <= n);
-            f(i, e);
-            i = e;
-        }
-    }
-
-    /// `drive_windows`, handing the pieces over in batches of boundaries (see
-    /// `PreTokenizer::for_each_piece_batch`).
-    #[inline(always)]
-    pub(super) fn drive_windows_batched<S: Scan, K: Masks>(b: &[u8], mut f: impl FnMut(&[usize])) {
+    pub(super) fn drive_windows<S: Scan, K: Masks>(b: &[u8], mut f: impl FnMut(&[usize])) {
         let n = b.len();
         // bounds[0] is where the batch's first piece starts; a window adds at most 63
         // pieces to a batch of fewer than PIECE_BATCH (and the unrolled writes below may
@@ -1228,51 +1181,29 @@ mod windows {
         }
     }
 
-    // The drivers compiled for AVX2 and for AVX-512 (with the bit instructions that
-    // come with them: popcnt, lzcnt, bmi); `pieces` and `batches` pick one by `Simd`.
+    // The driver compiled for AVX2 and for AVX-512 (with the bit instructions that
+    // come with them: popcnt, lzcnt, bmi); `batches` picks one by `Simd`.
     // Everything inlined into them, the caller's closure included, is compiled for
     // that level.
 
     #[target_feature(enable = "avx512f,avx512bw,avx2,bmi1,bmi2,lzcnt,popcnt")]
-    unsafe fn pieces_avx512<S: Scan>(b: &[u8], f: impl FnMut(usize, usize)) {
+    unsafe fn batches_avx512<S: Scan>(b: &[u8], f: impl FnMut(&[usize])) {
         drive_windows::<S, Avx512>(b, f)
     }
 
     #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-    unsafe fn pieces_avx2<S: Scan>(b: &[u8], f: impl FnMut(usize, usize)) {
+    unsafe fn batches_avx2<S: Scan>(b: &[u8], f: impl FnMut(&[usize])) {
         drive_windows::<S, Avx2>(b, f)
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx2,bmi1,bmi2,lzcnt,popcnt")]
-    unsafe fn batches_avx512<S: Scan>(b: &[u8], f: impl FnMut(&[usize])) {
-        drive_windows_batched::<S, Avx512>(b, f)
-    }
-
-    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-    unsafe fn batches_avx2<S: Scan>(b: &[u8], f: impl FnMut(&[usize])) {
-        drive_windows_batched::<S, Avx2>(b, f)
-    }
-
     /// `drive_windows` at the level `simd`.
-    #[inline(always)]
-    pub(super) fn pieces<S: Scan>(simd: Simd, b: &[u8], f: impl FnMut(usize, usize)) {
-        match simd {
-            // SAFETY: a `Simd` above the baseline is only ever one the CPU has
-            // (`Simd::detected` caps it).
-            Simd::Avx512 => unsafe { pieces_avx512::<S>(b, f) },
-            Simd::Avx2 => unsafe { pieces_avx2::<S>(b, f) },
-            Simd::Baseline => drive_windows::<S, Sse2>(b, f),
-        }
-    }
-
-    /// `drive_windows_batched` at the level `simd`.
     #[inline(always)]
     pub(super) fn batches<S: Scan>(simd: Simd, b: &[u8], f: impl FnMut(&[usize])) {
         match simd {
             // SAFETY: as in `pieces`.
             Simd::Avx512 => unsafe { batches_avx512::<S>(b, f) },
             Simd::Avx2 => unsafe { batches_avx2::<S>(b, f) },
-            Simd::Baseline => drive_windows_batched::<S, Sse2>(b, f),
+            Simd::Baseline => drive_windows::<S, Sse2>(b, f),
         }
     }
 
