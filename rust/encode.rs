@@ -82,7 +82,6 @@ use pairs::NO_MERGE;
 /// table is dense).
 const MAX_SPARSE_SLACK: u64 = 1 << 22;
 
-
 /// `Encoder::encode_drained` hands over ids once it holds at least this many (16 KiB).
 const DRAIN_IDS: usize = 4096;
 
@@ -586,19 +585,9 @@ impl Encoder {
 
     /// Encode many documents like [`Encoder::encode_batch`], their ids back to back in a
     /// few contiguous groups (one per parallel task; one when serial) instead of one
-    /// vector per document: no allocation per document.
-    pub fn encode_batch_grouped<S: AsRef<str> + Sync>(
-        &self,
-        texts: &[S],
-        allow_special: bool,
-        threads: ThreadCount,
-    ) -> Vec<BatchIds> {
-        parallel::encode_batch_grouped(self, texts, allow_special, threads)
-    }
-
-    /// [`Encoder::encode_batch_grouped`] with the ids stored as `T` (u16 only when every
-    /// id of the vocabulary fits).
-    pub fn encode_batch_grouped_as<T: IdElem, S: AsRef<str> + Sync>(
+    /// vector per document: no allocation per document. Ids are stored as `T` (u16 only
+    /// when every id of the vocabulary fits).
+    pub fn encode_batch_grouped<T: IdElem, S: AsRef<str> + Sync>(
         &self,
         texts: &[S],
         allow_special: bool,
@@ -608,14 +597,9 @@ impl Encoder {
     }
 
     /// [`Encoder::encode_parallel`] without the final concatenation: the ids of
-    /// consecutive parts of `text` (one part when it is encoded on one thread).
-    pub fn encode_parallel_parts(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<Vec<u32>> {
-        parallel::encode_parallel_parts(self, text, allow_special, threads)
-    }
-
-    /// [`Encoder::encode_parallel_parts`] with the ids stored as `T` (u16 only when
-    /// every id of the vocabulary fits).
-    pub fn encode_parallel_parts_as<T: IdElem>(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<Vec<T>> {
+    /// consecutive parts of `text` (one part when it is encoded on one thread), stored as
+    /// `T` (u16 only when every id of the vocabulary fits).
+    pub fn encode_parallel_parts<T: IdElem>(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<Vec<T>> {
         parallel::encode_parallel_parts(self, text, allow_special, threads)
     }
 

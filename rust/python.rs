@@ -487,9 +487,9 @@ mod encoder_bindings {
             let enc = &self.inner;
             let parts = py.detach(|| {
                 if itemsize == 2 {
-                    Parts::U16(enc.encode_parallel_parts_as(&s, allow_special, num_threads))
+                    Parts::U16(enc.encode_parallel_parts(&s, allow_special, num_threads))
                 } else {
-                    Parts::U32(enc.encode_parallel_parts_as(&s, allow_special, num_threads))
+                    Parts::U32(enc.encode_parallel_parts(&s, allow_special, num_threads))
                 }
             });
             parts.into_array(py, num_threads)
@@ -512,9 +512,9 @@ mod encoder_bindings {
             let parts = py.detach(|| -> std::io::Result<Parts> {
                 let text = crate::encode::read_text_file(&path, num_threads)?;
                 Ok(if itemsize == 2 {
-                    Parts::U16(enc.encode_parallel_parts_as(&text, allow_special, num_threads))
+                    Parts::U16(enc.encode_parallel_parts(&text, allow_special, num_threads))
                 } else {
-                    Parts::U32(enc.encode_parallel_parts_as(&text, allow_special, num_threads))
+                    Parts::U32(enc.encode_parallel_parts(&text, allow_special, num_threads))
                 })
             })?;
             parts.into_array(py, num_threads)
@@ -561,9 +561,9 @@ mod encoder_bindings {
                 let mut offsets = Vec::with_capacity(strs.len() + 1);
                 offsets.push(0i64);
                 let parts = if itemsize == 2 {
-                    Parts::U16(split_groups(enc.encode_batch_grouped_as(&strs, allow_special, num_threads), &mut offsets))
+                    Parts::U16(split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets))
                 } else {
-                    Parts::U32(split_groups(enc.encode_batch_grouped_as(&strs, allow_special, num_threads), &mut offsets))
+                    Parts::U32(split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets))
                 };
                 (parts, offsets)
             });

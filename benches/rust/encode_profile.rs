@@ -94,7 +94,7 @@ fn main() {
                 let cold = gpt2::load(vocab, merges);
                 let c0 = cpu_s();
                 let t0 = Instant::now();
-                let parts = cold.encode_parallel_parts(&text, true, Some(th));
+                let parts = cold.encode_parallel_parts::<u32>(&text, true, Some(th));
                 let wall = t0.elapsed().as_secs_f64();
                 std::hint::black_box(parts);
                 println!("{th} thread(s): wall {wall:.3} s, cpu {:.3} s", cpu_s() - c0);
@@ -134,11 +134,11 @@ fn main() {
     });
     println!("encode per document, kept {:7.1} MB/s", mb / t);
     let t = best(reps, || {
-        std::hint::black_box(enc.encode_batch_grouped_as::<u32, _>(&docs, true, Some(1)));
+        std::hint::black_box(enc.encode_batch_grouped::<u32, _>(&docs, true, Some(1)));
     });
     println!("batch, one thread, u32  {:7.1} MB/s", mb / t);
     let t = best(reps, || {
-        std::hint::black_box(enc.encode_batch_grouped_as::<u16, _>(&docs, true, Some(1)));
+        std::hint::black_box(enc.encode_batch_grouped::<u16, _>(&docs, true, Some(1)));
     });
     println!("batch, one thread, u16  {:7.1} MB/s", mb / t);
     let t = best(reps, || {

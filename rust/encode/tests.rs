@@ -225,12 +225,12 @@ fn grouped_batch_equals_one_call_per_text() {
         }
         assert_eq!(got, want, "threads {threads:?}");
     }
-    assert!(e.encode_batch_grouped(&docs, true, Some(3)).len() > 3);
-    assert_eq!(e.encode_batch_grouped::<&str>(&[], true, Some(2)), vec![BatchIds::default()]);
+    assert!(e.encode_batch_grouped::<u32, _>(&docs, true, Some(3)).len() > 3);
+    assert_eq!(e.encode_batch_grouped::<u32, &str>(&[], true, Some(2)), vec![BatchIds::default()]);
     // Stored as u16 (through the drained buffer): the same ids, the same grouping.
     for threads in [Some(1), Some(3)] {
-        let wide = e.encode_batch_grouped(&docs, true, threads);
-        let narrow = e.encode_batch_grouped_as::<u16, _>(&docs, true, threads);
+        let wide = e.encode_batch_grouped::<u32, _>(&docs, true, threads);
+        let narrow = e.encode_batch_grouped::<u16, _>(&docs, true, threads);
         assert_eq!(narrow.len(), wide.len());
         for (n, w) in narrow.iter().zip(&wide) {
             assert_eq!(n.ends, w.ends);
@@ -259,7 +259,7 @@ fn drained_encoding_equals_encode_into() {
     assert!(sizes[..sizes.len() - 1].iter().all(|&n| n >= DRAIN_IDS && n < DRAIN_IDS + 3 * MAX_BATCH + 64));
     // The whole text as u16 parts, on several threads.
     let big = "hello world, aaaa! ".repeat(200_000);
-    let parts = e.encode_parallel_parts_as::<u16>(&big, true, Some(2));
+    let parts = e.encode_parallel_parts::<u16>(&big, true, Some(2));
     assert!(parts.len() > 1);
     let flat: Vec<u32> = parts.concat().into_iter().map(u32::from).collect();
     assert_eq!(flat, e.encode(&big, true));
