@@ -270,9 +270,12 @@ pub fn read_text_file(path: &std::path::Path, threads: ThreadCount) -> std::io::
         crate::utf8::to_str(&data).is_ok()
     } else {
         // Task boundaries moved forward to the start of a character (past at most 3
-        // continuation bytes), so that each task checks whole characters.
-        let mut bounds: Vec<usize> =
-            (0..data.len()).step_by(READ_TASK).map(|b| char_start_at_or_after(&data, b)).collect();
+        // continuation bytes), so that each task checks whole characters. The first stays
+        // at 0: bytes before it would go unchecked.
+        let mut bounds: Vec<usize> = (0..data.len())
+            .step_by(READ_TASK)
+            .map(|b| if b == 0 { 0 } else { char_start_at_or_after(&data, b) })
+            .collect();
         bounds.push(data.len());
         bounds.dedup();
         threads::install(threads, || bounds.par_windows(2).all(|w| crate::utf8::to_str(&data[w[0]..w[1]]).is_ok()))

@@ -187,7 +187,11 @@ fn files_read_in_parallel_are_read_exactly() {
     let mut invalid = valid.clone();
     invalid[5 << 20] = 0xFF;
     invalid.push(0xE6); // a character cut short at the end
-    for (name, bytes) in [("valid", &valid), ("invalid", &invalid)] {
+    // A continuation byte first: the first task must check from byte 0, not from the
+    // first character start.
+    let mut leading = vec![0x80];
+    leading.extend_from_slice(&valid);
+    for (name, bytes) in [("valid", &valid), ("invalid", &invalid), ("leading continuation", &leading)] {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
         let want = String::from_utf8_lossy(bytes).into_owned();
