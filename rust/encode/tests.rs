@@ -191,7 +191,13 @@ fn files_read_in_parallel_are_read_exactly() {
     // first character start.
     let mut leading = vec![0x80];
     leading.extend_from_slice(&valid);
-    for (name, bytes) in [("valid", &valid), ("invalid", &invalid), ("leading continuation", &leading)] {
+    // Bad bytes at task boundaries (every 2 MiB): a character cut short just before one,
+    // a stray continuation byte just after one, each between ASCII.
+    let mut at_bounds = vec![b'a'; 9 << 20];
+    at_bounds[(4 << 20) - 1] = 0xE6;
+    at_bounds[6 << 20] = 0x80;
+    let cases = [("valid", &valid), ("invalid", &invalid), ("leading continuation", &leading), ("at task bounds", &at_bounds)];
+    for (name, bytes) in cases {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
         let want = String::from_utf8_lossy(bytes).into_owned();
