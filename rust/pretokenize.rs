@@ -1200,7 +1200,8 @@ mod windows {
     #[inline(always)]
     pub(super) fn batches<S: Scan>(simd: Simd, b: &[u8], f: impl FnMut(&[usize])) {
         match simd {
-            // SAFETY: as in `pieces`.
+            // SAFETY: a `Simd` above the baseline is only ever one the CPU has
+            // (`Simd::detected` caps it).
             Simd::Avx512 => unsafe { batches_avx512::<S>(b, f) },
             Simd::Avx2 => unsafe { batches_avx2::<S>(b, f) },
             Simd::Baseline => drive_windows::<S, Sse2>(b, f),

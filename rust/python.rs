@@ -163,21 +163,14 @@ mod encoder_bindings {
         crate::threads::try_pool(threads).map(|_| ()).map_err(PyRuntimeError::new_err)
     }
 
-    /// The ids of consecutive `parts` as one new numpy array: uint16 (itemsize 2, which
-    /// the caller checked the vocab fits) or uint32 (4). Made by numpy's C API, not zeroed
-    /// (the ids overwrite all of it). Large ones are written with the GIL released, part
-    /// by part on `threads` threads unless that is 1.
-    fn parts_to_array<'py>(
-        py: Python<'py>,
-        parts: &[&[u32]],
-        itemsize: usize,
-        threads: crate::threads::ThreadCount,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let parallel = (threads != Some(1) && parts.len() > 1).then_some(threads);
+    /// `ids` as one new numpy array: uint16 (itemsize 2, which the caller checked the
+    /// vocab fits) or uint32 (4). Made by numpy's C API, not zeroed (the ids overwrite all
+    /// of it).
+    fn ids_to_array<'py>(py: Python<'py>, ids: &[u32], itemsize: usize) -> PyResult<Bound<'py, PyAny>> {
         if itemsize == 2 {
-            new_filled_array(py, parts, |id| id as u16, parallel)
+            new_filled_array(py, &[ids], |id| id as u16, None)
         } else {
-            new_filled_array(py, parts, |id| id, parallel)
+            new_filled_array(py, &[ids], |id| id, None)
         }
     }
 
@@ -209,6 +202,18 @@ mod encoder_bindings {
     enum Parts {
         U16(Vec<Vec<u16>>),
         U32(Vec<Vec<u32>>),
+    }
+
+    /// `Parts` of the element type of `itemsize` (2: u16, else u32) from `$ids`, an
+    /// expression whose id type is inferred from the variant.
+    macro_rules! parts_for_itemsize {
+        ($itemsize:expr, $ids:expr) => {
+            if $itemsize == 2 {
+                Parts::U16($ids)
+            } else {
+                Parts::U32($ids)
+            }
+        };
     }
 
     impl Parts {
@@ -480,18 +485,12 @@ mod encoder_bindings {
             if s.len() < DETACH_MIN {
                 return with_scratch(|ids| {
                     self.inner.encode_into(&s, allow_special, ids);
-                    parts_to_array(py, &[ids], itemsize, Some(1))
+                    ids_to_array(py, ids, itemsize)
                 });
             }
             ready_pool(num_threads)?;
             let enc = &self.inner;
-            let parts = py.detach(|| {
-                if itemsize == 2 {
-                    Parts::U16(enc.encode_parallel_parts(&s, allow_special, num_threads))
-                } else {
-                    Parts::U32(enc.encode_parallel_parts(&s, allow_special, num_threads))
-                }
-            });
+            let parts = py.detach(|| parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&s, allow_special, num_threads)));
             parts.into_array(py, num_threads)
         }
 
@@ -511,11 +510,7 @@ mod encoder_bindings {
             let enc = &self.inner;
             let parts = py.detach(|| -> std::io::Result<Parts> {
                 let text = crate::encode::read_text_file(&path, num_threads)?;
-                Ok(if itemsize == 2 {
-                    Parts::U16(enc.encode_parallel_parts(&text, allow_special, num_threads))
-                } else {
-                    Parts::U32(enc.encode_parallel_parts(&text, allow_special, num_threads))
-                })
+                Ok(parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&text, allow_special, num_threads)))
             })?;
             parts.into_array(py, num_threads)
         }
@@ -560,11 +555,7 @@ mod encoder_bindings {
             let (parts, offsets) = run_detached(py, total, || {
                 let mut offsets = Vec::with_capacity(strs.len() + 1);
                 offsets.push(0i64);
-                let parts = if itemsize == 2 {
-                    Parts::U16(split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets))
-                } else {
-                    Parts::U32(split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets))
-                };
+                let parts = parts_for_itemsize!(itemsize, split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets));
                 (parts, offsets)
             });
             let ids = parts.into_array(py, num_threads)?;
