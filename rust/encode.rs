@@ -35,7 +35,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::pretokenize::{PatternError, PreTokenizer, MAX_BATCH};
 
-pub use parallel::{read_text_file, BatchIds, IdElem, ThreadCount};
+pub use parallel::{map_text_file, read_text_file, BatchIds, FileText, IdElem, ThreadCount};
 use specials::Specials;
 pub use stream::StreamEncoder;
 

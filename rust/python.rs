@@ -495,7 +495,8 @@ mod encoder_bindings {
         }
 
         /// Read a UTF-8 file (invalid bytes replaced by U+FFFD) and encode it whole,
-        /// in parallel; ids as in encode_to_array.
+        /// in parallel; ids as in encode_to_array. A large valid file is mapped, not
+        /// copied (`map_text_file`).
         #[pyo3(signature = (path, allow_special = true, itemsize = 4, num_threads = None))]
         fn encode_file<'py>(
             &self,
@@ -509,7 +510,7 @@ mod encoder_bindings {
             ready_pool(num_threads)?;
             let enc = &self.inner;
             let parts = py.detach(|| -> std::io::Result<Parts> {
-                let text = crate::encode::read_text_file(&path, num_threads)?;
+                let text = crate::encode::map_text_file(&path, num_threads)?;
                 Ok(parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&text, allow_special, num_threads)))
             })?;
             parts.into_array(py, num_threads)

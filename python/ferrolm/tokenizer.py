@@ -312,7 +312,11 @@ class Tokenizer:
         """Encode a whole UTF-8 text file (invalid bytes read as U+FFFD) into a numpy array,
         in parallel; the same ids as ``encode_to_numpy(open(path, encoding="utf-8",
         errors="replace", newline="").read())`` (``newline=""``: line ends are kept as they
-        are in the file, ``\\r\\n`` included)."""
+        are in the file, ``\\r\\n`` included).
+
+        A file of 4 MiB or more is mapped into memory rather than copied: do not truncate or
+        overwrite it while it is being encoded (as with any memory map, the process could
+        crash). Appending to it is harmless: text added after the call began is not read."""
         itemsize = self._itemsize(dtype)
         path = os.fspath(path)
         if not os.path.isfile(path):

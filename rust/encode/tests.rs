@@ -173,7 +173,7 @@ fn parallel_cuts_never_split_a_special_token() {
 }
 
 #[test]
-fn files_read_in_parallel_are_read_exactly() {
+fn files_read_or_mapped_in_parallel_are_read_exactly() {
     let dir = std::env::temp_dir().join(format!("ferrolm-read-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // Over the parallel threshold, with 2- 3- and 4-byte characters across every task
@@ -203,9 +203,20 @@ fn files_read_in_parallel_are_read_exactly() {
         let want = String::from_utf8_lossy(bytes).into_owned();
         for threads in [Some(1), Some(2), Some(3)] {
             assert!(crate::encode::read_text_file(&path, threads).unwrap() == want, "{name}, {threads:?} threads");
+            let mapped = crate::encode::map_text_file(&path, threads).unwrap();
+            assert!(*mapped == *want, "{name}, {threads:?} threads, mapped");
+            // Only valid text stays mapped.
+            let valid = std::str::from_utf8(bytes).is_ok();
+            assert_eq!(matches!(mapped, crate::encode::FileText::Mapped(_)), valid, "{name}");
         }
     }
+    // Small files are read, not mapped.
+    let small = dir.join("small");
+    std::fs::write(&small, "héllo <|endoftext|>").unwrap();
+    let text = crate::encode::map_text_file(&small, Some(2)).unwrap();
+    assert!(matches!(text, crate::encode::FileText::Owned(_)) && &*text == "héllo <|endoftext|>");
     assert!(crate::encode::read_text_file(&dir.join("missing"), Some(2)).is_err());
+    assert!(crate::encode::map_text_file(&dir.join("missing"), Some(2)).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
