@@ -169,21 +169,24 @@ def test_parallel_whole_text_equals_serial(gpt2, tiktoken_gpt2):
 
 
 def test_encode_file_keeps_line_ends_and_replaces_bad_bytes(tmp_path):
-    # Over 4 MiB, so that the file is read and checked in parallel: CRLF line ends,
-    # multi-byte characters, special tokens, and invalid bytes in the middle and at the end.
+    # Over 4 MiB, so that the file is mapped (valid UTF-8) or read (invalid) and checked in
+    # parallel: CRLF line ends, multi-byte characters, special tokens, and in the invalid
+    # file bad bytes in the middle and at the end.
     unit = "Hello, wörld!\r\nSecond line 漢字 😀 a b<|endoftext|>c\r\n  spaced   out\n".encode()
-    data = bytearray(unit * (5_000_000 // len(unit)))
-    data[len(data) // 2] = 0xFF
-    data += b"tail \xe6"
-    path = tmp_path / "crlf.txt"
-    path.write_bytes(bytes(data))
+    valid = bytearray(unit * (5_000_000 // len(unit)))
+    invalid = bytearray(valid)
+    invalid[len(invalid) // 2] = 0xFF
+    invalid += b"tail \xe6"
     tok = Tokenizer.train(iter([unit.decode() * 50]), 400, [EOT], progress=False)
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        text = f.read()
-    assert "\r\n" in text and "\ufffd" in text
-    want = tok.encode_to_numpy(text, num_threads=1).tolist()
-    for threads in (1, 2, 3):
-        assert tok.encode_file(path, num_threads=threads).tolist() == want
+    for name, data in (("valid", valid), ("invalid", invalid)):
+        path = tmp_path / f"crlf_{name}.txt"
+        path.write_bytes(bytes(data))
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            text = f.read()
+        assert "\r\n" in text and ("\ufffd" in text) == (name == "invalid")
+        want = tok.encode_to_numpy(text, num_threads=1).tolist()
+        for threads in (1, 2, 3):
+            assert tok.encode_file(path, num_threads=threads).tolist() == want, (name, threads)
 
 
 def test_encode_batch(gpt2, tiktoken_gpt2):
