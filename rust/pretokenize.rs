@@ -1211,14 +1211,15 @@ mod windows {
     /// The GPT-2 piece starts of the window at `i` and the certain ones.
     #[inline(always)]
     pub(super) fn gpt2_window<K: Masks>(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
-        let w = K::masks(b, i);
-        // Bytes 0..limit are ASCII; starts at k <= limit - 2 are certain.
-        let limit = w.non_ascii.trailing_zeros();
+        let mut w = K::masks(b, i);
+        // Bytes 0..limit are classified; starts at k <= limit - 2 are certain.
+        let limit = classify_non_ascii(b, i, &mut w);
         if limit < 8 {
             return Err(limit as usize);
         }
         let valid = (1u64 << (limit - 1)) - 1;
-        let punct = !(w.letter | w.digit | w.white | w.non_ascii);
+        // Non-ASCII punctuation is in none of the three classes.
+        let punct = !(w.letter | w.digit | w.white);
         let change = (w.letter ^ (w.letter << 1))
             | (w.digit ^ (w.digit << 1))
             | (w.white ^ (w.white << 1))
@@ -1237,6 +1238,35 @@ mod windows {
             }
         }
         Ok((starts, valid))
+    }
+
+    /// Give the bytes of each non-ASCII char of the window at `i` the class of the char
+    /// (letter, digit, or neither: punctuation), as the GPT-2 rules see it, so that a
+    /// window with a few accented letters, dashes or quotes is still scanned by masks.
+    /// Every byte of a char then has its class: the rules, which only start pieces where
+    /// the class changes, never cut inside one. Returns where classification stopped: 64,
+    /// or the first non-ASCII whitespace char (`\s+(?!\S)` gives back a run's last
+    /// char, which the masks take to be one byte).
+    ///
+    /// A window starts at a char boundary (a piece start), so its first non-ASCII byte is
+    /// a lead byte, and so is the first one after each char.
+    #[inline(always)]
+    fn classify_non_ascii(b: &[u8], i: usize, w: &mut Window) -> u32 {
+        let mut rest = w.non_ascii;
+        while rest != 0 {
+            let k = rest.trailing_zeros() as usize;
+            let (class, len) = decode_class(b, i + k);
+            let bytes = bit_range(k, (k + len).min(64));
+            if in_set(class, SET_L) {
+                w.letter |= bytes;
+            } else if class == NUM {
+                w.digit |= bytes;
+            } else if class == WS {
+                return k as u32;
+            }
+            rest &= !bytes;
+        }
+        64
     }
 
     /// What cl100k and o200k share on a window of ASCII.
