@@ -1073,16 +1073,21 @@ mod windows {
     /// the piece at a position (the scalar path). Static calls, so that both are inlined
     /// into `drive_windows` (calls through `impl Fn` parameters were not always inlined).
     pub(super) trait Scan {
+        /// Whether `window` sees the end of the text as it sees a space after it, so
+        /// that the last bytes of a text (fewer than 64) can be scanned in a window
+        /// padded with spaces (see `tail_starts`).
+        const PAD_TAIL: bool;
         fn window<K: Masks>(b: &[u8], i: usize) -> Result<(u64, u64), usize>;
         fn next_end(b: &[u8], i: usize) -> usize;
     }
 
     /// `scanner!(Name, window, next_end)`: a `Scan` made of those two functions.
     macro_rules! scanner {
-        ($name:ident, $window:ident, $next_end:ident) => {
+        ($name:ident, $window:ident, $next_end:ident, $pad_tail:expr) => {
             pub(super) struct $name;
 
             impl Scan for $name {
+                const PAD_TAIL: bool = $pad_tail;
                 #[inline(always)]
                 fn window<K: Masks>(b: &[u8], i: usize) -> Result<(u64, u64), usize> {
                     $window::<K>(b, i)
@@ -1095,9 +1100,49 @@ mod windows {
         };
     }
 
-    scanner!(Gpt2, gpt2_window, gpt2_next);
-    scanner!(Cl100k, cl100k_window, cl100k_next);
-    scanner!(O200k, o200k_window, o200k_next);
+    // GPT-2's rules look past a piece only for `\s+(?!\S)`, which at the end of the text
+    // takes the whole whitespace run, as it does before a space. cl100k's `\s++$` and
+    // o200k's case rules are not checked for that.
+    scanner!(Gpt2, gpt2_window, gpt2_next, true);
+    scanner!(Cl100k, cl100k_window, cl100k_next, false);
+    scanner!(O200k, o200k_window, o200k_next, false);
+
+    /// The piece starts of the last `b.len() - i` (fewer than 64) bytes of the text, as
+    /// bits (k: a piece starts at i + k; not bit 0), from a window of them padded with
+    /// spaces; None unless every start is certain.
+    #[inline(always)]
+    fn tail_starts<S: Scan, K: Masks>(b: &[u8], i: usize) -> Option<u64> {
+        let len = b.len() - i;
+        debug_assert!(S::PAD_TAIL && len > 0 && len < 64);
+        // 64 bytes for the masks and a few more for the contraction check after an
+        // apostrophe.
+        let mut pad = [b' '; 64 + 8];
+        pad[..len].copy_from_slice(&b[i..]);
+        let (starts, valid) = S::window::<K>(&pad, 0).ok()?;
+        let within = (1u64 << len) - 1;
+        (valid & within == within).then_some(starts & within & !1)
+    }
+
+    /// Write `i + k` for each bit k of `m` (lowest first) at `bounds[at..]`, four at a
+    /// time: up to 3 more are written past the last (trailing_zeros(0) = 64, a harmless
+    /// value the batch does not include).
+    #[inline(always)]
+    fn write_starts(bounds: &mut [usize], mut at: usize, i: usize, mut m: u64) {
+        loop {
+            bounds[at] = i + m.trailing_zeros() as usize;
+            m &= m.wrapping_sub(1);
+            bounds[at + 1] = i + m.trailing_zeros() as usize;
+            m &= m.wrapping_sub(1);
+            bounds[at + 2] = i + m.trailing_zeros() as usize;
+            m &= m.wrapping_sub(1);
+            bounds[at + 3] = i + m.trailing_zeros() as usize;
+            m &= m.wrapping_sub(1);
+            at += 4;
+            if m == 0 {
+                break;
+            }
+        }
+    }
 
     /// Drive a scanner over `b`: 64-byte windows where `window(b, i)` gives the piece starts
     /// and the certain ones (`Ok((starts, valid))`, or `Err(limit)`: only bytes before
@@ -1118,29 +1163,13 @@ mod windows {
             if i + 64 <= n && i >= retry_at {
                 let limit = match S::window::<K>(b, i) {
                     Ok((starts, valid)) => {
-                        let mut m = starts & valid & !1;
+                        let m = starts & valid & !1;
                         if m != 0 {
                             // Each piece ends where the next starts; the last start is
                             // where the unfinished piece begins (the next window).
                             let pieces = m.count_ones() as usize;
                             let last = 63 - m.leading_zeros() as usize;
-                            let mut at = k + 1;
-                            loop {
-                                // Four at a time (past the last, trailing_zeros(0) = 64
-                                // writes a harmless value the batch does not include).
-                                bounds[at] = i + m.trailing_zeros() as usize;
-                                m &= m.wrapping_sub(1);
-                                bounds[at + 1] = i + m.trailing_zeros() as usize;
-                                m &= m.wrapping_sub(1);
-                                bounds[at + 2] = i + m.trailing_zeros() as usize;
-                                m &= m.wrapping_sub(1);
-                                bounds[at + 3] = i + m.trailing_zeros() as usize;
-                                m &= m.wrapping_sub(1);
-                                at += 4;
-                                if m == 0 {
-                                    break;
-                                }
-                            }
+                            write_starts(&mut bounds, k + 1, i, m);
                             k += pieces;
                             i += last;
                             failures = 0;
@@ -1164,6 +1193,18 @@ mod windows {
                     } else {
                         0
                     };
+            }
+            if S::PAD_TAIL && i + 64 > n && i >= retry_at {
+                if let Some(m) = tail_starts::<S, K>(b, i) {
+                    // The pieces of the rest of the text, the last one ending at its end.
+                    if m != 0 {
+                        write_starts(&mut bounds, k + 1, i, m);
+                        k += m.count_ones() as usize;
+                    }
+                    k += 1;
+                    bounds[k] = n;
+                    break;
+                }
             }
             let e = S::next_end(b, i);
             debug_assert!(e > i && e <= n);
