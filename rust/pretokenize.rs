@@ -24,7 +24,9 @@
 //! starts follow from neighbouring bytes by bit operations (see "windows" below); the
 //! few starts that need more context (contractions, whitespace runs with newlines) are
 //! settled one by one. Where a window cannot finish a piece (non-ASCII text), the
-//! scalar part does.
+//! scalar part does. The GPT-2 scanner's windows also take a few non-ASCII chars (each
+//! one's bytes get its class from the table) and the last bytes of a text (padded with
+//! spaces, which its rules treat as the end of the text).
 //!
 //! Classes: `\p{L}` = UPPER (Lu, Lt) | LOWER (Ll) | OLET (Lm, Lo); `\p{M}` = MARK;
 //! `\p{N}` = NUM; `\s` = WS; everything else OTHER. The classes are disjoint (the
@@ -869,11 +871,14 @@ fn o200k_next(b: &[u8], i: usize) -> usize {
 //
 // A window starts at a piece start. For its ASCII prefix, where a piece starts follows
 // from the classes of neighbouring bytes, as bit masks (bit k = byte k). For GPT-2
-// (L letter, N digit, W whitespace, P other; cl100k and o200k: see `shared_window`):
+// (L letter, N digit, W whitespace, P other; cl100k and o200k: see `shared_window`;
+// GPT-2 gives the bytes of a non-ASCII char other than whitespace its char's class, so
+// its prefix runs to the first non-ASCII whitespace):
 //   - a piece starts where the class changes;
 //   - except before a non-space preceded by ' ' (the space opens ` ?\p{L}+` etc.);
 //   - and at the last char of a whitespace run followed by a non-space (`\s+(?!\S)`
-//     gives it back; the text end is never inside a window);
+//     gives it back; the text end is never inside a window, except in GPT-2's padded
+//     last window, where the padding spaces extend a final run as the end would);
 //   - an apostrophe at a piece start followed by s, d, m, t, ll, ve or re is a piece of
 //     its own (those are rare; the scalar `contraction` decides each one).
 // So a start at k depends only on bytes k-4..=k+1: the starts before the last ASCII
