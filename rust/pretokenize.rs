@@ -1286,6 +1286,10 @@ mod windows {
         Ok((starts, valid))
     }
 
+    /// A window classifies its non-ASCII chars (see `classify_non_ascii`) when they take
+    /// at most this many of its bytes.
+    const MAX_CLASSIFIED_BYTES: u32 = 12;
+
     /// Give the bytes of each non-ASCII char of the window at `i` the class of the char
     /// (letter, digit, or neither: punctuation), as the GPT-2 rules see it, so that a
     /// window with a few accented letters, dashes or quotes is still scanned by masks.
@@ -1299,6 +1303,12 @@ mod windows {
     #[inline(always)]
     fn classify_non_ascii(b: &[u8], i: usize, w: &mut Window) -> u32 {
         let mut rest = w.non_ascii;
+        if rest.count_ones() > MAX_CLASSIFIED_BYTES {
+            // Dense non-ASCII text (Cyrillic, CJK): its pieces are long or its chars many,
+            // and the scalar scanner, which classifies each char once, is faster than
+            // windows that classify the chars of the pieces they cannot finish again.
+            return rest.trailing_zeros();
+        }
         while rest != 0 {
             let k = rest.trailing_zeros() as usize;
             let (class, len) = decode_class(b, i + k);
