@@ -68,8 +68,9 @@ fn each_range(bounds: &[usize], f: &mut impl FnMut(usize, usize)) {
 }
 
 /// [`PreTokenizer::for_each_piece_batch`] hands over at least this many pieces at once
-/// (but for the last batch of a text)...
-pub const PIECE_BATCH: usize = 64;
+/// (but for the last batch of a text)... The encoder prefetches the table slots of a whole
+/// batch before it reads any: 192 measured 1.02-1.03x the speed of 64 in batch encoding.
+pub const PIECE_BATCH: usize = 192;
 /// ... and fewer than this many.
 pub const MAX_BATCH: usize = PIECE_BATCH + 64;
 
