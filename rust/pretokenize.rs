@@ -1211,6 +1211,9 @@ mod windows {
                     bounds[k] = n;
                     break;
                 }
+                // Not certain (non-ASCII whitespace): the scalar scanner takes the rest,
+                // without another padded window per piece.
+                retry_at = n;
             }
             let e = S::next_end(b, i);
             debug_assert!(e > i && e <= n);
