@@ -435,15 +435,16 @@ impl Encoder {
         debug_assert!(n < MAX_BATCH);
         // Only the first n are written and read (no 4 KiB of zeros per batch).
         let mut slots = [std::mem::MaybeUninit::<cache::Probe>::uninit(); MAX_BATCH];
+        // The table's address and mask in registers (see `HomeView`).
+        let view = table.home_view();
         for (p, w) in slots.iter_mut().zip(bounds.windows(2)) {
-            table.prefetch(p.write(cache::Probe::at(text, w[0], w[1] - w[0])));
+            view.prefetch(p.write(cache::Probe::at(text, w[0], w[1] - w[0])));
         }
         // SAFETY: the first n slots were written just above.
         let probes: &[cache::Probe] = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast(), n) };
         // Pieces found in their home line are written straight into `out`'s spare room
         // (3 ids each at most), with the table's address and the output position kept in
         // registers; any other piece leaves that loop for the general lookup.
-        let view = table.home_view();
         let mut i = 0;
         while i < n {
             out.reserve(3 * (n - i));
@@ -476,9 +477,10 @@ impl Encoder {
     #[cfg(test)]
     fn encode_pieces(&self, pieces: &[&[u8]], table: &cache::SharedTable, out: &mut Vec<u32>) {
         let mut probes = [cache::Probe::default(); MAX_BATCH];
+        let view = table.home_view();
         for (p, piece) in probes.iter_mut().zip(pieces) {
             *p = cache::Probe::of(piece);
-            table.prefetch(p);
+            view.prefetch(p);
         }
         for (p, piece) in probes.iter().zip(pieces) {
             if !table.emit(p, piece, out) {

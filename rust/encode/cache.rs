@@ -116,7 +116,7 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    /// The hash of `key` and its packed form; [`SharedTable::prefetch`] it, then
+    /// The hash of `key` and its packed form; [`HomeView::prefetch`] it, then
     /// [`SharedTable::emit`] (a batch of lookups then overlaps its cache misses).
     #[inline(always)]
     pub(crate) fn of(key: &[u8]) -> Probe {
@@ -295,6 +295,21 @@ pub(crate) struct HomeView {
 }
 
 impl HomeView {
+    /// Hint the home line of the probed piece into the CPU cache.
+    #[inline(always)]
+    pub(crate) fn prefetch(self, p: &Probe) {
+        #[cfg(target_arch = "x86_64")]
+        if p.n != u32::MAX {
+            // SAFETY: the index is masked to the table size; prefetch never faults anyway.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch(self.slots.add(p.hash as usize & self.home_mask) as *const i8, _MM_HINT_T0);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+
     /// Write the ids of the probed piece at `dst` and return how many (1 to 3), or 0 when
     /// the piece is not in its home line with its ids inline (then use
     /// [`SharedTable::emit`]).
@@ -502,20 +517,6 @@ impl SharedTable {
     #[inline(always)]
     pub(crate) fn home_view(&self) -> HomeView {
         HomeView { slots: self.slots.as_ptr(), home_mask: self.mask & !1 }
-    }
-
-    #[inline(always)]
-    pub(crate) fn prefetch(&self, p: &Probe) {
-        #[cfg(target_arch = "x86_64")]
-        if p.n != u32::MAX {
-            // SAFETY: the index is masked to the table size; prefetch never faults anyway.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch(self.slots.as_ptr().add(self.home(p.hash)) as *const i8, _MM_HINT_T0);
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = p;
     }
 
     /// Whether a replacement is in place (threads holding this table load the new one).
