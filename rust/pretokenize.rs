@@ -988,7 +988,7 @@ mod windows {
         };
         let n = m.count_ones() as usize;
         // The stores below write whole groups of 8.
-        assert!(at + n.next_multiple_of(8).max(8) <= bounds.len());
+        assert!(at + n.next_multiple_of(8) <= bounds.len());
         let packed = _mm512_maskz_compress_epi8(m, _mm512_loadu_si512(IOTA.as_ptr().cast()));
         let base = _mm512_set1_epi64(i as i64);
         let dst = bounds.as_mut_ptr().add(at).cast::<__m512i>();
@@ -1001,7 +1001,7 @@ mod windows {
             _ => _mm512_extracti32x4_epi32::<3>(packed),
         };
         let mut g = 0;
-        while g * 8 < n.max(1) {
+        while g * 8 < n {
             let x = lane(g / 2);
             store(g, if g % 2 == 0 { x } else { _mm_srli_si128::<8>(x) });
             g += 1;
@@ -2082,7 +2082,7 @@ mod tests {
             return;
         }
         let mut rng = Rng(0x5eed);
-        let mut masks: Vec<u64> = vec![1, 1 << 63, u64::MAX, u64::MAX - 1, 0x8000_0000_0000_0001, 0xff00];
+        let mut masks: Vec<u64> = vec![0, 1, 1 << 63, u64::MAX, u64::MAX - 1, 0x8000_0000_0000_0001, 0xff00];
         for bits in 1..=64 {
             // A mask with about `bits` bits set.
             masks.push((0..bits).fold(0u64, |m, _| m | 1 << rng.below(64)));
@@ -2097,7 +2097,7 @@ mod tests {
                 unsafe { windows::write_starts_vbmi2(&mut got, at, i, m) };
                 let n = m.count_ones() as usize;
                 assert_eq!(got[..at + n], want[..at + n], "mask {m:#x} at {at}");
-                assert!(got[at + n.next_multiple_of(8).max(8)..].iter().all(|&v| v == usize::MAX), "mask {m:#x}: wrote past 7 spare");
+                assert!(got[at + n.next_multiple_of(8)..].iter().all(|&v| v == usize::MAX), "mask {m:#x}: wrote past 7 spare");
             }
         }
     }
