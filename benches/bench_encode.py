@@ -244,8 +244,12 @@ def child_worst(lib: str, unit: str, n: int) -> dict:
 
 def spawn(args: list[str], timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
+    # No encoder here uses BLAS, but importing numpy starts OpenBLAS threads that spin on
+    # the CPUs for a while: on 2 cores that took half the CPU from a library whose runs
+    # came right after the import (TinyStories' runs are short), so one thread for all.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s"}
     if p.returncode != 0:
