@@ -955,10 +955,10 @@ mod windows {
     }
 
     impl Masks for Avx512Vbmi2 {
+        /// The AVX-512BW masks; only the start writer differs.
         #[inline(always)]
         fn masks(b: &[u8], i: usize) -> Window {
-            // SAFETY: only called from code compiled for AVX-512BW on a CPU that has it.
-            unsafe { window_masks_avx512(b, i) }
+            Avx512::masks(b, i)
         }
 
         #[inline(always)]
