@@ -251,11 +251,11 @@ impl Trainer {
             path,
             self.chunk_size,
             bufs,
-            |buf| self.cut(buf),
+            |buf, at_end| Some(if at_end { read::Cut::whole(buf, &self.splitter) } else { self.cut(buf)? }).map(|c| (c.at, c.segments)),
             |n| bytes += n as u64,
-            |chunk, offset| -> Result<(), ChunkError> {
+            |chunk, segments, offset| -> Result<(), ChunkError> {
                 let t = Instant::now();
-                let r = self.count_buffer(chunk, offset, &name, ctl);
+                let r = self.count_buffer(chunk, segments, offset, &name, ctl);
                 count_s += t.elapsed().as_secs_f64();
                 r.map_err(ChunkError::Train)
             },
@@ -274,24 +274,25 @@ impl Trainer {
     /// Where to cut a buffer of text that continues beyond it: an exact cut (a special
     /// token, or a safe point for a built-in pattern) if there is one; in a buffer over
     /// twice the chunk size without one, the hold-back cut of `read::hold_back_cut`;
-    /// else None (read more first).
-    fn cut(&self, buf: &[u8]) -> Option<usize> {
+    /// else None (read more first). With the cut come the spans before it that hold no
+    /// special token.
+    fn cut(&self, buf: &[u8]) -> Option<read::Cut> {
         read::find_cut(buf, &self.splitter, self.builtin).or_else(|| {
             if buf.len() >= 2 * self.chunk_size {
-                read::hold_back_cut(buf, &self.splitter, &self.pre)
+                let at = read::hold_back_cut(buf, &self.splitter, &self.pre)?;
+                Some(read::Cut::at(buf, at, &self.splitter))
             } else {
                 None
             }
         })
     }
 
-    /// Pre-tokenize and count `buf` (free of partial special tokens at its ends).
-    /// `offset`: where `buf` starts in its source, for error messages.
-    fn count_buffer(&self, buf: &[u8], offset: u64, source: &str, ctl: &Control) -> Result<(), TrainError> {
+    /// Pre-tokenize and count the spans `segments` of `buf` (those free of special
+    /// tokens, as `read::Cut` gives them). `offset`: where `buf` starts in its source,
+    /// for error messages.
+    fn count_buffer(&self, buf: &[u8], segments: Vec<(usize, usize)>, offset: u64, source: &str, ctl: &Control) -> Result<(), TrainError> {
         let counter = self.counter()?;
-        let mut ranges = Vec::new();
-        self.splitter.segments(buf, 0, &mut ranges);
-        let segs = ranges.into_iter().map(|(s, e)| Segment { offset: offset + s as u64, bytes: &buf[s..e] }).collect();
+        let segs = segments.into_iter().map(|(s, e)| Segment { offset: offset + s as u64, bytes: &buf[s..e] }).collect();
         counter.count_segments(&self.pool, &self.pre, self.builtin, self.errors, segs, source, ctl)
     }
 
@@ -310,23 +311,24 @@ impl Trainer {
     /// End the text stream: count what is left of it.
     pub fn finish_text(&mut self, ctl: &Control) -> Result<(), TrainError> {
         self.counter()?;
-        let n = self.text_buf.len();
-        self.count_stream(n, ctl)?;
+        let cut = read::Cut::whole(&self.text_buf, &self.splitter);
+        self.count_stream(cut, ctl)?;
         self.text_buf = Vec::new();
         self.stream_offset = 0;
         Ok(())
     }
 
-    /// Count the first `cut` bytes of the text stream's buffer and drop them.
-    fn count_stream(&mut self, cut: usize, ctl: &Control) -> Result<(), TrainError> {
+    /// Count the text stream's buffer up to `cut` and drop that part.
+    fn count_stream(&mut self, cut: read::Cut, ctl: &Control) -> Result<(), TrainError> {
         let t = Instant::now();
         let buf = std::mem::take(&mut self.text_buf);
-        let r = self.count_buffer(&buf[..cut], self.stream_offset, "text", ctl);
+        let at = cut.at;
+        let r = self.count_buffer(&buf[..at], cut.segments, self.stream_offset, "text", ctl);
         self.text_buf = buf;
-        self.text_buf.drain(..cut);
-        self.stream_offset += cut as u64;
+        self.text_buf.drain(..at);
+        self.stream_offset += at as u64;
         self.stats.count_s += t.elapsed().as_secs_f64();
-        self.stats.bytes += cut as u64;
+        self.stats.bytes += at as u64;
         r
     }
 

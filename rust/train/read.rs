@@ -109,19 +109,43 @@ pub fn safe_text_cut(text: &[u8], lo: usize, hi: usize) -> Option<usize> {
     None
 }
 
+/// Where a buffer of text is cut, and the spans free of special tokens before the cut
+/// (found by the same search, so that the text is searched for special tokens once).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Cut {
+    pub at: usize,
+    pub segments: Vec<(usize, usize)>,
+}
+
+impl Cut {
+    /// The cut at the end of `buf` (the end of the input).
+    pub fn whole(buf: &[u8], splitter: &SpecialSplitter) -> Cut {
+        Cut::at(buf, buf.len(), splitter)
+    }
+
+    /// The cut at `at`, which no special-token occurrence in `buf` may straddle.
+    pub fn at(buf: &[u8], at: usize, splitter: &SpecialSplitter) -> Cut {
+        let mut segments = Vec::new();
+        splitter.segments(&buf[..at], 0, &mut segments);
+        Cut { at, segments }
+    }
+}
+
 /// Where to cut a full buffer: the largest exact cut position > 0, or None.
 /// Special-token matches are trusted only when they start at least `max_len` bytes
 /// before the end of the buffer: then no longer special token, and no earlier one,
 /// could be hiding behind the end of the buffer.
-pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option<usize> {
+pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option<Cut> {
     let limit = buf.len().saturating_sub(splitter.max_len());
     let mut last_safe_end: Option<usize> = None;
     let mut last_end = 0usize;
+    let mut matches: Vec<(usize, usize)> = Vec::new();
     splitter.for_each_match(buf, |s, e| {
         if s <= limit && s + splitter.max_len() <= buf.len() {
             last_safe_end = Some(e);
         }
         last_end = e;
+        matches.push((s, e));
     });
     let fallback = if builtin {
         // No special token covers any position in [last_end, limit]: a match covering
@@ -132,11 +156,26 @@ pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option
     } else {
         None
     };
-    match (last_safe_end, fallback) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (Some(a), None) => (a > 0).then_some(a),
-        (None, b) => b,
+    let at = match (last_safe_end, fallback) {
+        (Some(a), Some(b)) => a.max(b),
+        (Some(a), None) if a > 0 => a,
+        (None, Some(b)) => b,
+        _ => return None,
+    };
+    // No match straddles the cut (it is a match's end, or lies past the last match), so
+    // the matches that end by it are those a search of the part before it finds.
+    let mut segments = Vec::with_capacity(matches.len() + 1);
+    let mut pos = 0;
+    for &(s, e) in matches.iter().take_while(|m| m.1 <= at) {
+        if s > pos {
+            segments.push((pos, s));
+        }
+        pos = e;
     }
+    if at > pos {
+        segments.push((pos, at));
+    }
+    Some(Cut { at, segments })
 }
 
 /// The fallback cut when no exact one exists in a long buffer: hold back the last two
@@ -170,18 +209,19 @@ pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer)
     (starts[0] != usize::MAX && start + starts[0] > 0).then(|| start + starts[0])
 }
 
-/// Reads one file in chunks ending at cut positions chosen by `cut(buffer)` (None: read
-/// more first). `f(chunk, file_offset)` is called for each, on the calling thread; the
-/// last chunk ends at the end of the file. A reader thread reads the next chunk while
-/// `f` works on the current one (a few chunks exist at a time); the chunk buffers come
-/// from `bufs` and go back to it.
-pub(crate) fn for_each_chunk<E>(
+/// Reads one file in chunks ending at cut positions chosen by `cut(buffer, at_end)`
+/// (None: read more first; at the end of the file it must cut at the end). `cut` also
+/// returns what it found about the chunk (`M`), handed to `f(chunk, found, file_offset)`
+/// with the chunk, on the calling thread. A reader thread reads and cuts the next chunk
+/// while `f` works on the current one (a few chunks exist at a time); the chunk buffers
+/// come from `bufs` and go back to it.
+pub(crate) fn for_each_chunk<M: Send, E>(
     path: &Path,
     chunk_size: usize,
     bufs: &BufferPool,
-    cut: impl Fn(&[u8]) -> Option<usize> + Sync,
+    cut: impl Fn(&[u8], bool) -> Option<(usize, M)> + Sync,
     on_read: impl FnMut(usize) + Send,
-    mut f: impl FnMut(&[u8], u64) -> Result<(), E>,
+    mut f: impl FnMut(&[u8], M, u64) -> Result<(), E>,
 ) -> Result<(), E>
 where
     E: From<io::Error>,
@@ -190,11 +230,13 @@ where
     // A small file needs no full-size buffer.
     let file_len = file.metadata().map(|m| m.len() as usize).unwrap_or(usize::MAX);
     let chunk_size = chunk_size.min(file_len.saturating_add(1)).max(64);
-    let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<(Vec<u8>, usize, u64)>>(1);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<(Vec<u8>, usize, M, u64)>>(1);
     std::thread::scope(|scope| {
         let cut = &cut;
         scope.spawn(move || {
-            let r = produce_chunks(file, chunk_size, cut, on_read, bufs, |chunk, len, offset| tx.send(Ok((chunk, len, offset))).is_ok());
+            let r = produce_chunks(file, chunk_size, cut, on_read, bufs, |chunk, len, found, offset| {
+                tx.send(Ok((chunk, len, found, offset))).is_ok()
+            });
             if let Err(e) = r {
                 let _ = tx.send(Err(e));
             }
@@ -202,8 +244,8 @@ where
         let rx = rx; // owned here, so that it is dropped before the scope joins the reader
         let result = (|| {
             for msg in rx.iter() {
-                let (chunk, len, offset) = msg?;
-                f(&chunk[..len], offset)?;
+                let (chunk, len, found, offset) = msg?;
+                f(&chunk[..len], found, offset)?;
                 bufs.put(chunk);
             }
             Ok(())
@@ -219,16 +261,16 @@ where
 /// to the chunk size: the consumer waits for the first read alone, once per file.
 const FIRST_CHUNK: usize = 1 << 20;
 
-/// The reader side of `for_each_chunk`: `emit(buffer, len, offset)` hands over a chunk
-/// (the first `len` bytes of the buffer) and returns false to stop. Buffers keep their
-/// length when recycled, so they are zeroed only once.
-fn produce_chunks(
+/// The reader side of `for_each_chunk`: `emit(buffer, len, found, offset)` hands over a
+/// chunk (the first `len` bytes of the buffer) and returns false to stop. Buffers keep
+/// their length when recycled, so they are zeroed only once.
+fn produce_chunks<M>(
     mut file: File,
     chunk_size: usize,
-    cut: &impl Fn(&[u8]) -> Option<usize>,
+    cut: &impl Fn(&[u8], bool) -> Option<(usize, M)>,
     mut on_read: impl FnMut(usize),
     bufs: &BufferPool,
-    mut emit: impl FnMut(Vec<u8>, usize, u64) -> bool,
+    mut emit: impl FnMut(Vec<u8>, usize, M, u64) -> bool,
 ) -> io::Result<()> {
     let mut buf = bufs.take();
     let mut filled = 0usize; // bytes of buf holding data
@@ -250,12 +292,14 @@ fn produce_chunks(
         }
         if eof {
             if filled > 0 {
-                emit(buf, filled, offset);
+                let (len, found) = cut(&buf[..filled], true).expect("the last chunk is cut at its end");
+                debug_assert_eq!(len, filled);
+                emit(buf, filled, found, offset);
             }
             return Ok(());
         }
-        match cut(&buf[..filled]) {
-            Some(c) => {
+        match cut(&buf[..filled], false) {
+            Some((c, found)) => {
                 // The tail after the cut starts the next buffer.
                 let mut next = bufs.take();
                 step = (step * 2).min(chunk_size);
@@ -264,7 +308,7 @@ fn produce_chunks(
                     next.resize(want, 0);
                 }
                 next[..filled - c].copy_from_slice(&buf[c..filled]);
-                if !emit(std::mem::replace(&mut buf, next), c, offset) {
+                if !emit(std::mem::replace(&mut buf, next), c, found, offset) {
                     return Ok(());
                 }
                 filled -= c;
@@ -290,12 +334,49 @@ fn read_retry(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 mod tests {
     use super::*;
 
+    fn test_cut(buf: &[u8], end: bool, sp: &SpecialSplitter, builtin: bool) -> Option<(usize, ())> {
+        if end {
+            return Some((buf.len(), ()));
+        }
+        find_cut(buf, sp, builtin).map(|c| (c.at, ()))
+    }
+
     #[test]
     fn segments_skip_specials_longest_first() {
         let sp = SpecialSplitter::new(&["<s>".into(), "<s><s>".into()]);
         let mut out = vec![];
         sp.segments(b"a<s><s>b<s>", 0, &mut out);
         assert_eq!(out, vec![(0, 1), (7, 8)]);
+    }
+
+    #[test]
+    fn a_cut_brings_the_segments_a_search_of_its_part_finds() {
+        // Overlapping and nested specials, text cuts and specials near the buffer's end:
+        // the segments found while cutting must be those of searching the part again.
+        let sp = SpecialSplitter::new(&["<s>".into(), "<s><s>".into(), "<|end|>".into()]);
+        let mut rng: u64 = 7;
+        let mut next = |n: u64| {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (rng >> 33) % n
+        };
+        let parts = ["<s>", "<s><s>", "<|end|>", "<|en", "ab", "Cd\nEf", " x", "\n", ".\nZ", "<"];
+        let mut cuts = 0;
+        for _ in 0..3000 {
+            let buf: String = (0..next(24)).map(|_| parts[next(parts.len() as u64) as usize]).collect();
+            let buf = buf.as_bytes();
+            for builtin in [false, true] {
+                if let Some(cut) = find_cut(buf, &sp, builtin) {
+                    assert_eq!(cut, Cut::at(buf, cut.at, &sp), "{:?}", String::from_utf8_lossy(buf));
+                    cuts += 1;
+                }
+            }
+            assert_eq!(Cut::whole(buf, &sp).segments, {
+                let mut v = vec![];
+                sp.segments(buf, 0, &mut v);
+                v
+            });
+        }
+        assert!(cuts > 1000, "{cuts}");
     }
 
     #[test]
@@ -341,7 +422,7 @@ mod tests {
         std::fs::write(&path, "word<|endoftext|>".repeat(10_000)).unwrap();
         let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
         let mut calls = 0;
-        let r = for_each_chunk::<io::Error>(&path, 1000, &BufferPool::default(), |b| find_cut(b, &sp, true), |_| {}, |_, _| {
+        let r = for_each_chunk::<(), io::Error>(&path, 1000, &BufferPool::default(), |b, end| test_cut(b, end, &sp, true), |_| {}, |_, _, _| {
             calls += 1;
             Err(io::Error::other("stop"))
         });
@@ -364,7 +445,7 @@ mod tests {
         let bufs = BufferPool::default();
         let read_all = |path: &Path| {
             let mut got = Vec::new();
-            for_each_chunk::<io::Error>(path, 2000, &bufs, |x| find_cut(x, &sp, true), |_| {}, |c, off| {
+            for_each_chunk::<(), io::Error>(path, 2000, &bufs, |x, end| test_cut(x, end, &sp, true), |_| {}, |c, _, off| {
                 assert_eq!(off as usize, got.len());
                 got.extend_from_slice(c);
                 Ok(())
@@ -398,7 +479,7 @@ mod tests {
         for builtin in [false, true] {
             let mut got = Vec::new();
             let mut n = 0;
-            for_each_chunk::<io::Error>(&path, 1000, &BufferPool::default(), |b| find_cut(b, &sp, builtin), |_| {}, |c, off| {
+            for_each_chunk::<(), io::Error>(&path, 1000, &BufferPool::default(), |b, end| test_cut(b, end, &sp, builtin), |_| {}, |c, _, off| {
                 assert_eq!(off as usize, got.len());
                 got.extend_from_slice(c);
                 n += 1;
