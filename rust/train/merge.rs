@@ -57,19 +57,22 @@ fn unpack(p: u64) -> (u32, u32) {
 #[derive(Default)]
 pub struct Words {
     data: Vec<u32>,
-    n: usize,
+    /// The ids of the words, in order (taken by the merge loop).
+    ids: Vec<u32>,
 }
 
 const HEADER: usize = 3;
 
-impl Words {
-    pub fn with_capacity(words: usize, bytes: usize) -> Self {
-        Words { data: Vec::with_capacity(words * HEADER + bytes), n: 0 }
-    }
+/// Whether a pre-token becomes a word (one of a single byte has no pair).
+#[inline]
+fn is_word(bytes: &[u8], count: u64) -> bool {
+    bytes.len() >= 2 && count > 0
+}
 
+impl Words {
     /// Add a pre-token. Fails only when the table outgrows 32-bit word ids (16 GiB).
     pub fn push(&mut self, bytes: &[u8], count: u64) -> Result<(), TrainError> {
-        if bytes.len() < 2 || count == 0 {
+        if !is_word(bytes, count) {
             return Ok(());
         }
         if self.data.len() + HEADER + bytes.len() > u32::MAX as usize {
@@ -77,67 +80,91 @@ impl Words {
                 "too many distinct pre-tokens for one training run (over 4 G symbols)".into(),
             ));
         }
+        self.ids.push(self.data.len() as u32);
         self.data.push(bytes.len() as u32);
         self.data.push(count as u32);
         self.data.push((count >> 32) as u32);
         self.data.extend(bytes.iter().map(|&b| b as u32));
-        self.n += 1;
         Ok(())
     }
 
     pub fn len(&self) -> usize {
-        self.n
+        self.ids.len()
     }
 
-    /// Words from a table of pre-token counts, built shard by shard in parallel
-    /// (on the current rayon pool). Frees the table as it goes.
+    /// Words from a table of pre-token counts, built shard by shard in parallel (on the
+    /// current rayon pool) straight into one array. Frees the table as it goes.
     pub fn from_counts(counts: PieceCounts) -> Result<Words, TrainError> {
         use rayon::prelude::*;
-        let parts: Vec<Result<Words, TrainError>> = counts
+        use std::mem::MaybeUninit;
+        // Each shard's share of the array, so that the shards can write in parallel.
+        let sizes: Vec<usize> = counts
             .shards
-            .into_par_iter()
+            .par_iter()
             .map(|shard| {
-                let mut w = Words::with_capacity(shard.len(), shard.total_bytes());
-                let mut res = Ok(());
+                let mut len = 0;
                 shard.for_each(|piece, n| {
-                    if res.is_ok() {
-                        res = w.push(piece, n);
+                    if is_word(piece, n) {
+                        len += HEADER + piece.len();
                     }
                 });
-                res.map(|_| w)
+                len
             })
             .collect();
-        let mut parts = parts.into_iter().collect::<Result<Vec<Words>, TrainError>>()?;
-        let total: usize = parts.iter().map(|p| p.data.len()).sum();
+        let total: usize = sizes.iter().sum();
         if total > u32::MAX as usize {
             return Err(TrainError::InvalidInput(
                 "too many distinct pre-tokens for one training run (over 4 G symbols)".into(),
             ));
         }
-        let mut out = Words { data: Vec::with_capacity(total), n: 0 };
-        super::advise_huge_pages(&out.data);
-        for p in parts.iter_mut() {
-            out.data.extend_from_slice(&p.data);
-            out.n += p.n;
-            p.data = Vec::new();
+        let mut data: Vec<u32> = Vec::with_capacity(total);
+        super::advise_huge_pages(&data);
+        let mut shares: Vec<(usize, &mut [MaybeUninit<u32>])> = Vec::with_capacity(sizes.len());
+        let mut rest = &mut data.spare_capacity_mut()[..total];
+        let mut start = 0;
+        for &len in &sizes {
+            let (share, tail) = rest.split_at_mut(len);
+            shares.push((start, share));
+            rest = tail;
+            start += len;
         }
-        Ok(out)
+        let ids: Vec<Vec<u32>> = counts
+            .shards
+            .into_par_iter()
+            .zip(shares)
+            .map(|(shard, (start, share))| {
+                let mut ids = Vec::with_capacity(shard.len());
+                let mut at = 0;
+                shard.for_each(|piece, n| {
+                    if is_word(piece, n) {
+                        let rec = &mut share[at..at + HEADER + piece.len()];
+                        rec[0].write(piece.len() as u32);
+                        rec[1].write(n as u32);
+                        rec[2].write((n >> 32) as u32);
+                        for (slot, &b) in rec[HEADER..].iter_mut().zip(piece) {
+                            slot.write(b as u32);
+                        }
+                        ids.push((start + at) as u32);
+                        at += rec.len();
+                    }
+                });
+                // The same pieces as counted for `sizes`: the share is written whole.
+                assert_eq!(at, share.len(), "a count table changed while words were built from it");
+                ids
+            })
+            .collect();
+        // SAFETY: the shares cover data[..total] and each was written whole (asserted).
+        unsafe { data.set_len(total) };
+        Ok(Words { data, ids: ids.concat() })
     }
 
     pub fn is_empty(&self) -> bool {
-        self.n == 0
+        self.ids.is_empty()
     }
 
-    /// Ids of all words, in order. Only valid before any merge (merges shorten words and
-    /// the stride of the records is their original length).
-    fn ids(&self) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.n);
-        let mut at = 0;
-        while at < self.data.len() {
-            out.push(at as u32);
-            at += HEADER + self.data[at] as usize;
-        }
-        out
+    /// Ids of all words, in order (taken: the merge loop keeps them).
+    fn take_ids(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.ids)
     }
 
     #[inline]
@@ -870,7 +897,7 @@ fn learn_merges_with(
     let mut made: Vec<u32> = Vec::with_capacity(num_merges);
 
     // Pair counts and the pair -> words index.
-    let ids = words.ids();
+    let ids = words.take_ids();
     // Pairs of a smaller count are not tracked (see "Pruning" above).
     let (mut pairs, mut heap, mut floor) = recount(&words, &ids, &tokens, 1, true);
     times.floor = floor;
