@@ -218,11 +218,6 @@ impl Shard {
         self.len() == 0
     }
 
-    /// Total bytes of the unique pieces.
-    pub fn total_bytes(&self) -> usize {
-        self.short.iter().map(|e| short_bytes(e.0).1).sum::<usize>() + self.long.keys().map(|k| k.len()).sum::<usize>()
-    }
-
     /// Visit each unique piece and its count.
     pub fn for_each(&self, mut f: impl FnMut(&[u8], u64)) {
         for (k, n) in self.short.iter() {
