@@ -7,11 +7,6 @@
 //! environment sets the read chunk size (default: the trainer's).
 
 use std::io::{Read, Write};
-
-/// The Python extension's allocator (rust/python.rs), so that the stages cost what they
-/// cost there.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -6,10 +6,6 @@ use pyo3::prelude::*;
 
 use crate::pretokenize::PreTokenizer;
 
-/// The allocator of the extension's Rust code (Python's own memory is not affected).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// The version of the compiled core.
 #[pyfunction]
 fn version() -> &'static str {
