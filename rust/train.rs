@@ -251,7 +251,7 @@ impl Trainer {
             path,
             self.chunk_size,
             bufs,
-            |buf, at_end| Some(if at_end { read::Cut::whole(buf, &self.splitter) } else { self.cut(buf)? }).map(|c| (c.at, c.segments)),
+            |buf, at_end| self.cut(buf, at_end).map(|c| (c.at, c.segments)),
             |n| bytes += n as u64,
             |chunk, segments, offset| -> Result<(), ChunkError> {
                 let t = Instant::now();
@@ -274,13 +274,15 @@ impl Trainer {
     /// Where to cut a buffer of text that continues beyond it: an exact cut (a special
     /// token, or a safe point for a built-in pattern) if there is one; in a buffer over
     /// twice the chunk size without one, the hold-back cut of `read::hold_back_cut`;
-    /// else None (read more first). With the cut come the spans before it that hold no
-    /// special token.
-    fn cut(&self, buf: &[u8]) -> Option<read::Cut> {
+    /// else None (read more first). At the end of the input (`at_end`), the cut is at the
+    /// end. With the cut come the spans before it that hold no special token.
+    fn cut(&self, buf: &[u8], at_end: bool) -> Option<read::Cut> {
+        if at_end {
+            return Some(read::Cut::whole(buf, &self.splitter));
+        }
         read::find_cut(buf, &self.splitter, self.builtin).or_else(|| {
             if buf.len() >= 2 * self.chunk_size {
-                let at = read::hold_back_cut(buf, &self.splitter, &self.pre)?;
-                Some(read::Cut::at(buf, at, &self.splitter))
+                read::hold_back_cut(buf, &self.splitter, &self.pre)
             } else {
                 None
             }
@@ -302,7 +304,7 @@ impl Trainer {
         self.counter()?;
         self.text_buf.extend_from_slice(text.as_bytes());
         while self.text_buf.len() >= self.chunk_size {
-            let Some(cut) = self.cut(&self.text_buf) else { break };
+            let Some(cut) = self.cut(&self.text_buf, false) else { break };
             self.count_stream(cut, ctl)?;
         }
         Ok(())

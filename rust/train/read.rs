@@ -120,13 +120,26 @@ pub struct Cut {
 impl Cut {
     /// The cut at the end of `buf` (the end of the input).
     pub fn whole(buf: &[u8], splitter: &SpecialSplitter) -> Cut {
-        Cut::at(buf, buf.len(), splitter)
+        let mut segments = Vec::new();
+        splitter.segments(buf, 0, &mut segments);
+        Cut { at: buf.len(), segments }
     }
 
-    /// The cut at `at`, which no special-token occurrence in `buf` may straddle.
-    pub fn at(buf: &[u8], at: usize, splitter: &SpecialSplitter) -> Cut {
-        let mut segments = Vec::new();
-        splitter.segments(&buf[..at], 0, &mut segments);
+    /// The cut at `at`, given the special-token occurrences `matches` of the buffer, in
+    /// order, none of which may straddle `at`: those that end by it are then the ones a
+    /// search of the part before it finds.
+    fn from_matches(matches: &[(usize, usize)], at: usize) -> Cut {
+        let mut segments = Vec::with_capacity(matches.len() + 1);
+        let mut pos = 0;
+        for &(s, e) in matches.iter().take_while(|m| m.1 <= at) {
+            if s > pos {
+                segments.push((pos, s));
+            }
+            pos = e;
+        }
+        if at > pos {
+            segments.push((pos, at));
+        }
         Cut { at, segments }
     }
 }
@@ -162,20 +175,8 @@ pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option
         (None, Some(b)) => b,
         _ => return None,
     };
-    // No match straddles the cut (it is a match's end, or lies past the last match), so
-    // the matches that end by it are those a search of the part before it finds.
-    let mut segments = Vec::with_capacity(matches.len() + 1);
-    let mut pos = 0;
-    for &(s, e) in matches.iter().take_while(|m| m.1 <= at) {
-        if s > pos {
-            segments.push((pos, s));
-        }
-        pos = e;
-    }
-    if at > pos {
-        segments.push((pos, at));
-    }
-    Some(Cut { at, segments })
+    // No match straddles the cut: it is a match's end, or lies past the last match.
+    Some(Cut::from_matches(&matches, at))
 }
 
 /// The fallback cut when no exact one exists in a long buffer: hold back the last two
@@ -183,16 +184,18 @@ pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option
 /// special token at the end), as `ferrolm.reference` does when streaming. Exact for the
 /// built-in patterns; for a custom pattern it assumes no match depends on text more
 /// than two pre-tokens ahead.
-pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer) -> Option<usize> {
+pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer) -> Option<Cut> {
     let limit = buf.len().saturating_sub(splitter.max_len().saturating_sub(1));
     let mut start = 0;
     let mut end = limit;
+    let mut matches: Vec<(usize, usize)> = Vec::new();
     splitter.for_each_match(buf, |s, e| {
         if s + splitter.max_len() <= buf.len() {
             start = e; // complete: no longer special token can start here
         } else {
             end = end.min(s);
         }
+        matches.push((s, e));
     });
     if end <= start {
         return None;
@@ -206,7 +209,8 @@ pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer)
     pre.for_each_piece_range(text, |s, _| {
         starts = [starts[1], s];
     });
-    (starts[0] != usize::MAX && start + starts[0] > 0).then(|| start + starts[0])
+    // The cut lies in [start, end): after every complete match, before any partial one.
+    (starts[0] != usize::MAX && start + starts[0] > 0).then(|| Cut::from_matches(&matches, start + starts[0]))
 }
 
 /// Reads one file in chunks ending at cut positions chosen by `cut(buffer, at_end)`
@@ -366,7 +370,9 @@ mod tests {
             let buf = buf.as_bytes();
             for builtin in [false, true] {
                 if let Some(cut) = find_cut(buf, &sp, builtin) {
-                    assert_eq!(cut, Cut::at(buf, cut.at, &sp), "{:?}", String::from_utf8_lossy(buf));
+                    let mut again = vec![];
+                    sp.segments(&buf[..cut.at], 0, &mut again);
+                    assert_eq!(cut.segments, again, "{:?}", String::from_utf8_lossy(buf));
                     cuts += 1;
                 }
             }
@@ -407,11 +413,18 @@ mod tests {
         let sp = SpecialSplitter::new(&["<|end|>".into()]);
         let pre = PreTokenizer::new("gpt2").unwrap();
         // Only "one two three four fi" is surely free of a special-token start.
-        assert_eq!(hold_back_cut(b"one two three four five six", &sp, &pre), Some(13));
+        assert_eq!(hold_back_cut(b"one two three four five six", &sp, &pre).map(|c| c.at), Some(13));
         // The last 6 bytes may start a special token: held back, with the two pieces before.
-        assert_eq!(hold_back_cut(b"a b c d<|en", &sp, &pre), Some(1));
-        assert_eq!(hold_back_cut(b"x<|end|>a b", &sp, &pre), None);
-        assert_eq!(hold_back_cut(b"x<|end|>a b c d e f g", &sp, &pre), Some(11));
+        assert_eq!(hold_back_cut(b"a b c d<|en", &sp, &pre).map(|c| c.at), Some(1));
+        assert_eq!(hold_back_cut(b"x<|end|>a b", &sp, &pre).map(|c| c.at), None);
+        assert_eq!(hold_back_cut(b"x<|end|>a b c d e f g", &sp, &pre).map(|c| c.at), Some(11));
+        // The segments come from the same search: those of the part before the cut.
+        for buf in [&b"x<|end|>a b c d e f g"[..], b"<|end|>y<|end|>one two three<|en", b"one two three four five six"] {
+            let cut = hold_back_cut(buf, &sp, &pre).unwrap();
+            let mut again = vec![];
+            sp.segments(&buf[..cut.at], 0, &mut again);
+            assert_eq!(cut.segments, again, "{:?}", String::from_utf8_lossy(buf));
+        }
     }
 
     #[test]
