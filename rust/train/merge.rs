@@ -544,6 +544,10 @@ struct DeltaEntry {
     last: u32,
 }
 
+impl DeltaEntry {
+    const EMPTY: DeltaEntry = DeltaEntry { count: 0, head: NONE, tail: NONE, n: 0, last: NONE };
+}
+
 /// The count changes of one merge (or of one worker's share of it). The words that
 /// gained a pair are kept in one flat array, chained per pair, so recording them
 /// allocates nothing.
@@ -552,7 +556,10 @@ struct DeltaEntry {
 /// (s, x) or (x, s), where s is the neighbouring symbol. So a pair's entry is found by
 /// s in one of four arrays indexed by symbol (the first shape that fits, so a pair that
 /// fits two has one entry): no hashing and no probing, where this sits inside the
-/// innermost loop of training. `begin` sets the merge; `clear` empties the slots used.
+/// innermost loop of training. A neighbour s other than a, b and x (nearly every one)
+/// has its two pairs on a side in one group of adjacent entries, found by one lookup:
+/// (s, a) and (s, x) on the left, (b, s) and (x, s) on the right; the first loses what
+/// the second gains. `begin` sets the merge; `clear` empties the slots used.
 #[derive(Default)]
 struct Deltas {
     merge: (u32, u32, u32),
@@ -582,7 +589,16 @@ impl Deltas {
         }
     }
 
-    /// The slot of pair (p, q), which must have one of the four shapes.
+    /// Whether `s` is a symbol of the merge (a, b or the new x).
+    #[inline(always)]
+    fn of_merge(&self, s: u32) -> bool {
+        let (a, b, x) = self.merge;
+        s == a || s == b || s == x
+    }
+
+    /// The slot of pair (p, q), which must have one of the four shapes, where it is not a
+    /// pair of a neighbour's group (see `entry`). For the second pair of a group it is an
+    /// unused slot (zero), so that `clear` may reset it all the same.
     #[inline]
     fn slot(&mut self, p: u32, q: u32) -> &mut u32 {
         let (a, b, x) = self.merge;
@@ -598,23 +614,69 @@ impl Deltas {
         }
     }
 
-    /// The index of `key`'s entry, created (zero) if needed.
+    /// The entries of left neighbour s (not a symbol of the merge): (s, a), which loses
+    /// what (s, x) gains, at the returned index, and (s, x) right after it. One lookup
+    /// serves both, where this sits inside the innermost loop.
+    #[inline(always)]
+    fn left_group(&mut self, s: u32) -> usize {
+        let (a, _, x) = self.merge;
+        self.group(s as usize, true, [pack(s, a), pack(s, x)])
+    }
+
+    /// The entries of right neighbour s (not a symbol of the merge): (b, s), then (x, s).
+    #[inline(always)]
+    fn right_group(&mut self, s: u32) -> usize {
+        let (_, b, x) = self.merge;
+        self.group(s as usize, false, [pack(b, s), pack(x, s)])
+    }
+
+    #[inline(always)]
+    fn group(&mut self, s: usize, left: bool, keys: [u64; 2]) -> usize {
+        let next = self.entries.len() as u32 + 1;
+        // Their slots are those of the group's first pair: (s, a) and (b, s).
+        let slot = if left { &mut self.left_of_a[s] } else { &mut self.right_of_b[s] };
+        if *slot != 0 {
+            return (*slot - 1) as usize;
+        }
+        *slot = next;
+        for key in keys {
+            self.entries.push((key, DeltaEntry::EMPTY));
+        }
+        next as usize - 1
+    }
+
+    /// The index of `key`'s entry, created (zero) if needed. A neighbour s that is not a
+    /// symbol of the merge has its pairs in a group of two entries (`left_group`,
+    /// `right_group`); no pair is in two entries.
     #[inline(always)]
     fn entry(&mut self, key: u64) -> usize {
         let (p, q) = unpack(key);
+        let (a, b, x) = self.merge;
+        if (q == a || q == x) && !self.of_merge(p) {
+            return self.left_group(p) + (q == x) as usize;
+        }
+        if (p == b || p == x) && !self.of_merge(q) {
+            return self.right_group(q) + (p == x) as usize;
+        }
         let next = self.entries.len() as u32 + 1;
         let slot = self.slot(p, q);
         if *slot != 0 {
             return (*slot - 1) as usize;
         }
         *slot = next;
-        self.entries.push((key, DeltaEntry { count: 0, head: NONE, tail: NONE, n: 0, last: NONE }));
+        self.entries.push((key, DeltaEntry::EMPTY));
         next as usize - 1
     }
 
     #[inline(always)]
     fn add(&mut self, key: u64, d: i64, w: u32) {
         let k = self.entry(key);
+        self.add_at(k, d, w);
+    }
+
+    /// Add `d` to entry `k`'s count and chain word `w` (unless NONE) to it.
+    #[inline(always)]
+    fn add_at(&mut self, k: usize, d: i64, w: u32) {
         let e = &mut self.entries[k].1;
         e.count += d;
         if w != NONE && e.last != w {
@@ -678,7 +740,7 @@ fn rewrite_word(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut De
     // Find the first occurrence; a stale entry (the word lost the pair) costs just this scan.
     let Some(first) = s.windows(2).position(|p| p[0] == a && p[1] == b) else { return };
     let best = pack(a, b);
-    let mut add = |key: u64, d: i64, w: u32| {
+    let add = |deltas: &mut Deltas, key: u64, d: i64, w: u32| {
         if key != best {
             deltas.add(key, d, w);
         }
@@ -689,13 +751,26 @@ fn rewrite_word(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut De
         if i + 1 < n && s[i] == a && s[i + 1] == b {
             if j > 0 {
                 let l = s[j - 1];
-                add(pack(l, a), -c, NONE);
-                add(pack(l, x), c, w);
+                if deltas.of_merge(l) {
+                    add(deltas, pack(l, a), -c, NONE);
+                    add(deltas, pack(l, x), c, w);
+                } else {
+                    // (l, a) loses what (l, x) gains; neither can be (a, b).
+                    let k = deltas.left_group(l);
+                    deltas.add_at(k, -c, NONE);
+                    deltas.add_at(k + 1, c, w);
+                }
             }
             if i + 2 < n {
                 let r = s[i + 2];
-                add(pack(b, r), -c, NONE);
-                add(pack(x, r), c, w);
+                if deltas.of_merge(r) {
+                    add(deltas, pack(b, r), -c, NONE);
+                    add(deltas, pack(x, r), c, w);
+                } else {
+                    let k = deltas.right_group(r);
+                    deltas.add_at(k, -c, NONE);
+                    deltas.add_at(k + 1, c, w);
+                }
             }
             s[j] = x;
             j += 1;
@@ -1108,13 +1183,16 @@ mod tests {
     fn rewrite_deltas_match_a_recount() {
         // Random words over few symbols (x among them, as when a merge's bytes were made
         // before, and a == b sometimes), so that pairs fitting two of the four shapes
-        // occur: the recorded change of each pair must be its change in a recount.
+        // occur: the recorded change of each pair must be its change in a recount. Half
+        // the rounds record the words in two halves and absorb one into the other, as the
+        // workers of a parallel merge do.
         let mut rng: u64 = 3;
         let mut next = |n: u64| {
             rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((rng >> 33) % n) as u32
         };
         let mut deltas = Deltas::default();
+        let mut other = Deltas::default();
         for round in 0..2000 {
             let (a, b, x) = if round % 3 == 0 { (1, 1, 4) } else { (1, 2, 4) };
             let pair_counts = |s: &[u32]| {
@@ -1127,6 +1205,8 @@ mod tests {
             let mut want: FxMap<u64, i64> = FxMap::default();
             let mut gained: FxMap<u64, Vec<u32>> = FxMap::default();
             deltas.begin(a, b, x, 5);
+            other.begin(a, b, x, 5);
+            let split = round % 2 == 1;
             let mut data = Vec::new();
             for w in 0..1 + next(4) {
                 let len = 2 + next(8) as usize;
@@ -1134,7 +1214,7 @@ mod tests {
                 let c = 1 + next(3) as u64;
                 let mut rec = vec![len as u32, c as u32, (c >> 32) as u32];
                 rec.extend(&s);
-                rewrite_word(&mut rec, w, a, b, x, &mut deltas);
+                rewrite_word(&mut rec, w, a, b, x, if split && w % 2 == 1 { &mut other } else { &mut deltas });
                 let (before, after) = (pair_counts(&s), pair_counts(&rec[HEADER..HEADER + rec[0] as usize]));
                 for (&k, &n) in after.iter() {
                     if n > before.get(&k).copied().unwrap_or(0) {
@@ -1149,6 +1229,7 @@ mod tests {
                 data.push(rec);
             }
             want.remove(&pack(a, b));
+            deltas.absorb(&mut other);
             let mut got: FxMap<u64, i64> = FxMap::default();
             for &(k, ref e) in &deltas.entries {
                 assert!(got.insert(k, e.count).is_none(), "two entries for one pair");
