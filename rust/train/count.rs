@@ -251,7 +251,8 @@ impl Shard {
 /// `CACHE_KEEP` times gives way to the next piece that maps to it (its count moves to
 /// the table). `flush` empties the cache; only then are the shards complete.
 pub struct PieceCounts {
-    cache: Box<[CacheSlot]>,
+    /// A fixed size, so that a slot's index (the top bits of a hash) needs no bounds check.
+    cache: Option<Box<[CacheSlot; CACHE_SLOTS]>>,
     pub shards: Vec<Shard>,
 }
 
@@ -262,34 +263,37 @@ struct CacheSlot {
 }
 
 const CACHE_BITS: u32 = 16;
+const CACHE_SLOTS: usize = 1 << CACHE_BITS;
 const CACHE_KEEP: u64 = 4;
 
 impl Default for PieceCounts {
     fn default() -> Self {
-        PieceCounts { cache: Box::new([]), shards: (0..SHARDS).map(|_| Shard::default()).collect() }
+        PieceCounts { cache: None, shards: (0..SHARDS).map(|_| Shard::default()).collect() }
     }
 }
 
 impl PieceCounts {
     /// A table with a count cache, for a counting worker.
     pub fn with_cache() -> Self {
-        PieceCounts { cache: vec![CacheSlot::default(); 1 << CACHE_BITS].into_boxed_slice(), ..Default::default() }
+        let slots = vec![CacheSlot::default(); CACHE_SLOTS].into_boxed_slice();
+        let Ok(cache) = slots.try_into() else { unreachable!("a cache has CACHE_SLOTS slots") };
+        PieceCounts { cache: Some(cache), ..Default::default() }
     }
 
     /// Hint the cache slot (or, without a cache, the table slot) of hash `h` into the
     /// CPU cache.
     #[inline]
     fn prefetch_slot(&self, h: u64) {
-        if self.cache.is_empty() {
+        let Some(cache) = self.cache.as_deref() else {
             return self.shards[shard_of(h)].short.prefetch(h);
-        }
+        };
         #[cfg(target_arch = "x86_64")]
         {
             let i = (h >> (64 - CACHE_BITS)) as usize;
             // SAFETY: a prefetch is only a hint; the index is in bounds anyway.
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch(self.cache.as_ptr().add(i) as *const i8, _MM_HINT_T0);
+                _mm_prefetch(cache.as_ptr().add(i) as *const i8, _MM_HINT_T0);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -300,10 +304,10 @@ impl PieceCounts {
     /// piece must go to the table instead (see `add_short_table`).
     #[inline]
     fn add_short_cached(&mut self, key: u128, h: u64) -> bool {
-        if self.cache.is_empty() {
+        let Some(cache) = self.cache.as_deref_mut() else {
             return false;
-        }
-        let slot = &mut self.cache[(h >> (64 - CACHE_BITS)) as usize];
+        };
+        let slot = &mut cache[(h >> (64 - CACHE_BITS)) as usize];
         let k = [key as u64, (key >> 64) as u64];
         if slot.key == k {
             slot.count += 1;
@@ -353,12 +357,14 @@ impl PieceCounts {
 
     /// Move the cache's counts into the shards.
     pub fn flush(&mut self) {
-        for i in 0..self.cache.len() {
-            let slot = std::mem::take(&mut self.cache[i]);
+        let Some(mut cache) = self.cache.take() else { return };
+        for slot in cache.iter_mut() {
+            let slot = std::mem::take(slot);
             if slot.count > 0 {
                 self.add_short(slot.key[0] as u128 | (slot.key[1] as u128) << 64, slot.count);
             }
         }
+        self.cache = Some(cache);
     }
 
     #[inline]
@@ -421,7 +427,7 @@ impl PieceCounts {
                 total
             })
             .collect();
-        PieceCounts { cache: Box::new([]), shards }
+        PieceCounts { cache: None, shards }
     }
 }
 
