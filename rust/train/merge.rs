@@ -614,31 +614,41 @@ impl Deltas {
         }
     }
 
-    /// The entries of left neighbour s (not a symbol of the merge): (s, a), which loses
-    /// what (s, x) gains, at the returned index, and (s, x) right after it. One lookup
-    /// serves both, where this sits inside the innermost loop.
+    /// Record one occurrence merged next to neighbour `s` (on its left or right side), in
+    /// a word of count `c`: the pair of s with a (or b) loses c, its pair with x gains c,
+    /// and word `w` gains that pair. For s other than a, b and x (nearly always), the two
+    /// pairs form one group of adjacent entries, found by one lookup where this sits
+    /// inside the innermost loop.
     #[inline(always)]
-    fn left_group(&mut self, s: u32) -> usize {
-        let (a, _, x) = self.merge;
-        self.group(s as usize, true, [pack(s, a), pack(s, x)])
+    fn shift(&mut self, s: u32, left: bool, c: i64, w: u32) {
+        if self.of_merge(s) {
+            let (a, b, x) = self.merge;
+            let (lost, gained) = if left { (pack(s, a), pack(s, x)) } else { (pack(b, s), pack(x, s)) };
+            // The merged pair itself is not recorded (it is gone); a pair with x never is it.
+            if lost != pack(a, b) {
+                self.add(lost, -c, NONE);
+            }
+            self.add(gained, c, w);
+        } else {
+            let k = self.group(s, left);
+            self.add_at(k, -c, NONE);
+            self.add_at(k + 1, c, w);
+        }
     }
 
-    /// The entries of right neighbour s (not a symbol of the merge): (b, s), then (x, s).
+    /// The group of neighbour `s` (not a symbol of the merge) on one side: the entries of
+    /// its lost and its gained pair, at the returned index and the next.
     #[inline(always)]
-    fn right_group(&mut self, s: u32) -> usize {
-        let (_, b, x) = self.merge;
-        self.group(s as usize, false, [pack(b, s), pack(x, s)])
-    }
-
-    #[inline(always)]
-    fn group(&mut self, s: usize, left: bool, keys: [u64; 2]) -> usize {
+    fn group(&mut self, s: u32, left: bool) -> usize {
         let next = self.entries.len() as u32 + 1;
-        // Their slots are those of the group's first pair: (s, a) and (b, s).
-        let slot = if left { &mut self.left_of_a[s] } else { &mut self.right_of_b[s] };
+        // Its slot is that of its lost pair, (s, a) or (b, s).
+        let slot = if left { &mut self.left_of_a[s as usize] } else { &mut self.right_of_b[s as usize] };
         if *slot != 0 {
             return (*slot - 1) as usize;
         }
         *slot = next;
+        let (a, b, x) = self.merge;
+        let keys = if left { [pack(s, a), pack(s, x)] } else { [pack(b, s), pack(x, s)] };
         for key in keys {
             self.entries.push((key, DeltaEntry::EMPTY));
         }
@@ -646,17 +656,17 @@ impl Deltas {
     }
 
     /// The index of `key`'s entry, created (zero) if needed. A neighbour s that is not a
-    /// symbol of the merge has its pairs in a group of two entries (`left_group`,
-    /// `right_group`); no pair is in two entries.
+    /// symbol of the merge has its pairs on a side in a group of two entries (`shift`); no
+    /// pair is in two entries.
     #[inline(always)]
     fn entry(&mut self, key: u64) -> usize {
         let (p, q) = unpack(key);
         let (a, b, x) = self.merge;
         if (q == a || q == x) && !self.of_merge(p) {
-            return self.left_group(p) + (q == x) as usize;
+            return self.group(p, true) + (q == x) as usize;
         }
         if (p == b || p == x) && !self.of_merge(q) {
-            return self.right_group(q) + (p == x) as usize;
+            return self.group(q, false) + (p == x) as usize;
         }
         let next = self.entries.len() as u32 + 1;
         let slot = self.slot(p, q);
@@ -739,38 +749,15 @@ fn rewrite_word(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut De
     let s = &mut rec[HEADER..HEADER + n];
     // Find the first occurrence; a stale entry (the word lost the pair) costs just this scan.
     let Some(first) = s.windows(2).position(|p| p[0] == a && p[1] == b) else { return };
-    let best = pack(a, b);
-    let add = |deltas: &mut Deltas, key: u64, d: i64, w: u32| {
-        if key != best {
-            deltas.add(key, d, w);
-        }
-    };
     let mut i = first;
     let mut j = first;
     while i < n {
         if i + 1 < n && s[i] == a && s[i + 1] == b {
             if j > 0 {
-                let l = s[j - 1];
-                if deltas.of_merge(l) {
-                    add(deltas, pack(l, a), -c, NONE);
-                    add(deltas, pack(l, x), c, w);
-                } else {
-                    // (l, a) loses what (l, x) gains; neither can be (a, b).
-                    let k = deltas.left_group(l);
-                    deltas.add_at(k, -c, NONE);
-                    deltas.add_at(k + 1, c, w);
-                }
+                deltas.shift(s[j - 1], true, c, w);
             }
             if i + 2 < n {
-                let r = s[i + 2];
-                if deltas.of_merge(r) {
-                    add(deltas, pack(b, r), -c, NONE);
-                    add(deltas, pack(x, r), c, w);
-                } else {
-                    let k = deltas.right_group(r);
-                    deltas.add_at(k, -c, NONE);
-                    deltas.add_at(k + 1, c, w);
-                }
+                deltas.shift(s[i + 2], false, c, w);
             }
             s[j] = x;
             j += 1;
