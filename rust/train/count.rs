@@ -444,8 +444,21 @@ pub fn count_text(pre: &PreTokenizer, text: &str, map: &mut PieceCounts) {
 /// Count the pieces `text[bounds[k]..bounds[k + 1]]` (fewer than BATCH).
 #[inline]
 fn count_bounds(text: &[u8], bounds: &[usize], map: &mut PieceCounts) {
+    // All but the last batch of a text have 16 bytes of text from every piece's start:
+    // there each key is one unaligned 16-byte load, with no check per piece.
+    if bounds.last().is_some_and(|&end| end + 16 <= text.len()) {
+        count_bounds_with::<true>(text, bounds, map)
+    } else {
+        count_bounds_with::<false>(text, bounds, map)
+    }
+}
+
+/// `count_bounds`; `WIDE`: `text` holds 16 bytes from the start of every piece.
+#[inline(always)]
+fn count_bounds_with<const WIDE: bool>(text: &[u8], bounds: &[usize], map: &mut PieceCounts) {
     // Keys and hashes of the short pieces; only the first n are written and read.
     let mut batch = [std::mem::MaybeUninit::<(u128, u64)>::uninit(); BATCH];
+    assert!(bounds.len() <= BATCH + 1, "a batch of {} pieces", bounds.len().saturating_sub(1));
     let mut n = 0;
     for w in bounds.windows(2) {
         let (s, e) = (w[0], w[1]);
@@ -453,10 +466,18 @@ fn count_bounds(text: &[u8], bounds: &[usize], map: &mut PieceCounts) {
             map.add_long(&text[s..e], 1);
         } else if e > s {
             // (A custom pattern may match the empty string; that is not a pre-token.)
-            let key = short_key_at(text, s, e);
+            let key = if WIDE {
+                debug_assert!(s + 16 <= text.len());
+                // SAFETY: s <= the batch's end, and `text` extends 16 bytes past that.
+                let word = u128::from_le(unsafe { std::ptr::read_unaligned(text.as_ptr().add(s).cast::<u128>()) });
+                (word & KEY_MASKS[e - s]) | (((e - s) as u128) << 120)
+            } else {
+                short_key_at(text, s, e)
+            };
             let h = mix(key);
             map.prefetch_slot(h);
-            batch[n].write((key, h));
+            // SAFETY: n counts pieces of this batch, fewer than bounds.len() <= BATCH + 1.
+            unsafe { batch.get_unchecked_mut(n) }.write((key, h));
             n += 1;
         }
     }
