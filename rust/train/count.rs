@@ -63,6 +63,13 @@ const KEY_MASKS: [u128; SHORT + 1] = {
     m
 };
 
+/// The key of a short piece of `len` bytes, given the 16 bytes from its start
+/// (little-endian).
+#[inline(always)]
+fn short_key_of(word: u128, len: usize) -> u128 {
+    (word & KEY_MASKS[len]) | ((len as u128) << 120)
+}
+
 /// The key of the short piece `text[s..e]`, reading 16 bytes at once when the text
 /// extends at least that far.
 #[inline]
@@ -70,8 +77,7 @@ fn short_key_at(text: &[u8], s: usize, e: usize) -> u128 {
     let len = e - s;
     debug_assert!(len <= SHORT && e <= text.len());
     if s + 16 <= text.len() {
-        let word = u128::from_le_bytes(text[s..s + 16].try_into().unwrap());
-        (word & KEY_MASKS[len]) | ((len as u128) << 120)
+        short_key_of(u128::from_le_bytes(text[s..s + 16].try_into().unwrap()), len)
     } else {
         short_key(&text[s..e])
     }
@@ -469,8 +475,7 @@ fn count_bounds_with<const WIDE: bool>(text: &[u8], bounds: &[usize], map: &mut 
             let key = if WIDE {
                 debug_assert!(s + 16 <= text.len());
                 // SAFETY: s <= the batch's end, and `text` extends 16 bytes past that.
-                let word = u128::from_le(unsafe { std::ptr::read_unaligned(text.as_ptr().add(s).cast::<u128>()) });
-                (word & KEY_MASKS[e - s]) | (((e - s) as u128) << 120)
+                short_key_of(u128::from_le(unsafe { std::ptr::read_unaligned(text.as_ptr().add(s).cast::<u128>()) }), e - s)
             } else {
                 short_key_at(text, s, e)
             };
