@@ -553,38 +553,57 @@ impl DeltaEntry {
 /// allocates nothing.
 ///
 /// Every pair a merge of (a, b) into x changes has one of four shapes: (s, a), (b, s),
-/// (s, x) or (x, s), where s is the neighbouring symbol. So a pair's entry is found by
-/// s in one of four arrays indexed by symbol (the first shape that fits, so a pair that
-/// fits two has one entry): no hashing and no probing, where this sits inside the
-/// innermost loop of training. A neighbour s other than a, b and x (nearly every one)
-/// has its two pairs on a side in one group of adjacent entries, found by one lookup:
-/// (s, a) and (s, x) on the left, (b, s) and (x, s) on the right; the first loses what
-/// the second gains. `begin` sets the merge; `clear` empties the slots used.
+/// (s, x) or (x, s), where s is the neighbouring symbol. A neighbour s other than a, b
+/// and x (nearly every one) has its two pairs on a side in one group of adjacent
+/// entries: (s, a) and (s, x) on the left, (b, s) and (x, s) on the right; the first
+/// loses what the second gains. The group is found by s in an array indexed by symbol,
+/// one per side: no hashing and no probing, where this sits inside the innermost loop
+/// of training. In those arrays a, b and x are marked `OF_MERGE`, so the one load that
+/// finds a group also tells a neighbour of the merge apart; the pairs of two symbols of
+/// the merge (at most nine) have slots of their own. `begin` sets the merge; `clear`
+/// empties the slots used.
 #[derive(Default)]
 struct Deltas {
     merge: (u32, u32, u32),
-    /// 1 + index into `entries` (0: no entry) of pair (s, a), (b, s), (s, x), (x, s),
-    /// at index s. Each as long as the symbol count.
-    left_of_a: Vec<u32>,
-    right_of_b: Vec<u32>,
-    left_of_x: Vec<u32>,
-    right_of_x: Vec<u32>,
+    /// 1 + index into `entries` (0: no entry yet) of the group of neighbour s on the
+    /// left (of (s, a) then (s, x)) and on the right (of (b, s) then (x, s)), at index s;
+    /// `OF_MERGE` at a, b and x. As long as the symbol count.
+    left_groups: Vec<u32>,
+    right_groups: Vec<u32>,
+    /// 1 + index into `entries` (0: none) of each pair of two symbols of the merge, at
+    /// `3 * role(p) + role(q)`.
+    merge_pairs: [u32; 9],
     entries: Vec<(u64, DeltaEntry)>,
     /// (word, index of the next entry of the same pair's chain).
     adds: Vec<(u32, u32)>,
 }
+
+/// The mark of a symbol of the merge in the group arrays of `Deltas`.
+const OF_MERGE: u32 = u32::MAX;
 
 impl Deltas {
     /// Start recording the changes of merging (a, b) into x, with `symbols` symbols in
     /// all (x included). The deltas must be empty.
     fn begin(&mut self, a: u32, b: u32, x: u32, symbols: usize) {
         debug_assert!(self.entries.is_empty());
-        self.merge = (a, b, x);
-        if self.left_of_a.len() < symbols {
+        if self.left_groups.len() < symbols {
             // Grown in steps, so that the growth is rare.
             let len = symbols.next_power_of_two().max(1 << 10);
-            for v in [&mut self.left_of_a, &mut self.right_of_b, &mut self.left_of_x, &mut self.right_of_x] {
-                v.resize(len, 0);
+            self.left_groups.resize(len, 0);
+            self.right_groups.resize(len, 0);
+        }
+        // The marks of the merge before (if any) go, whether or not it was recorded here.
+        self.mark_merge(0);
+        self.merge = (a, b, x);
+        self.mark_merge(OF_MERGE);
+    }
+
+    /// Set the group slots of a, b and x (where the arrays reach).
+    fn mark_merge(&mut self, mark: u32) {
+        let (a, b, x) = self.merge;
+        for s in [a, b, x] {
+            if let (Some(l), Some(r)) = (self.left_groups.get_mut(s as usize), self.right_groups.get_mut(s as usize)) {
+                (*l, *r) = (mark, mark);
             }
         }
     }
@@ -596,32 +615,33 @@ impl Deltas {
         s == a || s == b || s == x
     }
 
-    /// The slot of pair (p, q), which must have one of the four shapes, where it is not a
-    /// pair of a neighbour's group (see `entry`). For the second pair of a group it is an
-    /// unused slot (zero), so that `clear` may reset it all the same.
+    /// 0, 1, 2 for a, b, x (0 for b when a == b).
     #[inline]
-    fn slot(&mut self, p: u32, q: u32) -> &mut u32 {
+    fn role(&self, s: u32) -> usize {
         let (a, b, x) = self.merge;
-        if q == a {
-            &mut self.left_of_a[p as usize]
-        } else if p == b {
-            &mut self.right_of_b[q as usize]
-        } else if q == x {
-            &mut self.left_of_x[p as usize]
+        debug_assert!(self.of_merge(s));
+        if s == a {
+            0
+        } else if s == b {
+            1
         } else {
-            debug_assert_eq!(p, x, "not a pair of this merge");
-            &mut self.right_of_x[q as usize]
+            debug_assert_eq!(s, x);
+            2
         }
     }
 
     /// Record one occurrence merged next to neighbour `s` (on its left or right side), in
     /// a word of count `c`: the pair of s with a (or b) loses c, its pair with x gains c,
-    /// and word `w` gains that pair. For s other than a, b and x (nearly always), the two
-    /// pairs form one group of adjacent entries, found by one lookup where this sits
-    /// inside the innermost loop.
+    /// and word `w` gains that pair.
     #[inline(always)]
     fn shift(&mut self, s: u32, left: bool, c: i64, w: u32) {
-        if self.of_merge(s) {
+        let slot = if left { self.left_groups[s as usize] } else { self.right_groups[s as usize] };
+        let k = if slot.wrapping_sub(1) < OF_MERGE - 1 {
+            (slot - 1) as usize
+        } else if slot == 0 {
+            self.new_group(s, left)
+        } else {
+            // A symbol of the merge: its pairs are in no group.
             let (a, b, x) = self.merge;
             let (lost, gained) = if left { (pack(s, a), pack(s, x)) } else { (pack(b, s), pack(x, s)) };
             // The merged pair itself is not recorded (it is gone); a pair with x never is it.
@@ -629,53 +649,62 @@ impl Deltas {
                 self.add(lost, -c, NONE);
             }
             self.add(gained, c, w);
-        } else {
-            let k = self.group(s, left);
-            self.add_at(k, -c, NONE);
-            self.add_at(k + 1, c, w);
-        }
+            return;
+        };
+        self.add_at(k, -c, NONE);
+        self.add_at(k + 1, c, w);
     }
 
     /// The group of neighbour `s` (not a symbol of the merge) on one side: the entries of
     /// its lost and its gained pair, at the returned index and the next.
     #[inline(always)]
     fn group(&mut self, s: u32, left: bool) -> usize {
-        let next = self.entries.len() as u32 + 1;
-        // Its slot is that of its lost pair, (s, a) or (b, s).
-        let slot = if left { &mut self.left_of_a[s as usize] } else { &mut self.right_of_b[s as usize] };
-        if *slot != 0 {
-            return (*slot - 1) as usize;
+        let slot = if left { self.left_groups[s as usize] } else { self.right_groups[s as usize] };
+        debug_assert!(slot != OF_MERGE);
+        if slot != 0 {
+            return (slot - 1) as usize;
         }
-        *slot = next;
+        self.new_group(s, left)
+    }
+
+    /// Make the (empty) group of neighbour `s` on one side.
+    #[inline]
+    fn new_group(&mut self, s: u32, left: bool) -> usize {
+        let k = self.entries.len();
         let (a, b, x) = self.merge;
-        let keys = if left { [pack(s, a), pack(s, x)] } else { [pack(b, s), pack(x, s)] };
+        let keys = if left {
+            self.left_groups[s as usize] = k as u32 + 1;
+            [pack(s, a), pack(s, x)]
+        } else {
+            self.right_groups[s as usize] = k as u32 + 1;
+            [pack(b, s), pack(x, s)]
+        };
         for key in keys {
             self.entries.push((key, DeltaEntry::EMPTY));
         }
-        next as usize - 1
+        k
     }
 
-    /// The index of `key`'s entry, created (zero) if needed. A neighbour s that is not a
-    /// symbol of the merge has its pairs on a side in a group of two entries (`shift`); no
-    /// pair is in two entries.
+    /// The index of `key`'s entry, created (zero) if needed. `key` must have one of the
+    /// four shapes; no pair is in two entries.
     #[inline(always)]
     fn entry(&mut self, key: u64) -> usize {
         let (p, q) = unpack(key);
-        let (a, b, x) = self.merge;
-        if (q == a || q == x) && !self.of_merge(p) {
+        let x = self.merge.2;
+        if !self.of_merge(p) {
+            debug_assert!(q == self.merge.0 || q == x, "not a pair of this merge");
             return self.group(p, true) + (q == x) as usize;
         }
-        if (p == b || p == x) && !self.of_merge(q) {
+        if !self.of_merge(q) {
+            debug_assert!(p == self.merge.1 || p == x, "not a pair of this merge");
             return self.group(q, false) + (p == x) as usize;
         }
-        let next = self.entries.len() as u32 + 1;
-        let slot = self.slot(p, q);
-        if *slot != 0 {
-            return (*slot - 1) as usize;
+        let i = 3 * self.role(p) + self.role(q);
+        if self.merge_pairs[i] == 0 {
+            self.entries.push((key, DeltaEntry::EMPTY));
+            self.merge_pairs[i] = self.entries.len() as u32;
         }
-        *slot = next;
-        self.entries.push((key, DeltaEntry::EMPTY));
-        next as usize - 1
+        (self.merge_pairs[i] - 1) as usize
     }
 
     #[inline(always)]
@@ -732,9 +761,15 @@ impl Deltas {
 
     fn clear(&mut self) {
         for k in 0..self.entries.len() {
+            // A pair with a neighbour outside the merge is in that neighbour's group.
             let (p, q) = unpack(self.entries[k].0);
-            *self.slot(p, q) = 0;
+            if !self.of_merge(p) {
+                self.left_groups[p as usize] = 0;
+            } else if !self.of_merge(q) {
+                self.right_groups[q as usize] = 0;
+            }
         }
+        self.merge_pairs = [0; 9];
         self.entries.clear();
         self.adds.clear();
     }
