@@ -518,7 +518,15 @@ impl PairHeap {
                 break;
             }
             let r = l + 1;
-            let c = if r < n && Self::greater(tokens, self.v[r], self.v[l]) { r } else { l };
+            // The greater child, without a branch on which it is unless counts tie (a
+            // coin flip the CPU would mispredict half the time).
+            let c = if r < n {
+                let (vr, vl) = (self.v[r], self.v[l]);
+                let right = if vr.0 == vl.0 { Self::greater(tokens, vr, vl) } else { vr.0 > vl.0 };
+                l + right as usize
+            } else {
+                l
+            };
             if Self::greater(tokens, self.v[c], self.v[i]) {
                 self.v.swap(c, i);
                 i = c;
