@@ -768,14 +768,14 @@ impl Deltas {
     }
 
     fn clear(&mut self) {
-        for k in 0..self.entries.len() {
-            // A pair with a neighbour outside the merge is in that neighbour's group.
-            let (p, q) = unpack(self.entries[k].0);
-            if !self.of_merge(p) {
-                self.left_groups[p as usize] = 0;
-            } else if !self.of_merge(q) {
-                self.right_groups[q as usize] = 0;
-            }
+        // A pair (p, q) with p outside the merge is in p's left group, else, with q
+        // outside, in q's right group; the slot of a symbol of the merge keeps its mark.
+        // So both slots are reset, but for marks (no branch on the shape).
+        let unless_marked = |slot: &mut u32| *slot = 0u32.wrapping_sub((*slot == OF_MERGE) as u32);
+        for &(key, _) in &self.entries {
+            let (p, q) = unpack(key);
+            unless_marked(&mut self.left_groups[p as usize]);
+            unless_marked(&mut self.right_groups[q as usize]);
         }
         self.merge_pairs = [0; 9];
         self.entries.clear();
