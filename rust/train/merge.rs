@@ -1,7 +1,9 @@
 //! Stages 3 and 4: build words and pair counts, then merge.
 //!
 //! * Words are the unique pre-tokens as symbol sequences in one flat array; a merge
-//!   rewrites a word in place (it only gets shorter), in one left-to-right pass.
+//!   rewrites a word in place (it only gets shorter), in one left-to-right pass; where
+//!   the CPU has AVX2, a word of up to 16 symbols (nearly all) is searched with vector
+//!   compares and, with one occurrence, rewritten by masked stores (`vector`).
 //! * `pairs` maps each adjacent symbol pair to its weighted count and the list of
 //!   words that contain it. Lists are append-only and may hold stale or repeated
 //!   word ids (deduplicated lazily); every word that contains the pair is in it.
