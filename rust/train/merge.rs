@@ -904,9 +904,10 @@ unsafe impl Sync for SharedWords {}
 /// Rewrite the words of `list` whose ids are in `lo..hi`.
 ///
 /// # Safety
-/// No other thread may access the words array at offsets `lo..hi`, nor the records of
-/// words with ids in `lo..hi`, meanwhile; every id in `list` must be the offset of a
-/// record of `words`.
+/// Meanwhile no other thread may access the records of the words with ids in `lo..hi`,
+/// nor the array between the first of them and `hi` (the vector rewrite reads past a
+/// record's end, up to `hi`); every id in `list` must be the offset of a record of
+/// `words`.
 unsafe fn rewrite_share(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
     #[cfg(target_arch = "x86_64")]
     if vector::available() {
@@ -1179,7 +1180,9 @@ fn learn_merges_with(
             rayon::scope(|scope| {
                 for (t, d) in deltas.iter_mut().enumerate() {
                     scope.spawn(move |_| {
-                        // SAFETY: the word-id ranges of the workers are disjoint.
+                        // SAFETY: the word-id ranges of the workers are disjoint, and a
+                        // worker's first record starts after the last record of the one
+                        // before ends.
                         unsafe { rewrite_share(shared, list, bounds[t], bounds[t + 1], a, b, x, d) };
                     });
                 }
