@@ -175,9 +175,10 @@ pub struct PreTokenizer {
     simd: Simd,
 }
 
-/// The instruction set the built-in scanners use (x86_64), chosen at run time: the best
-/// the CPU has, or less where the environment variable `FERROLM_SIMD` (`baseline`,
-/// `avx2`, `avx512`) caps it. All levels give the same pieces.
+/// The instruction set the built-in scanners (and the trainer's word rewrite) use
+/// (x86_64), chosen at run time: the best the CPU has, or less where the environment
+/// variable `FERROLM_SIMD` (`baseline`, `avx2`, `avx512`) caps it. All levels give the
+/// same pieces (and merges).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Simd {
     /// SSE2 on x86_64 (every x86_64 CPU has it); portable code elsewhere.

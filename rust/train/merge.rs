@@ -2,8 +2,9 @@
 //!
 //! * Words are the unique pre-tokens as symbol sequences in one flat array; a merge
 //!   rewrites a word in place (it only gets shorter), in one left-to-right pass; where
-//!   the CPU has AVX2, a word of up to 16 symbols (nearly all) is searched with vector
-//!   compares and, with one occurrence, rewritten by masked stores (`vector`).
+//!   the CPU has AVX-512F or AVX2 (`Simd::detected`), a word of up to 16 symbols (nearly
+//!   all) is searched with vector compares and, with one occurrence, rewritten by masked
+//!   stores (`vector`).
 //! * `pairs` maps each adjacent symbol pair to its weighted count and the list of
 //!   words that contain it. Lists are append-only and may hold stale or repeated
 //!   word ids (deduplicated lazily); every word that contains the pair is in it.
@@ -824,26 +825,29 @@ fn rewrite_from(rec: &mut [u32], first: usize, w: u32, a: u32, b: u32, x: u32, d
 }
 
 /// Words of up to this many symbols (nearly all that a merge visits) are rewritten with
-/// vector compares where the CPU has AVX2.
+/// vector compares where the CPU has AVX-512F or AVX2.
 const VECTOR_SYMBOLS: usize = 16;
 /// How many values from a record's start the vector rewrite reads (the record and what
 /// follows it, which it leaves unchanged).
 const VECTOR_READ: usize = HEADER + VECTOR_SYMBOLS + 1;
 
-/// `rewrite_word` with AVX2: one compare of the word against a and of its next symbols
-/// against b finds every occurrence at once, so a stale word costs no scan, and a word
-/// with one occurrence (99 % of the rest) is rewritten with no loop at all.
+/// `rewrite_word` with vector compares: one compare of the word against a and of its
+/// next symbols against b finds every occurrence at once, so a stale word costs no scan,
+/// and a word with one occurrence (99 % of the rest) is rewritten with no loop at all.
+/// Words of up to VECTOR_SYMBOLS symbols; `rec` must hold VECTOR_READ values (the
+/// record and what follows it, which is read but left as it is).
 #[cfg(target_arch = "x86_64")]
 mod vector {
     use super::{rewrite_from, Deltas, HEADER, VECTOR_READ, VECTOR_SYMBOLS};
     use std::arch::x86_64::*;
 
+    /// With AVX2 (two 8-lane halves).
+    ///
     /// # Safety
     /// The CPU must have AVX2 and BMI1.
     #[target_feature(enable = "avx2,bmi1")]
     #[inline]
-    pub(super) unsafe fn rewrite_word(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
-        // Reads cover VECTOR_READ values from the record's start; writes stay in the record.
+    pub(super) unsafe fn rewrite_word_avx2(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
         assert!(rec.len() >= VECTOR_READ);
         let n = rec[0] as usize;
         debug_assert!((1..=VECTOR_SYMBOLS).contains(&n));
@@ -858,21 +862,7 @@ mod vector {
         let found = (_mm256_movemask_ps(_mm256_castsi256_ps(hit0)) as u32
             | (_mm256_movemask_ps(_mm256_castsi256_ps(hit1)) as u32) << 8)
             & pairs;
-        if found == 0 {
-            return;
-        }
-        let i = found.trailing_zeros() as usize;
-        if found & (found - 1) != 0 {
-            // Two or more occurrences (rare; with a == b they may overlap).
-            return rewrite_from(rec, i, w, a, b, x, deltas);
-        }
-        let c = (rec[1] as u64 | (rec[2] as u64) << 32) as i64;
-        if i > 0 {
-            deltas.shift(*s.add(i - 1), true, c, w);
-        }
-        if i + 2 < n {
-            deltas.shift(*s.add(i + 2), false, c, w);
-        }
+        let Some(i) = record_occurrence(rec, found, w, a, b, x, deltas) else { return };
         // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
         let moved = _mm256_set1_epi32((pairs & (u32::MAX << (i + 1))) as i32);
         let lane0 = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -885,8 +875,52 @@ mod vector {
         rec[0] = (n - 1) as u32;
     }
 
-    pub(super) fn available() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("bmi1")
+    /// With AVX-512 (one 16-lane register, compares straight into a mask).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, AVX2 and BMI1.
+    #[target_feature(enable = "avx512f,avx2,bmi1")]
+    #[inline]
+    pub(super) unsafe fn rewrite_word_avx512(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
+        assert!(rec.len() >= VECTOR_READ);
+        let n = rec[0] as usize;
+        debug_assert!((1..=VECTOR_SYMBOLS).contains(&n));
+        let s = rec.as_mut_ptr().add(HEADER);
+        let here = _mm512_loadu_si512(s as *const __m512i);
+        let next = _mm512_loadu_si512(s.add(1) as *const __m512i);
+        let pairs = ((1u32 << (n - 1)) - 1) as __mmask16;
+        let at_a = _mm512_mask_cmpeq_epi32_mask(pairs, here, _mm512_set1_epi32(a as i32));
+        let found = _mm512_mask_cmpeq_epi32_mask(at_a, next, _mm512_set1_epi32(b as i32)) as u32;
+        let Some(i) = record_occurrence(rec, found, w, a, b, x, deltas) else { return };
+        // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
+        _mm512_mask_storeu_epi32(s as *mut i32, pairs & (u32::MAX << (i + 1)) as __mmask16, next);
+        *s.add(i) = x;
+        rec[0] = (n - 1) as u32;
+    }
+
+    /// Given the mask of the occurrences in a word, record the changes of a single
+    /// occurrence and return its place (the caller rewrites the word); no occurrence
+    /// leaves all as it is, and several are rewritten by the scalar code. Both return None.
+    #[inline(always)]
+    fn record_occurrence(rec: &mut [u32], found: u32, w: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) -> Option<usize> {
+        if found == 0 {
+            return None;
+        }
+        let i = found.trailing_zeros() as usize;
+        if found & (found - 1) != 0 {
+            // Two or more occurrences (rare; with a == b they may overlap).
+            rewrite_from(rec, i, w, a, b, x, deltas);
+            return None;
+        }
+        let n = rec[0] as usize;
+        let c = (rec[1] as u64 | (rec[2] as u64) << 32) as i64;
+        if i > 0 {
+            deltas.shift(rec[HEADER + i - 1], true, c, w);
+        }
+        if i + 2 < n {
+            deltas.shift(rec[HEADER + i + 2], false, c, w);
+        }
+        Some(i)
     }
 }
 
@@ -908,30 +942,70 @@ unsafe impl Sync for SharedWords {}
 /// nor the array between the first of them and `hi` (the vector rewrite reads past a
 /// record's end, up to `hi`); every id in `list` must be the offset of a record of
 /// `words`.
+#[allow(clippy::too_many_arguments)] // the merge's symbols, passed in registers
 unsafe fn rewrite_share(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
     #[cfg(target_arch = "x86_64")]
-    if vector::available() {
-        return rewrite_share_vector(words, list, lo, hi, a, b, x, deltas);
+    {
+        use crate::pretokenize::Simd;
+        match Simd::detected() {
+            Simd::Avx512 | Simd::Avx512Vbmi2 => return rewrite_share_avx512(words, list, lo, hi, a, b, x, deltas),
+            Simd::Avx2 => return rewrite_share_avx2(words, list, lo, hi, a, b, x, deltas),
+            Simd::Baseline => {}
+        }
     }
     for_each_word(words, list, lo, hi, |w, n| {
         rewrite_word(std::slice::from_raw_parts_mut(words.ptr.add(w as usize), HEADER + n), w, a, b, x, deltas)
     });
 }
 
-/// `rewrite_share` with `vector::rewrite_word` for the words it can take: those of up to
-/// VECTOR_SYMBOLS symbols whose vector reads stay below `hi` and inside the array (what
-/// lies there is this thread's alone).
+/// `rewrite_share` with `vector::rewrite_word_avx2` for the words it can take.
 ///
 /// # Safety
 /// As `rewrite_share`, and the CPU must have AVX2 and BMI1.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1")]
-unsafe fn rewrite_share_vector(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
+#[allow(clippy::too_many_arguments)] // the merge's symbols, passed in registers
+unsafe fn rewrite_share_avx2(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
+    rewrite_share_vector(words, list, lo, hi, a, b, x, deltas, |rec, w, d| vector::rewrite_word_avx2(rec, w, a, b, x, d));
+}
+
+/// `rewrite_share` with `vector::rewrite_word_avx512` for the words it can take.
+///
+/// # Safety
+/// As `rewrite_share`, and the CPU must have AVX-512F, AVX2 and BMI1.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,bmi1")]
+#[allow(clippy::too_many_arguments)] // the merge's symbols, passed in registers
+unsafe fn rewrite_share_avx512(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
+    rewrite_share_vector(words, list, lo, hi, a, b, x, deltas, |rec, w, d| vector::rewrite_word_avx512(rec, w, a, b, x, d));
+}
+
+/// `rewrite_share` with `vector_word(record, word, deltas)` (a `vector` rewrite) for the
+/// words of up to VECTOR_SYMBOLS symbols whose vector reads stay below `hi` and inside
+/// the array (what lies there is this thread's alone); it gets VECTOR_READ values from
+/// the record's start.
+///
+/// # Safety
+/// As `rewrite_share`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rewrite_share_vector(
+    words: SharedWords,
+    list: &[u32],
+    lo: u32,
+    hi: u32,
+    a: u32,
+    b: u32,
+    x: u32,
+    deltas: &mut Deltas,
+    vector_word: impl Fn(&mut [u32], u32, &mut Deltas),
+) {
     let end = (hi as usize).min(words.len);
     for_each_word(words, list, lo, hi, |w, n| {
         let w_at = w as usize;
         if n <= VECTOR_SYMBOLS && w_at + VECTOR_READ <= end {
-            vector::rewrite_word(std::slice::from_raw_parts_mut(words.ptr.add(w_at), VECTOR_READ), w, a, b, x, deltas)
+            vector_word(std::slice::from_raw_parts_mut(words.ptr.add(w_at), VECTOR_READ), w, deltas)
         } else {
             rewrite_word(std::slice::from_raw_parts_mut(words.ptr.add(w_at), HEADER + n), w, a, b, x, deltas)
         }
@@ -1390,10 +1464,19 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn vector_rewrite_matches_the_scalar_one() {
-        if !vector::available() {
-            eprintln!("skipped: this CPU has no AVX2");
-            return;
+    fn vector_rewrites_match_the_scalar_one() {
+        use crate::pretokenize::Simd;
+        type Rewrite = unsafe fn(&mut [u32], u32, u32, u32, u32, &mut Deltas);
+        let level = Simd::detected();
+        let mut rewrites: Vec<(&str, Rewrite)> = Vec::new();
+        if level >= Simd::Avx2 {
+            rewrites.push(("avx2", vector::rewrite_word_avx2));
+        }
+        if level >= Simd::Avx512 {
+            rewrites.push(("avx512", vector::rewrite_word_avx512));
+        }
+        if rewrites.len() < 2 {
+            eprintln!("{} of the two vector rewrites skipped: this CPU lacks AVX2 / AVX-512 (or FERROLM_SIMD caps it)", 2 - rewrites.len());
         }
         // Random words of 1..=16 symbols over few symbols (x among them), so that
         // occurrences are frequent, often repeated and, with a == b, overlapping; each
@@ -1403,6 +1486,9 @@ mod tests {
             rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((rng >> 33) % n) as u32
         };
+        let changes = |d: &Deltas| -> Vec<(u64, i64, Vec<u32>)> {
+            d.entries.iter().map(|&(k, e)| (k, e.count, d.words(e.head).collect())).collect()
+        };
         let (mut scalar, mut vectored) = (Deltas::default(), Deltas::default());
         let mut rewritten = 0;
         for round in 0..20_000u32 {
@@ -1411,21 +1497,21 @@ mod tests {
             let c = 1 + next(1000) as u64;
             let mut rec = vec![len as u32, c as u32, (c >> 32) as u32];
             rec.extend((HEADER..VECTOR_READ).map(|_| next(5)));
-            let mut rec_v = rec.clone();
+            let before = rec.clone();
             let w = round * 7;
             scalar.begin(a, b, x, 5);
-            vectored.begin(a, b, x, 5);
             rewrite_word(&mut rec[..HEADER + len], w, a, b, x, &mut scalar);
-            // SAFETY: AVX2 and BMI1 are available (checked above).
-            unsafe { vector::rewrite_word(&mut rec_v, w, a, b, x, &mut vectored) };
-            assert_eq!(rec_v, rec, "round {round}: (a, b) = ({a}, {b})");
             rewritten += (rec[0] as usize != len) as u32;
-            let changes = |d: &Deltas| -> Vec<(u64, i64, Vec<u32>)> {
-                d.entries.iter().map(|&(k, e)| (k, e.count, d.words(e.head).collect())).collect()
-            };
-            assert_eq!(changes(&vectored), changes(&scalar), "round {round}: {rec:?}");
+            for &(name, rewrite) in &rewrites {
+                let mut rec_v = before.clone();
+                vectored.begin(a, b, x, 5);
+                // SAFETY: the CPU has the features of each rewrite in the list (checked above).
+                unsafe { rewrite(&mut rec_v, w, a, b, x, &mut vectored) };
+                assert_eq!(rec_v, rec, "{name}, round {round}: (a, b) = ({a}, {b}), {before:?}");
+                assert_eq!(changes(&vectored), changes(&scalar), "{name}, round {round}: {before:?}");
+                vectored.clear();
+            }
             scalar.clear();
-            vectored.clear();
         }
         assert!(rewritten > 3_000, "{rewritten}");
     }
