@@ -863,6 +863,7 @@ mod vector {
             | (_mm256_movemask_ps(_mm256_castsi256_ps(hit1)) as u32) << 8)
             & pairs;
         let Some(i) = record_occurrence(rec, found, w, a, b, x, deltas) else { return };
+        let s = rec.as_mut_ptr().add(HEADER); // (`rec` was borrowed again since)
         // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
         let moved = _mm256_set1_epi32((pairs & (u32::MAX << (i + 1))) as i32);
         let lane0 = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -892,6 +893,7 @@ mod vector {
         let at_a = _mm512_mask_cmpeq_epi32_mask(pairs, here, _mm512_set1_epi32(a as i32));
         let found = _mm512_mask_cmpeq_epi32_mask(at_a, next, _mm512_set1_epi32(b as i32)) as u32;
         let Some(i) = record_occurrence(rec, found, w, a, b, x, deltas) else { return };
+        let s = rec.as_mut_ptr().add(HEADER); // (`rec` was borrowed again since)
         // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
         _mm512_mask_storeu_epi32(s as *mut i32, pairs & (u32::MAX << (i + 1)) as __mmask16, next);
         *s.add(i) = x;
