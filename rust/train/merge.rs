@@ -609,13 +609,22 @@ impl Deltas {
         self.mark_merge(OF_MERGE);
     }
 
-    /// Set the group slots of a, b and x (where the arrays reach).
+    /// Set the group slots of a, b and x (the arrays, which only grow, cover every merge's).
     fn mark_merge(&mut self, mark: u32) {
         let (a, b, x) = self.merge;
         for s in [a, b, x] {
-            if let (Some(l), Some(r)) = (self.left_groups.get_mut(s as usize), self.right_groups.get_mut(s as usize)) {
-                (*l, *r) = (mark, mark);
-            }
+            self.left_groups[s as usize] = mark;
+            self.right_groups[s as usize] = mark;
+        }
+    }
+
+    /// The group slot of neighbour `s` on one side (see `left_groups`).
+    #[inline(always)]
+    fn group_slot(&self, s: u32, left: bool) -> u32 {
+        if left {
+            self.left_groups[s as usize]
+        } else {
+            self.right_groups[s as usize]
         }
     }
 
@@ -646,7 +655,7 @@ impl Deltas {
     /// and word `w` gains that pair.
     #[inline(always)]
     fn shift(&mut self, s: u32, left: bool, c: i64, w: u32) {
-        let slot = if left { self.left_groups[s as usize] } else { self.right_groups[s as usize] };
+        let slot = self.group_slot(s, left);
         let k = if slot.wrapping_sub(1) < OF_MERGE - 1 {
             (slot - 1) as usize
         } else if slot == 0 {
@@ -670,7 +679,7 @@ impl Deltas {
     /// its lost and its gained pair, at the returned index and the next.
     #[inline(always)]
     fn group(&mut self, s: u32, left: bool) -> usize {
-        let slot = if left { self.left_groups[s as usize] } else { self.right_groups[s as usize] };
+        let slot = self.group_slot(s, left);
         debug_assert!(slot != OF_MERGE);
         if slot != 0 {
             return (slot - 1) as usize;
