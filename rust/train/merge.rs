@@ -857,10 +857,7 @@ mod vector {
     #[target_feature(enable = "avx2,bmi1")]
     #[inline]
     pub(super) unsafe fn rewrite_word_avx2(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
-        assert!(rec.len() >= VECTOR_READ);
-        let n = rec[0] as usize;
-        debug_assert!((1..=VECTOR_SYMBOLS).contains(&n));
-        let s = rec.as_mut_ptr().add(HEADER);
+        let (n, s) = word_of(rec);
         let load = |k: usize| _mm256_loadu_si256(s.add(k) as *const __m256i);
         let (va, vb) = (_mm256_set1_epi32(a as i32), _mm256_set1_epi32(b as i32));
         // Lane k of `here` holds symbol k, of `next` symbol k + 1.
@@ -872,7 +869,7 @@ mod vector {
             | (_mm256_movemask_ps(_mm256_castsi256_ps(hit1)) as u32) << 8)
             & pairs;
         let Some(i) = record_occurrence(rec, found, w, a, b, x, deltas) else { return };
-        let s = rec.as_mut_ptr().add(HEADER); // (`rec` was borrowed again since)
+        let s = word_of(rec).1; // (`rec` was borrowed again since)
         // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
         let moved = _mm256_set1_epi32((pairs & (u32::MAX << (i + 1))) as i32);
         let lane0 = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -892,21 +889,28 @@ mod vector {
     #[target_feature(enable = "avx512f,avx2,bmi1")]
     #[inline]
     pub(super) unsafe fn rewrite_word_avx512(rec: &mut [u32], w: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
-        assert!(rec.len() >= VECTOR_READ);
-        let n = rec[0] as usize;
-        debug_assert!((1..=VECTOR_SYMBOLS).contains(&n));
-        let s = rec.as_mut_ptr().add(HEADER);
+        let (n, s) = word_of(rec);
         let here = _mm512_loadu_si512(s as *const __m512i);
         let next = _mm512_loadu_si512(s.add(1) as *const __m512i);
         let pairs = ((1u32 << (n - 1)) - 1) as __mmask16;
         let at_a = _mm512_mask_cmpeq_epi32_mask(pairs, here, _mm512_set1_epi32(a as i32));
         let found = _mm512_mask_cmpeq_epi32_mask(at_a, next, _mm512_set1_epi32(b as i32)) as u32;
         let Some(i) = record_occurrence(rec, found, w, a, b, x, deltas) else { return };
-        let s = rec.as_mut_ptr().add(HEADER); // (`rec` was borrowed again since)
+        let s = word_of(rec).1; // (`rec` was borrowed again since)
         // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
         _mm512_mask_storeu_epi32(s as *mut i32, pairs & (u32::MAX << (i + 1)) as __mmask16, next);
         *s.add(i) = x;
         rec[0] = (n - 1) as u32;
+    }
+
+    /// The symbol count of the word at `rec` and a pointer to its first symbol; `rec`
+    /// must hold the VECTOR_READ values the vector rewrites read.
+    #[inline(always)]
+    fn word_of(rec: &mut [u32]) -> (usize, *mut u32) {
+        assert!(rec.len() >= VECTOR_READ);
+        let n = rec[0] as usize;
+        debug_assert!((1..=VECTOR_SYMBOLS).contains(&n));
+        (n, rec[HEADER..].as_mut_ptr())
     }
 
     /// Given the mask of the occurrences in a word, record the changes of a single
