@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -16,7 +15,9 @@ import ferrolm
 assert shutil.which("cargo") is None, "the smoke test must run without a Rust toolchain on PATH"
 print("ferrolm", ferrolm.__version__, "from", Path(ferrolm.__file__).parent)
 
-text = "\n<|endoftext|>\n".join(f"Story {i}: the cat sat on the mat and looked at the {i % 7} birds." for i in range(300))
+text = "\n<|endoftext|>\n".join(
+    f"Story {i}: the cat sat on the mat and looked at the {i % 7} birds." for i in range(300)
+)
 tok = ferrolm.Tokenizer.train(iter([text]), vocab_size=300, special_tokens=["<|endoftext|>"], progress=False)
 ids = tok.encode("the cat sat<|endoftext|>")
 assert tok.decode(ids) == "the cat sat<|endoftext|>", ids
@@ -32,9 +33,11 @@ with tempfile.TemporaryDirectory() as d:
 
 import torch  # noqa: E402
 
-from ferrolm.model import TransformerLM  # noqa: E402
+from ferrolm.lm.model import TransformerLM  # noqa: E402
 
-model = TransformerLM(vocab_size=tok.vocab_size, context_length=16, d_model=32, num_layers=1, num_heads=2, d_ff=64, rope_theta=10000.0)
+model = TransformerLM(
+    vocab_size=tok.vocab_size, context_length=16, d_model=32, num_layers=1, num_heads=2, d_ff=64, rope_theta=10000.0
+)
 logits = model(torch.tensor([ids[:8]]))
 assert logits.shape == (1, min(8, len(ids)), tok.vocab_size)
 

@@ -55,7 +55,7 @@ MODES = ["encode", "batch-1", "batch-2", "file"]
 
 def gpt2_vocab() -> dict[int, bytes]:
     sys.path.insert(0, str(REPO / "python"))
-    from ferrolm.tokenizer_files import read_vocab
+    from ferrolm.bpe.files import read_vocab
 
     return read_vocab(SHARED / "fixtures/gpt2_vocab.json", [EOT])
 
@@ -122,7 +122,9 @@ def load(lib: str, threads: int):
     if lib == "hf":
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-        tok = Tokenizer(models.BPE.from_file(str(SHARED / "fixtures/gpt2_vocab.json"), str(SHARED / "fixtures/gpt2_merges.txt")))
+        tok = Tokenizer(
+            models.BPE.from_file(str(SHARED / "fixtures/gpt2_vocab.json"), str(SHARED / "fixtures/gpt2_merges.txt"))
+        )
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         tok.add_special_tokens([EOT])
@@ -200,8 +202,16 @@ def child(lib: str, mode: str, path: Path, runs: int) -> dict:
             break  # slow library: one timed run is enough
     gc.enable()
     return {
-        "lib": lib, "mode": mode, "file": path.name, "bytes": nbytes, "docs": len(docs), "tokens": ntok,
-        "hash": digest, "wall": walls, "cpu": cpus, "vmhwm_mb": vmhwm_mb(),
+        "lib": lib,
+        "mode": mode,
+        "file": path.name,
+        "bytes": nbytes,
+        "docs": len(docs),
+        "tokens": ntok,
+        "hash": digest,
+        "wall": walls,
+        "cpu": cpus,
+        "vmhwm_mb": vmhwm_mb(),
     }
 
 
@@ -216,8 +226,15 @@ def child_iterable(path: Path, chunk: str) -> dict:
         chunks = f if chunk == "lines" else iter(lambda: f.read(1 << 20), "")
         for _ in tok.encode_iterable(chunks):
             n += 1
-    return {"mode": f"iterable-{chunk}", "file": path.name, "bytes": nbytes, "tokens": n,
-            "wall": [time.perf_counter() - w0], "cpu": [time.process_time() - c0], "vmhwm_mb": vmhwm_mb()}
+    return {
+        "mode": f"iterable-{chunk}",
+        "file": path.name,
+        "bytes": nbytes,
+        "tokens": n,
+        "wall": [time.perf_counter() - w0],
+        "cpu": [time.process_time() - c0],
+        "vmhwm_mb": vmhwm_mb(),
+    }
 
 
 def child_worst(lib: str, unit: str, n: int) -> dict:
@@ -233,8 +250,15 @@ def child_worst(lib: str, unit: str, n: int) -> dict:
         enc = lambda d: tok.encode(d, add_special_tokens=False).ids  # noqa: E731
     c0, w0 = time.process_time(), time.perf_counter()
     ids = enc(text)
-    return {"lib": lib, "unit": unit, "n": n, "tokens": len(ids), "hash": ids_hash([ids]),
-            "wall": [time.perf_counter() - w0], "cpu": [time.process_time() - c0]}
+    return {
+        "lib": lib,
+        "unit": unit,
+        "n": n,
+        "tokens": len(ids),
+        "hash": ids_hash([ids]),
+        "wall": [time.perf_counter() - w0],
+        "cpu": [time.process_time() - c0],
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -362,10 +386,14 @@ def report(results, stream, worst, libs, missing, runs, files) -> str:
             vers.append(f"{lib} {md.version(name)}")
         except md.PackageNotFoundError:
             vers.append(lib)
-    lines.append(f"Date {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {', '.join(vers)}.")
+    lines.append(
+        f"Date {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {', '.join(vers)}."
+    )
     if missing:
         lines.append(f"Not installed, not measured: {', '.join(missing)}.")
-    lines.append(f"Median of {runs} timed runs after a warm-up run. MB/s of UTF-8 input by wall time, CPU-time MB/s in brackets; ratio = wall MB/s / tiktoken's.")
+    lines.append(
+        f"Median of {runs} timed runs after a warm-up run. MB/s of UTF-8 input by wall time, CPU-time MB/s in brackets; ratio = wall MB/s / tiktoken's."
+    )
     lines.append("")
     for path in files:
         rows = [r for r in results if r.get("file") == path.name]
@@ -399,7 +427,9 @@ def report(results, stream, worst, libs, missing, runs, files) -> str:
         lines.append("|---|---|---|---|")
         for r in stream:
             if "wall" in r:
-                lines.append(f"| {r['mode'].split('-', 1)[1]} | {mbps(r, 'wall'):.1f} ({mbps(r, 'cpu'):.0f}) | {r['tokens']:,} | {r['vmhwm_mb']:.0f} MB |")
+                lines.append(
+                    f"| {r['mode'].split('-', 1)[1]} | {mbps(r, 'wall'):.1f} ({mbps(r, 'cpu'):.0f}) | {r['tokens']:,} | {r['vmhwm_mb']:.0f} MB |"
+                )
             else:
                 lines.append(f"| {r.get('mode')} | error: {r.get('error')} | | |")
         lines.append("")

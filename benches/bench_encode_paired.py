@@ -51,10 +51,12 @@ def main() -> None:
     try:
         import gigatoken  # noqa: F401
     except ImportError:
-        raise SystemExit("gigatoken is not installed: pip install gigatoken (a bench extra)")
+        raise SystemExit("gigatoken is not installed: pip install gigatoken (a bench extra)") from None
     ferro, giga = load("ferrolm-np", 2), load("gigatoken", 2)
     print(f"# ferrolm vs gigatoken, paired rounds in one process ({args.rounds} rounds per mode)\n")
-    print("| file | mode | ferrolm MB/s | gigatoken MB/s | ratio, median of rounds | range | rounds ferrolm >= gigatoken |")
+    print(
+        "| file | mode | ferrolm MB/s | gigatoken MB/s | ratio, median of rounds | range | rounds ferrolm >= gigatoken |"
+    )
     print("|---|---|---:|---:|---:|---|---:|")
     for name in args.files:
         path = FILES[name]

@@ -33,9 +33,13 @@ from datetime import datetime, timezone
 
 SHAPES = {
     # python/ferrolm/presets/cpu-small.toml
-    "cpu-small": dict(vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=683, rope_theta=10_000.0),
+    "cpu-small": dict(
+        vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=683, rope_theta=10_000.0
+    ),
     # CS336 assignment 1's TinyStories model
-    "tinystories": dict(vocab_size=10_000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344, rope_theta=10_000.0),
+    "tinystories": dict(
+        vocab_size=10_000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344, rope_theta=10_000.0
+    ),
 }
 ROWS = ["ferrolm-cache", "ferrolm-cache-exact", "ferrolm-nocache", "hf-llama"]
 PROMPT_LEN, NEW_TOKENS = 32, 256
@@ -54,27 +58,36 @@ def vm_hwm_mib() -> float:
 def build_ferrolm(shape: dict):
     import torch
 
-    from ferrolm.model import TransformerLM
+    from ferrolm.lm.model import TransformerLM
 
     torch.manual_seed(0)
     return TransformerLM(**shape).eval()
 
 
 def build_hf(shape: dict):
-    import torch
     import transformers
 
     ours = build_ferrolm(shape)
     c = shape
     cfg = transformers.LlamaConfig(
-        vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["d_ff"],
-        num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"], num_key_value_heads=c["num_heads"],
-        max_position_embeddings=c["context_length"] + NEW_TOKENS + PROMPT_LEN, rms_norm_eps=1e-5,
+        vocab_size=c["vocab_size"],
+        hidden_size=c["d_model"],
+        intermediate_size=c["d_ff"],
+        num_hidden_layers=c["num_layers"],
+        num_attention_heads=c["num_heads"],
+        num_key_value_heads=c["num_heads"],
+        max_position_embeddings=c["context_length"] + NEW_TOKENS + PROMPT_LEN,
+        rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": c["rope_theta"]},
-        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
     )
     hf = transformers.LlamaForCausalLM(cfg).eval()
-    from ferrolm.model import to_hf_llama_state_dict
+    from ferrolm.lm.model import to_hf_llama_state_dict
 
     new = to_hf_llama_state_dict(ours)  # q/k rows permuted for HF's rotate-half RoPE
     missing, unexpected = hf.load_state_dict(new, strict=False)
@@ -94,11 +107,15 @@ def child(row: str, shape_name: str, runs: int) -> dict:
 
     if row.startswith("ferrolm"):
         import ferrolm
-        from ferrolm.generate import generate
+        from ferrolm.lm.generate import generate
 
         versions["ferrolm"] = ferrolm.__version__
         model = build_ferrolm(shape)
-        kw = {"ferrolm-cache": {}, "ferrolm-cache-exact": {"window_keep": shape["context_length"]}, "ferrolm-nocache": {"use_cache": False}}[row]
+        kw = {
+            "ferrolm-cache": {},
+            "ferrolm-cache-exact": {"window_keep": shape["context_length"]},
+            "ferrolm-nocache": {"use_cache": False},
+        }[row]
 
         def run(greedy: bool, seed: int) -> list[int]:
             if greedy:
@@ -108,7 +125,14 @@ def child(row: str, shape_name: str, runs: int) -> dict:
     else:
         model, versions["transformers"] = build_hf(shape)
         ids = torch.tensor([prompt])
-        common = dict(attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=None, use_cache=True)
+        common = dict(
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            pad_token_id=0,
+            eos_token_id=None,
+            use_cache=True,
+        )
 
         def run(greedy: bool, seed: int) -> list[int]:
             with torch.inference_mode():
@@ -131,8 +155,14 @@ def child(row: str, shape_name: str, runs: int) -> dict:
         assert len(out) == NEW_TOKENS, len(out)
     med = statistics.median(times)
     return {
-        "row": row, "shape": shape_name, "greedy_ids": greedy_ids, "times_s": times, "median_s": med,
-        "tokens_per_s": NEW_TOKENS / med, "peak_rss_mib": vm_hwm_mib(), "versions": versions,
+        "row": row,
+        "shape": shape_name,
+        "greedy_ids": greedy_ids,
+        "times_s": times,
+        "median_s": med,
+        "tokens_per_s": NEW_TOKENS / med,
+        "peak_rss_mib": vm_hwm_mib(),
+        "versions": versions,
     }
 
 
@@ -166,7 +196,10 @@ def main() -> int:
                 raise SystemExit(f"child {row} {shape} failed")
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             results.append(res)
-            print(f"{shape:12s} {row:20s} {res['tokens_per_s']:8.1f} tok/s  runs {['%.2f' % t for t in res['times_s']]}  peak {res['peak_rss_mib']:.0f} MiB", file=sys.stderr)
+            print(
+                f"{shape:12s} {row:20s} {res['tokens_per_s']:8.1f} tok/s  runs {['%.2f' % t for t in res['times_s']]}  peak {res['peak_rss_mib']:.0f} MiB",
+                file=sys.stderr,
+            )
 
     # ids check: exact cache == no cache over all tokens; everyone agrees inside the context
     inside = SHAPES[args.shapes[0]]["context_length"] - PROMPT_LEN
@@ -184,8 +217,10 @@ def main() -> int:
             checks.append((shape, row, ref_row, n, mm))
 
     print()
-    print(f"CPU fp32, torch.set_num_threads({THREADS}), {PROMPT_LEN}-token prompt + {NEW_TOKENS} new tokens, "
-          f"sampling T={SAMPLING['temperature']} top-k {SAMPLING['top_k']} top-p {SAMPLING['top_p']}, median of {args.runs}")
+    print(
+        f"CPU fp32, torch.set_num_threads({THREADS}), {PROMPT_LEN}-token prompt + {NEW_TOKENS} new tokens, "
+        f"sampling T={SAMPLING['temperature']} top-k {SAMPLING['top_k']} top-p {SAMPLING['top_p']}, median of {args.runs}"
+    )
     print()
     print("| shape | sampler | tokens/s | vs no cache | vs HF | peak RSS MiB |")
     print("|---|---|---:|---:|---:|---:|")
@@ -205,8 +240,10 @@ def main() -> int:
     versions = {}
     for r in results:
         versions.update(r["versions"])
-    print(f"- versions: {versions}; python {platform.python_version()}; {platform.processor() or platform.machine()}; "
-          f"{datetime.now(timezone.utc).strftime('%Y-%m-%d')}")
+    print(
+        f"- versions: {versions}; python {platform.python_version()}; {platform.processor() or platform.machine()}; "
+        f"{datetime.now(timezone.utc).strftime('%Y-%m-%d')}"
+    )
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"results": results, "checks": checks}, f)

@@ -1,4 +1,4 @@
-"""Micro-benchmarks behind ferrolm.model's implementation choices (CPU, forward+backward).
+"""Micro-benchmarks behind ferrolm.lm.model's implementation choices (CPU, forward+backward).
 
 Each choice is timed at the CS336 TinyStories shape (batch 8, context 256, d_model 512,
 16 heads, vocab 10,000) on one thread, by process CPU time (min of --reps), so the
@@ -6,7 +6,7 @@ numbers stay meaningful on a busy machine:
 
 - RoPE: the complex product (ferrolm's eager form) vs the real 2x2 rotation of
   interleaved pairs (ferrolm's form under torch.compile) vs HF's rotate-half;
-- cross-entropy: ferrolm.functional.cross_entropy vs autograd through logsumexp+gather
+- cross-entropy: ferrolm.lm.functional.cross_entropy vs autograd through logsumexp+gather
   vs torch's F.cross_entropy;
 - Q, K, V projections: three GEMMs (ferrolm) vs one GEMM on the concatenated weight.
 
@@ -21,8 +21,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ferrolm import functional
-from ferrolm.model import RotaryEmbedding, _rotate_pairs_real
+from ferrolm.lm import functional
+from ferrolm.lm.model import RotaryEmbedding, _rotate_pairs_real
 
 
 def cpu_ms(fn, inputs, reps):
@@ -56,7 +56,12 @@ def main() -> None:
         return x * c + torch.cat((-x2, x1), -1) * s
 
     rows.append(("RoPE, complex product (ferrolm eager)", cpu_ms(lambda x: rope(x.transpose(1, 2)), [q], args.reps)))
-    rows.append(("RoPE, real pair rotation (ferrolm compiled)", cpu_ms(lambda x: _rotate_pairs_real(x.transpose(1, 2), cos, sin), [q], args.reps)))
+    rows.append(
+        (
+            "RoPE, real pair rotation (ferrolm compiled)",
+            cpu_ms(lambda x: _rotate_pairs_real(x.transpose(1, 2), cos, sin), [q], args.reps),
+        )
+    )
     rows.append(("RoPE, rotate-half (HF Llama)", cpu_ms(lambda x: rope_half(x.transpose(1, 2)), [q], args.reps)))
 
     logits = torch.randn(B * T, V)
@@ -65,7 +70,12 @@ def main() -> None:
     def ce_autograd(x):
         return (torch.logsumexp(x, -1) - x.gather(-1, targets[:, None]).squeeze(-1)).mean()
 
-    rows.append(("cross-entropy, ferrolm.functional", cpu_ms(lambda x: functional.cross_entropy(x, targets), [logits], args.reps)))
+    rows.append(
+        (
+            "cross-entropy, ferrolm.lm.functional",
+            cpu_ms(lambda x: functional.cross_entropy(x, targets), [logits], args.reps),
+        )
+    )
     rows.append(("cross-entropy, autograd logsumexp+gather", cpu_ms(ce_autograd, [logits], args.reps)))
     rows.append(("cross-entropy, F.cross_entropy", cpu_ms(lambda x: F.cross_entropy(x, targets), [logits], args.reps)))
 
@@ -84,10 +94,27 @@ def main() -> None:
 
     qa, ka, va = (torch.randn(B, H, T, dh) for _ in range(3))
     causal = torch.ones(T, T, dtype=torch.bool).tril()
-    rows.append(("attention, F.scaled_dot_product_attention is_causal", cpu_ms(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [qa, ka, va], args.reps)))
-    rows.append(("attention, functional (literal softmax(QK^T/sqrt d + M) V)", cpu_ms(lambda a, b, c: functional.scaled_dot_product_attention(a, b, c, causal), [qa, ka, va], args.reps)))
+    rows.append(
+        (
+            "attention, F.scaled_dot_product_attention is_causal",
+            cpu_ms(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [qa, ka, va], args.reps),
+        )
+    )
+    rows.append(
+        (
+            "attention, functional (literal softmax(QK^T/sqrt d + M) V)",
+            cpu_ms(lambda a, b, c: functional.scaled_dot_product_attention(a, b, c, causal), [qa, ka, va], args.reps),
+        )
+    )
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        rows.append(("attention, SDPA math backend", cpu_ms(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [qa, ka, va], args.reps)))
+        rows.append(
+            (
+                "attention, SDPA math backend",
+                cpu_ms(
+                    lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [qa, ka, va], args.reps
+                ),
+            )
+        )
 
     print(f"# torch {torch.__version__}, 1 thread, min of {args.reps}, forward+backward, CPU ms")
     print("| operation | CPU ms |")

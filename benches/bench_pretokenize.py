@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -74,7 +73,9 @@ def main() -> None:
         sys.exit(f"missing input files: {missing} (set FERROLM_SHARED to the shared/ folder)")
 
     if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "bench_pretokenize"], cwd=REPO, check=True)
+        subprocess.run(
+            ["cargo", "build", "--release", "--quiet", "--example", "bench_pretokenize"], cwd=REPO, check=True
+        )
     binary = REPO / "target" / "release" / "examples" / "bench_pretokenize"
     # The scanner passes take milliseconds: many runs for it (fancy-regex takes 3).
     cmd = [str(binary), "--json", "--runs", str(max(args.runs, 15))]
@@ -87,19 +88,34 @@ def main() -> None:
         for name in PATTERNS:
             r = next(x for x in rust if x["file"] == f.name and x["pattern"] == name)
             out = subprocess.run(
-                [sys.executable, "-c", PY_CHILD, str(REPO / "python" / "ferrolm" / "patterns.py"), str(f), str(args.max_mb), name, str(args.runs)],
-                check=True, capture_output=True, text=True,
+                [
+                    sys.executable,
+                    "-c",
+                    PY_CHILD,
+                    str(REPO / "python" / "ferrolm" / "patterns.py"),
+                    str(f),
+                    str(args.max_mb),
+                    name,
+                    str(args.runs),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
             ).stdout
             py = json.loads(out)
             if py["pieces"] != r["pieces"] or not r["same_as_fancy_regex"]:
-                sys.exit(f"piece counts differ on {f.name}/{name}: scanner {r['pieces']}, regex {py['pieces']}, "
-                         f"same as fancy-regex: {r['same_as_fancy_regex']}")
+                sys.exit(
+                    f"piece counts differ on {f.name}/{name}: scanner {r['pieces']}, regex {py['pieces']}, "
+                    f"same as fancy-regex: {r['same_as_fancy_regex']}"
+                )
             rows.append((f.name, r["bytes"], name, r, py))
 
     print(f"# pre-tokenizer throughput, {time.strftime('%Y-%m-%d')}, MB = 10^6 bytes, one thread")
     print(f"# {' '.join(sys.argv)}; Python regex {__import__('regex').__version__}")
     print("MB/s: median wall-clock (median thread CPU time), scanner also [best run wall-clock]; ratios by CPU time\n")
-    print("| file | MB | pattern | pieces | ferrolm scanner | fancy-regex | Python regex | scanner / fancy-regex | scanner / regex |")
+    print(
+        "| file | MB | pattern | pieces | ferrolm scanner | fancy-regex | Python regex | scanner / fancy-regex | scanner / regex |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for fname, nbytes, name, r, py in rows:
         print(

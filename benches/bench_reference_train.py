@@ -1,4 +1,4 @@
-"""Training time of the pure-Python reference BPE (ferrolm.reference.train_bpe).
+"""Training time of the pure-Python reference BPE (ferrolm.bpe.reference.train_bpe).
 
 Each run is its own child process; the child reports its wall time (split into counting
 pre-tokens and the merge loop) and its own peak RSS (VmHWM). Median of --repeat runs.
@@ -34,7 +34,7 @@ CONFIGS = {
 
 CHILD = r"""
 import json, sys, time, gc
-from ferrolm import reference
+from ferrolm.bpe import reference
 paths, vocab_size = json.loads(sys.argv[1])
 specials = ["<|endoftext|>"]
 gc.disable()
@@ -50,7 +50,9 @@ print(json.dumps({"count_s": t1 - t0, "merge_s": t2 - t1, "total_s": t2 - t0, "c
 
 
 def run_child(paths: list[str], vocab_size: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([paths, vocab_size])], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps([paths, vocab_size])], check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -69,7 +71,9 @@ def main() -> int:
             continue
         size_mb = sum(Path(p).stat().st_size for p in paths) / 1e6
         runs = [run_child(paths, vocab_size) for _ in range(args.repeat)]
-        med = {k: statistics.median(r[k] for r in runs) for k in ("count_s", "merge_s", "total_s", "cpu_s", "peak_rss_mb")}
+        med = {
+            k: statistics.median(r[k] for r in runs) for k in ("count_s", "merge_s", "total_s", "cpu_s", "peak_rss_mb")
+        }
         print(
             f"{name:12s} {size_mb:6.1f} MB vocab {vocab_size:6d}: total {med['total_s']:7.2f} s wall, {med['cpu_s']:.2f} s CPU "
             f"(count {med['count_s']:.2f} s, merges {med['merge_s']:.2f} s; {runs[0]['merges']} merges, "

@@ -9,7 +9,7 @@ vocabulary from ../shared/fixtures, <|endoftext|> = 50256. Every contender write
 bytes (checked by sha256 before timing): the whole file's ids, special tokens included, as
 `Tokenizer.encode(text)` gives them.
 
-* ferrolm: `ferrolm.shards.encode` (what `ferrolm encode` runs), --threads N and 1; "1 core" also pins
+* ferrolm: `ferrolm.bpe.shards.encode` (what `ferrolm encode` runs), --threads N and 1; "1 core" also pins
   the process to one CPU, so that the reader thread and the encoder share it (single-core throughput).
 * gigatoken: `encode_files(TextFileSource([path], separator=b"<|endoftext|>"))` (documents
   between separators, run on all cores), then eos inserted between documents and written as
@@ -71,12 +71,12 @@ def fsync_path(path: str) -> None:
 
 
 def child_ferrolm(args) -> dict:
-    from ferrolm import shards
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe import shards
+    from ferrolm.bpe.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
     tok = Tokenizer.load(args.tokdir)
-    tok.fingerprint  # computed once per tokenizer; part of loading
+    _ = tok.fingerprint  # computed once per tokenizer; part of loading
     t1, c1 = time.perf_counter(), cpu_s()
     sc = shards.encode(tok, [args.input], args.out, threads=args.threads, progress=False, hash_inputs=not args.no_hash)
     t2 = time.perf_counter()
@@ -124,12 +124,16 @@ def child_tiktoken(args) -> dict:
     import tiktoken
 
     sys.path.insert(0, str(REPO / "python"))
-    from ferrolm import patterns
-    from ferrolm.tokenizer_files import read_tiktoken_ranks
+    from ferrolm.bpe import patterns
+    from ferrolm.bpe.files import read_tiktoken_ranks
 
     t0 = time.perf_counter()
-    _ENC = tiktoken.Encoding("gpt2-offline", pat_str=patterns.GPT2, mergeable_ranks=read_tiktoken_ranks(args.ranks),
-                             special_tokens={EOT: EOT_ID})
+    _ENC = tiktoken.Encoding(
+        "gpt2-offline",
+        pat_str=patterns.GPT2,
+        mergeable_ranks=read_tiktoken_ranks(args.ranks),
+        special_tokens={EOT: EOT_ID},
+    )
     t1, c1 = time.perf_counter(), cpu_s()
     with open(args.input, encoding="utf-8") as f:
         docs = f.read().split(EOT)
@@ -140,7 +144,7 @@ def child_tiktoken(args) -> dict:
     arr = np.memmap(args.out + ".bin", dtype=np.uint16, mode="w+", shape=(total,))
     idx = 0
     for r in results:
-        arr[idx: idx + len(r)] = r
+        arr[idx : idx + len(r)] = r
         idx += len(r)
     arr.flush()
     del arr
@@ -161,7 +165,9 @@ def run_child(argv) -> None:
     p.add_argument("--tokdir", required=True)
     p.add_argument("--ranks", required=True)
     p.add_argument("--no-hash", action="store_true")
-    p.add_argument("--one-core", action="store_true", help="pin the whole process (reader and encoder threads) to one CPU")
+    p.add_argument(
+        "--one-core", action="store_true", help="pin the whole process (reader and encoder threads) to one CPU"
+    )
     args = p.parse_args(argv)
     if args.one_core:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread starts: all inherit it
@@ -200,14 +206,18 @@ def build_inputs(work: Path, big_gb: float) -> tuple[Path, Path | None]:
 
 def build_tokenizer(work: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(REPO / "python"))
-    from ferrolm import tokenizer_files as tf
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe import files as tf
+    from ferrolm.bpe.tokenizer import Tokenizer
 
     tokdir, ranks = work / "gpt2_tok", work / "gpt2.tiktoken"
     if not (tokdir / "tokenizer.json").exists() or not ranks.exists():
-        tok = Tokenizer.from_files(SHARED / "fixtures" / "gpt2_vocab.json", SHARED / "fixtures" / "gpt2_merges.txt", [EOT])
+        tok = Tokenizer.from_files(
+            SHARED / "fixtures" / "gpt2_vocab.json", SHARED / "fixtures" / "gpt2_merges.txt", [EOT]
+        )
         tok.save(tokdir)
-        tf.write_tiktoken_ranks(ranks, sorted(((b, i) for i, b in tok.vocab.items() if i != EOT_ID), key=lambda x: x[1]))
+        tf.write_tiktoken_ranks(
+            ranks, sorted(((b, i) for i, b in tok.vocab.items() if i != EOT_ID), key=lambda x: x[1])
+        )
     return tokdir, ranks
 
 
@@ -217,15 +227,30 @@ def spawn(name: str, threads: int, inp: Path, out: Path, tokdir: Path, ranks: Pa
             os.unlink(str(out) + ext)
         except FileNotFoundError:
             pass
-    cmd = [sys.executable, __file__, "--child", name, "--input", str(inp), "--out", str(out), "--threads", str(threads),
-           "--tokdir", str(tokdir), "--ranks", str(ranks), *extra]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        name,
+        "--input",
+        str(inp),
+        "--out",
+        str(out),
+        "--threads",
+        str(threads),
+        "--tokdir",
+        str(tokdir),
+        "--ranks",
+        str(ranks),
+        *extra,
+    ]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{p.stderr[-3000:]}")
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    r = json.loads(line[len("RESULT "):])
+    r = json.loads(line[len("RESULT ") :])
     r["process_s"] = wall
     return r
 
@@ -257,8 +282,12 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/ferrolm-bench-shards", help="scratch folder for inputs and outputs")
     ap.add_argument("--runs", type=int, default=3, help="timed runs per contender (median reported)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--big-gb", type=float, default=0.0, help="also run the memory check on the input repeated to ~this many GB")
-    ap.add_argument("--contenders", default="ferrolm,ferrolm-1t,ferrolm-1core,ferrolm-nohash,gigatoken,gigatoken-1core,tiktoken")
+    ap.add_argument(
+        "--big-gb", type=float, default=0.0, help="also run the memory check on the input repeated to ~this many GB"
+    )
+    ap.add_argument(
+        "--contenders", default="ferrolm,ferrolm-1t,ferrolm-1core,ferrolm-nohash,gigatoken,gigatoken-1core,tiktoken"
+    )
     ap.add_argument("--json", default=None, help="write the raw results here")
     args = ap.parse_args()
     work = Path(args.work)
@@ -281,7 +310,9 @@ def main() -> None:
 
     print(f"input {cat} ({size / 1e6:.1f} MB); threads {args.threads}; load average {os.getloadavg()}", file=sys.stderr)
     if os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
-        print("WARNING: the machine is busy; wall times will be inflated and noisy (CPU seconds less so)", file=sys.stderr)
+        print(
+            "WARNING: the machine is busy; wall times will be inflated and noisy (CPU seconds less so)", file=sys.stderr
+        )
     # Warm-up run of each, which also checks that all wrote the same bytes.
     hashes = {}
     for name in names:
@@ -302,8 +333,11 @@ def main() -> None:
             kind, th, extra = spec(name)
             r = spawn(kind, th, cat, work / f"out_{name}", tokdir, ranks, extra)
             results[name].append(r)
-            print(f"  run {run} {name}: encode+write {r['encode_s']:.2f} s ({r['cpu_s']:.2f} CPU s), process {r['process_s']:.2f} s, "
-                  f"VmHWM {r['vmhwm_mb']:.0f} MB, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+            print(
+                f"  run {run} {name}: encode+write {r['encode_s']:.2f} s ({r['cpu_s']:.2f} CPU s), process {r['process_s']:.2f} s, "
+                f"VmHWM {r['vmhwm_mb']:.0f} MB, load {os.getloadavg()[0]:.1f}",
+                file=sys.stderr,
+            )
 
     def med(name, key):
         return statistics.median(r[key] for r in results[name])
@@ -318,40 +352,56 @@ def main() -> None:
     lines = []
     lines.append(f"Load average during the runs: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.")
     lines.append("")
-    lines.append(f"Input: all of ../shared/corpora/webtext concatenated, {size / 1e6:.1f} MB, {tokens:,} GPT-2 tokens; "
-                 f"{args.threads} threads/processes; median of {args.runs} runs; outputs byte-identical (sha256 {hashes[names[0]][:16]}).")
+    lines.append(
+        f"Input: all of ../shared/corpora/webtext concatenated, {size / 1e6:.1f} MB, {tokens:,} GPT-2 tokens; "
+        f"{args.threads} threads/processes; median of {args.runs} runs; outputs byte-identical (sha256 {hashes[names[0]][:16]})."
+    )
     lines.append("")
-    lines.append("| contender | encode+write (s) | MB/s | vs ferrolm | CPU s | MB per CPU-s | process wall (s) | set-up (s) | peak RSS (MB) |")
+    lines.append(
+        "| contender | encode+write (s) | MB/s | vs ferrolm | CPU s | MB per CPU-s | process wall (s) | set-up (s) | peak RSS (MB) |"
+    )
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = med("ferrolm", "encode_s") if "ferrolm" in results else None
-    label = {"ferrolm": f"ferrolm encode ({args.threads} threads)", "ferrolm-1t": "ferrolm encode (1 encoder thread + reader)",
-             "ferrolm-1core": "ferrolm encode (1 thread, pinned to 1 core)",
-             "ferrolm-nohash": f"ferrolm encode --no-hash ({args.threads} threads)",
-             "gigatoken": "gigatoken encode_files + uint16 .bin",
-             "gigatoken-1core": "gigatoken encode_files (parallel=False, pinned to 1 core)", "tiktoken": f"tiktoken, nanoGPT-style ({args.threads} processes)"}
+    label = {
+        "ferrolm": f"ferrolm encode ({args.threads} threads)",
+        "ferrolm-1t": "ferrolm encode (1 encoder thread + reader)",
+        "ferrolm-1core": "ferrolm encode (1 thread, pinned to 1 core)",
+        "ferrolm-nohash": f"ferrolm encode --no-hash ({args.threads} threads)",
+        "gigatoken": "gigatoken encode_files + uint16 .bin",
+        "gigatoken-1core": "gigatoken encode_files (parallel=False, pinned to 1 core)",
+        "tiktoken": f"tiktoken, nanoGPT-style ({args.threads} processes)",
+    }
     for name in names:
         e = med(name, "encode_s")
         ratio = f"{e / base:.2f}× the time" if base and name != "ferrolm" else "1"
         c = med(name, "cpu_s")
-        lines.append(f"| {label.get(name, name)} | {e:.2f} | {size / 1e6 / e:.0f} | {ratio} | {c:.2f} | {size / 1e6 / c:.0f} | {med(name, 'process_s'):.2f} | "
-                     f"{med(name, 'setup_s'):.2f} | {max(r['vmhwm_mb'] for r in results[name]):.0f} |")
+        lines.append(
+            f"| {label.get(name, name)} | {e:.2f} | {size / 1e6 / e:.0f} | {ratio} | {c:.2f} | {size / 1e6 / c:.0f} | {med(name, 'process_s'):.2f} | "
+            f"{med(name, 'setup_s'):.2f} | {max(r['vmhwm_mb'] for r in results[name]):.0f} |"
+        )
     if base:
         lines.append("")
         for name in names:
             if name != "ferrolm":
-                lines.append(f"- {label.get(name, name)} takes {med(name, 'encode_s') / base:.2f}× the time of ferrolm "
-                             f"({args.threads} threads) to encode and write, {med(name, 'process_s') / med('ferrolm', 'process_s'):.2f}× "
-                             "as a whole process")
+                lines.append(
+                    f"- {label.get(name, name)} takes {med(name, 'encode_s') / base:.2f}× the time of ferrolm "
+                    f"({args.threads} threads) to encode and write, {med(name, 'process_s') / med('ferrolm', 'process_s'):.2f}× "
+                    "as a whole process"
+                )
         for lib in ("ferrolm", "gigatoken"):
             if lib in results and f"{lib}-1core" in results:
-                lines.append(f"- {lib}: {args.threads} threads are {med(f'{lib}-1core', 'encode_s') / med(lib, 'encode_s'):.2f}× "
-                             f"its own single-core speed (per run: {per_run(f'{lib}-1core', lib)})")
+                lines.append(
+                    f"- {lib}: {args.threads} threads are {med(f'{lib}-1core', 'encode_s') / med(lib, 'encode_s'):.2f}× "
+                    f"its own single-core speed (per run: {per_run(f'{lib}-1core', lib)})"
+                )
         for name in names:
             if name != "ferrolm" and not name.endswith("-1core"):
                 lines.append(f"- per run, {label.get(name, name)} / ferrolm: {per_run(name, 'ferrolm')}")
         owt = 11.9e9
-        lines.append(f"- Projected OpenWebText (11.9 GB) with ferrolm at {size / 1e6 / base:.0f} MB/s on this machine: "
-                     f"{owt / (size / base) / 60:.1f} min")
+        lines.append(
+            f"- Projected OpenWebText (11.9 GB) with ferrolm at {size / 1e6 / base:.0f} MB/s on this machine: "
+            f"{owt / (size / base) / 60:.1f} min"
+        )
     big_rows = []
     if big is not None:
         bsize = big.stat().st_size
@@ -360,7 +410,9 @@ def main() -> None:
             kind, th, extra = spec(name)
             r = spawn(kind, th, big, work / f"big_{name}", tokdir, ranks, extra)
             small = max(x["vmhwm_mb"] for x in results[name])
-            big_rows.append(f"| {label[name]} | {small:.0f} | {r['vmhwm_mb']:.0f} | {r['encode_s']:.1f} | {bsize / 1e6 / r['encode_s']:.0f} |")
+            big_rows.append(
+                f"| {label[name]} | {small:.0f} | {r['vmhwm_mb']:.0f} | {r['encode_s']:.1f} | {bsize / 1e6 / r['encode_s']:.0f} |"
+            )
             try:
                 os.unlink(work / f"big_{name}.bin")
             except FileNotFoundError:
@@ -368,12 +420,16 @@ def main() -> None:
         lines.append("")
         lines.append(f"Memory check: the same input repeated to {bsize / 1e9:.2f} GB (one run each).")
         lines.append("")
-        lines.append(f"| contender | peak RSS, {size / 1e6:.0f} MB input (MB) | peak RSS, {bsize / 1e9:.2f} GB input (MB) | encode+write (s) | MB/s |")
+        lines.append(
+            f"| contender | peak RSS, {size / 1e6:.0f} MB input (MB) | peak RSS, {bsize / 1e9:.2f} GB input (MB) | encode+write (s) | MB/s |"
+        )
         lines.append("|---|---:|---:|---:|---:|")
         lines.extend(big_rows)
     lines.append("")
-    lines.append(f"Versions: {versions()}; Python {platform.python_version()}; {platform.machine()}, {os.cpu_count()} cores; "
-                 f"{time.strftime('%Y-%m-%d')}.")
+    lines.append(
+        f"Versions: {versions()}; Python {platform.python_version()}; {platform.machine()}, {os.cpu_count()} cores; "
+        f"{time.strftime('%Y-%m-%d')}."
+    )
     print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "big": big_rows, "hashes": hashes}, indent=2))

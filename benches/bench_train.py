@@ -1,5 +1,5 @@
 """Side-by-side BPE training benchmark: ferrolm vs gigatoken, rustbpe, HF tokenizers and
-ferrolm.reference, each run in its own subprocess.
+ferrolm.bpe.reference, each run in its own subprocess.
 
     python benches/bench_train.py                       # webtext at 32,000 and 10,000, 2 threads
     python benches/bench_train.py --skip-reference --runs 3 --concat 4
@@ -21,7 +21,7 @@ Peers and how they are called:
   rustbpe.Tokenizer().train_from_iterator(iter(docs), V - 1, pattern=GPT2)   (no special tokens)
   HF tokenizers: BPE + ByteLevel(add_prefix_space=False), BpeTrainer(initial_alphabet=ByteLevel.alphabet()),
                  train_from_iterator(docs)
-  ferrolm.reference.train_bpe(files, V, ["<|endoftext|>"])
+  ferrolm.bpe.reference.train_bpe(files, V, ["<|endoftext|>"])
 rustbpe and HF read the corpus into a Python list of documents (split at <|endoftext|>)
 first; that load is not timed, but its memory is in their peak RSS.
 """
@@ -29,7 +29,6 @@ first; that load is not timed, but its memory is in their peak RSS.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -69,7 +68,7 @@ def load_docs(files: list[str]) -> list[str]:
 def child(lib: str, files: list[str], vocab_size: int, threads: int) -> dict:
     out: dict = {"lib": lib}
     if lib == "ferrolm":
-        from ferrolm.bpe_trainer import train
+        from ferrolm.bpe.trainer import train
 
         stats: dict = {}
         t, c = time.perf_counter(), time.process_time()
@@ -100,12 +99,15 @@ def child(lib: str, files: list[str], vocab_size: int, threads: int) -> dict:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+            vocab_size=vocab_size,
+            special_tokens=[EOT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
         )
         t, c = time.perf_counter(), time.process_time()
         tok.train_from_iterator(docs, trainer)
         out["seconds"], out["cpu_s"] = time.perf_counter() - t, time.process_time() - c
-        from ferrolm.tokenizer_files import str_to_token
+        from ferrolm.bpe.files import str_to_token
 
         hf_merges = json.loads(tok.to_str())["model"]["merges"]
         merges = []
@@ -113,7 +115,7 @@ def child(lib: str, files: list[str], vocab_size: int, threads: int) -> dict:
             a, b = m.split(" ") if isinstance(m, str) else m
             merges.append((str_to_token(a), str_to_token(b)))
     elif lib == "reference":
-        from ferrolm import reference
+        from ferrolm.bpe import reference
 
         t, c = time.perf_counter(), time.process_time()
         _, merges = reference.train_bpe(files, vocab_size, [EOT])
@@ -134,7 +136,18 @@ def run_child(lib: str, files: list[str], vocab_size: int, threads: int, timeout
     env = dict(os.environ)
     # Every rayon-based library gets the same number of threads.
     env.update(RAYON_NUM_THREADS=str(threads), RAYON_RS_NUM_CPUS=str(threads), TOKENIZERS_PARALLELISM="true")
-    cmd = [sys.executable, __file__, "--child", lib, "--vocab", str(vocab_size), "--threads", str(threads), "--files", *files]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        lib,
+        "--vocab",
+        str(vocab_size),
+        "--threads",
+        str(threads),
+        "--files",
+        *files,
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{lib} failed:\n{p.stderr[-3000:]}")
@@ -175,7 +188,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--libs", nargs="*", default=LIBS, choices=LIBS)
-    ap.add_argument("--skip-reference", action="store_true", help="do not run ferrolm.reference (minutes)")
+    ap.add_argument("--skip-reference", action="store_true", help="do not run ferrolm.bpe.reference (minutes)")
     ap.add_argument(
         "--reference-runs",
         type=int,
@@ -183,7 +196,9 @@ def main() -> None:
         help="runs of the reference, each right after a ferrolm run of its own: the ratio of each such pair is "
         "reported too (the VM's speed drifts over minutes, which a pair taken back to back mostly cancels)",
     )
-    ap.add_argument("--concat", type=int, default=0, help="also train on the corpus concatenated N times (a file in /tmp)")
+    ap.add_argument(
+        "--concat", type=int, default=0, help="also train on the corpus concatenated N times (a file in /tmp)"
+    )
     ap.add_argument("--concat-libs", nargs="*", default=["ferrolm", "gigatoken"], choices=LIBS)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json", help="write all results to this file")
@@ -199,7 +214,9 @@ def main() -> None:
     libs = [l for l in args.libs if not (l == "reference" and args.skip_reference)]
     total_mb = sum(os.path.getsize(f) for f in files) / 1e6
     print(f"# BPE training: {len(files)} files, {total_mb:.1f} MB, {args.threads} threads, median of {args.runs} runs")
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, {versions()}")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, {versions()}"
+    )
     for f in files:  # warm the page cache
         Path(f).read_bytes()
 
@@ -253,9 +270,19 @@ def main() -> None:
             if lib == "ferrolm":
                 med = sorted(outs, key=lambda o: o["seconds"])[len(outs) // 2]
                 print(f"\nferrolm stages (median run): {fmt_stats(med['stats'])}")
-                print(f"ferrolm throughput (pre-tokenize+count): {med['stats']['bytes'] / 1e6 / max(1e-9, med['stats']['count_s']):.0f} MB/s")
+                print(
+                    f"ferrolm throughput (pre-tokenize+count): {med['stats']['bytes'] / 1e6 / max(1e-9, med['stats']['count_s']):.0f} MB/s"
+                )
         results[vocab_size] = [
-            {"lib": r[0], "seconds": r[1], "cpu_s": r[6], "vmhwm_mb": r[2], "merges": r[3], "note": r[4], "runs": [{k: v for k, v in o.items() if k != "merged_tokens"} for o in r[5]]}
+            {
+                "lib": r[0],
+                "seconds": r[1],
+                "cpu_s": r[6],
+                "vmhwm_mb": r[2],
+                "merges": r[3],
+                "note": r[4],
+                "runs": [{k: v for k, v in o.items() if k != "merged_tokens"} for o in r[5]],
+            }
             for r in rows
         ]
         print()
@@ -268,11 +295,16 @@ def main() -> None:
                     for f in files:
                         out.write(Path(f).read_bytes())
         vocab_size = args.vocab[0]
-        print(f"\n## the corpus concatenated {args.concat}× ({big.stat().st_size / 1e6:.0f} MB, one file), vocab {vocab_size:,}\n")
+        print(
+            f"\n## the corpus concatenated {args.concat}× ({big.stat().st_size / 1e6:.0f} MB, one file), vocab {vocab_size:,}\n"
+        )
         print("| library | time (s) | peak RSS (MB) | peak RSS on 1× (MB) |")
         print("|---|---:|---:|---:|")
         for lib in args.concat_libs:
-            outs = [run_child(lib, [str(big)], vocab_size, args.threads, args.timeout) for _ in range(max(1, args.runs // 2))]
+            outs = [
+                run_child(lib, [str(big)], vocab_size, args.threads, args.timeout)
+                for _ in range(max(1, args.runs // 2))
+            ]
             secs = statistics.median(o["seconds"] for o in outs)
             rss = max(o["vmhwm_mb"] for o in outs)
             one = next((r["vmhwm_mb"] for r in results.get(vocab_size, []) if r["lib"] == lib), float("nan"))

@@ -129,12 +129,16 @@ def cosine(it: float, max_lr: float, min_lr: float, warmup: int, cycle: int) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="a ferrolm run's config.toml (or any ferrolm train TOML with all fields)")
+    ap.add_argument(
+        "--config", required=True, help="a ferrolm run's config.toml (or any ferrolm train TOML with all fields)"
+    )
     ap.add_argument("--out", required=True, help="output directory (metrics.jsonl, config.json)")
     ap.add_argument("--tie", action="store_true", help="tie the LM head to the token embedding (GPT-2 style)")
     ap.add_argument("--max-time", type=float, default=None, help="override schedule.max_time_s")
     ap.add_argument("--max-steps", type=int, default=None, help="override schedule.max_steps")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the config's run.num_threads)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: the config's run.num_threads)"
+    )
     args = ap.parse_args()
 
     cfg = tomllib.loads(Path(args.config).read_text())
@@ -160,7 +164,9 @@ def main() -> None:
     no_decay = [p for p in model.parameters() if not any(p is q for q in decay)]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+        lr=o["lr"],
+        betas=(o["beta1"], o["beta2"]),
+        eps=o["eps"],
     )
     accum = max(1, round(s["tokens_per_step"] / (B * T))) if s.get("tokens_per_step") else 1
     tokens_per_step = accum * B * T
@@ -186,9 +192,14 @@ def main() -> None:
         model.train()
         return total / n
 
-    (out / "config.json").write_text(json.dumps({"ferrolm_config": cfg, "arch": "gpt2", "tie": args.tie, "params": n_params}, indent=2))
+    (out / "config.json").write_text(
+        json.dumps({"ferrolm_config": cfg, "arch": "gpt2", "tie": args.tie, "params": n_params}, indent=2)
+    )
     log = open(out / "metrics.jsonl", "w")
-    print(f"nanoGPT-style baseline: {n_params / 1e6:.2f} M params, {tokens_per_step} tokens/step, bf16={bf16}", file=sys.stderr)
+    print(
+        f"nanoGPT-style baseline: {n_params / 1e6:.2f} M params, {tokens_per_step} tokens/step, bf16={bf16}",
+        file=sys.stderr,
+    )
 
     step, time_s, wall0 = 0, 0.0, time.perf_counter()
     last = (0, 0.0)
@@ -198,11 +209,17 @@ def main() -> None:
         nonlocal last, loss_acc, loss_n
         dt = time_s - last[1]
         rec = {
-            "step": step, "tokens": step * tokens_per_step, "time_s": round(time_s, 3),
-            "wall_s": round(time.perf_counter() - wall0, 3), "lr": lr,
-            "train_loss": loss_acc / loss_n if loss_n else None, "val_loss": val,
-            "val_ppl": math.exp(val) if val is not None else None, "grad_norm": gnorm,
-            "tokens_per_s": (step - last[0]) * tokens_per_step / dt if dt > 0 else None, "mfu": None,
+            "step": step,
+            "tokens": step * tokens_per_step,
+            "time_s": round(time_s, 3),
+            "wall_s": round(time.perf_counter() - wall0, 3),
+            "lr": lr,
+            "train_loss": loss_acc / loss_n if loss_n else None,
+            "val_loss": val,
+            "val_ppl": math.exp(val) if val is not None else None,
+            "grad_norm": gnorm,
+            "tokens_per_s": (step - last[0]) * tokens_per_step / dt if dt > 0 else None,
+            "mfu": None,
         }
         log.write(json.dumps(rec) + "\n")
         log.flush()
@@ -227,7 +244,11 @@ def main() -> None:
             loss = F.cross_entropy(logits.float().reshape(-1, V), y.to(device).reshape(-1))
             (loss / accum).backward()
             total += loss.item() / accum
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"]) if o["grad_clip"] > 0 else torch.tensor(0.0)
+        gnorm = (
+            torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
+            if o["grad_clip"] > 0
+            else torch.tensor(0.0)
+        )
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -72,7 +71,10 @@ def _train_step_ratios(stdout: str) -> list:
     for m in re.finditer(r"^(\S+)\s+threads (\d+)\s+(bf16 autocast|fp32)\s+median\s+([\d.]+) tokens/s", stdout, re.M):
         rates[(m.group(2), m.group(3), m.group(1))] = float(m.group(4))
     points = [
-        (f"{threads} thread{'s' if threads != '1' else ''}, {prec}", rates[(threads, prec, "ferrolm")] / rates[(threads, prec, "nanogpt")])
+        (
+            f"{threads} thread{'s' if threads != '1' else ''}, {prec}",
+            rates[(threads, prec, "ferrolm")] / rates[(threads, prec, "nanogpt")],
+        )
         for (threads, prec, arch) in rates
         if arch == "ferrolm" and rates.get((threads, prec, "nanogpt"))
     ]
@@ -81,58 +83,97 @@ def _train_step_ratios(stdout: str) -> list:
 
 BENCHES = [
     Bench(
-        "train", "bench_train.py", "BPE training: ferrolm vs gigatoken, rustbpe, HF tokenizers and the pure-Python reference",
-        quick=[("--files", _shared("corpora/webtext/enwiki_2016_wikiextractor.txt")), ("--vocab", "10000"), ("--runs", "1")],
+        "train",
+        "bench_train.py",
+        "BPE training: ferrolm vs gigatoken, rustbpe, HF tokenizers and the pure-Python reference",
+        quick=[
+            ("--files", _shared("corpora/webtext/enwiki_2016_wikiextractor.txt")),
+            ("--vocab", "10000"),
+            ("--runs", "1"),
+        ],
         reading="time of each library / time of ferrolm: above 1 means ferrolm is faster",
     ),
     Bench(
-        "encode", "bench_encode.py", "Encoding with the GPT-2 vocabulary: ferrolm vs tiktoken, HF tokenizers, gigatoken",
+        "encode",
+        "bench_encode.py",
+        "Encoding with the GPT-2 vocabulary: ferrolm vs tiktoken, HF tokenizers, gigatoken",
         quick=[("--quick",)],  # its own quick mode: TinyStories only, fewer runs, no 200 MB stream
         reading="MB/s of each library / tiktoken's MB/s, per mode: above 1 means faster than tiktoken",
     ),
     Bench(
-        "encode_paired", "bench_encode_paired.py", "Encoding, ferrolm vs gigatoken in paired rounds in one process (drift-robust ratios)",
+        "encode_paired",
+        "bench_encode_paired.py",
+        "Encoding, ferrolm vs gigatoken in paired rounds in one process (drift-robust ratios)",
         full=["--rounds", "21"],
         quick=[("--rounds", "5"), ("--files", "tinystories")],
-        json_flag=False, notes="encode.md",
+        json_flag=False,
+        notes="encode.md",
         reading="ferrolm MB/s / gigatoken MB/s, median of per-round ratios: above 1 means ferrolm is faster",
     ),
     Bench(
-        "shards", "bench_shards.py", "Corpus to uint16 .bin shards: ferrolm encode vs gigatoken files vs tiktoken nanoGPT-style",
+        "shards",
+        "bench_shards.py",
+        "Corpus to uint16 .bin shards: ferrolm encode vs gigatoken files vs tiktoken nanoGPT-style",
         quick=[("--runs", "1")],
         reading="time of each contender / ferrolm's time: above 1 means ferrolm is faster",
     ),
     Bench(
-        "pretokenize", "bench_pretokenize.py", "Pre-tokenization: ferrolm's scanners vs fancy-regex vs Python regex",
-        quick=[("--max-mb", "1"), ("--runs", "1")], json_flag=False, quick_timeout=900,
+        "pretokenize",
+        "bench_pretokenize.py",
+        "Pre-tokenization: ferrolm's scanners vs fancy-regex vs Python regex",
+        quick=[("--max-mb", "1"), ("--runs", "1")],
+        json_flag=False,
+        quick_timeout=900,
         reading="scanner speed / the other's speed (by CPU time): above 1 means the scanner is faster; "
         "its first run includes a `cargo build --release` of the Rust example",
     ),
     Bench(
-        "model", "bench_model.py", "Training step: ferrolm TransformerLM vs HF transformers LlamaForCausalLM",
+        "model",
+        "bench_model.py",
+        "Training step: ferrolm TransformerLM vs HF transformers LlamaForCausalLM",
         # fp32 only in quick mode: bf16 autocast is ~12x slower than fp32 on CPUs without AVX-512-BF16/AMX
         quick=[("--shapes", "small"), ("--dtypes", "fp32"), ("--runs", "1"), ("--steps", "1")],
         reading="ferrolm tokens/s / HF tokens/s: above 1 means ferrolm is faster",
     ),
     Bench(
-        "train_step", "train_step_speed.py", "Full optimizer step of the cpu-small model: ferrolm vs a nanoGPT-style GPT of the same shape",
+        "train_step",
+        "train_step_speed.py",
+        "Full optimizer step of the cpu-small model: ferrolm vs a nanoGPT-style GPT of the same shape",
         full=["--preset", "cpu-small", "--threads", "1", "2", "--steps", "5", "--repeats", "3", "--nanogpt"],
-        quick=[("--preset", "cpu-small"), ("--threads", "2"), ("--steps", "2"), ("--repeats", "1"), ("--fp32-only",), ("--nanogpt",)],
-        json_flag=False, notes="lm_train.md", parse=_train_step_ratios,
+        quick=[
+            ("--preset", "cpu-small"),
+            ("--threads", "2"),
+            ("--steps", "2"),
+            ("--repeats", "1"),
+            ("--fp32-only",),
+            ("--nanogpt",),
+        ],
+        json_flag=False,
+        notes="lm_train.md",
+        parse=_train_step_ratios,
         reading="ferrolm tokens/s / nanoGPT-style tokens/s: above 1 means ferrolm is faster",
     ),
     Bench(
-        "model_ops", "bench_model_ops.py", "Micro-benchmarks behind ferrolm.model's choices (RoPE, cross-entropy, QKV) vs HF's and torch's",
-        json_flag=False, notes="model.md", in_quick=False,
+        "model_ops",
+        "bench_model_ops.py",
+        "Micro-benchmarks behind ferrolm.lm.model's choices (RoPE, cross-entropy, QKV) vs HF's and torch's",
+        json_flag=False,
+        notes="model.md",
+        in_quick=False,
     ),
     Bench(
-        "generate", "bench_generate.py", "Generation: ferrolm sampler (KV cache, no cache) vs HF generate",
+        "generate",
+        "bench_generate.py",
+        "Generation: ferrolm sampler (KV cache, no cache) vs HF generate",
         quick=[("--shapes", "cpu-small"), ("--runs", "1")],
         reading="tokens/s of the row / tokens/s of the column's baseline",
     ),
     Bench(
-        "reference", "bench_reference_train.py", "The pure-Python reference BPE trainer",
-        quick=[("--only", "tinystories"), ("--repeat", "1")], json_flag=False,
+        "reference",
+        "bench_reference_train.py",
+        "The pure-Python reference BPE trainer",
+        quick=[("--only", "tinystories"), ("--repeat", "1")],
+        json_flag=False,
     ),
 ]
 
@@ -188,7 +229,9 @@ def versions() -> dict:
 
 def git_commit() -> Optional[str]:
     try:
-        r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10)
+        r = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        )
         return r.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -234,7 +277,6 @@ def build_command(bench: Bench, quick: bool, help_text: str) -> list:
     if bench.json_flag and re.search(r"(^|[\s\[,])--json\b", help_text):
         cmd += ["--json", str(OUT_DIR / f"{bench.area}.json")]
     return cmd
-
 
 
 def _relative(arg: str) -> str:
@@ -286,8 +328,16 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     # Its own session, so that a timeout stops the script's children too (cargo, worker processes).
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        bufsize=1,
+        start_new_session=True,
+    )
     out_lines: list = []
     err_lines: list = []
     threads = [
@@ -309,10 +359,17 @@ def run_bench(bench: Bench, quick: bool, timeout: Optional[float]) -> Outcome:
         status = "failed"
     stdout, stderr = _sanitize("".join(out_lines)), _sanitize("".join(err_lines))
     (OUT_DIR / f"{bench.area}.log").write_text(
-        f"$ {' '.join(shown)}\n# exit {proc.returncode}, {seconds:.1f} s\n\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8"
+        f"$ {' '.join(shown)}\n# exit {proc.returncode}, {seconds:.1f} s\n\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        encoding="utf-8",
     )
     return Outcome(
-        bench, status, shown, seconds, stdout, "".join(stderr.splitlines(True)[-15:]), proc.returncode,
+        bench,
+        status,
+        shown,
+        seconds,
+        stdout,
+        "".join(stderr.splitlines(True)[-15:]),
+        proc.returncode,
         json_path if json_path.exists() else None,
     )
 
@@ -356,7 +413,15 @@ def _ratio_in(cell: str) -> Optional[float]:
 def _is_ratio_column(name: str) -> bool:
     """A column whose header says it holds ratios ("vs ferrolm", "scanner / regex", "speed-up")."""
     n = name.lower().replace("*", "").strip()
-    return n.startswith("vs") or " vs " in n or "/" in n and "tokens/s" not in n and "mb/s" not in n or "ratio" in n or "speed" in n
+    return (
+        n.startswith("vs")
+        or " vs " in n
+        or "/" in n
+        and "tokens/s" not in n
+        and "mb/s" not in n
+        or "ratio" in n
+        or "speed" in n
+    )
 
 
 def ratio_series(tables: list[dict]) -> list[tuple[str, list[tuple[str, float]]]]:
@@ -412,8 +477,14 @@ def draw_chart(area: str, title: str, series, reading: str) -> Optional[Path]:
 
     series = series[:6]
     heights = [max(1.2, 0.32 * len(points) + 0.9) for _, points in series]
-    fig, axes = plt.subplots(len(series), 1, figsize=(8.5, sum(heights) + 0.8), dpi=110,
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    fig, axes = plt.subplots(
+        len(series),
+        1,
+        figsize=(8.5, sum(heights) + 0.8),
+        dpi=110,
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
     for ax, (name, points) in zip(axes[:, 0], series):
         labels = [p[0] for p in points]
         values = [p[1] for p in points]
@@ -477,12 +548,20 @@ def render_output(stdout: str) -> str:
 
 
 def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, started: str, total_s: float) -> Path:
-    cmd = "python benches/run.py" + (" --quick" if args.quick else "") + (f" --only {' '.join(args.only)}" if args.only else "")
+    cmd = (
+        "python benches/run.py"
+        + (" --quick" if args.quick else "")
+        + (f" --only {' '.join(args.only)}" if args.only else "")
+    )
     lines = [
         "# Benchmark results",
         "",
         f"Written by `{cmd}` on {started} ({total_s / 60:.1f} minutes in all). "
-        + ("**Quick mode**: smaller inputs and one timed run each; the full run is `python benches/run.py`. " if args.quick else "")
+        + (
+            "**Quick mode**: smaller inputs and one timed run each; the full run is `python benches/run.py`. "
+            if args.quick
+            else ""
+        )
         + "Each benchmark runs every library in its own process on the same input and checks that they "
         "compute the same thing before timing; ratios, not absolute times, are what carry over to other machines.",
         "",
@@ -490,7 +569,9 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
         f"{machine['ram_gb']} GiB RAM, {machine['os']}, Python {machine['python']}; "
         f"load average before the run {machine['load_average']} (a busy machine inflates timings).",
         "",
-        "**Versions**: " + ", ".join(f"{k} {v}" for k, v in vers.items()) + (f"; ferrolm commit `{args.commit}`" if args.commit else ""),
+        "**Versions**: "
+        + ", ".join(f"{k} {v}" for k, v in vers.items())
+        + (f"; ferrolm commit `{args.commit}`" if args.commit else ""),
         "",
     ]
     # The hand-kept summary of the full runs (benches/results/summary.md) heads the file:
@@ -503,12 +584,17 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
     ]
     for o in outcomes:
         skipped = "not run (--only)" if args.only else "full run only"
-        status = {"missing": f"not in this checkout (benches/{o.bench.script})", "skipped": skipped}.get(o.status, o.status)
+        status = {"missing": f"not in this checkout (benches/{o.bench.script})", "skipped": skipped}.get(
+            o.status, o.status
+        )
         if o.status in ("failed", "timeout"):
             status = f"**{o.status}**" + (f" (exit {o.returncode})" if o.status == "failed" else "")
         cmd_s = f"`{' '.join(shlex.quote(c) for c in o.command)}`" if o.command else ""
-        lines.append(f"| [{o.bench.area}](#{o.bench.area}) | {status} | {o.seconds:.0f} s | {cmd_s} |" if o.command else
-                     f"| {o.bench.area} | {status} | | |")
+        lines.append(
+            f"| [{o.bench.area}](#{o.bench.area}) | {status} | {o.seconds:.0f} s | {cmd_s} |"
+            if o.command
+            else f"| {o.bench.area} | {status} | | |"
+        )
     for o in outcomes:
         if o.status in ("missing", "skipped"):
             continue
@@ -526,18 +612,32 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
             lines += ["Last lines of its stderr:", "", "```", o.stderr_tail.rstrip(), "```", ""]
         notes = o.bench.notes or f"{o.bench.area}.md"
         if (BENCHES_DIR / "results" / notes).exists():
-            lines += [f"Method and discussion: [results/{notes}](results/{notes}). Full log: benches/out/{o.bench.area}.log.", ""]
+            lines += [
+                f"Method and discussion: [results/{notes}](results/{notes}). Full log: benches/out/{o.bench.area}.log.",
+                "",
+            ]
     RESULTS.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return RESULTS
 
 
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small inputs, one timed run each (under 10 minutes on 2 cores)")
-    ap.add_argument("--only", nargs="+", metavar="AREA", choices=[b.area for b in BENCHES], help="run only these benchmarks")
-    ap.add_argument("--timeout", type=float, default=None, metavar="S",
-                    help="seconds per benchmark before it is stopped (default: per-benchmark limits with --quick, none otherwise)")
-    ap.add_argument("--list", action="store_true", help="list the benchmarks and the commands they would run, then exit")
+    ap.add_argument(
+        "--quick", action="store_true", help="small inputs, one timed run each (under 10 minutes on 2 cores)"
+    )
+    ap.add_argument(
+        "--only", nargs="+", metavar="AREA", choices=[b.area for b in BENCHES], help="run only these benchmarks"
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds per benchmark before it is stopped (default: per-benchmark limits with --quick, none otherwise)",
+    )
+    ap.add_argument(
+        "--list", action="store_true", help="list the benchmarks and the commands they would run, then exit"
+    )
     args = ap.parse_args(argv)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     if args.list:
@@ -546,7 +646,9 @@ def main(argv: Optional[list] = None) -> int:
             if args.quick and not b.in_quick:
                 print(f"{b.area:12s} (full run only)")
             elif path.is_file():
-                print(f"{b.area:12s} python {' '.join(_relative(c) for c in build_command(b, args.quick, script_help(path))[1:])}")
+                print(
+                    f"{b.area:12s} python {' '.join(_relative(c) for c in build_command(b, args.quick, script_help(path))[1:])}"
+                )
             else:
                 print(f"{b.area:12s} (missing: benches/{b.script})")
         return 0

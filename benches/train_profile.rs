@@ -34,7 +34,14 @@ fn main() {
     };
     let ctl = Control::default();
     let t0 = Instant::now();
-    let mut tr = Trainer::new(&specials, "gpt2", Some(threads), Utf8Errors::Strict, std::env::var("CHUNK_KB").ok().map(|v| v.parse::<usize>().unwrap() << 10).unwrap_or(DEFAULT_CHUNK_SIZE)).unwrap();
+    let mut tr = Trainer::new(
+        &specials,
+        "gpt2",
+        Some(threads),
+        Utf8Errors::Strict,
+        std::env::var("CHUNK_KB").ok().map(|v| v.parse::<usize>().unwrap() << 10).unwrap_or(DEFAULT_CHUNK_SIZE),
+    )
+    .unwrap();
     let counts = if let Some(p) = &load {
         read_counts(p)
     } else {
@@ -47,7 +54,14 @@ fn main() {
     let merges = tr.learn_from_counts(counts, num_merges, &ctl).unwrap();
     let total = t0.elapsed().as_secs_f64();
     println!("{:?}", tr.stats);
-    println!("total {total:.3} s, {} merges, last {:?}", merges.len(), merges.iter().last().map(|(a, b)| (String::from_utf8_lossy(a).into_owned(), String::from_utf8_lossy(b).into_owned())));
+    println!(
+        "total {total:.3} s, {} merges, last {:?}",
+        merges.len(),
+        merges
+            .iter()
+            .last()
+            .map(|(a, b)| (String::from_utf8_lossy(a).into_owned(), String::from_utf8_lossy(b).into_owned()))
+    );
 }
 
 fn write_counts(p: &PathBuf, counts: &PieceCounts) {

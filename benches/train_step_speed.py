@@ -23,9 +23,9 @@ from pathlib import Path
 def child(args) -> None:
     import torch
 
-    from ferrolm.functional import cross_entropy
-    from ferrolm.optim import AdamW, clip_grad_norm, param_groups_for_decay
-    from ferrolm.train import build_model, load_config
+    from ferrolm.lm.functional import cross_entropy
+    from ferrolm.lm.optim import AdamW, clip_grad_norm, param_groups_for_decay
+    from ferrolm.lm.train import build_model, load_config
 
     torch.set_num_threads(args.threads)
     cfg = load_config(args.preset, args.set)
@@ -64,8 +64,17 @@ def child(args) -> None:
         for _ in range(args.steps):
             step()
         rates.append(args.steps * B * T / (time.perf_counter() - t))
-    print(json.dumps({"threads": args.threads, "bf16": args.bf16, "arch": args.arch, "tokens_per_s": rates,
-                      "params": sum(p.numel() for p in model.parameters())}))
+    print(
+        json.dumps(
+            {
+                "threads": args.threads,
+                "bf16": args.bf16,
+                "arch": args.arch,
+                "tokens_per_s": rates,
+                "params": sum(p.numel() for p in model.parameters()),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -75,7 +84,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[2])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--nanogpt", action="store_true", help="also time benches/nanogpt_baseline.py's GPT of the same shape")
+    ap.add_argument(
+        "--nanogpt", action="store_true", help="also time benches/nanogpt_baseline.py's GPT of the same shape"
+    )
     ap.add_argument("--fp32-only", action="store_true", help="skip bf16 autocast (slow on CPUs without native bf16)")
     ap.add_argument("--arch", default="ferrolm", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -89,13 +100,33 @@ def main() -> None:
     for threads in args.threads:
         for bf16 in (False,) if args.fp32_only else (False, True):
             for arch in archs:
-                cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--threads", str(threads), "--arch", arch,
-                       "--steps", str(args.steps), "--repeats", str(args.repeats)] + [f"--set={s}" for s in args.set] + (["--bf16"] if bf16 else [])
+                cmd = (
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        "--preset",
+                        args.preset,
+                        "--threads",
+                        str(threads),
+                        "--arch",
+                        arch,
+                        "--steps",
+                        str(args.steps),
+                        "--repeats",
+                        str(args.repeats),
+                    ]
+                    + [f"--set={s}" for s in args.set]
+                    + (["--bf16"] if bf16 else [])
+                )
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 med = statistics.median(r["tokens_per_s"])
-                print(f"{arch:8s} threads {threads}  {'bf16 autocast' if bf16 else 'fp32         '}  median {med:8.0f} tokens/s  "
-                      f"(runs: {', '.join(f'{v:.0f}' for v in r['tokens_per_s'])}; {r['params'] / 1e6:.2f} M params)", flush=True)
+                print(
+                    f"{arch:8s} threads {threads}  {'bf16 autocast' if bf16 else 'fp32         '}  median {med:8.0f} tokens/s  "
+                    f"(runs: {', '.join(f'{v:.0f}' for v in r['tokens_per_s'])}; {r['params'] / 1e6:.2f} M params)",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

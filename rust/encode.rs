@@ -285,7 +285,10 @@ impl Encoder {
         drop(by_bytes);
 
         let mut enc = Encoder {
-            live: ArcSwap::from_pointee(cache::SharedTable::from_base(&whole_map, cache::TableLimits::for_base(&whole_map))),
+            live: ArcSwap::from_pointee(cache::SharedTable::from_base(
+                &whole_map,
+                cache::TableLimits::for_base(&whole_map),
+            )),
             arena,
             start,
             len,
@@ -406,7 +409,13 @@ impl Encoder {
     }
 
     /// Encode text that holds no special token boundaries.
-    fn encode_span(&self, text: &str, held: &mut TableGuard, out: &mut Vec<u32>, flush: &mut impl FnMut(&mut Vec<u32>)) {
+    fn encode_span(
+        &self,
+        text: &str,
+        held: &mut TableGuard,
+        out: &mut Vec<u32>,
+        flush: &mut impl FnMut(&mut Vec<u32>),
+    ) {
         if text.is_empty() {
             return;
         }
@@ -581,7 +590,12 @@ impl Encoder {
 
     /// Encode many documents, in parallel over documents (see [`ThreadCount`]); the
     /// result is the same for any thread count.
-    pub fn encode_batch<S: AsRef<str> + Sync>(&self, texts: &[S], allow_special: bool, threads: ThreadCount) -> Vec<Vec<u32>> {
+    pub fn encode_batch<S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        allow_special: bool,
+        threads: ThreadCount,
+    ) -> Vec<Vec<u32>> {
         parallel::encode_batch(self, texts, allow_special, threads)
     }
 
@@ -601,7 +615,12 @@ impl Encoder {
     /// [`Encoder::encode_parallel`] without the final concatenation: the ids of
     /// consecutive parts of `text` (one part when it is encoded on one thread), stored as
     /// `T` (u16 only when every id of the vocabulary fits).
-    pub fn encode_parallel_parts<T: IdElem>(&self, text: &str, allow_special: bool, threads: ThreadCount) -> Vec<Vec<T>> {
+    pub fn encode_parallel_parts<T: IdElem>(
+        &self,
+        text: &str,
+        allow_special: bool,
+        threads: ThreadCount,
+    ) -> Vec<Vec<T>> {
         parallel::encode_parallel_parts(self, text, allow_special, threads)
     }
 

@@ -3,15 +3,15 @@
 //! The core has no PyO3 types; `python.rs` (behind the `python` feature) only
 //! converts types and releases the GIL, so `cargo test` needs no Python.
 
+mod buffers;
 pub mod encode;
 pub mod pretokenize;
 pub mod shards;
 pub mod threads;
-mod buffers;
 pub mod train;
-pub mod vocab_files;
 mod unicode_tables;
 mod utf8;
+pub mod vocab_files;
 
 #[cfg(feature = "python")]
 mod python;

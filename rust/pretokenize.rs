@@ -75,8 +75,7 @@ pub const PIECE_BATCH: usize = 192;
 pub const MAX_BATCH: usize = PIECE_BATCH + 64;
 
 /// GPT-2's pattern (also r50k/p50k).
-pub const GPT2_PATTERN: &str =
-    r"'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+pub const GPT2_PATTERN: &str = r"'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// cl100k_base's pattern, as tiktoken ships it.
 pub const CL100K_PATTERN: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s";
@@ -245,11 +244,9 @@ impl PreTokenizer {
     pub fn new(pattern: &str) -> Result<Self, PatternError> {
         let source = resolve_pattern(pattern);
         match Builtin::from_source(source) {
-            Some(b) => Ok(PreTokenizer {
-                source: source.to_string(),
-                engine: Engine::Scanner(b),
-                simd: Simd::detected(),
-            }),
+            Some(b) => {
+                Ok(PreTokenizer { source: source.to_string(), engine: Engine::Scanner(b), simd: Simd::detected() })
+            }
             None => Self::new_regex(source),
         }
     }
@@ -259,11 +256,7 @@ impl PreTokenizer {
     pub fn new_regex(pattern: &str) -> Result<Self, PatternError> {
         let source = resolve_pattern(pattern).to_string();
         let regex = fancy_regex::Regex::new(&source).map_err(|e| PatternError(e.to_string()))?;
-        Ok(PreTokenizer {
-            source,
-            engine: Engine::Regex(Box::new(regex)),
-            simd: Simd::detected(),
-        })
+        Ok(PreTokenizer { source, engine: Engine::Regex(Box::new(regex)), simd: Simd::detected() })
     }
 
     /// This pre-tokenizer with its scanner at `simd`, or at the best level the CPU has
@@ -343,17 +336,11 @@ impl PreTokenizer {
     pub fn for_each_piece_batch(&self, text: &str, mut f: impl FnMut(&[usize])) {
         match &self.engine {
             #[cfg(target_arch = "x86_64")]
-            Engine::Scanner(Builtin::Gpt2) => {
-                windows::batches::<windows::Gpt2>(self.simd, text.as_bytes(), f)
-            }
+            Engine::Scanner(Builtin::Gpt2) => windows::batches::<windows::Gpt2>(self.simd, text.as_bytes(), f),
             #[cfg(target_arch = "x86_64")]
-            Engine::Scanner(Builtin::Cl100k) => {
-                windows::batches::<windows::Cl100k>(self.simd, text.as_bytes(), f)
-            }
+            Engine::Scanner(Builtin::Cl100k) => windows::batches::<windows::Cl100k>(self.simd, text.as_bytes(), f),
             #[cfg(target_arch = "x86_64")]
-            Engine::Scanner(Builtin::O200k) => {
-                windows::batches::<windows::O200k>(self.simd, text.as_bytes(), f)
-            }
+            Engine::Scanner(Builtin::O200k) => windows::batches::<windows::O200k>(self.simd, text.as_bytes(), f),
             _ => {
                 // One piece at a time; a gap (text a custom pattern skips) ends a batch.
                 let mut bounds = [0usize; PIECE_BATCH + 1];
@@ -619,11 +606,7 @@ fn non_letter_mask16(b: &[u8], j: usize, lower_only: bool) -> u32 {
         unsafe {
             let v = _mm_loadu_si128(b.as_ptr().add(j) as *const __m128i);
             // Folding case with | 0x20 keeps bytes >= 0x80 negative, i.e. below 'a'.
-            let y = if lower_only {
-                v
-            } else {
-                _mm_or_si128(v, _mm_set1_epi8(0x20))
-            };
+            let y = if lower_only { v } else { _mm_or_si128(v, _mm_set1_epi8(0x20)) };
             let ge_a = _mm_cmpgt_epi8(y, _mm_set1_epi8(0x60));
             let le_z = _mm_cmpgt_epi8(_mm_set1_epi8(0x7b), y);
             !(_mm_movemask_epi8(_mm_and_si128(ge_a, le_z)) as u32) & 0xffff
@@ -643,11 +626,7 @@ fn non_letter_mask16_swar(b: &[u8], j: usize, lower_only: bool) -> u32 {
     // Per byte: y = the low 7 bits (lowercased); y + 0x1f has bit 7 iff y >= 'a';
     // y + 0x05 has bit 7 iff y > 'z'. No byte carries into the next.
     let half = |w: u64| {
-        let y = if lower_only {
-            w & !HI
-        } else {
-            (w | 0x2020_2020_2020_2020) & !HI
-        };
+        let y = if lower_only { w & !HI } else { (w | 0x2020_2020_2020_2020) & !HI };
         let bad = !((y + 0x1f1f_1f1f_1f1f_1f1f) & !(y + 0x0505_0505_0505_0505) & !w) & HI;
         // Gather the eight high bits into the low byte.
         ((bad >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
@@ -747,10 +726,7 @@ fn contraction(b: &[u8], j: usize) -> Option<usize> {
 /// case simply, so besides ASCII case only U+017F (LATIN SMALL LETTER LONG S) matches `s`.
 #[inline(always)]
 fn contraction_ci(b: &[u8], j: usize) -> Option<usize> {
-    let lower = |k: usize| {
-        b.get(k)
-            .map(|&x| if x.is_ascii_uppercase() { x | 0x20 } else { x })
-    };
+    let lower = |k: usize| b.get(k).map(|&x| if x.is_ascii_uppercase() { x | 0x20 } else { x });
     match lower(j)? {
         b's' | b'd' | b'm' | b't' => Some(j + 1),
         b'l' if lower(j + 1) == Some(b'l') => Some(j + 2),
@@ -787,11 +763,7 @@ struct WsRun {
 fn ws_run(b: &[u8], i: usize, l: usize) -> WsRun {
     let mut last = i;
     let mut j = i + l;
-    let mut newline_end = if b[i] == b'\r' || b[i] == b'\n' {
-        i + 1
-    } else {
-        0
-    };
+    let mut newline_end = if b[i] == b'\r' || b[i] == b'\n' { i + 1 } else { 0 };
     loop {
         match b.get(j) {
             Some(&x) if x < 0x80 => {
@@ -815,11 +787,7 @@ fn ws_run(b: &[u8], i: usize, l: usize) -> WsRun {
             None => break,
         }
     }
-    WsRun {
-        end: j,
-        last,
-        newline_end,
-    }
+    WsRun { end: j, last, newline_end }
 }
 
 // ---------------------------------------------------------------------------------
@@ -994,7 +962,8 @@ mod windows {
         let base = _mm512_set1_epi64(i as i64);
         let dst = bounds.as_mut_ptr().add(at).cast::<__m512i>();
         // Store i + the 8 positions in the low bytes of `x` as group `g`.
-        let store = |g: usize, x: __m128i| _mm512_storeu_si512(dst.add(g), _mm512_add_epi64(_mm512_cvtepu8_epi64(x), base));
+        let store =
+            |g: usize, x: __m128i| _mm512_storeu_si512(dst.add(g), _mm512_add_epi64(_mm512_cvtepu8_epi64(x), base));
         let lane = |k: usize| match k {
             0 => _mm512_castsi512_si128(packed),
             1 => _mm512_extracti32x4_epi32::<1>(packed),
@@ -1090,30 +1059,19 @@ mod windows {
                 let v = _mm_loadu_si128(b.as_ptr().add(i + 16 * k) as *const __m128i);
                 let mask = |m: __m128i| (_mm_movemask_epi8(m) as u32 as u64) << (16 * k);
                 let folded = _mm_or_si128(v, set(0x20));
-                let letter = _mm_and_si128(
-                    _mm_cmpgt_epi8(folded, set(b'a' - 1)),
-                    _mm_cmpgt_epi8(set(b'z' + 1), folded),
-                );
-                let digit = _mm_and_si128(
-                    _mm_cmpgt_epi8(v, set(b'0' - 1)),
-                    _mm_cmpgt_epi8(set(b'9' + 1), v),
-                );
+                let letter =
+                    _mm_and_si128(_mm_cmpgt_epi8(folded, set(b'a' - 1)), _mm_cmpgt_epi8(set(b'z' + 1), folded));
+                let digit = _mm_and_si128(_mm_cmpgt_epi8(v, set(b'0' - 1)), _mm_cmpgt_epi8(set(b'9' + 1), v));
                 let space = _mm_cmpeq_epi8(v, set(b' '));
                 // \t \n \v \f \r
                 let ctl = _mm_and_si128(_mm_cmpgt_epi8(v, set(0x08)), _mm_cmpgt_epi8(set(0x0e), v));
                 w.letter |= mask(letter);
-                w.upper |= mask(_mm_and_si128(
-                    _mm_cmpgt_epi8(v, set(b'A' - 1)),
-                    _mm_cmpgt_epi8(set(b'Z' + 1), v),
-                ));
+                w.upper |= mask(_mm_and_si128(_mm_cmpgt_epi8(v, set(b'A' - 1)), _mm_cmpgt_epi8(set(b'Z' + 1), v)));
                 w.digit |= mask(digit);
                 w.space |= mask(space);
                 w.white |= mask(_mm_or_si128(space, ctl));
                 w.apostrophe |= mask(_mm_cmpeq_epi8(v, set(b'\'')));
-                w.newline |= mask(_mm_or_si128(
-                    _mm_cmpeq_epi8(v, set(b'\n')),
-                    _mm_cmpeq_epi8(v, set(b'\r')),
-                ));
+                w.newline |= mask(_mm_or_si128(_mm_cmpeq_epi8(v, set(b'\n')), _mm_cmpeq_epi8(v, set(b'\r'))));
                 w.slash |= mask(_mm_cmpeq_epi8(v, set(b'/')));
                 w.non_ascii |= mask(v);
             }
@@ -1260,14 +1218,7 @@ mod windows {
                     Err(limit) => limit,
                 };
                 failures += 1;
-                retry_at = i
-                    + limit
-                    + 1
-                    + if failures > 2 {
-                        32 << failures.min(6)
-                    } else {
-                        0
-                    };
+                retry_at = i + limit + 1 + if failures > 2 { 32 << failures.min(6) } else { 0 };
             }
             if S::PAD_TAIL && i + 64 > n && i >= retry_at {
                 if let Some(m) = tail_starts::<S, K>(b, i) {
@@ -1442,11 +1393,7 @@ mod windows {
         let punct = !(w.letter | w.digit | w.white | w.non_ascii);
         // The tail of each punctuation run: from a newline right after punctuation to the
         // end of that run of tail chars (a '/' before the newline is in the punctuation run).
-        let tail = if tail_slash {
-            w.newline | w.slash
-        } else {
-            w.newline
-        };
+        let tail = if tail_slash { w.newline | w.slash } else { w.newline };
         let mut seeds = w.newline & (punct << 1);
         let mut absorbed = 0;
         while seeds != 0 {
@@ -1485,12 +1432,7 @@ mod windows {
             }
             newlines &= !bit_range(a, e);
         }
-        Ok(SharedStarts {
-            w,
-            valid,
-            punct_start,
-            starts,
-        })
+        Ok(SharedStarts { w, valid, punct_start, starts })
     }
 
     /// The cl100k piece starts of the window at `i` and the certain ones.
@@ -1545,11 +1487,7 @@ mod windows {
 #[inline(always)]
 fn gpt2_end(b: &[u8], i: usize) -> usize {
     let x = b[i];
-    let (c, l) = if x < 0x80 {
-        (ASCII[x as usize], 1)
-    } else {
-        decode_class(b, i)
-    };
+    let (c, l) = if x < 0x80 { (ASCII[x as usize], 1) } else { decode_class(b, i) };
     if in_set(c, SET_L) {
         return scan_letters(b, i + l);
     }
@@ -1597,11 +1535,7 @@ fn gpt2_end(b: &[u8], i: usize) -> usize {
 #[inline(always)]
 fn cl100k_end(b: &[u8], i: usize) -> usize {
     let x = b[i];
-    let (c, l) = if x < 0x80 {
-        (ASCII[x as usize], 1)
-    } else {
-        decode_class(b, i)
-    };
+    let (c, l) = if x < 0x80 { (ASCII[x as usize], 1) } else { decode_class(b, i) };
     if in_set(c, SET_L) {
         return scan_letters(b, i + l);
     }
@@ -1670,13 +1604,7 @@ fn o200k_upper_lower(b: &[u8], s: usize) -> Result<usize, usize> {
             }
             UPPER => j += l,
             LOWER => return Ok(scan(b, j + l, SET_W)),
-            _ => {
-                return if last_b_end != 0 {
-                    Ok(last_b_end)
-                } else {
-                    Err(j)
-                }
-            }
+            _ => return if last_b_end != 0 { Ok(last_b_end) } else { Err(j) },
         }
     }
 }
@@ -1696,11 +1624,7 @@ fn o200k_suffix(b: &[u8], e: usize) -> usize {
 #[inline(always)]
 fn o200k_end(b: &[u8], i: usize) -> usize {
     let x = b[i];
-    let (c, l) = if x < 0x80 {
-        (ASCII[x as usize], 1)
-    } else {
-        decode_class(b, i)
-    };
+    let (c, l) = if x < 0x80 { (ASCII[x as usize], 1) } else { decode_class(b, i) };
     if in_set(c, SET_L) {
         // No prefix char (a letter is not in [^\r\n\p{L}\p{N}]); alternative 1, else 2
         // (which then takes exactly the Lu/Lt run).
@@ -1761,31 +1685,18 @@ mod tests {
     use super::*;
 
     fn scan_pieces(name: &str, text: &str) -> Vec<String> {
-        PreTokenizer::new(name)
-            .unwrap()
-            .pieces(text)
-            .into_iter()
-            .map(String::from)
-            .collect()
+        PreTokenizer::new(name).unwrap().pieces(text).into_iter().map(String::from).collect()
     }
 
     fn regex_pieces(name: &str, text: &str) -> Vec<String> {
-        PreTokenizer::new_regex(name)
-            .unwrap()
-            .pieces(text)
-            .into_iter()
-            .map(String::from)
-            .collect()
+        PreTokenizer::new_regex(name).unwrap().pieces(text).into_iter().map(String::from).collect()
     }
 
     #[test]
     fn gpt2_splits_contractions_and_spaces() {
         let p = PreTokenizer::new("gpt2").unwrap();
         assert!(p.is_builtin());
-        assert_eq!(
-            p.pieces("I'll  go!\n\n x"),
-            vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]
-        );
+        assert_eq!(p.pieces("I'll  go!\n\n x"), vec!["I", "'ll", " ", " go", "!", "\n\n", " x"]);
     }
 
     #[test]
@@ -1812,11 +1723,7 @@ mod tests {
 
     #[test]
     fn builtin_sources_select_the_scanners() {
-        for (name, src) in [
-            ("gpt2", GPT2_PATTERN),
-            ("cl100k", CL100K_PATTERN),
-            ("o200k", O200K_PATTERN),
-        ] {
+        for (name, src) in [("gpt2", GPT2_PATTERN), ("cl100k", CL100K_PATTERN), ("o200k", O200K_PATTERN)] {
             let by_name = PreTokenizer::new(name).unwrap();
             let by_source = PreTokenizer::new(src).unwrap();
             assert!(by_name.is_builtin() && by_source.is_builtin());
@@ -1864,11 +1771,7 @@ mod tests {
         ];
         for (name, text, want) in cases {
             assert_eq!(scan_pieces(name, text), *want, "{name} on {text:?}");
-            assert_eq!(
-                regex_pieces(name, text),
-                *want,
-                "fancy-regex, {name} on {text:?}"
-            );
+            assert_eq!(regex_pieces(name, text), *want, "fancy-regex, {name} on {text:?}");
         }
     }
 
@@ -1878,20 +1781,17 @@ mod tests {
         for _ in 0..20000 {
             let bytes: Vec<u8> = (0..16).map(|_| rng.next() as u8).collect();
             for lower_only in [false, true] {
-                let want = (0..16)
-                    .filter(|&k| {
-                        if lower_only {
-                            !bytes[k].is_ascii_lowercase()
-                        } else {
-                            !bytes[k].is_ascii_alphabetic()
-                        }
-                    })
-                    .fold(0u32, |m, k| m | 1 << k);
-                assert_eq!(
-                    non_letter_mask16_swar(&bytes, 0, lower_only),
-                    want,
-                    "{bytes:?}"
-                );
+                let want =
+                    (0..16)
+                        .filter(|&k| {
+                            if lower_only {
+                                !bytes[k].is_ascii_lowercase()
+                            } else {
+                                !bytes[k].is_ascii_alphabetic()
+                            }
+                        })
+                        .fold(0u32, |m, k| m | 1 << k);
+                assert_eq!(non_letter_mask16_swar(&bytes, 0, lower_only), want, "{bytes:?}");
                 assert_eq!(non_letter_mask16(&bytes, 0, lower_only), want, "{bytes:?}");
             }
         }
@@ -2011,9 +1911,8 @@ mod tests {
 
     /// ASCII chars, weighted like prose.
     const ASCII_ALPHABET: &[char] = &[
-        ' ', ' ', ' ', ' ', '\n', '\n', '\t', '\r', '\'', '\'', 's', 't', 'l', 'v', 'e', 'r', 'd',
-        'm', 'a', 'b', 'x', 'S', 'L', 'E', 'T', 'R', 'A', '0', '1', '9', '.', ',', '!', '/', '-',
-        '"', '(', '\u{b}', '\u{c}',
+        ' ', ' ', ' ', ' ', '\n', '\n', '\t', '\r', '\'', '\'', 's', 't', 'l', 'v', 'e', 'r', 'd', 'm', 'a', 'b', 'x',
+        'S', 'L', 'E', 'T', 'R', 'A', '0', '1', '9', '.', ',', '!', '/', '-', '"', '(', '\u{b}', '\u{c}',
     ];
 
     struct Rng(u64);
@@ -2033,10 +1932,7 @@ mod tests {
     #[test]
     fn random_differential_against_fancy_regex() {
         let names = ["gpt2", "cl100k", "o200k"];
-        let regexes: Vec<_> = names
-            .iter()
-            .map(|n| PreTokenizer::new_regex(n).unwrap())
-            .collect();
+        let regexes: Vec<_> = names.iter().map(|n| PreTokenizer::new_regex(n).unwrap()).collect();
         // Each scanner at each instruction set this CPU has.
         let levels: Vec<Simd> = ALL_SIMD.iter().copied().filter(|&l| l <= Simd::supported()).collect();
         let scanners: Vec<Vec<PreTokenizer>> = names
@@ -2058,11 +1954,7 @@ mod tests {
                     }
                 })
                 .collect();
-            let len = if long {
-                60 + rng.below(200)
-            } else {
-                rng.below(24)
-            };
+            let len = if long { 60 + rng.below(200) } else { rng.below(24) };
             let text: String = (0..len).map(|_| sub[rng.below(sub.len())]).collect();
             for ((name, at_levels), r) in names.iter().zip(&scanners).zip(&regexes) {
                 let want = r.pieces(&text);
@@ -2098,7 +1990,10 @@ mod tests {
                 unsafe { windows::write_starts_vbmi2(&mut got, at, i, m) };
                 let n = m.count_ones() as usize;
                 assert_eq!(got[..at + n], want[..at + n], "mask {m:#x} at {at}");
-                assert!(got[at + n.next_multiple_of(8)..].iter().all(|&v| v == usize::MAX), "mask {m:#x}: wrote past 7 spare");
+                assert!(
+                    got[at + n.next_multiple_of(8)..].iter().all(|&v| v == usize::MAX),
+                    "mask {m:#x}: wrote past 7 spare"
+                );
             }
         }
     }
@@ -2130,11 +2025,8 @@ mod tests {
     #[test]
     fn batches_give_the_pieces_of_for_each_piece_range() {
         let custom = [r"\d+", r"\p{L}+| ?[^\s\p{L}]", r"(?i)ab|c"];
-        let mut pretoks: Vec<PreTokenizer> = ["gpt2", "cl100k", "o200k"]
-            .iter()
-            .chain(custom.iter())
-            .map(|n| PreTokenizer::new(n).unwrap())
-            .collect();
+        let mut pretoks: Vec<PreTokenizer> =
+            ["gpt2", "cl100k", "o200k"].iter().chain(custom.iter()).map(|n| PreTokenizer::new(n).unwrap()).collect();
         // The built-in scanners at the baseline too (the batching is the same code at
         // every level, the class masks are not).
         for n in ["gpt2", "cl100k", "o200k"] {
@@ -2155,7 +2047,12 @@ mod tests {
                 })
                 .collect();
             for p in &pretoks {
-                assert_eq!(batched_ranges(p, &text), p.piece_ranges(&text), "round {round}, {} on {text:?}", p.pattern());
+                assert_eq!(
+                    batched_ranges(p, &text),
+                    p.piece_ranges(&text),
+                    "round {round}, {} on {text:?}",
+                    p.pattern()
+                );
             }
         }
         // A window's 63 pieces on top of a batch of 63 (the largest batch).
@@ -2173,10 +2070,7 @@ mod tests {
     /// category changes. (tests/test_pretokenize.py checks the tables against `regex`.)
     #[test]
     fn tables_agree_with_regex_crate_up_to_new_assignments() {
-        let all: String = (0..0xd800u32)
-            .chain(0xe000..0x110000)
-            .map(|cp| char::from_u32(cp).unwrap())
-            .collect();
+        let all: String = (0..0xd800u32).chain(0xe000..0x110000).map(|cp| char::from_u32(cp).unwrap()).collect();
         let members = |pattern: &str| {
             let re = fancy_regex::Regex::new(pattern).unwrap();
             let mut set = std::collections::HashSet::new();
@@ -2198,8 +2092,7 @@ mod tests {
         for (pattern, set) in classes {
             let theirs = members(pattern);
             for ch in all.chars() {
-                if theirs.contains(&ch) != in_set(char_class(ch), set) && !unassigned.contains(&ch)
-                {
+                if theirs.contains(&ch) != in_set(char_class(ch), set) && !unassigned.contains(&ch) {
                     differ.insert(ch as u32);
                 }
             }
@@ -2208,11 +2101,7 @@ mod tests {
         differ.sort();
         // U+0295 (LATIN LETTER PHARYNGEAL VOICED FRICATIVE) moved from Ll to Lo in
         // Unicode 17, which the `regex` module follows.
-        assert_eq!(
-            differ,
-            vec![0x295],
-            "code points classified unlike the regex crate"
-        );
+        assert_eq!(differ, vec![0x295], "code points classified unlike the regex crate");
     }
 
     #[test]

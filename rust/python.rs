@@ -54,7 +54,10 @@ mod encoder_bindings {
         // str otherwise). PyO3's abi3-py39 path encodes to a new bytes object and copies
         // it on every call. Not used on Windows, where an abi3 module may only import the
         // functions of the stable ABI of the oldest Python it supports.
-        fn PyUnicode_AsUTF8AndSize(unicode: *mut pyo3::ffi::PyObject, size: *mut pyo3::ffi::Py_ssize_t) -> *const std::os::raw::c_char;
+        fn PyUnicode_AsUTF8AndSize(
+            unicode: *mut pyo3::ffi::PyObject,
+            size: *mut pyo3::ffi::Py_ssize_t,
+        ) -> *const std::os::raw::c_char;
     }
 
     /// The UTF-8 of a Python str, borrowed from it where possible; TypeError for other
@@ -108,7 +111,11 @@ mod encoder_bindings {
     }
 
     /// Run `f` with the GIL released, unless the input (`n` bytes) is small.
-    fn run_detached<T: pyo3::marker::Ungil>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + pyo3::marker::Ungil) -> T {
+    fn run_detached<T: pyo3::marker::Ungil>(
+        py: Python<'_>,
+        n: usize,
+        f: impl FnOnce() -> T + pyo3::marker::Ungil,
+    ) -> T {
         if n < DETACH_MIN {
             f()
         } else {
@@ -344,9 +351,9 @@ mod encoder_bindings {
             special_tokens: &Bound<'_, PyAny>,
             pattern: &str,
         ) -> PyResult<Self> {
-            let vocab = vocab
-                .cast::<PyDict>()
-                .map_err(|_| PyTypeError::new_err(format!("vocab must be a dict[int, bytes], got {}", type_name(vocab))))?;
+            let vocab = vocab.cast::<PyDict>().map_err(|_| {
+                PyTypeError::new_err(format!("vocab must be a dict[int, bytes], got {}", type_name(vocab)))
+            })?;
             let mut v: Vec<(u64, Vec<u8>)> = Vec::with_capacity(vocab.len());
             for (k, b) in vocab.iter() {
                 if k.cast::<pyo3::types::PyInt>().is_err() || k.cast::<pyo3::types::PyBool>().is_ok() {
@@ -367,7 +374,10 @@ mod encoder_bindings {
             for (i, item) in merges.try_iter()?.enumerate() {
                 let item = item?;
                 let pair = item.cast::<PyTuple>().ok().filter(|t| t.len() == 2).ok_or_else(|| {
-                    PyTypeError::new_err(format!("merges[{i}] must be a tuple (bytes, bytes), got {}", type_name(&item)))
+                    PyTypeError::new_err(format!(
+                        "merges[{i}] must be a tuple (bytes, bytes), got {}",
+                        type_name(&item)
+                    ))
                 })?;
                 let a = bytes_of(&pair.get_item(0)?, &|| format!("merges[{i}][0]"))?;
                 let b = bytes_of(&pair.get_item(1)?, &|| format!("merges[{i}][1]"))?;
@@ -382,18 +392,19 @@ mod encoder_bindings {
                 specials.push(t.to_cow()?.into_owned());
             }
             let pattern = pattern.to_owned();
-            let enc = py.detach(move || {
-                let enc = Encoder::new(v, m, specials, &pattern);
-                // The inputs and tables built on the way were many small allocations:
-                // give the pages they leave free back to the OS.
-                #[cfg(all(target_os = "linux", target_env = "gnu"))]
-                // SAFETY: plain libc call.
-                unsafe {
-                    libc::malloc_trim(0);
-                }
-                enc
-            })
-            .map_err(encode_err)?;
+            let enc = py
+                .detach(move || {
+                    let enc = Encoder::new(v, m, specials, &pattern);
+                    // The inputs and tables built on the way were many small allocations:
+                    // give the pages they leave free back to the OS.
+                    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                    // SAFETY: plain libc call.
+                    unsafe {
+                        libc::malloc_trim(0);
+                    }
+                    enc
+                })
+                .map_err(encode_err)?;
             let ints = make_ints(py, enc.vocab_size())?;
             Ok(PyEncoder { inner: Arc::new(enc), ints })
         }
@@ -457,7 +468,12 @@ mod encoder_bindings {
 
         /// Token ids of `text` as a list.
         #[pyo3(signature = (text, allow_special = true))]
-        fn encode<'py>(&self, py: Python<'py>, text: &Bound<'py, PyAny>, allow_special: bool) -> PyResult<Bound<'py, PyList>> {
+        fn encode<'py>(
+            &self,
+            py: Python<'py>,
+            text: &Bound<'py, PyAny>,
+            allow_special: bool,
+        ) -> PyResult<Bound<'py, PyList>> {
             let s = text_of(text, || "encode()".into())?;
             if s.len() < DETACH_MIN {
                 return with_scratch(|ids| {
@@ -490,7 +506,8 @@ mod encoder_bindings {
             }
             ready_pool(num_threads)?;
             let enc = &self.inner;
-            let parts = py.detach(|| parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&s, allow_special, num_threads)));
+            let parts =
+                py.detach(|| parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&s, allow_special, num_threads)));
             parts.into_array(py, num_threads)
         }
 
@@ -556,7 +573,10 @@ mod encoder_bindings {
             let (parts, offsets) = run_detached(py, total, || {
                 let mut offsets = Vec::with_capacity(strs.len() + 1);
                 offsets.push(0i64);
-                let parts = parts_for_itemsize!(itemsize, split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets));
+                let parts = parts_for_itemsize!(
+                    itemsize,
+                    split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets)
+                );
                 (parts, offsets)
             });
             let ids = parts.into_array(py, num_threads)?;
@@ -864,8 +884,8 @@ mod trainer_binding {
     use std::time::Duration;
 
     use pyo3::exceptions::{
-        PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError, PyPermissionError,
-        PyRuntimeError, PyValueError,
+        PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError, PyPermissionError, PyRuntimeError,
+        PyValueError,
     };
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict, PyList};
@@ -980,10 +1000,9 @@ mod trainer_binding {
             progress: Option<&Bound<'_, PyAny>>,
             f: impl FnOnce(&mut Trainer, &Control) -> Result<T, TrainError> + Send,
         ) -> PyResult<T> {
-            let mut trainer = self
-                .inner
-                .take()
-                .ok_or_else(|| PyRuntimeError::new_err("this BpeTrainer failed or was interrupted earlier; make a new one"))?;
+            let mut trainer = self.inner.take().ok_or_else(|| {
+                PyRuntimeError::new_err("this BpeTrainer failed or was interrupted earlier; make a new one")
+            })?;
             let ctl = &self.ctl;
             let (trainer, result) = run_watched(py, ctl, progress, move || {
                 let r = f(&mut trainer, ctl);
@@ -1014,11 +1033,14 @@ mod trainer_binding {
                 "strict" => Utf8Errors::Strict,
                 "replace" => Utf8Errors::Replace,
                 other => {
-                    return Err(PyValueError::new_err(format!("errors must be \"strict\" or \"replace\", got {other:?}")))
+                    return Err(PyValueError::new_err(format!(
+                        "errors must be \"strict\" or \"replace\", got {other:?}"
+                    )))
                 }
             };
-            let t = Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
-                .map_err(to_pyerr)?;
+            let t =
+                Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
+                    .map_err(to_pyerr)?;
             Ok(PyBpeTrainer { inner: Some(t), ctl: Control::default() })
         }
 
@@ -1061,7 +1083,8 @@ mod trainer_binding {
             // Built here rather than in Python (a Python loop over 32k merges takes ~15 ms),
             // with one bytes object per symbol: the vocab entries and the pairs share them.
             let mut objects: Vec<Option<Bound<'py, PyBytes>>> = vec![None; merges.num_symbols()];
-            let mut object = |s: u32| objects[s as usize].get_or_insert_with(|| PyBytes::new(py, merges.symbol_bytes(s))).clone();
+            let mut object =
+                |s: u32| objects[s as usize].get_or_insert_with(|| PyBytes::new(py, merges.symbol_bytes(s))).clone();
             let vocab = PyDict::new(py);
             for b in 0..=255u8 {
                 vocab.set_item(b, object(b as u32))?;
@@ -1104,7 +1127,11 @@ mod vocab_files_bindings {
     /// vocab.json's text as {id: token bytes}, or None when ferrolm.tokenizer_files must
     /// read it (and report what is wrong).
     #[pyfunction]
-    fn read_vocab_json<'py>(py: Python<'py>, text: &str, specials: Vec<String>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    fn read_vocab_json<'py>(
+        py: Python<'py>,
+        text: &str,
+        specials: Vec<String>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(items) = py.detach(|| crate::vocab_files::read_vocab_json(text, &specials)) else { return Ok(None) };
         let d = PyDict::new(py);
         for (id, bytes) in items {
@@ -1148,9 +1175,7 @@ fn pattern_source(name: &str) -> PyResult<&'static str> {
 /// exhaustive tests against `regex`.
 #[pyfunction]
 fn _char_classes(text: &str) -> Vec<u8> {
-    text.chars()
-        .map(crate::pretokenize::char_class_flags)
-        .collect()
+    text.chars().map(crate::pretokenize::char_class_flags).collect()
 }
 
 // ---- end of pre-tokenizer debug bindings ----

@@ -202,43 +202,17 @@ pub struct Summary {
 #[derive(Debug)]
 pub enum ShardError {
     /// An I/O error on `path` while `doing` something (reading, writing, ...).
-    Io {
-        path: PathBuf,
-        doing: &'static str,
-        source: io::Error,
-    },
+    Io { path: PathBuf, doing: &'static str, source: io::Error },
     /// Compressed data that does not decompress.
-    Corrupt {
-        path: PathBuf,
-        format: &'static str,
-        raw_offset: u64,
-        source: io::Error,
-    },
+    Corrupt { path: PathBuf, format: &'static str, raw_offset: u64, source: io::Error },
     /// Bytes that are not UTF-8 (offset in the decompressed stream for compressed files).
-    Utf8 {
-        path: PathBuf,
-        offset: u64,
-        compressed: bool,
-    },
+    Utf8 { path: PathBuf, offset: u64, compressed: bool },
     /// A JSON Lines record that is not an object with a string field.
-    Jsonl {
-        path: PathBuf,
-        line: u64,
-        message: String,
-    },
+    Jsonl { path: PathBuf, line: u64, message: String },
     /// A token id that the output dtype cannot hold.
-    DtypeOverflow {
-        id: u32,
-        dtype: Dtype,
-        path: PathBuf,
-        chunk_offset: u64,
-    },
+    DtypeOverflow { id: u32, dtype: Dtype, path: PathBuf, chunk_offset: u64 },
     /// An input changed size while it was being read.
-    Changed {
-        path: PathBuf,
-        expected: u64,
-        got: u64,
-    },
+    Changed { path: PathBuf, expected: u64, got: u64 },
     /// The progress callback asked to stop (Ctrl-C); everything written so far is committed.
     Interrupted,
     /// A bad argument.
@@ -249,11 +223,7 @@ pub enum ShardError {
 
 impl ShardError {
     fn io(path: &Path, doing: &'static str, source: io::Error) -> Self {
-        ShardError::Io {
-            path: path.to_path_buf(),
-            doing,
-            source,
-        }
+        ShardError::Io { path: path.to_path_buf(), doing, source }
     }
     /// Whether a rerun of the same job can continue where this one stopped (I/O failures
     /// such as a full disk, and interruptions); the partial output is kept for it.
@@ -306,11 +276,9 @@ impl fmt::Display for ShardError {
                 dtype.name(),
                 path.display()
             ),
-            ShardError::Changed { path, expected, got } => write!(
-                f,
-                "{} changed while it was read (expected {expected} bytes, read {got})",
-                path.display()
-            ),
+            ShardError::Changed { path, expected, got } => {
+                write!(f, "{} changed while it was read (expected {expected} bytes, read {got})", path.display())
+            }
             ShardError::Interrupted => write!(f, "interrupted"),
             ShardError::Invalid(msg) => write!(f, "{msg}"),
             ShardError::Panic(msg) => write!(f, "internal error: an encoding thread panicked: {msg}"),
@@ -388,12 +356,10 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
                     if line.trim().is_empty() {
                         continue;
                     }
-                    let doc = jsonl::field(line, &job.jsonl_field).map_err(|message| {
-                        ShardError::Jsonl {
-                            path: spec.path.clone(),
-                            line: line_no,
-                            message,
-                        }
+                    let doc = jsonl::field(line, &job.jsonl_field).map_err(|message| ShardError::Jsonl {
+                        path: spec.path.clone(),
+                        line: line_no,
+                        message,
                     })?;
                     enc.encode_ordinary(&doc, &mut ids);
                     if let Some((_, id)) = eos {
@@ -414,7 +380,12 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
             Dtype::U16 => {
                 if ids.iter().copied().max().unwrap_or(0) > u16::MAX as u32 {
                     let id = *ids.iter().find(|&&t| t > u16::MAX as u32).unwrap();
-                    return Err(ShardError::DtypeOverflow { id, dtype: Dtype::U16, path: spec.path.clone(), chunk_offset: chunk.start });
+                    return Err(ShardError::DtypeOverflow {
+                        id,
+                        dtype: Dtype::U16,
+                        path: spec.path.clone(),
+                        chunk_offset: chunk.start,
+                    });
                 }
                 for (dst, &t) in out.chunks_exact_mut(2).zip(ids.iter()) {
                     dst.copy_from_slice(&(t as u16).to_le_bytes());
@@ -435,11 +406,7 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
 /// `progress` is called on the calling thread after each written chunk; returning `false`
 /// stops the job cleanly (what was written is committed to the journal) with
 /// [`ShardError::Interrupted`].
-pub fn encode_to_shard<E, P>(
-    job: &EncodeJob,
-    encoder: &E,
-    mut progress: P,
-) -> Result<Summary, ShardError>
+pub fn encode_to_shard<E, P>(job: &EncodeJob, encoder: &E, mut progress: P) -> Result<Summary, ShardError>
 where
     E: TextEncoder + ?Sized,
     P: FnMut(&Progress) -> bool,
@@ -452,9 +419,7 @@ where
     }
     if let Some((i, n)) = job.part {
         if n == 0 || i >= n {
-            return Err(ShardError::Invalid(format!(
-                "--part {i}/{n}: need 0 <= I < N"
-            )));
+            return Err(ShardError::Invalid(format!("--part {i}/{n}: need 0 <= I < N")));
         }
     }
     if let Some((sep, _)) = &job.eos {
@@ -472,14 +437,9 @@ where
     let sizes = input::file_sizes(&job.inputs)?;
     let total: u64 = sizes.iter().sum();
     let byte_range = match job.part {
-        Some((i, n)) => part_range(
-            &job.inputs,
-            &sizes,
-            i,
-            n,
-            job.eos.as_ref().map(|e| e.0.as_str()),
-            job.newline_cuts,
-        )?,
+        Some((i, n)) => {
+            part_range(&job.inputs, &sizes, i, n, job.eos.as_ref().map(|e| e.0.as_str()), job.newline_cuts)?
+        }
         None => (0, total),
     };
 
@@ -512,11 +472,7 @@ where
         // so a crash in between never pairs an old journal with new data.
         if let Err(e) = std::fs::remove_file(&journal_path) {
             if e.kind() != io::ErrorKind::NotFound {
-                return Err(ShardError::io(
-                    &journal_path,
-                    "removing the stale progress journal",
-                    e,
-                ));
+                return Err(ShardError::io(&journal_path, "removing the stale progress journal", e));
             }
         }
     }
@@ -527,23 +483,10 @@ where
     let resumed_tokens = tokens;
 
     let mut out = PartialWriter::open(&partial_path, tokens * itemsize, resume.is_none())?;
-    let mut reader = ChunkReader::new(
-        job,
-        &sizes,
-        byte_range,
-        if resume.is_some() {
-            Some(start_pos)
-        } else {
-            None
-        },
-    )?;
+    let mut reader = ChunkReader::new(job, &sizes, byte_range, if resume.is_some() { Some(start_pos) } else { None })?;
 
     reader.balance_tail(threads);
-    let window = if job.window == 0 {
-        2 * threads + 2
-    } else {
-        job.window.max(1)
-    };
+    let window = if job.window == 0 { 2 * threads + 2 } else { job.window.max(1) };
     // Read buffers and output buffers are pooled apart (their sizes differ).
     let out_bufs = BufferPool::default();
     let bufs = BufferPool::default();
@@ -566,8 +509,7 @@ where
         let mut next_read: u64 = 0; // sequence number of the next chunk to read
         let mut next_write: u64 = 0; // sequence number of the next chunk to write
         let mut in_flight = 0usize;
-        let mut pending: std::collections::BTreeMap<u64, Result<Encoded, ShardError>> =
-            Default::default();
+        let mut pending: std::collections::BTreeMap<u64, Result<Encoded, ShardError>> = Default::default();
         let mut reader_done = false;
         // The first error in input order wins; `stop_at` is the sequence number at which
         // writing stops (a reader error happens "at" the chunk it could not produce).
@@ -639,12 +581,7 @@ where
                             committed_tokens = tokens;
                             last_commit = Instant::now();
                         }
-                        let p = Progress {
-                            raw_done: enc.raw_done,
-                            raw_total,
-                            tokens,
-                            documents,
-                        };
+                        let p = Progress { raw_done: enc.raw_done, raw_total, tokens, documents };
                         if !progress(&p) && stop_at.is_none() {
                             stop_at = Some((next_write, ShardError::Interrupted));
                         }

@@ -31,8 +31,8 @@ use std::time::Instant;
 
 use crate::pretokenize::{PatternError, PreTokenizer};
 
-pub use count::Utf8Errors;
 pub use count::PieceCounts;
+pub use count::Utf8Errors;
 use count::{Counter, Segment};
 pub use merge::Merges;
 use merge::{learn_merges, MergeTimes, Words};
@@ -100,9 +100,15 @@ impl Control {
 #[derive(Debug)]
 pub enum TrainError {
     /// Opening or reading `path` failed.
-    Io { path: PathBuf, err: io::Error },
+    Io {
+        path: PathBuf,
+        err: io::Error,
+    },
     /// `source` is not UTF-8 at byte `offset` (and errors = strict).
-    InvalidUtf8 { source: String, offset: u64 },
+    InvalidUtf8 {
+        source: String,
+        offset: u64,
+    },
     /// A bad argument or an unusable corpus; the message says which.
     InvalidInput(String),
     Pattern(PatternError),
@@ -210,7 +216,9 @@ impl Trainer {
     }
 
     fn counter(&self) -> Result<&Counter, TrainError> {
-        self.counter.as_ref().ok_or_else(|| TrainError::InvalidInput("this trainer has already learned its merges".into()))
+        self.counter
+            .as_ref()
+            .ok_or_else(|| TrainError::InvalidInput("this trainer has already learned its merges".into()))
     }
 
     /// Check that every path is a readable regular file; returns the total size.
@@ -292,9 +300,17 @@ impl Trainer {
     /// Pre-tokenize and count the spans `segments` of `buf` (those free of special
     /// tokens, as `read::Cut` gives them). `offset`: where `buf` starts in its source,
     /// for error messages.
-    fn count_buffer(&self, buf: &[u8], segments: Vec<(usize, usize)>, offset: u64, source: &str, ctl: &Control) -> Result<(), TrainError> {
+    fn count_buffer(
+        &self,
+        buf: &[u8],
+        segments: Vec<(usize, usize)>,
+        offset: u64,
+        source: &str,
+        ctl: &Control,
+    ) -> Result<(), TrainError> {
         let counter = self.counter()?;
-        let segs = segments.into_iter().map(|(s, e)| Segment { offset: offset + s as u64, bytes: &buf[s..e] }).collect();
+        let segs =
+            segments.into_iter().map(|(s, e)| Segment { offset: offset + s as u64, bytes: &buf[s..e] }).collect();
         counter.count_segments(&self.pool, &self.pre, self.builtin, self.errors, segs, source, ctl)
     }
 

@@ -5,13 +5,12 @@ Tests that need the shared corpora or fixtures skip with a clear reason when abs
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from ferrolm import patterns
+from ferrolm.bpe import patterns
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("FERROLM_SHARED", REPO.parent / "shared"))
@@ -37,7 +36,7 @@ def corpus_files() -> list[Path]:
 @pytest.fixture(scope="session")
 def gpt2_vocab_merges():
     """(vocab, merges) of GPT-2 read from the fixtures in ferrolm's types; <|endoftext|> is id 50256."""
-    from ferrolm.tokenizer_files import read_merges, read_vocab
+    from ferrolm.bpe.files import read_merges, read_vocab
 
     vocab = read_vocab(shared_file("fixtures/gpt2_vocab.json"), ["<|endoftext|>"])
     merges = read_merges(shared_file("fixtures/gpt2_merges.txt"))
@@ -50,4 +49,6 @@ def tiktoken_gpt2(gpt2_vocab_merges):
     tiktoken = pytest.importorskip("tiktoken")
     vocab, _ = gpt2_vocab_merges
     ranks = {b: i for i, b in vocab.items() if i != 50256}
-    return tiktoken.Encoding("gpt2-offline", pat_str=patterns.GPT2, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
+    return tiktoken.Encoding(
+        "gpt2-offline", pat_str=patterns.GPT2, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )

@@ -25,7 +25,11 @@ def write_shard(prefix, tokens, vocab_size=256, eos_id=0, fingerprint=FP, part=N
         "format_version": 1,
         "dtype": dtype,
         "num_tokens": int(arr.size),
-        "num_documents": int(num_documents if num_documents is not None else (np.count_nonzero(arr == eos_id) if eos_id is not None else 0)),
+        "num_documents": int(
+            num_documents
+            if num_documents is not None
+            else (np.count_nonzero(arr == eos_id) if eos_id is not None else 0)
+        ),
         "vocab_size": vocab_size,
         "eos_id": eos_id,
         "tokenizer_fingerprint": fingerprint,

@@ -51,7 +51,9 @@ def test_tables_and_ratios(run):
     assert run.ratio_series(run.markdown_tables("| a | b |\n|---|---|\n| x | 12 |\n")) == []
     # one column per library, a ratio inside each cell: one series per row
     per_lib = "## wiki.txt\n| mode | ferrolm | tiktoken | ids |\n|---|---|---|---|\n| encode | 13.4 (61), 6.4× | 2.1 (8), 1.0× | yes |\n"
-    assert run.ratio_series(run.markdown_tables(per_lib)) == [("wiki.txt: encode", [("ferrolm", 6.4), ("tiktoken", 1.0)])]
+    assert run.ratio_series(run.markdown_tables(per_lib)) == [
+        ("wiki.txt: encode", [("ferrolm", 6.4), ("tiktoken", 1.0)])
+    ]
     body = run.render_output(TABLE + '{"json": "for the parent"}\n')
     assert "```\n# comment line\n  progress line\n```" in body
     assert "#### vocab 1,000" in body and "| peer | 1.00 | 2.0× the time | slower |" in body
@@ -70,7 +72,10 @@ def _script(run, name: str, body: str) -> None:
 
 
 def test_main_runs_scripts_and_writes_results(run, capsys):
-    _script(run, "bench_ok.py", f'''
+    _script(
+        run,
+        "bench_ok.py",
+        f"""
         import argparse, json, sys
         ap = argparse.ArgumentParser(); ap.add_argument("--runs"); ap.add_argument("--json")
         a = ap.parse_args()
@@ -79,15 +84,20 @@ def test_main_runs_scripts_and_writes_results(run, capsys):
         print("input " + {str(run.SHARED / "corpora" / "x.txt")!r})
         print("progress", file=sys.stderr)
         json.dump({{"ok": 1}}, open(a.json, "w"))
-    ''')
+    """,
+    )
     _script(run, "bench_bad.py", 'import sys\nprint("| a | b |")\nsys.exit("boom: it broke")\n')
     pidfile = run.BENCHES_DIR / "grandchild.pid"
-    _script(run, "bench_slow.py", f'''
+    _script(
+        run,
+        "bench_slow.py",
+        f"""
         import argparse, subprocess, sys, time
         argparse.ArgumentParser().parse_args()
         subprocess.Popen([sys.executable, "-c", "import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"])
         time.sleep(60)
-    ''')
+    """,
+    )
     (run.BENCHES_DIR / "results" / "ok.md").write_text("notes")
     (run.BENCHES_DIR / "results" / "summary.md").write_text("## Headlines\n\nkept by hand\n")
     run.BENCHES = [

@@ -1,4 +1,4 @@
-"""ferrolm.checkpoint: round trips, weights_only loading, atomic writes, clear errors."""
+"""ferrolm.lm.checkpoint: round trips, weights_only loading, atomic writes, clear errors."""
 
 from __future__ import annotations
 
@@ -10,17 +10,26 @@ import numpy as np
 import pytest
 import torch
 
-from ferrolm import checkpoint as ck
-from ferrolm.checkpoint import CheckpointError, get_rng_state, load_checkpoint, read_checkpoint, save_checkpoint, set_rng_state
-from ferrolm.model import TransformerLM
-from ferrolm.optim import AdamW
+from ferrolm.lm import checkpoint as ck
+from ferrolm.lm.checkpoint import (
+    CheckpointError,
+    get_rng_state,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+from ferrolm.lm.model import TransformerLM
+from ferrolm.lm.optim import AdamW
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead
 
 
 def tiny(seed=0, d_model=16):
     torch.manual_seed(seed)
-    return TransformerLM(vocab_size=32, context_length=8, d_model=d_model, num_layers=1, num_heads=2, d_ff=32, rope_theta=10000.0)
+    return TransformerLM(
+        vocab_size=32, context_length=8, d_model=d_model, num_layers=1, num_heads=2, d_ff=32, rope_theta=10000.0
+    )
 
 
 def trained(seed=0):
@@ -112,7 +121,10 @@ def test_checkpoint_from_a_different_config_is_refused(tmp_path):
     save_checkpoint(model, opt, 3, path, config={"model": {"d_model": 16}})
     other = tiny(d_model=32)
     before = {k: v.clone() for k, v in other.state_dict().items()}
-    with pytest.raises(CheckpointError, match=r"different config.*shape mismatch.*token_embeddings.weight: checkpoint \(32, 16\) vs model \(32, 32\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"different config.*shape mismatch.*token_embeddings.weight: checkpoint \(32, 16\) vs model \(32, 32\)",
+    ):
         load_checkpoint(path, other, None)
     assert_same_state(before, other.state_dict())  # nothing was half-loaded
 

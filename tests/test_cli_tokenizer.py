@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import shared_file
-from ferrolm.tokenizer import Tokenizer
+
+from ferrolm.bpe.tokenizer import Tokenizer
 
 
 def run_cli(*args):
@@ -37,7 +37,9 @@ def test_train_tokenizer_summary_and_output(tmp_path):
     longest = text.split("longest tokens:\n")[1].strip().splitlines()
     assert len(longest) == 10
     lengths = [int(line.split()[0]) for line in longest]
-    assert lengths == sorted(lengths, reverse=True) and lengths[0] == max(len(b) for b in tok.vocab.values() if b != b"<|endoftext|>")
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] == max(
+        len(b) for b in tok.vocab.values() if b != b"<|endoftext|>"
+    )
     # Its compression figure is that of the tokenizer on the sample.
     sample = src.read_bytes()[: 1 << 20].decode("utf-8", "ignore")
     bpt = len(sample.encode()) / len(tok.encode(sample))
@@ -47,8 +49,22 @@ def test_train_tokenizer_summary_and_output(tmp_path):
 def test_train_tokenizer_special_tokens_and_pattern(tmp_path):
     src = shared_file("fixtures/tinystories_sample.txt")
     out = tmp_path / "tok"
-    r = run_cli("train-tokenizer", "--input", src, "--vocab-size", 300, "--special-token", "<|endoftext|>",
-                "--special-token", "<|pad|>", "--pattern", "cl100k", "--out", out, "--no-progress")
+    r = run_cli(
+        "train-tokenizer",
+        "--input",
+        src,
+        "--vocab-size",
+        300,
+        "--special-token",
+        "<|endoftext|>",
+        "--special-token",
+        "<|pad|>",
+        "--pattern",
+        "cl100k",
+        "--out",
+        out,
+        "--no-progress",
+    )
     assert r.returncode == 0, r.stderr
     tok = Tokenizer.load(out)
     assert tok.special_tokens == ["<|endoftext|>", "<|pad|>"] and tok.vocab_size == 300

@@ -1,4 +1,4 @@
-"""ferrolm.data: get_batch windows and TokenShards over shard files written per the contract."""
+"""ferrolm.lm.data: get_batch windows and TokenShards over shard files written per the contract."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from ferrolm.data import ShardError, TokenShards, get_batch, tokenizer_fingerprint
 from shard_util import FP, write_shard
+
+from ferrolm.lm.data import ShardError, TokenShards, get_batch, tokenizer_fingerprint
 
 # ------------------------------------------------------------------- get_batch ----------
 
@@ -157,7 +157,7 @@ def test_tokenizer_fingerprint_is_checked(tmp_path):
         TokenShards(prefix, tokenizer="cd" * 32)
 
     # a tokenizer directory: its tokenizer.json carries the fingerprint
-    from ferrolm.tokenizer_files import write_config
+    from ferrolm.bpe.files import write_config
 
     tokdir = tmp_path / "tok"
     tokdir.mkdir()

@@ -9,17 +9,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-from ferrolm import cli
-from ferrolm.demo import EOT, MARKER, SEPARATOR, prepare_data, stdlib_files, stdlib_root
-
 from conftest import shared_file
+
+from ferrolm.app import cli
+from ferrolm.app.demo import EOT, MARKER, SEPARATOR, prepare_data, stdlib_files, stdlib_root
 
 # A model small enough that a few steps take well under a second on one core.
 TINY = [
-    "model.context_length=32", "model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.d_ff=64",
-    "schedule.batch_size=4", "schedule.max_steps=12", "schedule.warmup_steps=2", "run.eval_every=6",
-    "run.eval_batches=1", "run.num_threads=1", "run.autocast_bf16=false",
+    "model.context_length=32",
+    "model.d_model=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.d_ff=64",
+    "schedule.batch_size=4",
+    "schedule.max_steps=12",
+    "schedule.warmup_steps=2",
+    "run.eval_every=6",
+    "run.eval_batches=1",
+    "run.num_threads=1",
+    "run.autocast_bf16=false",
 ]
 
 
@@ -39,15 +47,43 @@ def _docs(path: Path) -> list[str]:
 def test_demo_default_data_end_to_end(tmp_path, capsys):
     """The default data (this Python's standard library), a slice of it, every artefact made."""
     out = tmp_path / "demo"
-    argv = ["demo", "--out", str(out), "--minutes", "0.2", "--vocab-size", "300", "--max-mb", "0.3",
-            "--max-new-tokens", "8", "--device", "cpu", "--no-progress"] + _set_args(TINY)
+    argv = [
+        "demo",
+        "--out",
+        str(out),
+        "--minutes",
+        "0.2",
+        "--vocab-size",
+        "300",
+        "--max-mb",
+        "0.3",
+        "--max-new-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ] + _set_args(TINY)
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
 
-    for rel in ["data/train.txt", "data/val.txt", "data/sources.tsv",
-                "tokenizer/vocab.json", "tokenizer/merges.txt", "tokenizer/tokenizer.json",
-                "shards/train.bin", "shards/train.json", "shards/val.bin", "shards/val.json",
-                "run/config.toml", "run/metrics.jsonl", "loss.png", "samples.txt", "report.md", MARKER]:
+    for rel in [
+        "data/train.txt",
+        "data/val.txt",
+        "data/sources.tsv",
+        "tokenizer/vocab.json",
+        "tokenizer/merges.txt",
+        "tokenizer/tokenizer.json",
+        "shards/train.bin",
+        "shards/train.json",
+        "shards/val.bin",
+        "shards/val.json",
+        "run/config.toml",
+        "run/metrics.jsonl",
+        "loss.png",
+        "samples.txt",
+        "report.md",
+        MARKER,
+    ]:
         assert (out / rel).is_file(), f"{rel} missing"
         assert (out / rel).stat().st_size > 0, f"{rel} empty"
     assert list((out / "run").rglob("*.pt")), "no checkpoint"
@@ -59,8 +95,8 @@ def test_demo_default_data_end_to_end(tmp_path, capsys):
     assert marker["final_val_loss"] is not None
 
     # The shards hold the demo's text encoded by the demo's tokenizer.
-    from ferrolm.data import TokenShards
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe.tokenizer import Tokenizer
+    from ferrolm.lm.data import TokenShards
 
     tok = Tokenizer.load(out / "tokenizer")
     train = TokenShards(out / "shards" / "train", tokenizer=tok)
@@ -79,7 +115,7 @@ def test_demo_default_data_end_to_end(tmp_path, capsys):
         assert rel in printed
 
     # A second run into the same directory replaces what the first one wrote, and only that.
-    from ferrolm.demo import _prepare_out_dir
+    from ferrolm.app.demo import _prepare_out_dir
 
     (out / "run" / "stale.txt").write_text("from the first run")
     (out / "notes.txt").write_text("the user's own file")
@@ -89,11 +125,21 @@ def test_demo_default_data_end_to_end(tmp_path, capsys):
 
 
 def test_demo_user_data(tmp_path):
-    from ferrolm.demo import run_demo
+    from ferrolm.app.demo import run_demo
 
     src = shared_file("fixtures/corpus.en")  # skips when ../shared is absent
-    res = run_demo(tmp_path / "d", [src], minutes=0.2, vocab_size=400, device="cpu", overrides=TINY,
-                   prompts=["", "The "], max_new_tokens=5, progress=False, log=lambda m: None)
+    res = run_demo(
+        tmp_path / "d",
+        [src],
+        minutes=0.2,
+        vocab_size=400,
+        device="cpu",
+        overrides=TINY,
+        prompts=["", "The "],
+        max_new_tokens=5,
+        progress=False,
+        log=lambda m: None,
+    )
     assert res.plot is not None and res.plot.is_file()
     assert res.checkpoint.is_file() and res.samples_path.is_file()
     assert len(res.samples) == 2 and res.samples[1].startswith("The ")
@@ -111,12 +157,15 @@ def test_demo_refuses_a_directory_that_is_not_a_demo(tmp_path, capsys):
     assert not (tmp_path / MARKER).exists()
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--minutes", "0"], "minutes"),
-    (["--vocab-size", "100"], "vocab_size"),
-    (["--data", "no/such/file.txt"], "no such file"),
-    (["--set", "model.nonsense=1", "--max-mb", "0.05", "--vocab-size", "260"], "model.nonsense"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--minutes", "0"], "minutes"),
+        (["--vocab-size", "100"], "vocab_size"),
+        (["--data", "no/such/file.txt"], "no such file"),
+        (["--set", "model.nonsense=1", "--max-mb", "0.05", "--vocab-size", "260"], "model.nonsense"),
+    ],
+)
 def test_demo_bad_arguments(tmp_path, capsys, argv, match):
     assert cli.main(["demo", "--out", str(tmp_path / "o"), "--no-progress"] + argv) == 2
     assert match in capsys.readouterr().err
@@ -132,7 +181,9 @@ def test_stdlib_files_exclude_tests_and_site_packages():
     assert any(r == "os.py" for r in rels)
     for r in rels:
         parts = r.split("/")
-        assert not {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "encodings"} & set(parts), r
+        assert not {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "encodings"} & set(
+            parts
+        ), r
         assert not parts[-1].startswith("test_"), r
         assert r.endswith((".py", ".txt", ".rst"))
     assert all(p.is_relative_to(stdlib_root()) for _, p in files[:50])
@@ -156,7 +207,7 @@ def test_prepare_data_stdlib_split_is_deterministic(tmp_path):
     root = tmp_path / "lib"
     _fake_stdlib(root)
     a = prepare_data(tmp_path / "a", stdlib=root)
-    b = prepare_data(tmp_path / "b", stdlib=root)
+    prepare_data(tmp_path / "b", stdlib=root)
     for name in ("train.txt", "val.txt", "sources.tsv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     train, val = _docs(a.train_path), _docs(a.val_path)
@@ -237,7 +288,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def test_download_command_on_loopback(tmp_path, monkeypatch, capsys):
-    from ferrolm import download
+    from ferrolm.app import download
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -256,8 +307,20 @@ def test_download_command_on_loopback(tmp_path, monkeypatch, capsys):
 
 
 def test_demo_reports_a_diverged_training(tmp_path, capsys):
-    argv = ["demo", "--out", str(tmp_path / "d"), "--minutes", "0.2", "--vocab-size", "280", "--max-mb", "0.05",
-            "--device", "cpu", "--no-progress"] + _set_args(TINY + ["optimizer.lr=1e30", "schedule.warmup_steps=0"])
+    argv = [
+        "demo",
+        "--out",
+        str(tmp_path / "d"),
+        "--minutes",
+        "0.2",
+        "--vocab-size",
+        "280",
+        "--max-mb",
+        "0.05",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ] + _set_args(TINY + ["optimizer.lr=1e30", "schedule.warmup_steps=0"])
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "ferrolm demo: error: training stopped (nan)" in err and "NaN" in err

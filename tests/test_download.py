@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ferrolm.download import DownloadError, RemoteFile, download_dataset, download_file
+from ferrolm.app.download import DownloadError, RemoteFile, download_dataset, download_file
 
 PAYLOAD = bytes(range(256)) * 4096 + b"tail"  # about 1 MB
 

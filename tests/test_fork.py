@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from ferrolm import Tokenizer, shards
+from ferrolm import Tokenizer
+from ferrolm.bpe import shards
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="needs fork() (Linux)")
 

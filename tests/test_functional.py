@@ -1,4 +1,4 @@
-"""ferrolm.functional against hand-worked numbers and against torch's own ops.
+"""ferrolm.lm.functional against hand-worked numbers and against torch's own ops.
 
 Expected values in the hand-worked tests are written out as decimals and re-derived
 with the standard library's math.exp / math.log, never with the code under test.
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ferrolm import functional
+from ferrolm.lm import functional
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -82,7 +82,9 @@ def test_cross_entropy_two_token_example():
     logits = torch.tensor([[0.0, 0.0, 0.0], [2.0, 1.0, -1.0]], dtype=torch.float64)
     targets = torch.tensor([2, 0])
     by_hand = 0.723812
-    assert (math.log(3) + math.log(math.exp(2) + math.exp(1) + math.exp(-1)) - 2) / 2 == pytest.approx(by_hand, abs=1e-6)
+    assert (math.log(3) + math.log(math.exp(2) + math.exp(1) + math.exp(-1)) - 2) / 2 == pytest.approx(
+        by_hand, abs=1e-6
+    )
     assert functional.cross_entropy(logits, targets).item() == pytest.approx(by_hand, abs=1e-6)
 
 
@@ -170,7 +172,9 @@ def test_attention_matches_torch_sdpa_with_and_without_mask():
     q = torch.randn(2, 3, 5, 8, generator=g)
     k = torch.randn(2, 3, 7, 8, generator=g)
     v = torch.randn(2, 3, 7, 6, generator=g)
-    torch.testing.assert_close(functional.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(
+        functional.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
+    )
     mask = torch.rand(2, 1, 5, 7, generator=g) > 0.4
     mask[..., 0] = True  # no fully-masked rows
     torch.testing.assert_close(

@@ -1,4 +1,4 @@
-"""ferrolm.generate: the sampling rules on fixed logits, the KV cache against full
+"""ferrolm.lm.generate: the sampling rules on fixed logits, the KV cache against full
 recomputation, and generate()'s stopping, batching, seeding and argument checks."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from ferrolm.generate import Decoder, _nucleus_candidates, generate, sample, sampling_probs, top_k_mask, top_p_mask
-from ferrolm.model import TransformerLM
+from ferrolm.lm.generate import Decoder, _nucleus_candidates, generate, sample, sampling_probs, top_k_mask, top_p_mask
+from ferrolm.lm.model import TransformerLM
 
 VOCAB, CTX = 64, 16
 
@@ -95,7 +95,9 @@ def test_top_p_matches_the_definition_on_random_distributions():
     for trial in range(200):
         n = int(torch.randint(1, 30, (1,), generator=g))
         # coarse values so that ties happen often
-        weights = torch.randint(0, 6, (n,), generator=g).double() + (trial % 2) * torch.rand(n, generator=g, dtype=torch.float64)
+        weights = torch.randint(0, 6, (n,), generator=g).double() + (trial % 2) * torch.rand(
+            n, generator=g, dtype=torch.float64
+        )
         if weights.sum() == 0:
             weights[0] = 1.0
         probs = weights / weights.sum()
@@ -116,7 +118,9 @@ def test_sampling_probs_applies_temperature_then_top_k_then_top_p_and_renormaliz
     # top-p is computed after temperature: at T=2 the two leaders hold 0.586 < 0.7, so three are kept
     t2 = [r / sum(roots) for r in roots]
     expect = [0, t2[1], t2[2], t2[3]]
-    assert sampling_probs(logits, temperature=2.0, top_p=0.7).tolist() == pytest.approx([x / sum(expect) for x in expect], abs=1e-6)
+    assert sampling_probs(logits, temperature=2.0, top_p=0.7).tolist() == pytest.approx(
+        [x / sum(expect) for x in expect], abs=1e-6
+    )
     assert sampling_probs(logits, temperature=0).tolist() == [0, 1, 0, 0]
 
 
@@ -247,8 +251,17 @@ def test_nan_logits_are_an_error_not_a_silent_draw():
 
 def test_sampling_rejects_bad_arguments():
     logits = torch.zeros(4)
-    for kwargs in ({"temperature": -0.1}, {"temperature": float("nan")}, {"temperature": float("inf")},
-                   {"top_p": 0.0}, {"top_p": 1.01}, {"top_p": -0.5}, {"top_k": 0}, {"top_k": -1}, {"top_k": 2.5}):
+    for kwargs in (
+        {"temperature": -0.1},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_p": 0.0},
+        {"top_p": 1.01},
+        {"top_p": -0.5},
+        {"top_k": 0},
+        {"top_k": -1},
+        {"top_k": 2.5},
+    ):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             sample(logits, **kwargs)
 
@@ -384,8 +397,8 @@ def test_eos_in_a_batch_finishes_rows_one_by_one(model):
         expect = col[: col.index(eos) + 1] if eos in col else col
         got = [s[b] for s in steps]
         assert got[: len(expect)] == expect
-        assert all(t is None for t in got[len(expect):])
-    last = max((([s[b] for s in free] + [eos]).index(eos) for b in range(3)))
+        assert all(t is None for t in got[len(expect) :])
+    last = max(([s[b] for s in free] + [eos]).index(eos) for b in range(3))
     assert len(steps) == min(25, last + 1)
 
 
@@ -431,9 +444,17 @@ def test_generate_rejects_bad_input_before_the_first_token(model, kwargs, match)
 
 
 def test_iter_text_emits_only_whole_utf8_characters_as_soon_as_complete():
-    from ferrolm.generate import iter_text
+    from ferrolm.lm.generate import iter_text
 
-    tokens = {0: "你".encode()[:1], 1: "你".encode()[1:], 2: b"a", 3: "é".encode()[:1], 4: "é".encode()[1:] + b"b", 5: b"\xff", 6: b"\xe4"}
+    tokens = {
+        0: "你".encode()[:1],
+        1: "你".encode()[1:],
+        2: b"a",
+        3: "é".encode()[:1],
+        4: "é".encode()[1:] + b"b",
+        5: b"\xff",
+        6: b"\xe4",
+    }
     consumed = []
 
     def ids(seq):
@@ -458,7 +479,7 @@ def test_iter_text_emits_only_whole_utf8_characters_as_soon_as_complete():
 
 
 def _tiny_tokenizer():
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe.tokenizer import Tokenizer
 
     vocab = {i: bytes([i]) for i in range(256)}
     merges = [(b"t", b"h"), (b"th", b"e"), (b" ", b"the")]
@@ -470,25 +491,41 @@ def _tiny_tokenizer():
 @pytest.fixture(scope="module")
 def cli_files(tmp_path_factory):
     """A tokenizer dir and a checkpoint of a fresh tiny model trained on nothing."""
-    from ferrolm.checkpoint import save_checkpoint
+    from ferrolm.lm.checkpoint import save_checkpoint
 
     tmp = tmp_path_factory.mktemp("cli")
     tok = _tiny_tokenizer()
     tok.save(tmp / "tok")
     assert tok.eos_id == 259 and tok.vocab_size == 260
     torch.manual_seed(99)
-    m = TransformerLM(tok.vocab_size + 4, 24, d_model=32, num_layers=2, num_heads=4, d_ff=64)  # 4 ids the tokenizer lacks
-    save_checkpoint(m, None, 7, tmp / "model.pt", config={"model": m.config.to_dict()}, tokenizer_fingerprint=tok.fingerprint)
+    m = TransformerLM(
+        tok.vocab_size + 4, 24, d_model=32, num_layers=2, num_heads=4, d_ff=64
+    )  # 4 ids the tokenizer lacks
+    save_checkpoint(
+        m, None, 7, tmp / "model.pt", config={"model": m.config.to_dict()}, tokenizer_fingerprint=tok.fingerprint
+    )
     other = _tiny_tokenizer().fingerprint[::-1]
     save_checkpoint(m, None, 7, tmp / "other.pt", config={"model": m.config.to_dict()}, tokenizer_fingerprint=other)
     small = TransformerLM(100, 24, d_model=32, num_layers=1, num_heads=4, d_ff=64)
-    small_cfg = {k: v for k, v in small.config.to_dict().items() if k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")}
+    small_cfg = {
+        k: v
+        for k, v in small.config.to_dict().items()
+        if k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+    }
     save_checkpoint(small, None, 1, tmp / "small.pt", config={"model": small_cfg})  # no fingerprint recorded
-    return {"dir": tmp, "tok": tmp / "tok", "ckpt": tmp / "model.pt", "other": tmp / "other.pt", "small": tmp / "small.pt", "model": m, "tokenizer": tok}
+    return {
+        "dir": tmp,
+        "tok": tmp / "tok",
+        "ckpt": tmp / "model.pt",
+        "other": tmp / "other.pt",
+        "small": tmp / "small.pt",
+        "model": m,
+        "tokenizer": tok,
+    }
 
 
 def _cli(capsys, *argv):
-    from ferrolm.cli import main
+    from ferrolm.app.cli import main
 
     rc = main(["generate", *map(str, argv)])
     out, err = capsys.readouterr()
@@ -499,25 +536,62 @@ def _expected_text(files, prompt, n, seed, **kw):
     tok, m = files["tokenizer"], files["model"]
     g = torch.Generator().manual_seed(seed)
     ids = [t for t in generate(m, tok.encode(prompt), n, generator=g, eos_id=tok.eos_id, **kw) if t != tok.eos_id]
-    text = b"".join(tok.token_bytes(t) if t < tok.vocab_size else "\ufffd".encode() for t in ids).decode("utf-8", "replace")
+    text = b"".join(tok.token_bytes(t) if t < tok.vocab_size else "\ufffd".encode() for t in ids).decode(
+        "utf-8", "replace"
+    )
     return prompt + text + "\n"
 
 
 def test_cli_generate_prints_what_generate_samples(cli_files, capsys):
     f = cli_files
     base = ["--checkpoint", f["ckpt"], "--tokenizer", f["tok"], "--device", "cpu"]
-    rc, out, err = _cli(capsys, *base, "--prompt", "the theme", "--max-new-tokens", 40, "--seed", 5, "--temperature", 0.9, "--top-k", 30, "--top-p", 0.95)
+    rc, out, err = _cli(
+        capsys,
+        *base,
+        "--prompt",
+        "the theme",
+        "--max-new-tokens",
+        40,
+        "--seed",
+        5,
+        "--temperature",
+        0.9,
+        "--top-k",
+        30,
+        "--top-p",
+        0.95,
+    )
     assert rc == 0, err
     assert out == _expected_text(f, "the theme", 40, 5, temperature=0.9, top_k=30, top_p=0.95)
     # same seed, same text; the default seed is fresh and reported on stderr
-    assert _cli(capsys, *base, "--prompt", "the theme", "--max-new-tokens", 40, "--seed", 5, "--temperature", 0.9, "--top-k", 30, "--top-p", 0.95)[1] == out
+    assert (
+        _cli(
+            capsys,
+            *base,
+            "--prompt",
+            "the theme",
+            "--max-new-tokens",
+            40,
+            "--seed",
+            5,
+            "--temperature",
+            0.9,
+            "--top-k",
+            30,
+            "--top-p",
+            0.95,
+        )[1]
+        == out
+    )
     rc, out2, err = _cli(capsys, *base, "--prompt", "the theme", "--max-new-tokens", 5)
     assert rc == 0 and err.startswith("seed ")
     # greedy, an empty prompt (starts from <|endoftext|>), several samples
     rc, out, _ = _cli(capsys, *base, "--prompt", "", "--max-new-tokens", 10, "--temperature", 0, "--seed", 1)
     assert rc == 0 and out == _expected_text(f, "", 10, 1, temperature=0)
     rc, out, _ = _cli(capsys, *base, "--prompt", "x", "--max-new-tokens", 8, "--num-samples", 3, "--seed", 2)
-    assert rc == 0 and [line for line in out.splitlines() if line.startswith("--- sample")] == [f"--- sample {i}/3 ---" for i in (1, 2, 3)]
+    assert rc == 0 and [line for line in out.splitlines() if line.startswith("--- sample")] == [
+        f"--- sample {i}/3 ---" for i in (1, 2, 3)
+    ]
 
 
 def test_cli_generate_reads_the_prompt_from_stdin(cli_files, capsys):
@@ -529,7 +603,10 @@ def test_cli_generate_reads_the_prompt_from_stdin(cli_files, capsys):
     args = ["--checkpoint", f["ckpt"], "--tokenizer", f["tok"], "--device", "cpu", "--max-new-tokens", 30, "--seed", 3]
     proc = subprocess.run(
         [sys.executable, "-m", "ferrolm", "generate", *map(str, args), "--prompt", "-"],
-        input="the thé\n".encode(), capture_output=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        input="the thé\n".encode(),
+        capture_output=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.decode("utf-8") == _expected_text(f, "the thé", 30, 3)
@@ -550,7 +627,13 @@ def test_cli_generate_reads_the_prompt_from_stdin(cli_files, capsys):
 )
 def test_cli_generate_bad_input_is_a_clear_error(cli_files, capsys, change, message):
     f = cli_files
-    opts = {"--checkpoint": f["ckpt"], "--tokenizer": f["tok"], "--prompt": "the", "--device": "cpu", "--max-new-tokens": 3}
+    opts = {
+        "--checkpoint": f["ckpt"],
+        "--tokenizer": f["tok"],
+        "--prompt": "the",
+        "--device": "cpu",
+        "--max-new-tokens": 3,
+    }
     for k, v in change.items():
         opts[k] = f["dir"] / f"{v}.pt" if k == "--checkpoint" else v
     rc, out, err = _cli(capsys, *[x for kv in opts.items() for x in kv])

@@ -1,4 +1,4 @@
-"""ferrolm.model: modules against their equations, properties, the KV cache, accounting.
+"""ferrolm.lm.model: modules against their equations, properties, the KV cache, accounting.
 
 Small shapes throughout so the file runs in seconds on one CPU thread.
 """
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ferrolm import functional
-from ferrolm.model import (
+from ferrolm.lm import functional
+from ferrolm.lm.model import (
     CausalSelfAttention,
     Embedding,
     Linear,
@@ -210,7 +210,9 @@ def test_rope_against_rotation_matrices():
         rope(x, offset=28)
     # a hand example: d=2, theta irrelevant for k=0 (angle = pos): rotate (1, 0) by 1 radian
     r2 = RotaryEmbedding(10000.0, 2, 4)
-    assert r2(torch.tensor([[1.0, 0.0]]), torch.tensor([1])).tolist()[0] == pytest.approx([math.cos(1), math.sin(1)], abs=1e-6)
+    assert r2(torch.tensor([[1.0, 0.0]]), torch.tensor([1])).tolist()[0] == pytest.approx(
+        [math.cos(1), math.sin(1)], abs=1e-6
+    )
 
 
 def test_rope_dot_product_depends_only_on_distance():
@@ -322,7 +324,10 @@ def test_gradcheck_float64_rmsnorm_rope_attention_swiglu():
     ffn = SwiGLU(6, 5).double()
     assert gc(ffn, (x,))
     # and the weights of SwiGLU
-    assert gc(lambda w1: F.linear(F.silu(F.linear(x, w1)) * ffn.w3(x), ffn.w2.weight), (ffn.w1.weight.detach().clone().requires_grad_(),))
+    assert gc(
+        lambda w1: F.linear(F.silu(F.linear(x, w1)) * ffn.w3(x), ffn.w2.weight),
+        (ffn.w1.weight.detach().clone().requires_grad_(),),
+    )
 
 
 def _with_weight(norm: RMSNorm, g: torch.Tensor) -> RMSNorm:
@@ -335,7 +340,17 @@ def _with_weight(norm: RMSNorm, g: torch.Tensor) -> RMSNorm:
 # ------------------------------------------------------------- LM properties ----------
 
 
-@pytest.mark.parametrize("ablation", [{}, {"attention": "reference"}, {"positions": "none"}, {"norm_position": "post"}, {"norm": "none"}, {"ffn": "silu"}])
+@pytest.mark.parametrize(
+    "ablation",
+    [
+        {},
+        {"attention": "reference"},
+        {"positions": "none"},
+        {"norm_position": "post"},
+        {"norm": "none"},
+        {"ffn": "silu"},
+    ],
+)
 def test_causality_later_tokens_never_change_earlier_logits(ablation):
     model = small_model(4, **ablation)
     ids = random_ids(2, 16, seed=5)
@@ -527,10 +542,18 @@ def test_logits_equal_hf_llama_with_converted_weights():
     model = small_model(13)
     c = SMALL
     hf_cfg = transformers.LlamaConfig(
-        vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["d_ff"],
-        num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"], num_key_value_heads=c["num_heads"],
-        max_position_embeddings=c["context_length"], rms_norm_eps=1e-5, rope_theta=c["rope_theta"],
-        attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
+        vocab_size=c["vocab_size"],
+        hidden_size=c["d_model"],
+        intermediate_size=c["d_ff"],
+        num_hidden_layers=c["num_layers"],
+        num_attention_heads=c["num_heads"],
+        num_key_value_heads=c["num_heads"],
+        max_position_embeddings=c["context_length"],
+        rms_norm_eps=1e-5,
+        rope_theta=c["rope_theta"],
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
     )
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
     new = to_hf_llama_state_dict(model)
@@ -543,7 +566,7 @@ def test_logits_equal_hf_llama_with_converted_weights():
 
 def test_rope_real_form_equals_complex_form():
     # the form used under torch.compile (inductor has no complex codegen) is the same map
-    from ferrolm.model import _rotate_pairs_real
+    from ferrolm.lm.model import _rotate_pairs_real
 
     rope = RotaryEmbedding(10000.0, 8, 16)
     x = torch.randn(2, 3, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9))

@@ -1,4 +1,4 @@
-"""ferrolm.optim: AdamW against torch.optim.AdamW, the schedule's values, clipping."""
+"""ferrolm.lm.optim: AdamW against torch.optim.AdamW, the schedule's values, clipping."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from ferrolm.model import TransformerLM
-from ferrolm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
+from ferrolm.lm.model import TransformerLM
+from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -130,7 +130,8 @@ def test_param_groups_for_decay_skips_norms_and_embeddings():
     assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
     names = dict((id(p), n) for n, p in model.named_parameters())
     assert {names[i] for i in no_decay_ids} == {
-        "token_embeddings.weight", "ln_final.weight",
+        "token_embeddings.weight",
+        "ln_final.weight",
         *(f"layers.{i}.{ln}.weight" for i in range(2) for ln in ("ln1", "ln2")),
     }
     assert "lm_head.weight" in {names[i] for i in decay_ids}

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import ferrolm
-from ferrolm import _core, patterns
+from ferrolm import _core
+from ferrolm.bpe import patterns
 
 
 def test_version_matches_core():
@@ -24,3 +25,39 @@ def test_core_pretokenizer_matches_python_regex_on_gpt2_sample():
 
     text = "Hello world! It's 2024...\n\n  spaces   and\ttabs\u00a0nbsp 123abc"
     assert _core.pretokenize(text, "gpt2") == regex.findall(patterns.GPT2, text)
+
+
+def test_tokenizer_side_imports_with_torch_blocked():
+    # A finder that refuses torch: the tokenizer side must import, train, encode and save.
+    code = """
+import sys, importlib.abc, tempfile
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, Block())
+import ferrolm
+from ferrolm.bpe import files, patterns, reference, shards, tokenizer, trainer
+import ferrolm.reference, ferrolm.shards, ferrolm.tokenizer
+tok = ferrolm.Tokenizer.train(iter(["a bb ccc " * 50]), vocab_size=270, progress=False)
+assert tok.decode(tok.encode("a bb ccc")) == "a bb ccc"
+with tempfile.TemporaryDirectory() as d:
+    tok.save(d)
+    ferrolm.Tokenizer.load(d)
+assert "torch" not in sys.modules
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_short_module_paths_are_the_subpackage_modules():
+    import importlib
+
+    for short, home in ferrolm.PUBLIC_MODULES.items():
+        assert importlib.import_module(f"ferrolm.{short}") is importlib.import_module(home), short
+    from ferrolm.lm.model import TransformerLM as Home
+    from ferrolm.model import TransformerLM
+
+    assert TransformerLM is Home
+    assert ferrolm.optim is importlib.import_module("ferrolm.lm.optim")

@@ -15,12 +15,12 @@ import sys
 import pytest
 
 regex = pytest.importorskip("regex")
+from conftest import corpus_files, shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ferrolm import _core, patterns
-
-from conftest import corpus_files, shared_file
+from ferrolm import _core
+from ferrolm.bpe import patterns
 
 NAMES = ["gpt2", "cl100k", "o200k"]
 COMPILED = {name: regex.compile(patterns.NAMED[name]) for name in NAMES}
@@ -37,8 +37,8 @@ def check(name: str, text: str) -> None:
         # Report the first difference, not two huge lists.
         i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         pytest.fail(
-            f"{name}: piece {i} differs: rust {got[i:i + 3]!r} vs regex {want[i:i + 3]!r} "
-            f"(after {''.join(want[max(0, i - 3):i])!r})"
+            f"{name}: piece {i} differs: rust {got[i : i + 3]!r} vs regex {want[i : i + 3]!r} "
+            f"(after {''.join(want[max(0, i - 3) : i])!r})"
         )
 
 
@@ -118,7 +118,7 @@ CASES = [
     "a\n/\n !\n/\nx // /\r\n",
     "aBC ABc ABC\u01c5 \u02b0AB A\u02b0'S camelCaseWord HTTPServer",
     "12345 \u0663\u0663\u0663\u0663 \u216b\u216b 1/2 \u00bd\u00b2",
-    "\u4e2d\u6587\u5b57 \u3042\u3044 \u0416\u0436 \u05d0\u05d1 \U0001F600\u200d\U0001F3FB\ufe0f",
+    "\u4e2d\u6587\u5b57 \u3042\u3044 \u0416\u0436 \u05d0\u05d1 \U0001f600\u200d\U0001f3fb\ufe0f",
     "\r\n\r\n  \r\n",
     "end with space ",
     "end with newline and spaces\n  ",
@@ -128,7 +128,7 @@ CASES = [
     "''s",
     "\x1c\x1d\x1e\x1f \x1c",
     "\x85\x85a",
-    "\u0295 \U0001E5D0",
+    "\u0295 \U0001e5d0",
 ]
 
 
@@ -157,11 +157,11 @@ TRICKY = list(
     " \t\n\r\x0b\x0c\x85\xa0\u3000\u2028\u1680\u2009\x1c\x00"  # whitespace and near misses
     "''''sStTlLvVeErRdDmM\u017f\u212a"  # contractions and their case folds
     "azQ\u00e9\u00c9\u00df\u01c5\u02b0\u00aa\u4e2d\u3042\u0416\u0436\u05d0\u0295"  # letters of each case class
-    "\U00010400\U00010428\U0001d400\U0001E5D0"  # astral letters
+    "\U00010400\U00010428\U0001d400\U0001e5d0"  # astral letters
     "\u0301\u0903\u20dd\u0e31\U000e0100"  # marks (Mn, Mc, Me)
     "07\u0663\u0967\u216b\u00bd\u00b2\U0001d7ce"  # numbers (Nd, Nl, No)
-    "!.,/-\"(@#\u2019\u00b7"  # punctuation
-    "\U0001F600\u200d\U0001F3FB\ufe0f\ue000"  # emoji, joiners, private use
+    '!.,/-"(@#\u2019\u00b7'  # punctuation
+    "\U0001f600\u200d\U0001f3fb\ufe0f\ue000"  # emoji, joiners, private use
 )
 # Any code point except surrogates (which Python passes to Rust replaced).
 ANY_CHAR = st.characters(blacklist_categories=("Cs",))
@@ -171,9 +171,41 @@ SMALL_ALPHABET_TEXT = st.lists(CHAR, min_size=1, max_size=5).flatmap(
     lambda alphabet: st.text(st.sampled_from(alphabet), max_size=40)
 )
 FRAGMENTS = [
-    " ", "  ", "\n", "\r\n", "\n\n", " \n", "\t", "'s", "'S", "'ll", "'LL", "'ve", "'re", "'d",
-    "'", "/", "//", "\u0301", "word", "Word", "WORD", "wORD", "\u02b0", "\u01c5", "123", "1234",
-    "\u0663", "!", "...", "\u00a0", "\u3000", "\u4e2d\u6587", "\U0001F600", "x", "I",
+    " ",
+    "  ",
+    "\n",
+    "\r\n",
+    "\n\n",
+    " \n",
+    "\t",
+    "'s",
+    "'S",
+    "'ll",
+    "'LL",
+    "'ve",
+    "'re",
+    "'d",
+    "'",
+    "/",
+    "//",
+    "\u0301",
+    "word",
+    "Word",
+    "WORD",
+    "wORD",
+    "\u02b0",
+    "\u01c5",
+    "123",
+    "1234",
+    "\u0663",
+    "!",
+    "...",
+    "\u00a0",
+    "\u3000",
+    "\u4e2d\u6587",
+    "\U0001f600",
+    "x",
+    "I",
 ]
 FRAGMENT_TEXT = st.lists(st.one_of(st.sampled_from(FRAGMENTS), CHAR), max_size=20).map("".join)
 
@@ -254,9 +286,11 @@ def slices(text: str, size: int, count: int | None):
     if len(text) <= size:
         yield text
         return
-    starts = list(range(0, len(text), size)) if count is None else [
-        k * (len(text) - size) // max(count - 1, 1) for k in range(count)
-    ]
+    starts = (
+        list(range(0, len(text), size))
+        if count is None
+        else [k * (len(text) - size) // max(count - 1, 1) for k in range(count)]
+    )
     for s in starts:
         if s > 0:
             nl = text.find("\n", s)

@@ -1,4 +1,4 @@
-"""The pure-Python reference tokenizer (ferrolm.reference) against real data and real peers.
+"""The pure-Python reference tokenizer (ferrolm.bpe.reference) against real data and real peers.
 
 Peers: the CS336 reference trainer's output on corpus.en, tiktoken's GPT-2 encoding (built
 offline from the fixture files), HF tokenizers loading our saved files, and a naive
@@ -14,13 +14,13 @@ from collections import Counter
 
 import pytest
 import regex
+from conftest import corpus_files, shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import corpus_files, shared_file
-from ferrolm import patterns, reference
-from ferrolm.reference import Tokenizer, train_bpe
-from ferrolm.tokenizer_files import TokenizerFileError, read_merges, read_vocab
+from ferrolm.bpe import patterns, reference
+from ferrolm.bpe.files import TokenizerFileError, read_merges, read_vocab
+from ferrolm.bpe.reference import Tokenizer, train_bpe
 
 EOT = "<|endoftext|>"
 SAMPLE_CHARS = 200_000
@@ -28,14 +28,74 @@ SAMPLE_CHARS = 200_000
 # Text fragments that stress pre-tokenization: mixed whitespace, contractions, digits,
 # punctuation, non-ASCII letters and marks, special tokens (whole and cut), surrogates.
 FRAGMENTS = [
-    " ", "  ", "   ", "\n", "\n\n", "\r\n", "\t", "\u00a0", "\u3000", "\u2028", "\x85", "\x0b",
-    "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "'", "’",
-    "0", "7", "12", "2024", "3.14", "1,000",
-    "a", "b", "the", "The", " the", "Hello", "é", "ß", "ñ", "e\u0301", "中文", "日本語", "Привет", "👍", "🇫🇷",
-    ".", ",", "!", "?", "...", "--", "(", ")", "<", "|", ">", "<|", "|>", "#", "$", "@", "_", "\\",
-    EOT, "<|endoftext", "endoftext|>",
+    " ",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\t",
+    "\u00a0",
+    "\u3000",
+    "\u2028",
+    "\x85",
+    "\x0b",
+    "'s",
+    "'t",
+    "'re",
+    "'ve",
+    "'m",
+    "'ll",
+    "'d",
+    "'S",
+    "'LL",
+    "'",
+    "’",
+    "0",
+    "7",
+    "12",
+    "2024",
+    "3.14",
+    "1,000",
+    "a",
+    "b",
+    "the",
+    "The",
+    " the",
+    "Hello",
+    "é",
+    "ß",
+    "ñ",
+    "e\u0301",
+    "中文",
+    "日本語",
+    "Привет",
+    "👍",
+    "🇫🇷",
+    ".",
+    ",",
+    "!",
+    "?",
+    "...",
+    "--",
+    "(",
+    ")",
+    "<",
+    "|",
+    ">",
+    "<|",
+    "|>",
+    "#",
+    "$",
+    "@",
+    "_",
+    "\\",
+    EOT,
+    "<|endoftext",
+    "endoftext|>",
 ]
 SURROGATE_FRAGMENTS = ["\ud800", "\udfff", "\ud83d", "\ude00", "\ud83d\ude00"]
+
 
 def without_lone_surrogates(text: str) -> str:
     """What the text means to the tokenizer (and to tiktoken): lone surrogates become U+FFFD."""
@@ -152,7 +212,9 @@ def naive_train(text: str, num_merges: int, special_tokens: list[str], pattern: 
 
 # Small alphabets give many ties, repeated symbols (a a a), prefixes (b"a" vs b"ab") and
 # multi-byte characters whose bytes share prefixes.
-small_text = st.lists(st.sampled_from(["a", "b", "c", "ab", " a", " b", "aa", "é", "è", "中", "\n", " ", "1", "'s", "<|x|>"]), max_size=60).map("".join)
+small_text = st.lists(
+    st.sampled_from(["a", "b", "c", "ab", " a", " b", "aa", "é", "è", "中", "\n", " ", "1", "'s", "<|x|>"]), max_size=60
+).map("".join)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -279,7 +341,9 @@ def test_other_patterns_match_tiktoken(gpt2_vocab_merges, name, corpus_samples):
     tiktoken = pytest.importorskip("tiktoken")
     vocab, merges = gpt2_vocab_merges
     ranks = {b: i for i, b in vocab.items() if i != 50256}
-    peer = tiktoken.Encoding(f"gpt2-{name}", pat_str=patterns.resolve(name), mergeable_ranks=ranks, special_tokens={EOT: 50256})
+    peer = tiktoken.Encoding(
+        f"gpt2-{name}", pat_str=patterns.resolve(name), mergeable_ranks=ranks, special_tokens={EOT: 50256}
+    )
     tok = Tokenizer(vocab, merges, [EOT], pattern=name)
     for text in corpus_samples.values():
         text = text[:20_000]
@@ -345,7 +409,10 @@ def test_encode_iterable_equals_encode_on_corpora(gpt2, corpus_samples, monkeypa
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.lists(st.sampled_from(FRAGMENTS + SURROGATE_FRAGMENTS), max_size=60).map("".join), seed=st.integers(0, 2**32))
+@given(
+    text=st.lists(st.sampled_from(FRAGMENTS + SURROGATE_FRAGMENTS), max_size=60).map("".join),
+    seed=st.integers(0, 2**32),
+)
 def test_encode_iterable_equals_encode_on_generated_text(gpt2, text, seed):
     chunks = ragged(text, random.Random(seed), 6)
     old = reference._STREAM_MIN_CHARS
@@ -358,7 +425,10 @@ def test_encode_iterable_equals_encode_on_generated_text(gpt2, text, seed):
 
 @pytest.mark.parametrize("name", ["gpt2", "cl100k", "o200k"])
 @settings(max_examples=150, deadline=None)
-@given(text=st.lists(st.sampled_from(FRAGMENTS + SURROGATE_FRAGMENTS), max_size=60).map("".join), seed=st.integers(0, 2**32))
+@given(
+    text=st.lists(st.sampled_from(FRAGMENTS + SURROGATE_FRAGMENTS), max_size=60).map("".join),
+    seed=st.integers(0, 2**32),
+)
 def test_streamed_pretokens_equal_whole_text(name, text, seed):
     specials = [EOT, EOT + EOT]
 
@@ -377,7 +447,6 @@ def test_encode_iterable_is_lazy_and_bounded(gpt2):
     text = "Once upon a time, there was a little dog.\n\nIt ran   fast! "
     first = list(itertools.islice(gpt2.encode_iterable(itertools.repeat(text)), 5000))
     assert first == gpt2.encode(text * 400)[:5000]
-
 
     def peak_bytes(repeats: int) -> tuple[int, int]:
         tracemalloc.start()

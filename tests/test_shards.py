@@ -1,4 +1,4 @@
-"""`ferrolm encode` / ferrolm.shards: exact ids, sidecars, parts, resume after kill -9, bad input."""
+"""`ferrolm encode` / ferrolm.bpe.shards: exact ids, sidecars, parts, resume after kill -9, bad input."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import shared_file
-from ferrolm import shards
-from ferrolm.tokenizer import Tokenizer
+
+from ferrolm.bpe import shards
+from ferrolm.bpe.tokenizer import Tokenizer
 
 EOT = "<|endoftext|>"
 
@@ -51,8 +51,9 @@ def read_bin(prefix, dtype="<u2") -> np.ndarray:
 
 def run_cli(*args, check=False, env=None, **kw):
     """The CLI in a subprocess (for kills, signals and process exit codes)."""
-    return subprocess.run([sys.executable, "-m", "ferrolm", *map(str, args)], capture_output=True, text=True,
-                          env=env, check=check, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "ferrolm", *map(str, args)], capture_output=True, text=True, env=env, check=check, **kw
+    )
 
 
 class Result:
@@ -62,8 +63,8 @@ class Result:
 
 @pytest.fixture
 def cli(capsys):
-    """The CLI in this process (`ferrolm.cli.main`), capturing its output."""
-    from ferrolm.cli import main
+    """The CLI in this process (`ferrolm.app.cli.main`), capturing its output."""
+    from ferrolm.app.cli import main
 
     def run(*args, check=False):
         capsys.readouterr()
@@ -92,7 +93,9 @@ def test_plain_text_equals_tiktoken_whole_file_encoding(tmp_path, gpt2_tok, tikt
     assert side["format"] == "ferrolm-shard" and side["format_version"] == 1
     assert side["dtype"] == "uint16" and side["vocab_size"] == 50257 and side["eos_id"] == 50256
     assert side["tokenizer_fingerprint"] == gpt2_tok.fingerprint
-    assert side["inputs"] == [{"path": str(src), "bytes": src.stat().st_size, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}]
+    assert side["inputs"] == [
+        {"path": str(src), "bytes": src.stat().st_size, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
+    ]
     assert side["part"] is None and side["byte_range"] is None
     assert not (tmp_path / "ts.progress.json").exists() and not (tmp_path / "ts.bin.partial").exists()
 
@@ -175,7 +178,18 @@ def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_di
     shards.encode(gpt2_tok, inputs, tmp_path / "whole", progress=False)
     n = 4
     for i in range(n):
-        r = cli("encode", "--tokenizer", gpt2_dir, "--input", *inputs, "--out", tmp_path / "p", "--part", f"{i}/{n}", "--no-progress")
+        r = cli(
+            "encode",
+            "--tokenizer",
+            gpt2_dir,
+            "--input",
+            *inputs,
+            "--out",
+            tmp_path / "p",
+            "--part",
+            f"{i}/{n}",
+            "--no-progress",
+        )
         assert r.returncode == 0, r.stderr
     cat = b"".join((tmp_path / f"p.part-{i}-of-{n}.bin").read_bytes() for i in range(n))
     assert cat == (tmp_path / "whole.bin").read_bytes()
@@ -187,7 +201,9 @@ def test_parts_concatenate_to_the_whole_and_validate(tmp_path, gpt2_tok, gpt2_di
     assert r.returncode == 0, r.stderr
     assert "p.part-3-of-4.bin" in r.stdout and "total" in r.stdout
     manifest = tmp_path / "m.json"
-    manifest.write_text(json.dumps({"format": "ferrolm-shards-manifest", "parts": [f"p.part-{i}-of-{n}" for i in range(n)]}))
+    manifest.write_text(
+        json.dumps({"format": "ferrolm-shards-manifest", "parts": [f"p.part-{i}-of-{n}" for i in range(n)]})
+    )
     assert [r["part"] for r in shards.list_shards(manifest)] == [[i, n] for i in range(n)]
     assert shards.validate_shards(manifest) == []
     # A missing part, a truncated .bin and another tokenizer are all reported.
@@ -226,9 +242,24 @@ def test_invalid_utf8_names_file_and_offset_or_is_replaced(tmp_path, gpt2_dir, g
     src.write_bytes(data)
     r = cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress")
     assert r.returncode == 2
-    assert "latin1.txt" in r.stderr and f"invalid UTF-8 at byte offset {len(good) + 3}" in r.stderr and "--errors replace" in r.stderr
+    assert (
+        "latin1.txt" in r.stderr
+        and f"invalid UTF-8 at byte offset {len(good) + 3}" in r.stderr
+        and "--errors replace" in r.stderr
+    )
     assert not list(tmp_path.glob("o.*"))  # no final files, no partial, no journal
-    r = cli("encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--errors", "replace", "--no-progress")
+    r = cli(
+        "encode",
+        "--tokenizer",
+        gpt2_dir,
+        "--input",
+        src,
+        "--out",
+        tmp_path / "o",
+        "--errors",
+        "replace",
+        "--no-progress",
+    )
     assert r.returncode == 0, r.stderr
     assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(data.decode("utf-8", "replace"))
 
@@ -251,7 +282,20 @@ def test_disk_full_hook_then_resume(tmp_path, gpt2_dir, gpt2_tok, cli, monkeypat
     src = tmp_path / "in.txt"
     text = docs_text(3000, 8)
     src.write_text(text, encoding="utf-8")
-    args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress", "--chunk-size", "0.002", "--commit-interval", "0"]
+    args = [
+        "encode",
+        "--tokenizer",
+        gpt2_dir,
+        "--input",
+        src,
+        "--out",
+        tmp_path / "o",
+        "--no-progress",
+        "--chunk-size",
+        "0.002",
+        "--commit-interval",
+        "0",
+    ]
     monkeypatch.setenv("FERROLM_TEST_FAIL_WRITE_AFTER", "20000")
     r = cli(*args)
     assert r.returncode == 2, r.stderr
@@ -296,8 +340,13 @@ def _start_and_kill(args, journal: Path, sig=signal.SIGKILL, min_tokens=1) -> in
     """Start `ferrolm encode`, wait until its journal records progress, then send `sig`."""
     # SIGINT back to its default in the child: a test run started in the background by a
     # non-interactive shell inherits SIGINT ignored, and Python then installs no handler.
-    proc = subprocess.Popen([sys.executable, "-m", "ferrolm", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ferrolm", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
         if _journal_tokens(journal) >= min_tokens:
@@ -311,8 +360,22 @@ def _start_and_kill(args, journal: Path, sig=signal.SIGKILL, min_tokens=1) -> in
 def test_kill_9_at_any_moment_then_rerun_gives_identical_bytes(tmp_path, gpt2_dir, gpt2_tok, cli):
     src = shared_file("corpora/webtext/enwiki_2021_wikiextractor_part01.txt")
     shards.encode(gpt2_tok, src, tmp_path / "ref", progress=False)
-    args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress",
-            "--chunk-size", "0.25", "--commit-interval", "0", "--threads", "2"]
+    args = [
+        "encode",
+        "--tokenizer",
+        gpt2_dir,
+        "--input",
+        src,
+        "--out",
+        tmp_path / "o",
+        "--no-progress",
+        "--chunk-size",
+        "0.25",
+        "--commit-interval",
+        "0",
+        "--threads",
+        "2",
+    ]
     journal = tmp_path / "o.progress.json"
     kills = 0
     for min_tokens in (1, 2_000_000):  # kill early, then kill the resumed run further on
@@ -341,8 +404,22 @@ def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, gpt2_dir, gpt2_tok, cli):
     src = tmp_path / "in.txt"
     text = docs_text(20000, 10) * 10  # ~24 MB: long enough that the signal lands before the end on a fast machine
     src.write_text(text, encoding="utf-8")
-    args = ["encode", "--tokenizer", gpt2_dir, "--input", src, "--out", tmp_path / "o", "--no-progress",
-            "--chunk-size", "0.01", "--commit-interval", "0", "--threads", "1"]
+    args = [
+        "encode",
+        "--tokenizer",
+        gpt2_dir,
+        "--input",
+        src,
+        "--out",
+        tmp_path / "o",
+        "--no-progress",
+        "--chunk-size",
+        "0.01",
+        "--commit-interval",
+        "0",
+        "--threads",
+        "1",
+    ]
     rc, err = _start_and_kill(args, tmp_path / "o.progress.json", sig=signal.SIGINT)
     assert rc == 130, err
     assert "interrupted" in err and "rerun the same command" in err and "Traceback" not in err
@@ -363,8 +440,18 @@ def test_changed_options_start_over(tmp_path, gpt2_tok):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        shards._core.encode_shard(gpt2_tok._core, [str(src)], str(tmp_path / "o.bin"), dtype="uint32", eos=(EOT, 50256),
-                                  chunk_size=2000, commit_interval=0.0, params="A", progress=stop, progress_interval=0.0)
+        shards._core.encode_shard(
+            gpt2_tok._core,
+            [str(src)],
+            str(tmp_path / "o.bin"),
+            dtype="uint32",
+            eos=(EOT, 50256),
+            chunk_size=2000,
+            commit_interval=0.0,
+            params="A",
+            progress=stop,
+            progress_interval=0.0,
+        )
     assert calls and (tmp_path / "o.progress.json").exists()
     sc = shards.encode(gpt2_tok, src, tmp_path / "o", progress=False)  # other params: starts over
     assert sc["resumed_tokens"] == 0 and "differ" in sc["restart_reason"]

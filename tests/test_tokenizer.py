@@ -14,8 +14,9 @@ from conftest import corpus_files, shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ferrolm import Tokenizer, _core, patterns
-from ferrolm.tokenizer_files import TokenizerFileError, read_merges, read_vocab
+from ferrolm import Tokenizer, _core
+from ferrolm.bpe import patterns
+from ferrolm.bpe.files import TokenizerFileError, read_merges, read_vocab
 
 EOT = "<|endoftext|>"
 FIXTURE_TEXTS = ["fixtures/address.txt", "fixtures/german.txt", "fixtures/tinystories_sample.txt", "fixtures/corpus.en"]
@@ -42,7 +43,9 @@ def trained():
 
 @pytest.fixture(scope="session")
 def reference_module():
-    return pytest.importorskip("ferrolm.reference", reason="ferrolm.reference (the pure-Python tokenizer) is not in this build")
+    return pytest.importorskip(
+        "ferrolm.bpe.reference", reason="ferrolm.bpe.reference (the pure-Python tokenizer) is not in this build"
+    )
 
 
 _TIKTOKEN_IDS: dict = {}
@@ -165,7 +168,9 @@ def test_parallel_whole_text_equals_serial(gpt2, tiktoken_gpt2):
         assert arr.tolist() == want
     assert gpt2.encode_file(path, dtype=np.uint32, num_threads=2).tolist() == want
     # With specials as plain text the cut points must still be safe.
-    assert gpt2.encode_to_numpy(text.replace(EOT, " "), num_threads=2).tolist() == tiktoken_gpt2.encode_ordinary(text.replace(EOT, " "))
+    assert gpt2.encode_to_numpy(text.replace(EOT, " "), num_threads=2).tolist() == tiktoken_gpt2.encode_ordinary(
+        text.replace(EOT, " ")
+    )
 
 
 def test_encode_file_keeps_line_ends_and_replaces_bad_bytes(tmp_path):
@@ -216,7 +221,14 @@ def test_encode_ordinary_treats_specials_as_text(gpt2, tiktoken_gpt2):
 
 
 def test_surrogates_as_tiktoken(gpt2, tiktoken_gpt2):
-    for s in ["\ud83d\ude00 ok", "lone \ud800 high", "lone \udfff low", "\ud83d", "a\udc00\ud800b", "x\ud83d\ude00\ud83d"]:
+    for s in [
+        "\ud83d\ude00 ok",
+        "lone \ud800 high",
+        "lone \udfff low",
+        "\ud83d",
+        "a\udc00\ud800b",
+        "x\ud83d\ude00\ud83d",
+    ]:
         want = tiktoken_gpt2.encode(s)
         assert gpt2.encode(s) == want, repr(s)
         assert gpt2.encode_ordinary(s) == tiktoken_gpt2.encode_ordinary(s)
@@ -229,7 +241,7 @@ def test_surrogates_as_tiktoken(gpt2, tiktoken_gpt2):
 def test_encode_iterable_large_chunks_with_surrogates(gpt2, tiktoken_gpt2):
     # encode_iterable feeds the core large chunks in parts; a surrogate pair at a cut stays
     # joined and the ids equal those of the whole text.
-    from ferrolm.tokenizer import _FEED_MAX
+    from ferrolm.bpe.tokenizer import _FEED_MAX
 
     for k in (_FEED_MAX - 2, _FEED_MAX - 1, _FEED_MAX, _FEED_MAX + 1):
         s = "word " * (k // 5) + "x" * (k % 5) + "\ud83d\ude00 tail \ud800 " + "é" * (2 * _FEED_MAX + 3) + " end"
@@ -292,12 +304,16 @@ def test_ferrolm_trained_equals_reference(reference_module, tmp_path):
 
 
 ALPHABET = st.one_of(
-    st.sampled_from(list(" \n\t\r'sdmtlvreAa0123456789.,!?-_\u00a0\u3000\x1c\x85") + ["ll", "ve", "re", "  ", "\n\n", "'s", "’"]),
+    st.sampled_from(
+        list(" \n\t\r'sdmtlvreAa0123456789.,!?-_\u00a0\u3000\x1c\x85") + ["ll", "ve", "re", "  ", "\n\n", "'s", "’"]
+    ),
     st.characters(),
     st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),  # lone surrogates
     st.sampled_from(["é", "日本", "😀", "\U0001f600"[0], "ß", "ǅ", "Ⅻ", "٣"]),
 )
-SPECIAL_BITS = st.sampled_from([EOT, EOT + EOT, "<|endoftext", "|>", "<|", "endoftext", "<|endoftext|", "<<|endoftext|>>"])
+SPECIAL_BITS = st.sampled_from(
+    [EOT, EOT + EOT, "<|endoftext", "|>", "<|", "endoftext", "<|endoftext|", "<<|endoftext|>>"]
+)
 TEXTS = st.lists(st.one_of(ALPHABET, SPECIAL_BITS), max_size=40).map("".join)
 
 
@@ -346,7 +362,11 @@ def test_overlapping_specials_longest_first(overlapping):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.one_of(ALPHABET, SPECIAL_BITS, st.sampled_from(["the", "<|e", "t|>", "then"])), max_size=30).map("".join))
+@given(
+    st.lists(st.one_of(ALPHABET, SPECIAL_BITS, st.sampled_from(["the", "<|e", "t|>", "then"])), max_size=30).map(
+        "".join
+    )
+)
 def test_hypothesis_overlapping_specials(overlapping, text):
     assert overlapping.encode(text) == naive_encode(overlapping, text)
     assert overlapping.encode_ordinary(text) == naive_encode(overlapping, text, specials=False)
@@ -428,7 +448,11 @@ def test_truncate(trained):
     text = shared_file("fixtures/corpus.en").read_text(encoding="utf-8")[:5_000]
     assert small.encode(text) == naive_encode(small, text)
     # A trained-layout tokenizer keeps its ids: bytes 0-255, merges, then specials.
-    trained_layout = Tokenizer({i: bytes([i]) for i in range(256)} | {256 + k: a + b for k, (a, b) in enumerate(trained.merges)}, trained.merges, [EOT])
+    trained_layout = Tokenizer(
+        {i: bytes([i]) for i in range(256)} | {256 + k: a + b for k, (a, b) in enumerate(trained.merges)},
+        trained.merges,
+        [EOT],
+    )
     cut = trained_layout.truncate(400)
     assert cut.special_token_ids[EOT] == 399
     assert all(cut.vocab[i] == trained_layout.vocab[i] for i in range(399))
@@ -456,7 +480,7 @@ def test_vocab_and_merges_are_built_once_and_read_only_to_the_tokenizer(tmp_path
 
 
 def test_train_uses_rust_trainer(tmp_path):
-    pytest.importorskip("ferrolm.bpe_trainer", reason="the Rust trainer (ferrolm.bpe_trainer) is not in this build")
+    pytest.importorskip("ferrolm.bpe.trainer", reason="the Rust trainer (ferrolm.bpe.trainer) is not in this build")
     src = shared_file("fixtures/corpus.en")
     tok = Tokenizer.train(str(src), 400, [EOT], progress=False)
     assert tok.vocab_size == 400 and tok.eos_id == 399
@@ -567,7 +591,7 @@ def test_bad_encode_decode_inputs(gpt2):
 
 def test_an_absurd_thread_count_is_a_value_error(tmp_path):
     # Not a panic inside a parallel call, and not thousands of threads started first.
-    from ferrolm import shards
+    from ferrolm.bpe import shards
 
     v = _bytes_vocab()
     v[256] = b"<|endoftext|>"
@@ -580,7 +604,9 @@ def test_an_absurd_thread_count_is_a_value_error(tmp_path):
         "encode_batch_to_numpy": lambda: tok.encode_batch_to_numpy(["a"], num_threads=5000),
         "encode_to_numpy": lambda: tok.encode_to_numpy(big, num_threads=10**6),
         "encode_file": lambda: tok.encode_file(path, num_threads=10**6),
-        "train": lambda: Tokenizer.train(iter(["a b c"] * 10), 260, special_tokens=[], num_threads=10**6, progress=False),
+        "train": lambda: Tokenizer.train(
+            iter(["a b c"] * 10), 260, special_tokens=[], num_threads=10**6, progress=False
+        ),
         "shards.encode": lambda: shards.encode(tok, [path], tmp_path / "out", threads=10**6, progress=False),
     }
     for name, call in calls.items():
@@ -596,7 +622,7 @@ def test_an_absurd_rayon_num_threads_is_named_in_the_error():
     import sys
 
     code = (
-        "from ferrolm.tokenizer import Tokenizer\n"
+        "from ferrolm.bpe.tokenizer import Tokenizer\n"
         "tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], [])\n"
         "try:\n"
         "    tok.encode_batch(['a b'])\n"
@@ -611,7 +637,7 @@ def test_an_absurd_rayon_num_threads_is_named_in_the_error():
 
 def test_uint16_refused_for_big_vocab():
     v = _bytes_vocab()
-    v[70_000] = "<big>".encode()
+    v[70_000] = b"<big>"
     tok = Tokenizer(v, [], ["<big>"])
     assert tok.vocab_size == 70_001
     assert tok.encode_to_numpy("x<big>").dtype == np.uint32
@@ -656,9 +682,9 @@ def test_fast_file_readers_equal_the_python_readers(gpt2, trained, tmp_path):
     """The core's vocab.json / merges.txt readers (fast=True, what Tokenizer.load uses) give
     what tokenizer_files' Python readers give, and hand every file they do not accept to
     them, so the errors are the same; the core's fingerprint is tokenizer_files'."""
-    from ferrolm import tokenizer_files as tf
+    from ferrolm.bpe import files as tf
 
-    odd = Tokenizer({**_bytes_vocab(), 300: b"a b", 301: b"\\\"\n"}, [], ["<|sp a|>", "a b"], pattern=r"\w+|\s+|.")
+    odd = Tokenizer({**_bytes_vocab(), 300: b"a b", 301: b'\\"\n'}, [], ["<|sp a|>", "a b"], pattern=r"\w+|\s+|.")
     for tok in (gpt2, trained, odd):
         d = tok.save(tmp_path / f"tok{tok.vocab_size}")
         slow, fast = _read_both(tf.read_vocab, d / "vocab.json", tok.special_tokens)
@@ -700,7 +726,7 @@ def test_fast_file_readers_equal_the_python_readers(gpt2, trained, tmp_path):
 def test_byte_to_unicode_writers(tokens):
     """token_to_str / tokens_to_strs (charmap codec, one call for many tokens) give GPT-2's
     byte-to-unicode form, character by character, and str_to_token reads it back."""
-    from ferrolm import tokenizer_files as tf
+    from ferrolm.bpe import files as tf
 
     table = tf.bytes_to_unicode()
     want = ["".join(table[b] for b in t) for t in tokens]
@@ -711,11 +737,14 @@ def test_byte_to_unicode_writers(tokens):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tokens=st.lists(st.binary(min_size=2, max_size=6), min_size=1, max_size=40, unique=True), seed=st.integers(0, 2**32 - 1))
+@given(
+    tokens=st.lists(st.binary(min_size=2, max_size=6), min_size=1, max_size=40, unique=True),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_fast_file_readers_on_random_vocabs(tokens, seed, tmp_path_factory):
     """Random byte tokens (every byte value, control bytes and UTF-8 fragments included)
     saved and read back: the core's readers and the Python readers agree."""
-    from ferrolm import tokenizer_files as tf
+    from ferrolm.bpe import files as tf
 
     rng = random.Random(seed)
     vocab = {**_bytes_vocab(), **{256 + i: t for i, t in enumerate(tokens)}}

@@ -75,7 +75,11 @@ def rust_array(name: str, ty: str, values: list[int], per_line: int) -> str:
 
 
 def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "rust" / "unicode_tables.rs"
+    out = (
+        Path(sys.argv[1])
+        if len(sys.argv) > 1
+        else Path(__file__).resolve().parent.parent / "rust" / "unicode_tables.rs"
+    )
     cls = classify()
     stage1, stage2 = build(cls)
     assert max(stage1) < 1 << 16

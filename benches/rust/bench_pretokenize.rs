@@ -33,20 +33,11 @@ fn parse_args() -> Args {
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--max-mb" => {
-                args.max_mb = Some(it.next().expect("--max-mb N").parse().expect("a number"))
-            }
+            "--max-mb" => args.max_mb = Some(it.next().expect("--max-mb N").parse().expect("a number")),
             "--runs" => args.runs = it.next().expect("--runs R").parse().expect("an integer"),
             "--json" => args.json = true,
             "--no-regex" => args.no_regex = true,
-            "--patterns" => {
-                args.patterns = it
-                    .next()
-                    .expect("--patterns a,b")
-                    .split(',')
-                    .map(String::from)
-                    .collect()
-            }
+            "--patterns" => args.patterns = it.next().expect("--patterns a,b").split(',').map(String::from).collect(),
             "-h" | "--help" => {
                 eprintln!("usage: bench_pretokenize [--max-mb N] [--runs R] [--json] [--no-regex] [--patterns gpt2,cl100k,o200k] FILE...");
                 std::process::exit(0);
@@ -85,10 +76,7 @@ fn fingerprint(pre: &PreTokenizer, text: &str) -> (usize, u64) {
 
 /// This thread's CPU time in seconds (on a busy machine wall time overstates).
 fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid clock id and a valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -117,11 +105,7 @@ fn throughput(pre: &PreTokenizer, text: &str, runs: usize) -> Rate {
         .unzip();
     wall.sort_by(|a, b| a.partial_cmp(b).unwrap());
     cpu.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Rate {
-        wall: wall[wall.len() / 2],
-        cpu: cpu[cpu.len() / 2],
-        best: wall[wall.len() - 1],
-    }
+    Rate { wall: wall[wall.len() / 2], cpu: cpu[cpu.len() / 2], best: wall[wall.len() - 1] }
 }
 
 /// MB/s: the medians by wall-clock and by thread CPU time, and the best run's wall-clock.
@@ -138,11 +122,7 @@ fn main() {
     for path in &args.files {
         let data = std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
         let text = String::from_utf8_lossy(cut(&data, args.max_mb)).into_owned();
-        let name = std::path::Path::new(path)
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+        let name = std::path::Path::new(path).file_name().unwrap().to_string_lossy().into_owned();
         for pattern in &args.patterns {
             let scanner = PreTokenizer::new(pattern).expect("pattern");
             assert!(scanner.is_builtin(), "{pattern} is not a built-in pattern");
@@ -155,15 +135,7 @@ fn main() {
                 same = Some(fingerprint(&regex, &text) == (pieces, h));
                 regex_mbs = Some(throughput(&regex, &text, args.runs.min(3)));
             }
-            rows.push((
-                name.clone(),
-                text.len(),
-                pattern.clone(),
-                pieces,
-                same,
-                scan_mbs,
-                regex_mbs,
-            ));
+            rows.push((name.clone(), text.len(), pattern.clone(), pieces, same, scan_mbs, regex_mbs));
         }
     }
     if args.json {
@@ -191,16 +163,10 @@ fn main() {
         println!("|---|---:|---|---:|---:|---:|---:|---|");
         for (file, bytes, pattern, pieces, same, scan, regex) in rows {
             let (r, ratio) = match regex {
-                Some(r) => (
-                    format!("{:.1} ({:.1})", r.wall, r.cpu),
-                    format!("{:.1}x", scan.cpu / r.cpu),
-                ),
+                Some(r) => (format!("{:.1} ({:.1})", r.wall, r.cpu), format!("{:.1}x", scan.cpu / r.cpu)),
                 None => ("-".into(), "-".into()),
             };
-            let same = same.map_or(
-                "-".to_string(),
-                |s| if s { "yes".into() } else { "NO".into() },
-            );
+            let same = same.map_or("-".to_string(), |s| if s { "yes".into() } else { "NO".into() });
             println!(
                 "| {file} | {:.1} | {pattern} | {pieces} | {:.0} ({:.0}) [{:.0}] | {r} | {ratio} | {same} |",
                 bytes as f64 / 1e6,

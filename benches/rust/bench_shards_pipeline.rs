@@ -42,7 +42,10 @@ fn job(input: &str, threads: usize) -> EncodeJob {
         window: 0,
         part: None,
         newline_cuts: true,
-        params: format!("bench {}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()),
+        params: format!(
+            "bench {}",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+        ),
         commit_interval: Duration::from_secs(5),
         hash: true,
     }

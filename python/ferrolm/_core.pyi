@@ -5,7 +5,8 @@ and `ferrolm.shards`; these stubs let editors and mypy check those modules.
 """
 
 import os
-from typing import Any, Callable, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -17,6 +18,7 @@ def pattern_source(name: str) -> str: ...
 def _char_classes(text: str) -> bytes: ...
 def read_vocab_json(text: str, special_tokens: Sequence[str]) -> Optional[dict[int, bytes]]:
     """vocab.json's text as {id: token bytes}; None when ferrolm.tokenizer_files must read it."""
+
 def read_merges_txt(text: str) -> Optional[list[tuple[bytes, bytes]]]:
     """merges.txt's text as [(left, right)]; None when ferrolm.tokenizer_files must read it."""
 
@@ -28,11 +30,13 @@ class BpeTrainer:
         num_threads: Optional[int] = None,
         errors: str = "strict",
         chunk_size: Optional[int] = None,
-    ) -> "BpeTrainer": ...
+    ) -> BpeTrainer: ...
     def count_files(self, paths: Sequence[str], progress: Progress = None) -> None: ...
     def feed_text(self, text: str, progress: Progress = None) -> None: ...
     def finish_text(self, progress: Progress = None) -> None: ...
-    def learn(self, num_merges: int, progress: Progress = None) -> tuple[list[tuple[bytes, bytes]], dict[int, bytes]]: ...
+    def learn(
+        self, num_merges: int, progress: Progress = None
+    ) -> tuple[list[tuple[bytes, bytes]], dict[int, bytes]]: ...
     def stats(self) -> dict[str, Any]: ...
 
 class Encoder:
@@ -42,7 +46,7 @@ class Encoder:
         merges: Sequence[tuple[bytes, bytes]],
         special_tokens: Sequence[str],
         pattern: str = "gpt2",
-    ) -> "Encoder": ...
+    ) -> Encoder: ...
     @property
     def vocab_size(self) -> int: ...
     @property
@@ -60,13 +64,25 @@ class Encoder:
         """ferrolm.tokenizer_files.fingerprint of this vocab and these merges."""
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         """Ids of ``text``. UnicodeEncodeError for lone surrogates (the Tokenizer repairs them)."""
-    def encode_to_array(self, text: str, allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> np.ndarray:
+    def encode_to_array(
+        self, text: str, allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None
+    ) -> np.ndarray:
         """Ids as a numpy array of uint16 (itemsize 2) or uint32 (4); large texts in parallel."""
-    def encode_file(self, path: str | os.PathLike[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> np.ndarray:
+    def encode_file(
+        self,
+        path: str | os.PathLike[str],
+        allow_special: bool = True,
+        itemsize: int = 4,
+        num_threads: int | None = None,
+    ) -> np.ndarray:
         """A whole UTF-8 file (invalid bytes read as U+FFFD), as encode_to_array."""
-    def encode_batch(self, texts: Iterable[str], allow_special: bool = True, num_threads: int | None = None) -> list[list[int]]:
+    def encode_batch(
+        self, texts: Iterable[str], allow_special: bool = True, num_threads: int | None = None
+    ) -> list[list[int]]:
         """Each text's ids, in parallel over texts (None: all cores; 1: this thread)."""
-    def encode_batch_to_arrays(self, texts: Iterable[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def encode_batch_to_arrays(
+        self, texts: Iterable[str], allow_special: bool = True, itemsize: int = 4, num_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Flat ids (uint16 or uint32) and len(texts) + 1 int64 offsets, as numpy arrays."""
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         """Concatenated token bytes; ValueError for an id not in the vocabulary."""

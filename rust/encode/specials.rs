@@ -101,7 +101,8 @@ mod tests {
                 let mut want = Vec::new();
                 let mut i = 0;
                 while i < text.len() {
-                    let best = set.iter().enumerate().filter(|(_, s)| text[i..].starts_with(**s)).max_by_key(|(_, s)| s.len());
+                    let best =
+                        set.iter().enumerate().filter(|(_, s)| text[i..].starts_with(**s)).max_by_key(|(_, s)| s.len());
                     match best {
                         Some((id, s)) => {
                             want.push((i, i + s.len(), id as u32));

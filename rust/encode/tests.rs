@@ -1,8 +1,8 @@
 //! Unit tests of the encoder on small hand-made vocabularies.
 
 use super::*;
-use std::sync::Arc;
 use crate::pretokenize::{MAX_BATCH, PIECE_BATCH};
+use std::sync::Arc;
 
 /// Bytes at their own ids, then the given merges (a trained tokenizer's layout).
 fn trained(merges: &[(&str, &str)], specials: &[&str], pattern: &str) -> Encoder {
@@ -17,7 +17,17 @@ fn trained(merges: &[(&str, &str)], specials: &[&str], pattern: &str) -> Encoder
 
 fn toy() -> Encoder {
     trained(
-        &[("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), (" ", "w"), ("a", "a"), ("aa", "aa"), ("aa", "a"), ("!", "!")],
+        &[
+            ("h", "e"),
+            ("l", "l"),
+            ("he", "ll"),
+            ("hell", "o"),
+            (" ", "w"),
+            ("a", "a"),
+            ("aa", "aa"),
+            ("aa", "a"),
+            ("!", "!"),
+        ],
         &["<|endoftext|>", "<|endoftext|><|endoftext|>"],
         "gpt2",
     )
@@ -29,7 +39,9 @@ fn naive(merges: &[(&str, &str)], piece: &str) -> Vec<Vec<u8>> {
     loop {
         let mut best: Option<(usize, usize)> = None;
         for i in 0..parts.len().saturating_sub(1) {
-            if let Some(r) = merges.iter().position(|(a, b)| a.as_bytes() == &parts[i][..] && b.as_bytes() == &parts[i + 1][..]) {
+            if let Some(r) =
+                merges.iter().position(|(a, b)| a.as_bytes() == &parts[i][..] && b.as_bytes() == &parts[i + 1][..])
+            {
                 if best.map_or(true, |(br, _)| r < br) {
                     best = Some((r, i));
                 }
@@ -70,19 +82,16 @@ fn specials_longest_first_and_ordinary() {
 
 #[test]
 fn small_and_large_bpe_agree_with_naive() {
-    let merges = [("a", "a"), ("b", "a"), ("aa", "a"), ("ab", "a"), ("a", "b"), ("ba", "aa"), ("aaa", "aa"), ("b", "b")];
+    let merges =
+        [("a", "a"), ("b", "a"), ("aa", "a"), ("ab", "a"), ("a", "b"), ("ba", "aa"), ("aaa", "aa"), ("b", "b")];
     let e = trained(&merges, &[], "gpt2");
     let mut state = 12345u64;
     for _ in 0..2000 {
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let n = 2 + (state >> 60) as usize * 3;
-        let s: String = (0..n)
-            .map(|i| if (state >> (i % 60)) & 1 == 1 { 'a' } else { 'b' })
-            .collect();
-        let want: Vec<u32> = naive(&merges, &s)
-            .iter()
-            .map(|p| e.whole_token(p).expect("naive produced a token"))
-            .collect();
+        let s: String = (0..n).map(|i| if (state >> (i % 60)) & 1 == 1 { 'a' } else { 'b' }).collect();
+        let want: Vec<u32> =
+            naive(&merges, &s).iter().map(|p| e.whole_token(p).expect("naive produced a token")).collect();
         let mut out = Vec::new();
         e.bpe(s.as_bytes(), &mut out); // up to 16 bytes: the short arrays
         assert_eq!(out, want, "bpe {s}");
@@ -187,8 +196,8 @@ fn files_read_or_mapped_in_parallel_are_read_exactly() {
     let mut invalid = valid.clone();
     invalid[5 << 20] = 0xFF;
     invalid.push(0xE6); // a character cut short at the end
-    // A continuation byte first: the first task must check from byte 0, not from the
-    // first character start.
+                        // A continuation byte first: the first task must check from byte 0, not from the
+                        // first character start.
     let mut leading = vec![0x80];
     leading.extend_from_slice(&valid);
     // Bad bytes at task boundaries (every 2 MiB): a character cut short just before one,
@@ -196,7 +205,8 @@ fn files_read_or_mapped_in_parallel_are_read_exactly() {
     let mut at_bounds = vec![b'a'; 9 << 20];
     at_bounds[(4 << 20) - 1] = 0xE6;
     at_bounds[6 << 20] = 0x80;
-    let cases = [("valid", &valid), ("invalid", &invalid), ("leading continuation", &leading), ("at task bounds", &at_bounds)];
+    let cases =
+        [("valid", &valid), ("invalid", &invalid), ("leading continuation", &leading), ("at task bounds", &at_bounds)];
     for (name, bytes) in cases {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
@@ -413,7 +423,8 @@ fn piece_loop_speed() {
     let t = Instant::now();
     let e = Encoder::new(vocab, merges, vec!["<|endoftext|>".into()], "gpt2").unwrap();
     println!("build {:?}", t.elapsed());
-    let text = std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
+    let text =
+        std::fs::read_to_string(format!("{shared}/corpora/webtext/enwiki_2021_wikiextractor_part01.txt")).unwrap();
     let docs: Vec<&str> = text.split("\n<|endoftext|>\n").collect();
     for round in 0..6 {
         let t = Instant::now();
@@ -445,11 +456,8 @@ fn piece_loop_speed() {
         println!("calibration (touch pieces only): {:.1} ns/piece {acc}", dt * 1e9 / pieces.len() as f64);
     }
     // The pieces tile the text: their starts and the text's end.
-    let bounds: Vec<usize> = pieces
-        .iter()
-        .map(|p| p.as_ptr() as usize - text.as_ptr() as usize)
-        .chain([text.len()])
-        .collect();
+    let bounds: Vec<usize> =
+        pieces.iter().map(|p| p.as_ptr() as usize - text.as_ptr() as usize).chain([text.len()]).collect();
     if let Ok(sm) = std::fs::read_to_string("/proc/self/smaps_rollup") {
         for l in sm.lines().filter(|l| l.starts_with("AnonHugePages") || l.starts_with("Rss")) {
             println!("{l}");

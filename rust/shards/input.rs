@@ -63,30 +63,16 @@ impl InputSpec {
     /// under it (`.jsonl`/`.ndjson` are JSON Lines) unless `format` is given.
     pub fn detect(path: impl Into<PathBuf>, format: Option<Format>) -> InputSpec {
         let path = path.into();
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().to_lowercase())
-            .unwrap_or_default();
+        let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
         let (compression, base) = if let Some(b) = name.strip_suffix(".gz") {
             (Compression::Gzip, b)
-        } else if let Some(b) = name
-            .strip_suffix(".zst")
-            .or_else(|| name.strip_suffix(".zstd"))
-        {
+        } else if let Some(b) = name.strip_suffix(".zst").or_else(|| name.strip_suffix(".zstd")) {
             (Compression::Zstd, b)
         } else {
             (Compression::None, name.as_str())
         };
-        let detected = if base.ends_with(".jsonl") || base.ends_with(".ndjson") {
-            Format::Jsonl
-        } else {
-            Format::Text
-        };
-        InputSpec {
-            path,
-            format: format.unwrap_or(detected),
-            compression,
-        }
+        let detected = if base.ends_with(".jsonl") || base.ends_with(".ndjson") { Format::Jsonl } else { Format::Text };
+        InputSpec { path, format: format.unwrap_or(detected), compression }
     }
 }
 
@@ -95,13 +81,9 @@ pub(crate) fn file_sizes(inputs: &[InputSpec]) -> Result<Vec<u64>, ShardError> {
     inputs
         .iter()
         .map(|spec| {
-            let meta = std::fs::metadata(&spec.path)
-                .map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
+            let meta = std::fs::metadata(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
             if meta.is_dir() {
-                return Err(ShardError::Invalid(format!(
-                    "input {} is a directory, not a file",
-                    spec.path.display()
-                )));
+                return Err(ShardError::Invalid(format!("input {} is a directory, not a file", spec.path.display())));
             }
             Ok(meta.len())
         })
@@ -186,8 +168,7 @@ fn first_cut_in_file(
     let sep = sep.map(str::as_bytes).filter(|s| !s.is_empty());
     let back = sep.map_or(0, |s| s.len() as u64).max(2);
     let from = lb.saturating_sub(back);
-    let mut file =
-        File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
+    let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
     let mut window = 1u64 << 20;
     loop {
         let end = size.min(lb.saturating_add(window));
@@ -205,9 +186,7 @@ fn first_cut_in_file(
             }
             Format::Text => {
                 if let Some(sep) = sep {
-                    let found = memchr::memmem::find_iter(&buf, sep)
-                        .map(|p| p + sep.len())
-                        .find(|&c| c >= lb_rel);
+                    let found = memchr::memmem::find_iter(&buf, sep).map(|p| p + sep.len()).find(|&c| c >= lb_rel);
                     if let Some(c) = found {
                         return Ok(from + c as u64);
                     }
@@ -232,18 +211,11 @@ fn newline_ok(buf: &[u8], p: usize) -> bool {
 
 /// Cut points (index after the `\n`) of `X\nY` newlines, in increasing order.
 fn newline_cuts_iter(buf: &[u8]) -> impl Iterator<Item = usize> + '_ {
-    memchr::memchr_iter(b'\n', buf)
-        .filter(move |&p| newline_ok(buf, p))
-        .map(|p| p + 1)
+    memchr::memchr_iter(b'\n', buf).filter(move |&p| newline_ok(buf, p)).map(|p| p + 1)
 }
 
 /// The last cut point of `buf` (a chunk that starts at a cut point), if any.
-pub(crate) fn last_cut(
-    buf: &[u8],
-    format: Format,
-    sep: Option<&[u8]>,
-    newline_cuts: bool,
-) -> Option<usize> {
+pub(crate) fn last_cut(buf: &[u8], format: Format, sep: Option<&[u8]>, newline_cuts: bool) -> Option<usize> {
     match format {
         Format::Jsonl => memchr::memrchr(b'\n', buf).map(|p| p + 1),
         Format::Text => {
@@ -253,9 +225,7 @@ pub(crate) fn last_cut(
                 }
             }
             if newline_cuts {
-                memchr::memrchr_iter(b'\n', buf)
-                    .find(|&p| newline_ok(buf, p))
-                    .map(|p| p + 1)
+                memchr::memrchr_iter(b'\n', buf).find(|&p| newline_ok(buf, p)).map(|p| p + 1)
             } else {
                 None
             }
@@ -437,40 +407,23 @@ impl<'a> ChunkReader<'a> {
 
     fn open(&self, idx: usize, range: (u64, u64)) -> Result<OpenFile, ShardError> {
         let spec = &self.job.inputs[idx];
-        let mut file =
-            File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
+        let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
         if range.0 > 0 {
-            file.seek(SeekFrom::Start(range.0))
-                .map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
+            file.seek(SeekFrom::Start(range.0)).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
         }
-        let raw = RawReader {
-            inner: file.take(range.1 - range.0),
-            hasher: self.job.hash.then(Sha256::new),
-            count: 0,
-        };
+        let raw = RawReader { inner: file.take(range.1 - range.0), hasher: self.job.hash.then(Sha256::new), count: 0 };
         let src = match spec.compression {
             Compression::None => Src::Plain(raw),
-            Compression::Gzip => Src::Gzip(flate2::bufread::MultiGzDecoder::new(
-                BufReader::with_capacity(RAW_BUFFER, raw),
-            )),
+            Compression::Gzip => {
+                Src::Gzip(flate2::bufread::MultiGzDecoder::new(BufReader::with_capacity(RAW_BUFFER, raw)))
+            }
             Compression::Zstd => Src::Zstd(
                 zstd::stream::read::Decoder::with_buffer(BufReader::with_capacity(RAW_BUFFER, raw))
                     .map_err(|e| ShardError::io(&spec.path, "opening zstd stream of", e))?,
             ),
         };
-        let logical_start = if spec.compression == Compression::None {
-            range.0
-        } else {
-            0
-        };
-        Ok(OpenFile {
-            idx,
-            src,
-            emitted: logical_start,
-            lines: 0,
-            range,
-            eof: false,
-        })
+        let logical_start = if spec.compression == Compression::None { range.0 } else { 0 };
+        Ok(OpenFile { idx, src, emitted: logical_start, lines: 0, range, eof: false })
     }
 
     fn read_err(&self, f: &OpenFile, e: io::Error) -> ShardError {
@@ -523,11 +476,7 @@ impl<'a> ChunkReader<'a> {
         };
         let expected = f.range.1 - f.range.0;
         if raw.count != expected {
-            return Err(ShardError::Changed {
-                path: spec.path.clone(),
-                expected,
-                got: raw.count,
-            });
+            return Err(ShardError::Changed { path: spec.path.clone(), expected, got: raw.count });
         }
         let sha256 = raw.hasher.map(|h| h.finalize().iter().map(|b| format!("{b:02x}")).collect());
         self.records.push(FileSummary {
@@ -535,11 +484,7 @@ impl<'a> ChunkReader<'a> {
             size: self.sizes[f.idx],
             sha256,
             range: f.range,
-            uncompressed: if spec.compression == Compression::None {
-                None
-            } else {
-                Some(logical_end)
-            },
+            uncompressed: if spec.compression == Compression::None { None } else { Some(logical_end) },
         });
         self.raw_before += expected;
         Ok(())
@@ -646,19 +591,9 @@ impl<'a> ChunkReader<'a> {
             let (next_pos, raw_done) = if done_with_file {
                 self.finish(f)?;
                 self.plan_idx += 1;
-                let next =
-                    self.plan
-                        .get(self.plan_idx)
-                        .map_or((self.job.inputs.len(), 0), |&(i, r)| {
-                            (
-                                i,
-                                if self.job.inputs[i].compression == Compression::None {
-                                    r.0
-                                } else {
-                                    0
-                                },
-                            )
-                        });
+                let next = self.plan.get(self.plan_idx).map_or((self.job.inputs.len(), 0), |&(i, r)| {
+                    (i, if self.job.inputs[i].compression == Compression::None { r.0 } else { 0 })
+                });
                 (next, self.raw_before)
             } else {
                 let pos = (f.idx, f.emitted);
@@ -666,16 +601,7 @@ impl<'a> ChunkReader<'a> {
                 self.cur = Some(f);
                 (pos, raw)
             };
-            return Ok(Some(Chunk {
-                file,
-                start,
-                data: buf,
-                len,
-                at_file_end,
-                first_line,
-                next_pos,
-                raw_done,
-            }));
+            return Ok(Some(Chunk { file, start, data: buf, len, at_file_end, first_line, next_pos, raw_done }));
         }
     }
 }

@@ -9,14 +9,9 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 /// The string value of `field` in the JSON object `line`, or a message saying what is wrong.
 pub(crate) fn field<'a>(line: &'a str, field: &str) -> Result<Cow<'a, str>, String> {
     let mut de = serde_json::Deserializer::from_str(line);
-    let found = FieldSeed { field }
-        .deserialize(&mut de)
-        .map_err(|e| format!("invalid JSON Lines record: {e}"))?;
-    de.end()
-        .map_err(|e| format!("invalid JSON Lines record: {e}"))?;
-    found.ok_or_else(|| {
-        format!("record has no {field:?} field (choose the field with --jsonl-field)")
-    })
+    let found = FieldSeed { field }.deserialize(&mut de).map_err(|e| format!("invalid JSON Lines record: {e}"))?;
+    de.end().map_err(|e| format!("invalid JSON Lines record: {e}"))?;
+    found.ok_or_else(|| format!("record has no {field:?} field (choose the field with --jsonl-field)"))
 }
 
 struct FieldSeed<'f> {
@@ -70,9 +65,7 @@ struct StringOnly<'f> {
 impl<'de, 'f> DeserializeSeed<'de> for StringOnly<'f> {
     type Value = Cow<'de, str>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(StrVisitor {
-            what: Some(self.field),
-        })
+        d.deserialize_any(StrVisitor { what: Some(self.field) })
     }
 }
 
@@ -112,18 +105,10 @@ mod tests {
 
     #[test]
     fn clear_errors() {
-        assert!(field(r#"{"id": 3}"#, "text")
-            .unwrap_err()
-            .contains("no \"text\" field"));
-        assert!(field(r#"{"text": 3}"#, "text")
-            .unwrap_err()
-            .contains("string"));
-        assert!(field(r#"[1, 2]"#, "text")
-            .unwrap_err()
-            .contains("invalid JSON Lines record"));
-        assert!(field(r#"{"text": "a"} trailing"#, "text")
-            .unwrap_err()
-            .contains("invalid"));
+        assert!(field(r#"{"id": 3}"#, "text").unwrap_err().contains("no \"text\" field"));
+        assert!(field(r#"{"text": 3}"#, "text").unwrap_err().contains("string"));
+        assert!(field(r#"[1, 2]"#, "text").unwrap_err().contains("invalid JSON Lines record"));
+        assert!(field(r#"{"text": "a"} trailing"#, "text").unwrap_err().contains("invalid"));
         assert!(field(r#"{"text": "a""#, "text").is_err());
     }
 }

@@ -20,9 +20,7 @@ struct PieceEncoder {
 
 impl PieceEncoder {
     fn new(pattern: &str) -> Self {
-        PieceEncoder {
-            pre: PreTokenizer::new(pattern).unwrap(),
-        }
+        PieceEncoder { pre: PreTokenizer::new(pattern).unwrap() }
     }
     fn ordinary(&self, text: &str, out: &mut Vec<u32>) {
         self.pre.for_each_piece(text, |p| {
@@ -178,14 +176,8 @@ fn run(job: &EncodeJob, enc: &dyn TextEncoder) -> Result<(Summary, Vec<u32>), Sh
 fn read_ids(path: &Path, dtype: Dtype) -> Vec<u32> {
     let bytes = std::fs::read(path).unwrap();
     match dtype {
-        Dtype::U16 => bytes
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
-            .collect(),
-        Dtype::U32 => bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        Dtype::U16 => bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u32).collect(),
+        Dtype::U32 => bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
     }
 }
 
@@ -197,10 +189,7 @@ fn whole(enc: &dyn TextEncoder, text: &str) -> Vec<u32> {
 
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[test]
@@ -211,18 +200,8 @@ fn output_equals_whole_text_encoding_for_any_chunk_size_and_threads() {
     let enc = PieceEncoder::new("gpt2");
     let expected = whole(&enc, &text);
     assert_eq!(expected.iter().filter(|&&t| t == EOT_ID).count(), 300);
-    for (chunk_size, threads, window) in [
-        (64, 1, 0),
-        (100, 2, 0),
-        (4096, 3, 1),
-        (1 << 20, 2, 0),
-        (777, 4, 3),
-    ] {
-        let mut j = job(
-            &dir,
-            &[input.clone()],
-            &format!("out-{chunk_size}-{threads}.bin"),
-        );
+    for (chunk_size, threads, window) in [(64, 1, 0), (100, 2, 0), (4096, 3, 1), (1 << 20, 2, 0), (777, 4, 3)] {
+        let mut j = job(&dir, &[input.clone()], &format!("out-{chunk_size}-{threads}.bin"));
         j.chunk_size = chunk_size;
         j.threads = threads;
         j.window = window;
@@ -254,11 +233,7 @@ fn newline_cuts_are_exact_for_builtin_patterns() {
         let mut expected = whole(&enc, &text);
         expected.push(EOT_ID); // the unterminated last document gets its eos
         for chunk_size in [16, 200, 5000] {
-            let mut j = job(
-                &dir,
-                &[input.clone()],
-                &format!("nl-{pattern}-{chunk_size}.bin"),
-            );
+            let mut j = job(&dir, &[input.clone()], &format!("nl-{pattern}-{chunk_size}.bin"));
             j.chunk_size = chunk_size;
             let (_, ids) = run(&j, &enc).unwrap();
             assert_eq!(ids, expected, "pattern {pattern} chunk {chunk_size}");
@@ -343,11 +318,8 @@ fn corrupt_and_truncated_gzip_are_errors_naming_the_file() {
         *b ^= 0x5a;
     }
     let truncated = &gz[..gz.len() / 2];
-    for (name, data) in [
-        ("corrupt.txt.gz", &corrupt[..]),
-        ("truncated.txt.gz", truncated),
-        ("notgz.txt.gz", b"hello"),
-    ] {
+    for (name, data) in [("corrupt.txt.gz", &corrupt[..]), ("truncated.txt.gz", truncated), ("notgz.txt.gz", b"hello")]
+    {
         let p = dir.write(name, data);
         let err = run(&job(&dir, &[p], "out.bin"), &enc).unwrap_err();
         let msg = err.to_string();
@@ -361,10 +333,7 @@ fn missing_input_is_an_error_before_anything_is_written() {
     let dir = TempDir::new("missing");
     let j = job(&dir, &[dir.path("nope.txt")], "out.bin");
     let err = run(&j, &PieceEncoder::new("gpt2")).unwrap_err();
-    assert!(
-        err.to_string().contains("nope.txt") && err.to_string().contains("not found"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("nope.txt") && err.to_string().contains("not found"), "{err}");
     assert!(!j.partial_path().exists());
 }
 
@@ -375,9 +344,7 @@ fn invalid_utf8_is_an_error_with_offset_or_replaced() {
     let mut data = corpus(5, 40).into_bytes();
     let bad_at = data.len() / 2;
     // Put the bad byte right after an ASCII byte, so it is not inside a multi-byte character.
-    let bad_at = (bad_at..data.len())
-        .find(|&i| data[i - 1].is_ascii() && data[i].is_ascii())
-        .unwrap();
+    let bad_at = (bad_at..data.len()).find(|&i| data[i - 1].is_ascii() && data[i].is_ascii()).unwrap();
     data[bad_at] = 0xff;
     let p = dir.write("bad.txt", &data);
     let mut j = job(&dir, &[p.clone()], "out.bin");
@@ -400,11 +367,7 @@ fn invalid_utf8_is_an_error_with_offset_or_replaced() {
 fn jsonl_documents_are_encoded_as_ordinary_text_each_followed_by_eos() {
     let dir = TempDir::new("jsonl");
     let enc = PieceEncoder::new("gpt2");
-    let docs = [
-        "first doc",
-        "second\n\"quoted\" <|endoftext|> inside",
-        "third é",
-    ];
+    let docs = ["first doc", "second\n\"quoted\" <|endoftext|> inside", "third é"];
     let mut data = String::new();
     for (i, d) in docs.iter().enumerate() {
         data.push_str(&serde_json::json!({"id": i, "text": d}).to_string());
@@ -422,10 +385,7 @@ fn jsonl_documents_are_encoded_as_ordinary_text_each_followed_by_eos() {
 
     let bad = dir.write("bad.jsonl", b"{\"text\": \"ok\"}\n{\"body\": \"x\"}\n");
     let err = run(&job(&dir, &[bad], "bad.bin"), &enc).unwrap_err();
-    assert!(
-        err.to_string().contains("bad.jsonl:2:") && err.to_string().contains("\"text\""),
-        "{err}"
-    );
+    assert!(err.to_string().contains("bad.jsonl:2:") && err.to_string().contains("\"text\""), "{err}");
 }
 
 #[test]
@@ -435,10 +395,7 @@ fn token_ids_that_do_not_fit_the_dtype_are_an_error() {
     let big = |t: &str, out: &mut Vec<u32>| out.extend(t.bytes().map(|b| 70_000 + b as u32));
     let j = job(&dir, &[p], "out.bin");
     let err = run(&j, &big).unwrap_err();
-    assert!(
-        err.to_string().contains("70097") && err.to_string().contains("uint16"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("70097") && err.to_string().contains("uint16"), "{err}");
     let mut j32 = j.clone();
     j32.dtype = Dtype::U32;
     j32.eos = None;
@@ -470,19 +427,12 @@ fn an_interrupted_run_resumes_to_the_same_bytes() {
         .unwrap_err();
         assert!(matches!(err, ShardError::Interrupted));
         // What a kill -9 after the last commit leaves: junk after the committed tokens.
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(j.partial_path())
-            .unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(j.partial_path()).unwrap();
         f.write_all(&[0xAB; 999]).unwrap();
         drop(f);
         let s = encode_to_shard(&j, &enc, |_| true).unwrap();
         assert!(s.resumed_tokens > 0, "stop_after {stop_after}");
-        assert_eq!(
-            read_ids(&s.partial_path, j.dtype),
-            reference,
-            "stop_after {stop_after}"
-        );
+        assert_eq!(read_ids(&s.partial_path, j.dtype), reference, "stop_after {stop_after}");
         assert_eq!(s.inputs[0].sha256.as_deref().unwrap(), sha256_hex(text.as_bytes()));
         // Running again once complete returns the recorded summary without re-encoding.
         let again = encode_to_shard(&j, &enc, |_| panic!("no work expected")).unwrap();
@@ -531,10 +481,7 @@ fn parts_tile_the_inputs_and_concatenate_to_the_whole() {
             prev_end = s.byte_range.1;
             cat.extend(ids);
         }
-        let total: u64 = inputs
-            .iter()
-            .map(|p| std::fs::metadata(p).unwrap().len())
-            .sum();
+        let total: u64 = inputs.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
         assert_eq!(prev_end, total);
         assert_eq!(cat, whole_ids, "n = {n}");
     }

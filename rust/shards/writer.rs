@@ -34,10 +34,7 @@ const WRITEBACK_STEP: u64 = 4 << 20;
 /// Test hook: fail writes with ENOSPC once this many bytes were written by this process
 /// (`FERROLM_TEST_FAIL_WRITE_AFTER`), to exercise the disk-full path without a full disk.
 fn fail_after() -> Option<u64> {
-    std::env::var("FERROLM_TEST_FAIL_WRITE_AFTER")
-        .ok()?
-        .parse()
-        .ok()
+    std::env::var("FERROLM_TEST_FAIL_WRITE_AFTER").ok()?.parse().ok()
 }
 
 impl PartialWriter {
@@ -49,34 +46,20 @@ impl PartialWriter {
         } else {
             OpenOptions::new().write(true).open(path).map_err(err)?
         };
-        file.set_len(if fresh { 0 } else { keep })
-            .map_err(|e| ShardError::io(path, "truncating", e))?;
-        file.seek(SeekFrom::End(0))
-            .map_err(|e| ShardError::io(path, "writing", e))?;
+        file.set_len(if fresh { 0 } else { keep }).map_err(|e| ShardError::io(path, "truncating", e))?;
+        file.seek(SeekFrom::End(0)).map_err(|e| ShardError::io(path, "writing", e))?;
         let start = if fresh { 0 } else { keep };
-        Ok(PartialWriter {
-            file,
-            path: path.to_path_buf(),
-            written: start,
-            writeback_from: start,
-            dir_unsynced: fresh,
-        })
+        Ok(PartialWriter { file, path: path.to_path_buf(), written: start, writeback_from: start, dir_unsynced: fresh })
     }
 
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), ShardError> {
         if let Some(limit) = fail_after() {
             let pos = self.file.stream_position().unwrap_or(0);
             if pos + bytes.len() as u64 > limit {
-                return Err(ShardError::io(
-                    &self.path,
-                    "writing",
-                    io::Error::from_raw_os_error(28),
-                ));
+                return Err(ShardError::io(&self.path, "writing", io::Error::from_raw_os_error(28)));
             }
         }
-        self.file
-            .write_all(bytes)
-            .map_err(|e| ShardError::io(&self.path, "writing", e))?;
+        self.file.write_all(bytes).map_err(|e| ShardError::io(&self.path, "writing", e))?;
         self.written += bytes.len() as u64;
         if self.written - self.writeback_from >= WRITEBACK_STEP {
             self.start_writeback();
@@ -102,9 +85,7 @@ impl PartialWriter {
     }
 
     pub fn sync(&mut self) -> Result<(), ShardError> {
-        self.file
-            .sync_data()
-            .map_err(|e| ShardError::io(&self.path, "syncing", e))?;
+        self.file.sync_data().map_err(|e| ShardError::io(&self.path, "syncing", e))?;
         if std::mem::take(&mut self.dir_unsynced) {
             sync_dir(&self.path);
         }
@@ -143,12 +124,7 @@ impl Journal {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(format!(
-                    "cannot read the progress journal {}: {e}",
-                    path.display()
-                ))
-            }
+            Err(e) => return Err(format!("cannot read the progress journal {}: {e}", path.display())),
         };
         let bad = || format!("the progress journal {} is unreadable", path.display());
         let v: Value = serde_json::from_str(&text).map_err(|_| bad())?;
@@ -157,11 +133,7 @@ impl Journal {
         }
         let u = |k: &str| v.get(k).and_then(Value::as_u64).ok_or_else(bad);
         Ok(Some(Journal {
-            params: v
-                .get("params")
-                .and_then(Value::as_str)
-                .ok_or_else(bad)?
-                .to_string(),
+            params: v.get("params").and_then(Value::as_str).ok_or_else(bad)?.to_string(),
             next_file: u("next_file")? as usize,
             next_offset: u("next_offset")?,
             tokens: u("tokens")?,
@@ -172,29 +144,15 @@ impl Journal {
     }
 
     /// Whether this journal can be resumed by a job with these parameters.
-    pub fn check(
-        &self,
-        params: &str,
-        partial: &Path,
-        out_bin: &Path,
-        itemsize: u64,
-    ) -> Result<(), String> {
+    pub fn check(&self, params: &str, partial: &Path, out_bin: &Path, itemsize: u64) -> Result<(), String> {
         if self.params != params {
-            return Err(
-                "the command's options, tokenizer or inputs differ from the interrupted run's"
-                    .into(),
-            );
+            return Err("the command's options, tokenizer or inputs differ from the interrupted run's".into());
         }
         // A completed run whose partial file was already renamed to the final name.
         let partial = if self.complete && !partial.exists() { out_bin } else { partial };
         let len = match std::fs::metadata(partial) {
             Ok(m) => m.len(),
-            Err(_) => {
-                return Err(format!(
-                    "the partial output {} is missing",
-                    partial.display()
-                ))
-            }
+            Err(_) => return Err(format!("the partial output {} is missing", partial.display())),
         };
         let need = self.tokens * itemsize;
         if len < need || (self.complete && len != need) {
@@ -223,11 +181,7 @@ impl Journal {
         let tmp = PathBuf::from(tmp);
         let result = (|| -> io::Result<()> {
             let mut f = File::create(&tmp)?;
-            f.write_all(
-                serde_json::to_string_pretty(&v)
-                    .unwrap_or_default()
-                    .as_bytes(),
-            )?;
+            f.write_all(serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
             f.write_all(b"\n")?;
             f.sync_all()?;
             std::fs::rename(&tmp, path)

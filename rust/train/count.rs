@@ -475,7 +475,10 @@ fn count_bounds_with<const WIDE: bool>(text: &[u8], bounds: &[usize], map: &mut 
             let key = if WIDE {
                 debug_assert!(s + 16 <= text.len());
                 // SAFETY: s <= the batch's end, and `text` extends 16 bytes past that.
-                short_key_of(u128::from_le(unsafe { std::ptr::read_unaligned(text.as_ptr().add(s).cast::<u128>()) }), e - s)
+                short_key_of(
+                    u128::from_le(unsafe { std::ptr::read_unaligned(text.as_ptr().add(s).cast::<u128>()) }),
+                    e - s,
+                )
             } else {
                 short_key_at(text, s, e)
             };

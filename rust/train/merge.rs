@@ -182,7 +182,6 @@ impl Words {
         let w = w as usize;
         &self.data[w + HEADER..w + HEADER + self.data[w] as usize]
     }
-
 }
 
 struct PairStats {
@@ -262,7 +261,8 @@ impl Pairs {
         let tables: Vec<Vec<PairStats>> = ids
             .par_chunks(share)
             .map(|part| {
-                let mut table: Vec<PairStats> = (0..1usize << 16).map(|_| PairStats { count: 0, words: WordList::new() }).collect();
+                let mut table: Vec<PairStats> =
+                    (0..1usize << 16).map(|_| PairStats { count: 0, words: WordList::new() }).collect();
                 for &w in part {
                     let c = words.count(w);
                     let s = words.symbols(w);
@@ -870,7 +870,7 @@ mod vector {
             & pairs;
         let Some(i) = record_occurrence(rec, found, w, a, b, x, deltas) else { return };
         let s = word_of(rec).1; // (`rec` was borrowed again since)
-        // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
+                                // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
         let moved = _mm256_set1_epi32((pairs & (u32::MAX << (i + 1))) as i32);
         let lane0 = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
         let lane1 = _mm256_slli_epi32::<8>(lane0);
@@ -897,7 +897,7 @@ mod vector {
         let found = _mm512_mask_cmpeq_epi32_mask(at_a, next, _mm512_set1_epi32(b as i32)) as u32;
         let Some(i) = record_occurrence(rec, found, w, a, b, x, deltas) else { return };
         let s = word_of(rec).1; // (`rec` was borrowed again since)
-        // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
+                                // Symbols i+1 .. n-2 take the one after them (b drops out); symbol i becomes x.
         _mm512_mask_storeu_epi32(s as *mut i32, pairs & (u32::MAX << (i + 1)) as __mmask16, next);
         *s.add(i) = x;
         rec[0] = (n - 1) as u32;
@@ -917,7 +917,15 @@ mod vector {
     /// occurrence and return its place (the caller rewrites the word); no occurrence
     /// leaves all as it is, and several are rewritten by the scalar code. Both return None.
     #[inline(always)]
-    fn record_occurrence(rec: &mut [u32], found: u32, w: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) -> Option<usize> {
+    fn record_occurrence(
+        rec: &mut [u32],
+        found: u32,
+        w: u32,
+        a: u32,
+        b: u32,
+        x: u32,
+        deltas: &mut Deltas,
+    ) -> Option<usize> {
         if found == 0 {
             return None;
         }
@@ -958,7 +966,16 @@ unsafe impl Sync for SharedWords {}
 /// record's end, up to `hi`); every id in `list` must be the offset of a record of
 /// `words`.
 #[allow(clippy::too_many_arguments)] // the merge's symbols, passed in registers
-unsafe fn rewrite_share(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
+unsafe fn rewrite_share(
+    words: SharedWords,
+    list: &[u32],
+    lo: u32,
+    hi: u32,
+    a: u32,
+    b: u32,
+    x: u32,
+    deltas: &mut Deltas,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::pretokenize::Simd;
@@ -980,8 +997,19 @@ unsafe fn rewrite_share(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1")]
 #[allow(clippy::too_many_arguments)] // the merge's symbols, passed in registers
-unsafe fn rewrite_share_avx2(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
-    rewrite_share_vector(words, list, lo, hi, a, b, x, deltas, |rec, w, d| vector::rewrite_word_avx2(rec, w, a, b, x, d));
+unsafe fn rewrite_share_avx2(
+    words: SharedWords,
+    list: &[u32],
+    lo: u32,
+    hi: u32,
+    a: u32,
+    b: u32,
+    x: u32,
+    deltas: &mut Deltas,
+) {
+    rewrite_share_vector(words, list, lo, hi, a, b, x, deltas, |rec, w, d| {
+        vector::rewrite_word_avx2(rec, w, a, b, x, d)
+    });
 }
 
 /// `rewrite_share` with `vector::rewrite_word_avx512` for the words it can take.
@@ -991,8 +1019,19 @@ unsafe fn rewrite_share_avx2(words: SharedWords, list: &[u32], lo: u32, hi: u32,
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,bmi1")]
 #[allow(clippy::too_many_arguments)] // the merge's symbols, passed in registers
-unsafe fn rewrite_share_avx512(words: SharedWords, list: &[u32], lo: u32, hi: u32, a: u32, b: u32, x: u32, deltas: &mut Deltas) {
-    rewrite_share_vector(words, list, lo, hi, a, b, x, deltas, |rec, w, d| vector::rewrite_word_avx512(rec, w, a, b, x, d));
+unsafe fn rewrite_share_avx512(
+    words: SharedWords,
+    list: &[u32],
+    lo: u32,
+    hi: u32,
+    a: u32,
+    b: u32,
+    x: u32,
+    deltas: &mut Deltas,
+) {
+    rewrite_share_vector(words, list, lo, hi, a, b, x, deltas, |rec, w, d| {
+        vector::rewrite_word_avx512(rec, w, a, b, x, d)
+    });
 }
 
 /// `rewrite_share` with `vector_word(record, word, deltas)` (a `vector` rewrite) for the
@@ -1128,7 +1167,15 @@ fn recount(words: &Words, ids: &[u32], tokens: &Tokens, want: i64, bytes_only: b
 /// have had untracked occurrences before this merge, which its deltas do not show. Count
 /// every pair with `x` exactly from the words and track those of count `floor` or more
 /// (replacing what is tracked of them). Pairs without `x` only lost occurrences.
-fn rescan_symbol(words: &Words, ids: &[u32], x: u32, floor: i64, pairs: &mut Pairs, heap: &mut PairHeap, tokens: &Tokens) {
+fn rescan_symbol(
+    words: &Words,
+    ids: &[u32],
+    x: u32,
+    floor: i64,
+    pairs: &mut Pairs,
+    heap: &mut PairHeap,
+    tokens: &Tokens,
+) {
     let mut found: FxMap<u64, PairStats> = FxMap::default();
     for &w in ids {
         let s = words.symbols(w);
@@ -1138,7 +1185,8 @@ fn rescan_symbol(words: &Words, ids: &[u32], x: u32, floor: i64, pairs: &mut Pai
         let c = words.count(w);
         for i in 0..s.len() - 1 {
             if s[i] == x || s[i + 1] == x {
-                let e = found.entry(pack(s[i], s[i + 1])).or_insert_with(|| PairStats { count: 0, words: WordList::new() });
+                let e =
+                    found.entry(pack(s[i], s[i + 1])).or_insert_with(|| PairStats { count: 0, words: WordList::new() });
                 e.count += c;
                 if e.words.last() != Some(&w) {
                     e.words.push(w);
@@ -1491,7 +1539,10 @@ mod tests {
             rewrites.push(("avx512", vector::rewrite_word_avx512));
         }
         if rewrites.len() < 2 {
-            eprintln!("{} of the two vector rewrites skipped: this CPU lacks AVX2 / AVX-512 (or FERROLM_SIMD caps it)", 2 - rewrites.len());
+            eprintln!(
+                "{} of the two vector rewrites skipped: this CPU lacks AVX2 / AVX-512 (or FERROLM_SIMD caps it)",
+                2 - rewrites.len()
+            );
         }
         // Random words of 1..=16 symbols over few symbols (x among them), so that
         // occurrences are frequent, often repeated and, with a == b, overlapping; each
@@ -1582,7 +1633,11 @@ mod tests {
         let (plain, _) = run(Pruning { after: usize::MAX / 8, margin: 1.0, rescan_all: false });
         assert!(plain.len() == 1500);
         // A sensible floor, a floor far too high (recounts), and an early, tight one.
-        for pruning in [Pruning { after: 100, margin: 4.0, rescan_all: false }, Pruning { after: 50, margin: 0.05, rescan_all: false }, Pruning { after: 10, margin: 1.0, rescan_all: false }] {
+        for pruning in [
+            Pruning { after: 100, margin: 4.0, rescan_all: false },
+            Pruning { after: 50, margin: 0.05, rescan_all: false },
+            Pruning { after: 10, margin: 1.0, rescan_all: false },
+        ] {
             let (pruned, t) = run(pruning);
             assert!(t.floor > 1, "{pruning:?} did not prune");
             assert_eq!(pruned, plain, "{pruning:?}");

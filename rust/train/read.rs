@@ -419,7 +419,8 @@ mod tests {
         assert_eq!(hold_back_cut(b"x<|end|>a b", &sp, &pre).map(|c| c.at), None);
         assert_eq!(hold_back_cut(b"x<|end|>a b c d e f g", &sp, &pre).map(|c| c.at), Some(11));
         // The segments come from the same search: those of the part before the cut.
-        for buf in [&b"x<|end|>a b c d e f g"[..], b"<|end|>y<|end|>one two three<|en", b"one two three four five six"] {
+        for buf in [&b"x<|end|>a b c d e f g"[..], b"<|end|>y<|end|>one two three<|en", b"one two three four five six"]
+        {
             let cut = hold_back_cut(buf, &sp, &pre).unwrap();
             let mut again = vec![];
             sp.segments(&buf[..cut.at], 0, &mut again);
@@ -435,10 +436,17 @@ mod tests {
         std::fs::write(&path, "word<|endoftext|>".repeat(10_000)).unwrap();
         let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
         let mut calls = 0;
-        let r = for_each_chunk::<(), io::Error>(&path, 1000, &BufferPool::default(), |b, end| test_cut(b, end, &sp, true), |_| {}, |_, _, _| {
-            calls += 1;
-            Err(io::Error::other("stop"))
-        });
+        let r = for_each_chunk::<(), io::Error>(
+            &path,
+            1000,
+            &BufferPool::default(),
+            |b, end| test_cut(b, end, &sp, true),
+            |_| {},
+            |_, _, _| {
+                calls += 1;
+                Err(io::Error::other("stop"))
+            },
+        );
         assert!(r.is_err());
         assert_eq!(calls, 1);
         std::fs::remove_dir_all(&dir).ok();
@@ -458,11 +466,18 @@ mod tests {
         let bufs = BufferPool::default();
         let read_all = |path: &Path| {
             let mut got = Vec::new();
-            for_each_chunk::<(), io::Error>(path, 2000, &bufs, |x, end| test_cut(x, end, &sp, true), |_| {}, |c, _, off| {
-                assert_eq!(off as usize, got.len());
-                got.extend_from_slice(c);
-                Ok(())
-            })
+            for_each_chunk::<(), io::Error>(
+                path,
+                2000,
+                &bufs,
+                |x, end| test_cut(x, end, &sp, true),
+                |_| {},
+                |c, _, off| {
+                    assert_eq!(off as usize, got.len());
+                    got.extend_from_slice(c);
+                    Ok(())
+                },
+            )
             .unwrap();
             got
         };
@@ -492,12 +507,19 @@ mod tests {
         for builtin in [false, true] {
             let mut got = Vec::new();
             let mut n = 0;
-            for_each_chunk::<(), io::Error>(&path, 1000, &BufferPool::default(), |b, end| test_cut(b, end, &sp, builtin), |_| {}, |c, _, off| {
-                assert_eq!(off as usize, got.len());
-                got.extend_from_slice(c);
-                n += 1;
-                Ok(())
-            })
+            for_each_chunk::<(), io::Error>(
+                &path,
+                1000,
+                &BufferPool::default(),
+                |b, end| test_cut(b, end, &sp, builtin),
+                |_| {},
+                |c, _, off| {
+                    assert_eq!(off as usize, got.len());
+                    got.extend_from_slice(c);
+                    n += 1;
+                    Ok(())
+                },
+            )
             .unwrap();
             assert_eq!(got, text.as_bytes());
             assert!(n > 20);

@@ -126,7 +126,9 @@ def top_p_mask(probs: Tensor, p: float) -> Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-def sampling_probs(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None) -> Tensor:
+def sampling_probs(
+    logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None
+) -> Tensor:
     """The distribution a step draws from, float32 over the last dim, summing to 1.
 
     Temperature, then top-k, softmax, top-p, renormalize. Temperature 0 gives a one-hot
@@ -174,7 +176,9 @@ def _draw(weights: Tensor, generator: Optional[torch.Generator]) -> Tensor:
     cumulative = weights.double().cumsum(dim=-1)
     total = cumulative[:, -1:]
     if not bool((total > 0).all() and torch.isfinite(total).all()):
-        raise ValueError("cannot sample: the probabilities are NaN or all zero (does the model output NaN or -inf logits?)")
+        raise ValueError(
+            "cannot sample: the probabilities are NaN or all zero (does the model output NaN or -inf logits?)"
+        )
     device = generator.device if generator is not None else weights.device
     u = torch.rand(weights.shape[0], 1, dtype=torch.float64, generator=generator, device=device).to(weights.device)
     # u < 1, but u * total may round up to total: stay strictly below it.
@@ -255,10 +259,18 @@ class Decoder:
         self.vocab_size, self.context_length = _model_config(model)
         if window_keep is None:
             window_keep = max(1, self.context_length // 2)
-        if isinstance(window_keep, bool) or not isinstance(window_keep, int) or not (1 <= window_keep <= self.context_length):
-            raise ValueError(f"window_keep must be an int in [1, context_length={self.context_length}], got {window_keep!r}")
+        if (
+            isinstance(window_keep, bool)
+            or not isinstance(window_keep, int)
+            or not (1 <= window_keep <= self.context_length)
+        ):
+            raise ValueError(
+                f"window_keep must be an int in [1, context_length={self.context_length}], got {window_keep!r}"
+            )
         if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt must hold at least one token (generate() turns an empty prompt into [eos_id])")
+            raise ValueError(
+                "every prompt must hold at least one token (generate() turns an empty prompt into [eos_id])"
+            )
         self.window_keep = window_keep
         self.use_cache = use_cache
         self.device = next(model.parameters()).device
@@ -308,7 +320,9 @@ class Decoder:
         else:
             start = self.width
             if self.valid is not None:
-                self.valid = torch.cat([self.valid, torch.ones(self.batch_size, 1, dtype=torch.bool, device=self.device)], dim=1)
+                self.valid = torch.cat(
+                    [self.valid, torch.ones(self.batch_size, 1, dtype=torch.bool, device=self.device)], dim=1
+                )
             step = next_ids.to(self.device).view(self.batch_size, 1)
             out = self.model(step, kv_cache=self.cache, start_pos=start, attention_mask=self.valid)
             self.width = start + 1
@@ -327,14 +341,18 @@ def _as_prompts(prompt_ids: Any) -> tuple[list[list[int]], bool]:
         raise ValueError("prompt_ids must be token ids; encode the text with the tokenizer first")
     if hasattr(prompt_ids, "tolist") and hasattr(prompt_ids, "ndim"):  # torch tensor or numpy array
         if prompt_ids.ndim not in (1, 2):
-            raise ValueError(f"prompt_ids must be 1-D (one prompt) or 2-D (a batch), got shape {tuple(prompt_ids.shape)}")
+            raise ValueError(
+                f"prompt_ids must be 1-D (one prompt) or 2-D (a batch), got shape {tuple(prompt_ids.shape)}"
+            )
         batched = prompt_ids.ndim == 2
         prompt_ids = prompt_ids.tolist()
         return (prompt_ids if batched else [prompt_ids]), batched
     try:
         items = list(prompt_ids)
     except TypeError:
-        raise ValueError(f"prompt_ids must be a sequence of ints or of sequences of ints, got {type(prompt_ids).__name__}") from None
+        raise ValueError(
+            f"prompt_ids must be a sequence of ints or of sequences of ints, got {type(prompt_ids).__name__}"
+        ) from None
     if items and all(hasattr(x, "__len__") and not isinstance(x, (str, bytes)) for x in items):
         return [x.tolist() if hasattr(x, "tolist") else list(x) for x in items], True
     return [items], False
@@ -352,7 +370,9 @@ def _check_ids(rows: list[list[Any]], vocab_size: int) -> list[list[int]]:
             except TypeError:
                 raise ValueError(f"prompt ids must be ints; row {b} position {i} is {t!r}") from None
             if not (0 <= t < vocab_size):
-                raise ValueError(f"prompt id {t} (row {b}, position {i}) is out of range for the model's vocab_size {vocab_size}")
+                raise ValueError(
+                    f"prompt id {t} (row {b}, position {i}) is out of range for the model's vocab_size {vocab_size}"
+                )
             ints.append(t)
         out.append(ints)
     return out
@@ -388,7 +408,9 @@ def generate(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     vocab_size, _ = _model_config(model)
-    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not (0 <= eos_id < vocab_size)):
+    if eos_id is not None and (
+        isinstance(eos_id, bool) or not isinstance(eos_id, int) or not (0 <= eos_id < vocab_size)
+    ):
         raise ValueError(f"eos_id must be an id in [0, {vocab_size}), got {eos_id!r}")
     rows, batched = _as_prompts(prompt_ids)
     rows = _check_ids(rows, vocab_size)
@@ -400,13 +422,17 @@ def generate(
         _, ctx = _model_config(model)
         if isinstance(window_keep, bool) or not isinstance(window_keep, int) or not (1 <= window_keep <= ctx):
             raise ValueError(f"window_keep must be an int in [1, context_length={ctx}], got {window_keep!r}")
-    return _generate(model, rows, batched, max_new_tokens, temperature, top_k, top_p, eos_id, generator, use_cache, window_keep)
+    return _generate(
+        model, rows, batched, max_new_tokens, temperature, top_k, top_p, eos_id, generator, use_cache, window_keep
+    )
 
 
 # As a decorator (not a `with` around the yields), inference mode is on only while this
 # generator runs, never in the caller's code between two tokens.
 @torch.inference_mode()
-def _generate(model, rows, batched, max_new_tokens, temperature, top_k, top_p, eos_id, generator, use_cache, window_keep):
+def _generate(
+    model, rows, batched, max_new_tokens, temperature, top_k, top_p, eos_id, generator, use_cache, window_keep
+):
     if max_new_tokens == 0:
         return
     decoder = Decoder(model, rows, use_cache=use_cache, window_keep=window_keep)
@@ -473,15 +499,17 @@ def _model_config_from_checkpoint(ckpt: dict, name: str) -> dict:
     return dict(cfg)
 
 
-def load_model(checkpoint: Union[str, "os.PathLike[str]"], device: Union[str, torch.device] = "cpu", tokenizer: Any = None):
+def load_model(
+    checkpoint: Union[str, os.PathLike[str]], device: Union[str, torch.device] = "cpu", tokenizer: Any = None
+):
     """Build a TransformerLM from a ``ferrolm train`` checkpoint: (model in eval mode, checkpoint dict).
 
     The model's shape comes from the checkpoint's config. With ``tokenizer`` given, its
     fingerprint must equal the one the checkpoint was trained with (when it recorded
     one), and its ids must fit the model's vocabulary.
     """
-    from ferrolm.checkpoint import CheckpointError, apply_checkpoint, read_checkpoint
-    from ferrolm.model import TransformerLM
+    from ferrolm.lm.checkpoint import CheckpointError, apply_checkpoint, read_checkpoint
+    from ferrolm.lm.model import TransformerLM
 
     name = os.fspath(checkpoint)
     ckpt = read_checkpoint(checkpoint)
@@ -497,7 +525,9 @@ def load_model(checkpoint: Union[str, "os.PathLike[str]"], device: Union[str, to
     try:
         model = TransformerLM(**cfg)
     except TypeError as e:
-        raise CheckpointError(f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})") from None
+        raise CheckpointError(
+            f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})"
+        ) from None
     apply_checkpoint(ckpt, model, None, name=name)
     if tokenizer is not None:
         n = int(tokenizer.vocab_size)

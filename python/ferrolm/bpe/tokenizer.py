@@ -1,6 +1,6 @@
 """ferrolm's Tokenizer: byte-level BPE backed by the Rust core (``ferrolm._core.Encoder``).
 
-Semantics are those of DESIGN.md and of ``ferrolm.reference.Tokenizer`` (the pure-Python
+Semantics are those of DESIGN.md and of ``ferrolm.bpe.reference.Tokenizer`` (the pure-Python
 ground truth); with GPT-2's vocab and merges the ids equal tiktoken's.
 
     tok = Tokenizer.from_files("vocab.json", "merges.txt", special_tokens=["<|endoftext|>"])
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Union
 
-from ferrolm import _core, patterns
-from ferrolm import tokenizer_files as tf
+from ferrolm import _core
+from ferrolm.bpe import files as tf
+from ferrolm.bpe import patterns
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -57,7 +59,9 @@ def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
     if special_tokens is None:
         return []
     if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(f"special_tokens must be a list of str, not a single {type(special_tokens).__name__} ({special_tokens!r})")
+        raise TypeError(
+            f"special_tokens must be a list of str, not a single {type(special_tokens).__name__} ({special_tokens!r})"
+        )
     specials = list(special_tokens)
     for s in specials:
         if not isinstance(s, str):
@@ -85,7 +89,13 @@ class Tokenizer:
     ``pattern`` is "gpt2", "cl100k", "o200k" or a regex (Python ``regex`` syntax).
     """
 
-    def __init__(self, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str] | None = None, pattern: str = "gpt2"):
+    def __init__(
+        self,
+        vocab: dict[int, bytes],
+        merges: Sequence[tuple[bytes, bytes]],
+        special_tokens: Sequence[str] | None = None,
+        pattern: str = "gpt2",
+    ):
         if not isinstance(vocab, dict):
             raise TypeError(f"vocab must be a dict[int, bytes], got {type(vocab).__name__}")
         if isinstance(merges, (str, bytes, dict)):
@@ -119,7 +129,13 @@ class Tokenizer:
     # ---- construction from and to files -------------------------------------------
 
     @classmethod
-    def from_files(cls, vocab_path: PathInput, merges_path: PathInput, special_tokens: Sequence[str] | None = None, pattern: str = "gpt2") -> "Tokenizer":
+    def from_files(
+        cls,
+        vocab_path: PathInput,
+        merges_path: PathInput,
+        special_tokens: Sequence[str] | None = None,
+        pattern: str = "gpt2",
+    ) -> Tokenizer:
         """Load GPT-2-style vocab.json and merges.txt (byte-to-unicode form)."""
         specials = _check_special_tokens(special_tokens)
         vocab = tf.read_vocab(vocab_path, specials, fast=True)
@@ -131,7 +147,7 @@ class Tokenizer:
         return tf.save_dir(directory, self._vocab, self._merges, self._special_tokens, self._pattern, self.fingerprint)
 
     @classmethod
-    def load(cls, directory: PathInput) -> "Tokenizer":
+    def load(cls, directory: PathInput) -> Tokenizer:
         """Load a directory written by :meth:`save` (or a bare GPT-2 vocab.json + merges.txt)."""
         vocab, merges, specials, pattern = tf.load_dir(directory, fast=True)
         return cls(vocab, merges, specials, pattern)
@@ -146,19 +162,21 @@ class Tokenizer:
         pattern: str = "gpt2",
         num_threads: int | None = None,
         progress: bool = True,
-    ) -> "Tokenizer":
+    ) -> Tokenizer:
         """Train a byte-level BPE tokenizer with ferrolm's Rust trainer.
 
         ``input`` is a path, a list of paths, or an iterable of str; ``vocab_size`` counts the
         256 bytes, the merges and the special tokens.
         """
-        from ferrolm import bpe_trainer
+        from ferrolm.bpe import trainer as bpe_trainer
 
         specials = _check_special_tokens(special_tokens)
-        vocab, merges = bpe_trainer.train(input, vocab_size, specials, pattern=pattern, num_threads=num_threads, progress=progress)
+        vocab, merges = bpe_trainer.train(
+            input, vocab_size, specials, pattern=pattern, num_threads=num_threads, progress=progress
+        )
         return cls(vocab, merges, specials, pattern)
 
-    def truncate(self, vocab_size: int) -> "Tokenizer":
+    def truncate(self, vocab_size: int) -> Tokenizer:
         """A tokenizer with only the first merges: ``vocab_size`` counts bytes, merges and specials.
 
         Tokens keep their ids when the kept bytes and merge results are exactly ids
@@ -278,7 +296,9 @@ class Tokenizer:
         except UnicodeEncodeError:
             return self._core.encode_batch([_repair(t) if isinstance(t, str) else t for t in texts], True, threads)
 
-    def encode_batch_to_numpy(self, texts: Iterable[str], dtype: Any = None, num_threads: int | None = None) -> "tuple[np.ndarray, np.ndarray]":
+    def encode_batch_to_numpy(
+        self, texts: Iterable[str], dtype: Any = None, num_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Encode each text (in parallel) into one flat numpy array of ids and an array of
         ``len(texts) + 1`` offsets (int64): text ``i`` has ``ids[offsets[i]:offsets[i + 1]]``.
         No Python int is made per id."""
@@ -294,7 +314,7 @@ class Tokenizer:
             fixed = [_repair(t) if isinstance(t, str) else t for t in texts]
             return self._core.encode_batch_to_arrays(fixed, True, itemsize, threads)
 
-    def encode_to_numpy(self, text: str, dtype: Any = None, num_threads: int | None = None) -> "np.ndarray":
+    def encode_to_numpy(self, text: str, dtype: Any = None, num_threads: int | None = None) -> np.ndarray:
         """Token ids of ``text`` as a numpy array (uint16 or uint32; by default uint16 when the
         vocab fits), with no Python list in between. Large texts are encoded in parallel
         (``num_threads``: None = all cores, 1 = this thread); the ids do not depend on it."""
@@ -308,7 +328,7 @@ class Tokenizer:
         except UnicodeEncodeError:
             return self._core.encode_to_array(_repair(text), True, itemsize, num_threads)
 
-    def encode_file(self, path: PathInput, dtype: Any = None, num_threads: int | None = None) -> "np.ndarray":
+    def encode_file(self, path: PathInput, dtype: Any = None, num_threads: int | None = None) -> np.ndarray:
         """Encode a whole UTF-8 text file (invalid bytes read as U+FFFD) into a numpy array,
         in parallel; the same ids as ``encode_to_numpy(open(path, encoding="utf-8",
         errors="replace", newline="").read())`` (``newline=""``: line ends are kept as they
@@ -404,7 +424,7 @@ class Tokenizer:
     # ---- conversions --------------------------------------------------------------
 
     @classmethod
-    def from_tiktoken(cls, encoding: Any) -> "Tokenizer":
+    def from_tiktoken(cls, encoding: Any) -> Tokenizer:
         """Build from a ``tiktoken.Encoding``: same ids, same pattern, same special tokens.
 
         tiktoken keeps only token ranks; the merges are recovered by splitting each token
@@ -419,7 +439,9 @@ class Tokenizer:
         return cls._from_ranks(dict(ranks), dict(specials), pat)
 
     @classmethod
-    def from_tiktoken_file(cls, path: PathInput, special_tokens: Sequence[str] | dict[str, int] | None = None, pattern: str = "gpt2") -> "Tokenizer":
+    def from_tiktoken_file(
+        cls, path: PathInput, special_tokens: Sequence[str] | dict[str, int] | None = None, pattern: str = "gpt2"
+    ) -> Tokenizer:
         """Load a ``.tiktoken`` rank file (base64 token, space, rank per line).
 
         The file carries neither pattern nor special tokens: give them. ``special_tokens`` is
@@ -435,7 +457,7 @@ class Tokenizer:
         return cls._from_ranks(ranks, specials, pattern)
 
     @classmethod
-    def _from_ranks(cls, ranks: dict[bytes, int], specials: dict[str, int], pattern: str) -> "Tokenizer":
+    def _from_ranks(cls, ranks: dict[bytes, int], specials: dict[str, int], pattern: str) -> Tokenizer:
         vocab = {rank: token for token, rank in ranks.items()}
         if len(vocab) != len(ranks):
             raise ValueError("two tokens share a rank")
@@ -450,7 +472,9 @@ class Tokenizer:
         """A ``tiktoken.Encoding`` with the same ids (needs ids in merge order, as trained and GPT-2 vocabs have)."""
         import tiktoken
 
-        return tiktoken.Encoding(name, pat_str=self._pattern, mergeable_ranks=self._tiktoken_ranks(), special_tokens=dict(self._special_ids))
+        return tiktoken.Encoding(
+            name, pat_str=self._pattern, mergeable_ranks=self._tiktoken_ranks(), special_tokens=dict(self._special_ids)
+        )
 
     def save_tiktoken(self, path: PathInput) -> Path:
         """Write the ``.tiktoken`` rank file (ordinary tokens by id; special tokens and the
@@ -468,14 +492,18 @@ class Tokenizer:
                 continue
             t = vocab[i]
             if t in ranks:
-                raise ValueError(f"ids {ranks[t]} and {i} carry the same bytes {t!r}: tiktoken cannot represent this vocab")
+                raise ValueError(
+                    f"ids {ranks[t]} and {i} carry the same bytes {t!r}: tiktoken cannot represent this vocab"
+                )
             ranks[t] = i
         # tiktoken merges by rank of the merged token: that must be the merge order.
         last = -1
         for k, (a, b) in enumerate(self._merges):
             r = ranks.get(a + b)
             if r is None or r <= last or ranks.get(a, r) >= r or ranks.get(b, r) >= r:
-                raise ValueError(f"merge {k} {(a, b)!r}: token ids are not in merge order, so tiktoken would encode differently")
+                raise ValueError(
+                    f"merge {k} {(a, b)!r}: token ids are not in merge order, so tiktoken would encode differently"
+                )
             last = r
         return ranks
 

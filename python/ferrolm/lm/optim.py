@@ -16,7 +16,7 @@ tests hold the two together over 1,000 steps.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -88,14 +88,12 @@ def param_groups_for_decay(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two parameter groups: matrices that decay, and the rest with weight_decay 0.
 
     No decay for 1-D parameters (RMSNorm gains, any bias) and for embedding matrices
-    (any ``nn.Embedding`` or ``ferrolm.model.Embedding`` weight; a tied embedding/LM-head
+    (any ``nn.Embedding`` or ``ferrolm.lm.model.Embedding`` weight; a tied embedding/LM-head
     matrix therefore does not decay). Each parameter appears once, in model order.
     """
-    from ferrolm.model import Embedding
+    from ferrolm.lm.model import Embedding
 
-    embedding_ids = {
-        id(m.weight) for m in model.modules() if isinstance(m, (Embedding, nn.Embedding))
-    }
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, (Embedding, nn.Embedding))}
     decay, no_decay = [], []
     for p in model.parameters():  # deduplicated: a tied matrix is yielded once
         if not p.requires_grad:

@@ -18,16 +18,17 @@ import itertools
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
 
-from ferrolm import patterns
+from ferrolm.bpe import patterns
 
 VOCAB_FILE = "vocab.json"
 MERGES_FILE = "merges.txt"
 CONFIG_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
+
 
 class TokenizerFileError(ValueError):
     """A tokenizer file is missing or malformed; the message names the file and the problem."""
@@ -40,7 +41,9 @@ def bytes_to_unicode() -> dict[int, str]:
     Printable latin-1 bytes map to themselves; the other 68 bytes map, in byte order,
     to U+0100 onwards, so no token string contains whitespace or control characters.
     """
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     mapping = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -81,10 +84,14 @@ def str_to_token(text: str, *, where: str = "token") -> bytes:
     try:
         return bytes(table[c] for c in text)
     except KeyError as e:
-        raise TokenizerFileError(f"{where}: {text!r} contains {e.args[0]!r}, which is not in GPT-2's byte-to-unicode alphabet") from None
+        raise TokenizerFileError(
+            f"{where}: {text!r} contains {e.args[0]!r}, which is not in GPT-2's byte-to-unicode alphabet"
+        ) from None
 
 
-def fingerprint(vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str], pattern: str) -> str:
+def fingerprint(
+    vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str], pattern: str
+) -> str:
     """sha256 over vocab, merges, special tokens and pattern source, in a fixed text form.
 
     Shards and checkpoints record it, so a model is never fed ids from another tokenizer.
@@ -201,7 +208,9 @@ def read_merges(path: str | os.PathLike, *, fast: bool = False) -> list[tuple[by
     return merges
 
 
-def write_config(path: str | os.PathLike, special_tokens: Sequence[str], pattern: str, fp: str, extra: dict | None = None) -> None:
+def write_config(
+    path: str | os.PathLike, special_tokens: Sequence[str], pattern: str, fp: str, extra: dict | None = None
+) -> None:
     record = {
         "format": "ferrolm-tokenizer",
         "format_version": FORMAT_VERSION,
@@ -223,7 +232,7 @@ def read_config(path: str | os.PathLike) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(record, dict) or record.get("format") != "ferrolm-tokenizer":
-        raise TokenizerFileError(f"{path}: not a ferrolm tokenizer.json (missing \"format\": \"ferrolm-tokenizer\")")
+        raise TokenizerFileError(f'{path}: not a ferrolm tokenizer.json (missing "format": "ferrolm-tokenizer")')
     specials = record.get("special_tokens", [])
     if not isinstance(specials, list) or not all(isinstance(s, str) for s in specials):
         raise TokenizerFileError(f"{path}: special_tokens must be a list of strings")
@@ -263,7 +272,9 @@ def save_dir(
     return directory
 
 
-def load_dir(directory: str | os.PathLike, *, fast: bool = False) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], list[str], str]:
+def load_dir(
+    directory: str | os.PathLike, *, fast: bool = False
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], list[str], str]:
     """Read a tokenizer directory: (vocab, merges, special_tokens, pattern).
 
     Without tokenizer.json (a bare GPT-2-style pair of files) the specials default to
@@ -326,7 +337,9 @@ def read_tiktoken_ranks(path: str | os.PathLike) -> dict[bytes, int]:
     return ranks
 
 
-def hf_tokenizer_json(vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_ids: Sequence[tuple[str, int]], pattern: str) -> dict:
+def hf_tokenizer_json(
+    vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_ids: Sequence[tuple[str, int]], pattern: str
+) -> dict:
     """An HF tokenizers ``tokenizer.json`` (ByteLevel BPE) encoding as ferrolm does.
 
     The pattern becomes a Split pre-tokenizer followed by a ByteLevel one that only maps
@@ -343,20 +356,35 @@ def hf_tokenizer_json(vocab: dict[int, bytes], merges: Sequence[tuple[bytes, byt
     # otherwise numbers it after the vocab), so special tokens go in too, as in GPT-2's file.
     for s, i in special_ids:
         if model_vocab.setdefault(s, i) != i:
-            raise ValueError(f"special token {s!r} (id {i}) has the same text as token {model_vocab[s]} in byte-level form; tokenizer.json cannot hold both")
+            raise ValueError(
+                f"special token {s!r} (id {i}) has the same text as token {model_vocab[s]} in byte-level form; tokenizer.json cannot hold both"
+            )
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": [
-            {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+            {
+                "id": i,
+                "content": s,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
             for s, i in special_ids
         ],
         "normalizer": None,
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": patterns.resolve(pattern)}, "behavior": "Isolated", "invert": False},
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": patterns.resolve(pattern)},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
             ],
         },

@@ -1,6 +1,6 @@
 """Training configuration: five dataclass sections read from TOML, overridable by ``--set``.
 
-    [model]      the Transformer's shape (ferrolm.model.TransformerLM's arguments)
+    [model]      the Transformer's shape (ferrolm.lm.model.TransformerLM's arguments)
     [data]       train / validation shards, optionally the tokenizer to check them against
     [optimizer]  AdamW and gradient clipping
     [schedule]   steps, batch, tokens per step, warmup + cosine, time budget
@@ -18,9 +18,10 @@ import difflib
 import json
 import math
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,7 +52,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelSection:
-    """Arguments of ferrolm.model.TransformerLM."""
+    """Arguments of ferrolm.lm.model.TransformerLM."""
 
     vocab_size: int = 10_000
     context_length: int = 256
@@ -136,7 +137,7 @@ class TrainConfig:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> "TrainConfig":
+    def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> TrainConfig:
         cfg = cls()
         cfg.update(d, source=source)
         return cfg
@@ -146,7 +147,9 @@ class TrainConfig:
             raise ConfigError(f"{source}: expected a table of sections, got {type(d).__name__}")
         for section, values in d.items():
             if section not in SECTIONS:
-                raise ConfigError(f"{source}: unknown config section [{section}]{_suggest(section, SECTIONS)}; sections are {', '.join(SECTIONS)}")
+                raise ConfigError(
+                    f"{source}: unknown config section [{section}]{_suggest(section, SECTIONS)}; sections are {', '.join(SECTIONS)}"
+                )
             if not isinstance(values, dict):
                 raise ConfigError(f"{source}: [{section}] must be a table, got {type(values).__name__}")
             for key, value in values.items():
@@ -161,9 +164,13 @@ class TrainConfig:
             if len(owners) == 1:
                 section, name = owners[0], dotted
             else:
-                raise ConfigError(f"{source}: config field {dotted!r} must be written section.field{_suggest_dotted(dotted)}")
+                raise ConfigError(
+                    f"{source}: config field {dotted!r} must be written section.field{_suggest_dotted(dotted)}"
+                )
         if section not in SECTIONS:
-            raise ConfigError(f"{source}: unknown config section {section!r} in {dotted!r}{_suggest(section, SECTIONS)}; sections are {', '.join(SECTIONS)}")
+            raise ConfigError(
+                f"{source}: unknown config section {section!r} in {dotted!r}{_suggest(section, SECTIONS)}; sections are {', '.join(SECTIONS)}"
+            )
         obj = getattr(self, section)
         names = {f.name: f for f in dataclasses.fields(obj)}
         if name not in names:
@@ -175,22 +182,34 @@ class TrainConfig:
         setattr(obj, name, _coerce(f"{section}.{name}", value, default, source))
 
     # -- checks ----------------------------------------------------------------------------
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         m, s, o, r = self.model, self.schedule, self.optimizer, self.run
         positive = {
-            "model.vocab_size": m.vocab_size, "model.context_length": m.context_length, "model.d_model": m.d_model,
-            "model.num_layers": m.num_layers, "model.num_heads": m.num_heads, "model.d_ff": m.d_ff,
-            "schedule.max_steps": s.max_steps, "schedule.batch_size": s.batch_size, "run.log_every": r.log_every,
+            "model.vocab_size": m.vocab_size,
+            "model.context_length": m.context_length,
+            "model.d_model": m.d_model,
+            "model.num_layers": m.num_layers,
+            "model.num_heads": m.num_heads,
+            "model.d_ff": m.d_ff,
+            "schedule.max_steps": s.max_steps,
+            "schedule.batch_size": s.batch_size,
+            "run.log_every": r.log_every,
             "run.eval_batches": r.eval_batches,
         }
         for k, v in positive.items():
             if v <= 0:
                 raise ConfigError(f"{k} must be positive, got {v}")
         non_negative = {
-            "schedule.warmup_steps": s.warmup_steps, "schedule.cosine_steps": s.cosine_steps,
-            "schedule.tokens_per_step": s.tokens_per_step, "schedule.max_time_s": s.max_time_s,
-            "run.eval_every": r.eval_every, "run.checkpoint_every": r.checkpoint_every, "run.keep_last": r.keep_last,
-            "optimizer.weight_decay": o.weight_decay, "optimizer.grad_clip": o.grad_clip, "optimizer.min_lr": o.min_lr,
+            "schedule.warmup_steps": s.warmup_steps,
+            "schedule.cosine_steps": s.cosine_steps,
+            "schedule.tokens_per_step": s.tokens_per_step,
+            "schedule.max_time_s": s.max_time_s,
+            "run.eval_every": r.eval_every,
+            "run.checkpoint_every": r.checkpoint_every,
+            "run.keep_last": r.keep_last,
+            "optimizer.weight_decay": o.weight_decay,
+            "optimizer.grad_clip": o.grad_clip,
+            "optimizer.min_lr": o.min_lr,
         }
         for k, v in non_negative.items():
             if v < 0:
@@ -198,7 +217,9 @@ class TrainConfig:
         if m.d_model % m.num_heads:
             raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})")
         if (m.d_model // m.num_heads) % 2:
-            raise ConfigError(f"RoPE needs an even head size: model.d_model / model.num_heads = {m.d_model // m.num_heads}")
+            raise ConfigError(
+                f"RoPE needs an even head size: model.d_model / model.num_heads = {m.d_model // m.num_heads}"
+            )
         if not (o.lr > 0 and math.isfinite(o.lr)):
             raise ConfigError(f"optimizer.lr must be a positive number, got {o.lr}")
         for k in ("beta1", "beta2"):
@@ -211,7 +232,9 @@ class TrainConfig:
         if s.warmup_steps > s.max_steps:
             raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
         if s.cosine_steps and s.cosine_steps < s.warmup_steps:
-            raise ConfigError(f"schedule.cosine_steps ({s.cosine_steps}) is before the end of warmup ({s.warmup_steps})")
+            raise ConfigError(
+                f"schedule.cosine_steps ({s.cosine_steps}) is before the end of warmup ({s.warmup_steps})"
+            )
         for k in ("train", "val"):
             v = getattr(self.data, k)
             if isinstance(v, list) and not v:
@@ -310,7 +333,9 @@ def preset_names() -> list[str]:
 def preset_path(name: str) -> Path:
     path = PRESETS_DIR / f"{name}.toml"
     if not path.is_file():
-        raise ConfigError(f"unknown preset {name!r}{_suggest(name, preset_names())}; presets: {', '.join(preset_names())}")
+        raise ConfigError(
+            f"unknown preset {name!r}{_suggest(name, preset_names())}; presets: {', '.join(preset_names())}"
+        )
     return path
 
 

@@ -41,12 +41,14 @@ import operator
 import os
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, Union
+from typing import Union
 
 import regex
 
-from ferrolm import patterns, tokenizer_files
+from ferrolm.bpe import files as tokenizer_files
+from ferrolm.bpe import patterns
 
 __all__ = ["train_bpe", "Tokenizer"]
 
@@ -80,7 +82,9 @@ def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
     if special_tokens is None:
         return []
     if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(f"special_tokens must be a list of str, not a single {type(special_tokens).__name__} ({special_tokens!r})")
+        raise TypeError(
+            f"special_tokens must be a list of str, not a single {type(special_tokens).__name__} ({special_tokens!r})"
+        )
     specials = list(special_tokens)
     for s in specials:
         if not isinstance(s, str):
@@ -237,14 +241,18 @@ def _input_texts(input_path) -> Iterator[Iterable[str]]:
                 raise TypeError(f"a list input is a list of file paths; got an item of type {type(item).__name__}")
         for item in input_path:
             if not Path(item).exists():
-                raise FileNotFoundError(f"input file not found: {item} (a list is read as file paths; pass iter(texts) to train on strings)")
+                raise FileNotFoundError(
+                    f"input file not found: {item} (a list is read as file paths; pass iter(texts) to train on strings)"
+                )
         for item in input_path:
             yield _read_file_chunks(item)
         return
     try:
         chunks = iter(input_path)
     except TypeError:
-        raise TypeError(f"input must be a path, a list of paths, or an iterable of str; got {type(input_path).__name__}") from None
+        raise TypeError(
+            f"input must be a path, a list of paths, or an iterable of str; got {type(input_path).__name__}"
+        ) from None
     yield chunks
 
 
@@ -281,7 +289,9 @@ def _reversed_order_key(token: bytes) -> str:
     return "".join(chr(255 - b) for b in token) + chr(256)
 
 
-def train_bpe(input_path, vocab_size: int, special_tokens: Sequence[str], pattern: str = "gpt2") -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+def train_bpe(
+    input_path, vocab_size: int, special_tokens: Sequence[str], pattern: str = "gpt2"
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Train a byte-level BPE; returns ``(vocab, merges)``.
 
     vocab maps id -> bytes: ids 0-255 are the bytes, then one id per merge in order, then
@@ -293,7 +303,9 @@ def train_bpe(input_path, vocab_size: int, special_tokens: Sequence[str], patter
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
     minimum = 256 + len(specials)
     if vocab_size < minimum:
-        raise ValueError(f"vocab_size={vocab_size} is smaller than the 256 byte tokens plus {len(specials)} special token(s): it must be at least {minimum}")
+        raise ValueError(
+            f"vocab_size={vocab_size} is smaller than the 256 byte tokens plus {len(specials)} special token(s): it must be at least {minimum}"
+        )
     num_merges = vocab_size - minimum
 
     counts = count_pretokens(input_path, specials, pattern)
@@ -423,7 +435,13 @@ class Tokenizer:
     largest id) when absent.
     """
 
-    def __init__(self, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str] | None = None, pattern: str = "gpt2"):
+    def __init__(
+        self,
+        vocab: dict[int, bytes],
+        merges: Sequence[tuple[bytes, bytes]],
+        special_tokens: Sequence[str] | None = None,
+        pattern: str = "gpt2",
+    ):
         if not isinstance(vocab, dict):
             raise TypeError(f"vocab must be a dict[int, bytes], got {type(vocab).__name__}")
         self._vocab: dict[int, bytes] = {}
@@ -469,7 +487,16 @@ class Tokenizer:
     # ---- construction ------------------------------------------------------------------
 
     @classmethod
-    def train(cls, input, vocab_size: int, special_tokens: Sequence[str] = ("<|endoftext|>",), *, pattern: str = "gpt2", num_threads: int | None = None, progress: bool = False) -> "Tokenizer":
+    def train(
+        cls,
+        input,
+        vocab_size: int,
+        special_tokens: Sequence[str] = ("<|endoftext|>",),
+        *,
+        pattern: str = "gpt2",
+        num_threads: int | None = None,
+        progress: bool = False,
+    ) -> Tokenizer:
         """Train on `input` (see train_bpe) and return the Tokenizer.
 
         Same signature as the Rust-backed ``ferrolm.Tokenizer.train``; the reference runs in
@@ -479,9 +506,14 @@ class Tokenizer:
         vocab, merges = train_bpe(input, vocab_size, specials, pattern)
         return cls(vocab, merges, specials, pattern)
 
-
     @classmethod
-    def from_files(cls, vocab_path: PathInput, merges_path: PathInput, special_tokens: Sequence[str] | None = None, pattern: str = "gpt2") -> "Tokenizer":
+    def from_files(
+        cls,
+        vocab_path: PathInput,
+        merges_path: PathInput,
+        special_tokens: Sequence[str] | None = None,
+        pattern: str = "gpt2",
+    ) -> Tokenizer:
         """Load GPT-2-style vocab.json and merges.txt (byte-to-unicode form)."""
         specials = _check_special_tokens(special_tokens)
         vocab = tokenizer_files.read_vocab(vocab_path, specials)
@@ -493,7 +525,7 @@ class Tokenizer:
         return tokenizer_files.save_dir(directory, self._vocab, self._merges, self._special_tokens, self._pattern)
 
     @classmethod
-    def load(cls, directory: PathInput) -> "Tokenizer":
+    def load(cls, directory: PathInput) -> Tokenizer:
         vocab, merges, specials, pattern = tokenizer_files.load_dir(directory)
         return cls(vocab, merges, specials, pattern)
 

@@ -64,7 +64,13 @@ def get_rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -82,7 +88,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         random.setstate(_to_tuple(state["python"]))
     if "numpy" in state:
         s = state["numpy"]
-        np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"]))
+        np.random.set_state(
+            (s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"])
+        )
     if "torch" in state:
         torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
@@ -127,7 +135,9 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def save_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, iteration: int, out: Target, **extra: Any) -> None:
+def save_checkpoint(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, iteration: int, out: Target, **extra: Any
+) -> None:
     """Save model and optimizer state and `iteration` to `out` (a path or a binary file).
 
     Keyword arguments are stored beside them (e.g. ``config=...``, ``rng=get_rng_state()``,
@@ -172,9 +182,11 @@ def read_checkpoint(src: Target, map_location: str | torch.device = "cpu") -> di
         detail = f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
         raise CheckpointError(f"checkpoint {name} is corrupt or not a ferrolm checkpoint ({detail})") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise CheckpointError(f"{name} is not a ferrolm checkpoint (no \"format\": \"{FORMAT}\" entry)")
+        raise CheckpointError(f'{name} is not a ferrolm checkpoint (no "format": "{FORMAT}" entry)')
     if not isinstance(obj.get("format_version"), int) or obj["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{name}: checkpoint format_version {obj.get('format_version')!r} is newer than this ferrolm reads ({FORMAT_VERSION})")
+        raise CheckpointError(
+            f"{name}: checkpoint format_version {obj.get('format_version')!r} is newer than this ferrolm reads ({FORMAT_VERSION})"
+        )
     if not isinstance(obj.get("model"), dict) or not isinstance(obj.get("iteration"), int):
         raise CheckpointError(f"{name}: checkpoint lacks model weights or iteration")
     return obj
@@ -198,7 +210,13 @@ def _describe_mismatch(saved: dict, expected: dict) -> str:
     return "; ".join(parts)
 
 
-def apply_checkpoint(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, name: str = "checkpoint") -> int:
+def apply_checkpoint(
+    ckpt: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    name: str = "checkpoint",
+) -> int:
     """Load a dict from `read_checkpoint` into `model` (and `optimizer`); return its iteration."""
     target = unwrap_model(model)
     expected = target.state_dict()
@@ -206,7 +224,9 @@ def apply_checkpoint(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: to
     if mismatch:
         cfg = ckpt.get("config", {}).get("model") if isinstance(ckpt.get("config"), dict) else None
         hint = f" (it was saved with model config {cfg})" if cfg else ""
-        raise CheckpointError(f"{name} does not fit this model, was it saved from a different config?{hint}: {mismatch}")
+        raise CheckpointError(
+            f"{name} does not fit this model, was it saved from a different config?{hint}: {mismatch}"
+        )
     target.load_state_dict(ckpt["model"])
     if optimizer is not None:
         if ckpt.get("optimizer") is None:
@@ -229,7 +249,9 @@ def load_checkpoint(src: Target, model: torch.nn.Module, optimizer: torch.optim.
     return apply_checkpoint(read_checkpoint(src), model, optimizer, name=name)
 
 
-def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, iteration: int, **extra: Any) -> bytes:
+def checkpoint_bytes(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, iteration: int, **extra: Any
+) -> bytes:
     """The bytes `save_checkpoint` would write (handy for tests and in-memory copies)."""
     buf = io.BytesIO()
     save_checkpoint(model, optimizer, iteration, buf, **extra)

@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS: list = []
 
 
-# --- train / plot (the LM training loop; ferrolm.train) -----------------------------------
+# --- train / plot (the LM training loop; ferrolm.lm.train) -----------------------------------
 
 
 def add_train_command(sub) -> None:
@@ -38,18 +38,28 @@ def add_train_command(sub) -> None:
         "train",
         help="train a Transformer LM on token shards",
         description="Train ferrolm's Transformer LM on shards written by `ferrolm encode`. "
-        "Config: a TOML file or a preset (%s), any field overridable with --set section.field=value. "
-        "Multi-process: torchrun --nproc_per_node N -m ferrolm train ..." % ", ".join(_preset_names()),
+        f"Config: a TOML file or a preset ({', '.join(_preset_names())}), any field overridable with --set section.field=value. "
+        "Multi-process: torchrun --nproc_per_node N -m ferrolm train ...",
     )
     p.add_argument("--config", "-c", metavar="FILE|PRESET", help="TOML config file or preset name")
-    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field, e.g. --set optimizer.lr=3e-4 (repeatable)")
-    p.add_argument("--resume", metavar="RUN_DIR|CKPT", help="continue a run (its config.toml is used; --set still applies)")
+    p.add_argument(
+        "--set",
+        "-s",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set optimizer.lr=3e-4 (repeatable)",
+    )
+    p.add_argument(
+        "--resume", metavar="RUN_DIR|CKPT", help="continue a run (its config.toml is used; --set still applies)"
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")
     p.set_defaults(run=_run_train)
 
 
 def _preset_names() -> list:
-    from ferrolm.train_config import preset_names
+    from ferrolm.lm.config import preset_names
 
     return preset_names()
 
@@ -57,7 +67,7 @@ def _preset_names() -> list:
 def _run_train(args) -> int:
     from pathlib import Path
 
-    from ferrolm.train_config import CONFIG_NAME, load_config
+    from ferrolm.lm.config import CONFIG_NAME, load_config
 
     config = args.config
     overrides = list(args.overrides)
@@ -70,14 +80,14 @@ def _run_train(args) -> int:
             raise FileNotFoundError(f"--resume {args.resume}: {config} not found (pass --config too)")
         overrides = [f"run.out_dir={rdir}"] + overrides
     if config is None and not args.print_config:
-        raise ValueError("give --config FILE|PRESET (presets: %s) or --resume RUN_DIR" % ", ".join(_preset_names()))
+        raise ValueError(f"give --config FILE|PRESET (presets: {', '.join(_preset_names())}) or --resume RUN_DIR")
     cfg = load_config(config, overrides)
     if args.print_config:
-        from ferrolm.train_config import to_toml
+        from ferrolm.lm.config import to_toml
 
         print(to_toml(cfg), end="")
         return 0
-    from ferrolm.train import train
+    from ferrolm.lm.train import train
 
     summary = train(cfg, resume=args.resume)
     import os
@@ -102,7 +112,7 @@ def add_plot_command(sub) -> None:
 
 
 def _run_plot(args) -> int:
-    from ferrolm.train import plot_run
+    from ferrolm.lm.train import plot_run
 
     path = plot_run(args.runs, x=args.x, out=args.out, labels=args.label, title=args.title)
     print(path)
@@ -114,7 +124,7 @@ COMMANDS.extend([add_train_command, add_plot_command])
 # --- end train / plot ------------------------------------------------------------------------
 
 
-# --- generate (sampling from a trained model; ferrolm.generate) -----------------------------
+# --- generate (sampling from a trained model; ferrolm.lm.generate) -----------------------------
 
 
 def add_generate_command(sub) -> None:
@@ -126,18 +136,40 @@ def add_generate_command(sub) -> None:
         "or after --max-new-tokens tokens.",
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
-    p.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer directory the model was trained with")
     p.add_argument(
-        "--prompt", required=True, metavar="TEXT",
+        "--tokenizer", required=True, metavar="DIR", help="the tokenizer directory the model was trained with"
+    )
+    p.add_argument(
+        "--prompt",
+        required=True,
+        metavar="TEXT",
         help="text to continue; '-' reads it from stdin (one trailing newline dropped); '' starts a new document "
         "(from the end-of-text token)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="tokens to generate per sample (default 256)")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="softmax temperature, >= 0; 0 = greedy (default 1.0)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=256, metavar="N", help="tokens to generate per sample (default 256)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        metavar="T",
+        help="softmax temperature, >= 0; 0 = greedy (default 1.0)",
+    )
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most probable tokens only")
-    p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: the smallest most-probable set with mass >= P, P in (0, 1]")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: a fresh one, printed on stderr)")
-    p.add_argument("--num-samples", type=int, default=1, metavar="M", help="samples to draw, one after the other (default 1)")
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="nucleus sampling: the smallest most-probable set with mass >= P, P in (0, 1]",
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="random seed (default: a fresh one, printed on stderr)"
+    )
+    p.add_argument(
+        "--num-samples", type=int, default=1, metavar="M", help="samples to draw, one after the other (default 1)"
+    )
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.set_defaults(run=_run_generate)
 
@@ -145,8 +177,8 @@ def add_generate_command(sub) -> None:
 def _run_generate(args) -> int:
     import torch
 
-    from ferrolm.generate import check_sampling_args, generate, iter_text, load_model, resolve_device
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe.tokenizer import Tokenizer
+    from ferrolm.lm.generate import check_sampling_args, generate, iter_text, load_model, resolve_device
 
     check_sampling_args(args.temperature, args.top_k, args.top_p)  # before any loading
     if args.max_new_tokens < 0:
@@ -252,16 +284,33 @@ def _add_train_tokenizer(sub) -> None:
         "number of merges, the longest tokens and the compression (bytes per token) on a sample of the input.",
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="training text files")
-    p.add_argument("--vocab-size", type=int, required=True, metavar="N",
-                   help="final vocabulary size: 256 bytes + merges + special tokens")
-    p.add_argument("--special-token", action="append", default=None, metavar="T", dest="special_tokens",
-                   help="a special token (repeatable; default: <|endoftext|>)")
-    p.add_argument("--pattern", default="gpt2",
-                   help="pre-tokenization pattern: gpt2, cl100k, o200k or a regex (default: gpt2)")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        metavar="N",
+        help="final vocabulary size: 256 bytes + merges + special tokens",
+    )
+    p.add_argument(
+        "--special-token",
+        action="append",
+        default=None,
+        metavar="T",
+        dest="special_tokens",
+        help="a special token (repeatable; default: <|endoftext|>)",
+    )
+    p.add_argument(
+        "--pattern", default="gpt2", help="pre-tokenization pattern: gpt2, cl100k, o200k or a regex (default: gpt2)"
+    )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="threads (default: all cores)")
     p.add_argument("--out", required=True, metavar="DIR", help="output tokenizer directory")
-    p.add_argument("--sample-bytes", type=int, default=1 << 20, metavar="B",
-                   help="bytes of the first input used to measure compression (default: 1 MiB)")
+    p.add_argument(
+        "--sample-bytes",
+        type=int,
+        default=1 << 20,
+        metavar="B",
+        help="bytes of the first input used to measure compression (default: 1 MiB)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_train_tokenizer)
 
@@ -270,7 +319,7 @@ def _run_train_tokenizer(args) -> int:
     import os
     import time
 
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe.tokenizer import Tokenizer
 
     for path in args.input:
         if not os.path.isfile(path):
@@ -279,15 +328,22 @@ def _run_train_tokenizer(args) -> int:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     specials = args.special_tokens if args.special_tokens is not None else ["<|endoftext|>"]
     t0 = time.perf_counter()
-    tok = Tokenizer.train(args.input if len(args.input) > 1 else args.input[0], args.vocab_size, specials,
-                          pattern=args.pattern, num_threads=args.threads, progress=not args.no_progress)
+    tok = Tokenizer.train(
+        args.input if len(args.input) > 1 else args.input[0],
+        args.vocab_size,
+        specials,
+        pattern=args.pattern,
+        num_threads=args.threads,
+        progress=not args.no_progress,
+    )
     elapsed = time.perf_counter() - t0
     out = tok.save(args.out)
     peak = _peak_rss_mb()
     sample = _read_sample(args.input[0], args.sample_bytes)
     n_ids = len(tok.encode(sample)) if sample else 0
-    longest = sorted((b for i, b in tok.vocab.items() if b.decode("utf-8", "replace") not in specials),
-                     key=lambda b: (-len(b), b))[:10]
+    longest = sorted(
+        (b for i, b in tok.vocab.items() if b.decode("utf-8", "replace") not in specials), key=lambda b: (-len(b), b)
+    )[:10]
     print(f"saved {out} (vocab_size {tok.vocab_size}, fingerprint {tok.fingerprint[:12]})")
     print(f"time          {elapsed:.1f} s")
     print(f"peak memory   {peak:,.0f} MB (VmHWM)" if peak is not None else "peak memory   unknown")
@@ -313,26 +369,60 @@ def _add_encode(sub) -> None:
         "byte-identical for any --threads. Resumable: if the run is killed (Ctrl-C, kill -9), rerun the same "
         "command and it continues from the last completed chunk. The final names appear only when complete.",
     )
-    p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory (from train-tokenizer or Tokenizer.save)")
+    p.add_argument(
+        "--tokenizer", required=True, metavar="DIR", help="tokenizer directory (from train-tokenizer or Tokenizer.save)"
+    )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="input files, encoded in this order")
     p.add_argument("--out", required=True, metavar="PREFIX", help="output prefix: writes PREFIX.bin and PREFIX.json")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="encoding threads (default: all cores)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "uint16", "uint32"],
-                   help="token dtype (default: auto = uint16 when the vocab fits)")
-    p.add_argument("--part", default=None, metavar="I/N",
-                   help="encode only the I-th (0-based) of N byte ranges of the inputs, cut at document boundaries, "
-                   "into PREFIX.part-I-of-N.bin/.json (for N machines or jobs; `ferrolm shards PREFIX` checks the set)")
-    p.add_argument("--jsonl-field", default="text", metavar="NAME", help="JSON Lines field holding the text (default: text)")
-    p.add_argument("--format", default="auto", choices=["auto", "text", "jsonl"], dest="input_format",
-                   help="input format (default: auto: *.jsonl/*.ndjson[.gz|.zst] are JSON Lines, others text)")
-    p.add_argument("--errors", default="strict", choices=["strict", "replace"],
-                   help="invalid UTF-8: strict = error with file and byte offset (default), replace = U+FFFD")
-    p.add_argument("--chunk-size", type=float, default=None, metavar="MB",
-                   help="size of the chunks encoded as one task, in MB (default: 1; does not change the output)")
-    p.add_argument("--commit-interval", type=float, default=None, metavar="S",
-                   help="seconds between progress-journal commits (default: 5; 0 = after every chunk)")
-    p.add_argument("--no-hash", action="store_true",
-                   help="do not compute the inputs' sha256 for the sidecar (saves its CPU time; records null)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "uint16", "uint32"],
+        help="token dtype (default: auto = uint16 when the vocab fits)",
+    )
+    p.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help="encode only the I-th (0-based) of N byte ranges of the inputs, cut at document boundaries, "
+        "into PREFIX.part-I-of-N.bin/.json (for N machines or jobs; `ferrolm shards PREFIX` checks the set)",
+    )
+    p.add_argument(
+        "--jsonl-field", default="text", metavar="NAME", help="JSON Lines field holding the text (default: text)"
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", "text", "jsonl"],
+        dest="input_format",
+        help="input format (default: auto: *.jsonl/*.ndjson[.gz|.zst] are JSON Lines, others text)",
+    )
+    p.add_argument(
+        "--errors",
+        default="strict",
+        choices=["strict", "replace"],
+        help="invalid UTF-8: strict = error with file and byte offset (default), replace = U+FFFD",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="size of the chunks encoded as one task, in MB (default: 1; does not change the output)",
+    )
+    p.add_argument(
+        "--commit-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between progress-journal commits (default: 5; 0 = after every chunk)",
+    )
+    p.add_argument(
+        "--no-hash",
+        action="store_true",
+        help="do not compute the inputs' sha256 for the sidecar (saves its CPU time; records null)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_encode)
 
@@ -340,22 +430,34 @@ def _add_encode(sub) -> None:
 def _run_encode(args) -> int:
     import time
 
-    from ferrolm import shards
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe import shards
+    from ferrolm.bpe.tokenizer import Tokenizer
 
     tok = Tokenizer.load(args.tokenizer)
     t0 = time.perf_counter()
     try:
         sc = shards.encode(
-            tok, args.input, args.out, threads=args.threads, dtype=args.dtype, part=args.part,
-            jsonl_field=args.jsonl_field, input_format=args.input_format, errors=args.errors,
+            tok,
+            args.input,
+            args.out,
+            threads=args.threads,
+            dtype=args.dtype,
+            part=args.part,
+            jsonl_field=args.jsonl_field,
+            input_format=args.input_format,
+            errors=args.errors,
             chunk_size=int(args.chunk_size * 1_000_000) if args.chunk_size else None,
-            commit_interval=args.commit_interval if args.commit_interval is not None else shards.DEFAULT_COMMIT_INTERVAL,
-            progress=False if args.no_progress else None, hash_inputs=not args.no_hash,
+            commit_interval=args.commit_interval
+            if args.commit_interval is not None
+            else shards.DEFAULT_COMMIT_INTERVAL,
+            progress=False if args.no_progress else None,
+            hash_inputs=not args.no_hash,
         )
     except KeyboardInterrupt:
-        print("ferrolm encode: interrupted; rerun the same command to continue from the last completed chunk",
-              file=sys.stderr)
+        print(
+            "ferrolm encode: interrupted; rerun the same command to continue from the last completed chunk",
+            file=sys.stderr,
+        )
         raise
     elapsed = time.perf_counter() - t0
     bin_path, json_path = shards.output_paths(args.out, shards.parse_part(args.part))
@@ -364,10 +466,14 @@ def _run_encode(args) -> int:
         print(f"note: started over: {sc['restart_reason']}", file=sys.stderr)
     if sc.get("resumed_tokens"):
         print(f"resumed after {sc['resumed_tokens']:,} tokens already written", file=sys.stderr)
-    print(f"wrote {bin_path} ({sc['num_tokens']:,} {sc['dtype']} tokens, {sc['num_documents']:,} documents) and {json_path}")
-    print(f"{in_bytes / 1e6:,.1f} MB in {elapsed:.2f} s: {in_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
-          f"{sc['num_tokens'] / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s"
-          + (f", {in_bytes / max(sc['num_tokens'], 1):.2f} bytes/token" if sc['num_tokens'] else ""))
+    print(
+        f"wrote {bin_path} ({sc['num_tokens']:,} {sc['dtype']} tokens, {sc['num_documents']:,} documents) and {json_path}"
+    )
+    print(
+        f"{in_bytes / 1e6:,.1f} MB in {elapsed:.2f} s: {in_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
+        f"{sc['num_tokens'] / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s"
+        + (f", {in_bytes / max(sc['num_tokens'], 1):.2f} bytes/token" if sc["num_tokens"] else "")
+    )
     return 0
 
 
@@ -394,7 +500,7 @@ def _run_decode(args) -> int:
 
     import numpy as np
 
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe.tokenizer import Tokenizer
 
     path = args.input if args.input.endswith(".bin") else args.input + ".bin"
     if not os.path.isfile(path):
@@ -410,11 +516,17 @@ def _run_decode(args) -> int:
         dtype = sidecar.get("dtype")
         fp = sidecar.get("tokenizer_fingerprint")
         if fp and fp != tok.fingerprint:
-            raise ValueError(f"the tokenizer in {args.tokenizer} (fingerprint {tok.fingerprint[:12]}) is not the one "
-                             f"this shard was encoded with ({fp[:12]})")
+            raise ValueError(
+                f"the tokenizer in {args.tokenizer} (fingerprint {tok.fingerprint[:12]}) is not the one "
+                f"this shard was encoded with ({fp[:12]})"
+            )
     elif dtype is None:
         dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
-    data = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+    data = (
+        np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+        if os.path.getsize(path)
+        else np.zeros(0, dtype)
+    )
     if args.offset < 0 or args.offset > len(data):
         raise ValueError(f"--offset {args.offset} is outside the shard's {len(data):,} tokens")
     if args.count is not None and args.count < 0:
@@ -424,10 +536,12 @@ def _run_decode(args) -> int:
     out = sys.stdout
     block = 1 << 20
     for start in range(args.offset, end, block):
-        ids = np.asarray(data[start:min(end, start + block)])
+        ids = np.asarray(data[start : min(end, start + block)])
         bad = ids[ids >= tok.vocab_size]
         if bad.size:
-            raise ValueError(f"{path}: token id {int(bad[0])} is not in the tokenizer's vocabulary (size {tok.vocab_size})")
+            raise ValueError(
+                f"{path}: token id {int(bad[0])} is not in the tokenizer's vocabulary (size {tok.vocab_size})"
+            )
         out.write(decoder.decode(tok.decode_bytes(ids.tolist())))
     out.write(decoder.decode(b"", final=True))
     if end > args.offset:
@@ -445,13 +559,15 @@ def _add_shards(sub) -> None:
         "are present and tile the inputs, dtype/vocab/eos/fingerprint agree. Exit status 1 when a problem is found.",
     )
     p.add_argument("src", nargs="+", metavar="SHARD", help="shard prefix, sidecar, .bin or manifest")
-    p.add_argument("--tokenizer", default=None, metavar="DIR", help="also check the shards were made with this tokenizer")
+    p.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="also check the shards were made with this tokenizer"
+    )
     p.add_argument("--deep", action="store_true", help="also read every token id and check it is in the vocabulary")
     p.set_defaults(run=_run_shards)
 
 
 def _run_shards(args) -> int:
-    from ferrolm import shards
+    from ferrolm.bpe import shards
 
     try:
         records = shards.list_shards(args.src)
@@ -474,11 +590,11 @@ COMMANDS.extend([_add_train_tokenizer, _add_encode, _add_decode, _add_shards])
 # ----------------------------------------------------------- end of the corpus commands
 
 
-# --- demo / download (issue 9; ferrolm.demo, ferrolm.download) ----------------------------
+# --- demo / download (issue 9; ferrolm.app.demo, ferrolm.app.download) ----------------------------
 
 
 def add_demo_command(sub) -> None:
-    from ferrolm.demo import DEFAULT_MAX_MB, DEFAULT_MINUTES, DEFAULT_OUT, DEFAULT_VOCAB_SIZE
+    from ferrolm.app.demo import DEFAULT_MAX_MB, DEFAULT_MINUTES, DEFAULT_OUT, DEFAULT_VOCAB_SIZE
 
     p = sub.add_parser(
         "demo",
@@ -488,37 +604,81 @@ def add_demo_command(sub) -> None:
         "data: the source of this Python's own standard library (nothing is downloaded). With the defaults "
         "it takes under 10 minutes on a 2-core machine.",
     )
-    p.add_argument("--data", nargs="+", metavar="PATH",
-                   help="your own text files (or directories of .txt files): plain text with documents separated "
-                   "by <|endoftext|>, as TinyStories or OpenWebText (.gz/.zst too); a validation slice is split off")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"output directory (default ./{DEFAULT_OUT}; a previous demo there is replaced)")
-    p.add_argument("--minutes", type=float, default=DEFAULT_MINUTES, metavar="M",
-                   help=f"training time in minutes (default {DEFAULT_MINUTES:g})")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, metavar="N",
-                   help=f"tokenizer vocabulary size (default {DEFAULT_VOCAB_SIZE})")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="your own text files (or directories of .txt files): plain text with documents separated "
+        "by <|endoftext|>, as TinyStories or OpenWebText (.gz/.zst too); a validation slice is split off",
+    )
+    p.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"output directory (default ./{DEFAULT_OUT}; a previous demo there is replaced)",
+    )
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=DEFAULT_MINUTES,
+        metavar="M",
+        help=f"training time in minutes (default {DEFAULT_MINUTES:g})",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_VOCAB_SIZE,
+        metavar="N",
+        help=f"tokenizer vocabulary size (default {DEFAULT_VOCAB_SIZE})",
+    )
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
-    p.add_argument("--max-mb", type=float, default=DEFAULT_MAX_MB, metavar="MB",
-                   help=f"use at most this much text (default {DEFAULT_MAX_MB:g}; 0: all of it)")
-    p.add_argument("--prompt", action="append", default=None, metavar="TEXT", dest="prompts",
-                   help="a prompt to sample from (repeatable; default: a few code openings for the standard "
-                   "library, new documents for --data)")
+    p.add_argument(
+        "--max-mb",
+        type=float,
+        default=DEFAULT_MAX_MB,
+        metavar="MB",
+        help=f"use at most this much text (default {DEFAULT_MAX_MB:g}; 0: all of it)",
+    )
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        dest="prompts",
+        help="a prompt to sample from (repeatable; default: a few code openings for the standard "
+        "library, new documents for --data)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=200, metavar="N", help="tokens per sample (default 200)")
     p.add_argument("--seed", type=int, default=1337, help="seed of training and sampling (default 1337)")
-    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field of the cpu-small training config, e.g. --set model.num_layers=2 (repeatable)")
+    p.add_argument(
+        "--set",
+        "-s",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of the cpu-small training config, e.g. --set model.num_layers=2 (repeatable)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_demo)
 
 
 def _run_demo(args) -> int:
-    from ferrolm.demo import run_demo
+    from ferrolm.app.demo import run_demo
 
     try:
         run_demo(
-            args.out, args.data, minutes=args.minutes, vocab_size=args.vocab_size, device=args.device,
-            max_mb=args.max_mb, overrides=args.overrides, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-            seed=args.seed, progress=not args.no_progress,
+            args.out,
+            args.data,
+            minutes=args.minutes,
+            vocab_size=args.vocab_size,
+            device=args.device,
+            max_mb=args.max_mb,
+            overrides=args.overrides,
+            prompts=args.prompts,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            progress=not args.no_progress,
         )
     except RuntimeError as e:  # training diverged (NaN) or left no checkpoint: the message says what to do
         print(f"ferrolm demo: error: {e}", file=sys.stderr)
@@ -527,7 +687,7 @@ def _run_demo(args) -> int:
 
 
 def add_download_command(sub) -> None:
-    from ferrolm.download import DATASETS
+    from ferrolm.app.download import DATASETS
 
     p = sub.add_parser(
         "download",
@@ -543,7 +703,7 @@ def add_download_command(sub) -> None:
 
 
 def _run_download(args) -> int:
-    from ferrolm.download import download_dataset
+    from ferrolm.app.download import download_dataset
 
     paths = download_dataset(args.dataset, args.out, progress=not args.no_progress)
     for path in paths:

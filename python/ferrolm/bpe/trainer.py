@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Iterable, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Callable, Union
 
 from ferrolm import _core
 
@@ -172,7 +173,9 @@ def train(
         raise ValueError(
             f"vocab_size={vocab_size} is too small: it must be at least {256 + len(specials)} (256 bytes + {len(specials)} special tokens)"
         )
-    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
+    if num_threads is not None and (
+        isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
+    ):
         raise ValueError(f"num_threads must be None or a positive int, got {num_threads!r}")
     if errors not in ("strict", "replace"):
         raise ValueError(f'errors must be "strict" or "replace", got {errors!r}')

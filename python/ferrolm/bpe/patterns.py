@@ -19,7 +19,15 @@ O200K = "|".join(
     ]
 )
 
-NAMED = {"gpt2": GPT2, "r50k": GPT2, "p50k": GPT2, "cl100k": CL100K, "cl100k_base": CL100K, "o200k": O200K, "o200k_base": O200K}
+NAMED = {
+    "gpt2": GPT2,
+    "r50k": GPT2,
+    "p50k": GPT2,
+    "cl100k": CL100K,
+    "cl100k_base": CL100K,
+    "o200k": O200K,
+    "o200k_base": O200K,
+}
 
 
 def resolve(pattern: str) -> str:

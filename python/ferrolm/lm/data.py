@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Union
 
 import numpy as np
 import torch
@@ -46,7 +47,9 @@ def _check_device(device: str | torch.device) -> torch.device:
         if not torch.cuda.is_available():
             raise RuntimeError(f"device {str(device)!r} requested but CUDA is not available")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise RuntimeError(f"device {str(device)!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+            raise RuntimeError(
+                f"device {str(device)!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+            )
     elif dev.type == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise RuntimeError(f"device {str(device)!r} requested but MPS is not available")
@@ -65,7 +68,11 @@ def _gather_windows(tokens, starts: np.ndarray, width: int) -> np.ndarray:
         # One fancy-index gather touches only the pages of the windows (memmap-friendly).
         idx = starts[:, None] + np.arange(width, dtype=np.int64)
         return arr[idx].astype(np.int64)
-    return np.stack([np.asarray(arr[s : s + width], dtype=np.int64) for s in starts]) if len(starts) else np.zeros((0, width), np.int64)
+    return (
+        np.stack([np.asarray(arr[s : s + width], dtype=np.int64) for s in starts])
+        if len(starts)
+        else np.zeros((0, width), np.int64)
+    )
 
 
 def _to_device(windows: np.ndarray, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +86,9 @@ def _to_device(windows: np.ndarray, dev: torch.device) -> tuple[torch.Tensor, to
     return x.contiguous().to(dev), y.contiguous().to(dev)
 
 
-def sample_starts(n_tokens: int, batch_size: int, context_length: int, generator: torch.Generator | None = None) -> np.ndarray:
+def sample_starts(
+    n_tokens: int, batch_size: int, context_length: int, generator: torch.Generator | None = None
+) -> np.ndarray:
     """`batch_size` start positions drawn uniformly from [0, n_tokens - context_length - 1]."""
     if context_length < 1:
         raise ValueError(f"context_length must be >= 1, got {context_length}")
@@ -87,11 +96,19 @@ def sample_starts(n_tokens: int, batch_size: int, context_length: int, generator
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     high = n_tokens - context_length  # exclusive upper bound for torch.randint
     if high < 1:
-        raise ValueError(f"need at least context_length + 1 = {context_length + 1} tokens to draw a window, have {n_tokens}")
+        raise ValueError(
+            f"need at least context_length + 1 = {context_length + 1} tokens to draw a window, have {n_tokens}"
+        )
     return torch.randint(0, high, (batch_size,), generator=generator).numpy().astype(np.int64)
 
 
-def get_batch(tokens, batch_size: int, context_length: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(
+    tokens,
+    batch_size: int,
+    context_length: int,
+    device: str | torch.device = "cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random training windows from a 1-D token array.
 
     Start positions are uniform over [0, len(tokens) - context_length - 1]; returns
@@ -123,13 +140,15 @@ def tokenizer_fingerprint(tokenizer) -> str:
         if p.is_dir():
             p = p / "tokenizer.json"
         if p.is_file():
-            from ferrolm.tokenizer_files import read_config
+            from ferrolm.bpe.files import read_config
 
             fp = read_config(p).get("fingerprint")
             if not isinstance(fp, str):
                 raise ShardError(f"{p}: has no fingerprint")
             return fp
-        raise FileNotFoundError(f"tokenizer not found: {s} (expected a tokenizer directory, its tokenizer.json, or a 64-hex fingerprint)")
+        raise FileNotFoundError(
+            f"tokenizer not found: {s} (expected a tokenizer directory, its tokenizer.json, or a 64-hex fingerprint)"
+        )
     fp = getattr(tokenizer, "fingerprint", None)
     if callable(fp):
         fp = fp()
@@ -176,10 +195,12 @@ def _open_part(prefix: Path, meta: dict | None = None) -> _Part:
     if meta is None:
         meta = _read_json(json_path)
     if meta.get("format") != SHARD_FORMAT:
-        raise ShardError(f"{json_path}: not a ferrolm shard sidecar (missing \"format\": \"{SHARD_FORMAT}\")")
+        raise ShardError(f'{json_path}: not a ferrolm shard sidecar (missing "format": "{SHARD_FORMAT}")')
     version = meta.get("format_version")
     if not isinstance(version, int) or version > SUPPORTED_FORMAT_VERSION:
-        raise ShardError(f"{json_path}: format_version {version!r} is not supported (this ferrolm reads <= {SUPPORTED_FORMAT_VERSION})")
+        raise ShardError(
+            f"{json_path}: format_version {version!r} is not supported (this ferrolm reads <= {SUPPORTED_FORMAT_VERSION})"
+        )
     dtype_name = meta.get("dtype")
     if dtype_name not in _DTYPES:
         raise ShardError(f"{json_path}: dtype must be 'uint16' or 'uint32', got {dtype_name!r}")
@@ -201,7 +222,9 @@ def _open_part(prefix: Path, meta: dict | None = None) -> _Part:
         raise FileNotFoundError(f"shard data not found: {bin_path} (its sidecar {json_path.name} exists)") from None
     expected = meta["num_tokens"] * dtype.itemsize
     if size != expected:
-        raise ShardError(f"{bin_path}: size {size} bytes, but {json_path.name} says num_tokens {meta['num_tokens']} x {dtype.itemsize} bytes = {expected} (truncated or still being written?)")
+        raise ShardError(
+            f"{bin_path}: size {size} bytes, but {json_path.name} says num_tokens {meta['num_tokens']} x {dtype.itemsize} bytes = {expected} (truncated or still being written?)"
+        )
     if meta["num_tokens"] == 0:
         tokens = np.zeros(0, dtype=dtype)
     else:
@@ -228,10 +251,12 @@ def _find_parts(prefix: Path) -> list[Path]:
         return []
     if len(found) > 1:
         raise ShardError(f"{prefix}: parts from different splits are mixed: of-{sorted(found)}")
-    (n, parts), = found.items()
+    ((n, parts),) = found.items()
     missing = [i for i in range(n) if i not in parts]
     if missing:
-        raise ShardError(f"{prefix}: {len(missing)} of {n} parts missing (e.g. {prefix.name}.part-{missing[0]}-of-{n}.json)")
+        raise ShardError(
+            f"{prefix}: {len(missing)} of {n} parts missing (e.g. {prefix.name}.part-{missing[0]}-of-{n}.json)"
+        )
     extra = [i for i in parts if i >= n]
     if extra:
         raise ShardError(f"{prefix}: part index {extra[0]} out of range for {n} parts")
@@ -254,7 +279,7 @@ def _resolve(src) -> list[_Part]:
         if record.get("format") == MANIFEST_FORMAT:
             parts = record.get("parts")
             if not isinstance(parts, list) or not parts or not all(isinstance(p, str) for p in parts):
-                raise ShardError(f"{path}: a manifest needs a non-empty list of part prefixes in \"parts\"")
+                raise ShardError(f'{path}: a manifest needs a non-empty list of part prefixes in "parts"')
             return _resolve([path.parent / p for p in parts])
         return [_open_part(path.with_suffix(""), record)]
     prefix = _strip_suffix(path)
@@ -263,7 +288,9 @@ def _resolve(src) -> list[_Part]:
     parts = _find_parts(prefix)
     if parts:
         return [_open_part(p) for p in parts]
-    raise FileNotFoundError(f"no shards found at {src}: expected {prefix.name}.bin + {prefix.name}.json, {prefix.name}.part-I-of-N.*, or a manifest .json")
+    raise FileNotFoundError(
+        f"no shards found at {src}: expected {prefix.name}.bin + {prefix.name}.json, {prefix.name}.part-I-of-N.*, or a manifest .json"
+    )
 
 
 class TokenShards:
@@ -285,7 +312,9 @@ class TokenShards:
         for part in self._parts[1:]:
             for key in ("dtype", "vocab_size", "eos_id", "tokenizer_fingerprint"):
                 if part.meta.get(key) != first.get(key):
-                    raise ShardError(f"shards disagree on {key}: {where0}.json has {first.get(key)!r}, {part.prefix}.json has {part.meta.get(key)!r}")
+                    raise ShardError(
+                        f"shards disagree on {key}: {where0}.json has {first.get(key)!r}, {part.prefix}.json has {part.meta.get(key)!r}"
+                    )
         self.dtype: str = first["dtype"]
         self.vocab_size: int = first["vocab_size"]
         self.eos_id: int | None = first.get("eos_id")
@@ -359,18 +388,29 @@ class TokenShards:
     def _windows(self, starts: np.ndarray, width: int) -> np.ndarray:
         if len(self._parts) == 1:
             return _gather_windows(self._parts[0].tokens, starts, width)
-        return np.stack([self._range(int(s), int(s) + width) for s in starts]) if len(starts) else np.zeros((0, width), np.int64)
+        return (
+            np.stack([self._range(int(s), int(s) + width) for s in starts])
+            if len(starts)
+            else np.zeros((0, width), np.int64)
+        )
 
     # -- sampling -------------------------------------------------------------------------
-    def get_batch(self, batch_size: int, context_length: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random (inputs, targets) windows over all parts; see `ferrolm.data.get_batch`."""
+    def get_batch(
+        self,
+        batch_size: int,
+        context_length: int,
+        device: str | torch.device = "cpu",
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random (inputs, targets) windows over all parts; see `ferrolm.lm.data.get_batch`."""
         return get_batch(self, batch_size, context_length, device, generator)
 
-    def windows_at(self, starts: Sequence[int] | np.ndarray, context_length: int, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    def windows_at(
+        self, starts: Sequence[int] | np.ndarray, context_length: int, device: str | torch.device = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) for the windows starting at the given positions (fixed eval sets)."""
         dev = _check_device(device)
         starts = np.asarray(starts, dtype=np.int64)
         if len(starts) and (starts.min() < 0 or starts.max() + context_length + 1 > len(self)):
             raise IndexError(f"window start out of range for {len(self)} tokens and context {context_length}")
         return _to_device(self._windows(starts, context_length + 1), dev)
-

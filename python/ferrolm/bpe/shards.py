@@ -4,7 +4,9 @@ A shard is ``P.bin`` (little-endian token ids, no header; documents each followe
 end-of-text id) plus its sidecar ``P.json`` (dtype, counts, vocab size, eos id, tokenizer
 fingerprint, inputs with sizes and sha256). ``--part I/N`` writes ``P.part-I-of-N.bin/.json``.
 
-    from ferrolm import Tokenizer, shards
+    from ferrolm import Tokenizer
+
+    from ferrolm.bpe import shards
     tok = Tokenizer.load("tok/")
     shards.encode(tok, ["owt_train.txt"], "data/owt")        # data/owt.bin + data/owt.json
     shards.validate_shards("data/owt", tokenizer=tok)          # [] when all is well
@@ -22,10 +24,12 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Union
 
-from ferrolm import _core, patterns
+from ferrolm import _core
+from ferrolm.bpe import patterns
 
 PathInput = Union[str, "os.PathLike[str]"]
 
@@ -87,7 +91,7 @@ def _journal_path(bin_path: Path) -> Path:
 
 
 def _load_tokenizer(tokenizer: Any):
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe.tokenizer import Tokenizer
 
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
@@ -123,8 +127,16 @@ class _Progress:
             from tqdm.auto import tqdm
         except ImportError:  # pragma: no cover - tqdm is a dependency
             return
-        self.bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1000, desc=desc, dynamic_ncols=True,
-                        disable=None if enabled is None else False, smoothing=0.1)
+        self.bar = tqdm(
+            total=0,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1000,
+            desc=desc,
+            dynamic_ncols=True,
+            disable=None if enabled is None else False,
+            smoothing=0.1,
+        )
 
     def __call__(self, raw_done: int, raw_total: int, tokens: int, documents: int) -> None:
         if self.first is None:
@@ -135,7 +147,9 @@ class _Progress:
             self.bar.total = raw_total
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         rate = (tokens - self.first[1]) / elapsed
-        self.bar.set_postfix_str(f"{tokens / 1e6:,.1f}M tok, {rate / 1e6:,.2f}M tok/s, {documents:,} docs", refresh=False)
+        self.bar.set_postfix_str(
+            f"{tokens / 1e6:,.1f}M tok, {rate / 1e6:,.2f}M tok/s, {documents:,} docs", refresh=False
+        )
         self.bar.update(raw_done - self.bar.n)
 
     def close(self) -> None:
@@ -206,8 +220,10 @@ def encode(
     eos_id = tok.eos_id
     eos = (EOT, int(eos_id)) if eos_id is not None else None
     if eos is None:
-        print(f"ferrolm encode: warning: the tokenizer has no {EOT} token; documents will not be separated",
-              file=sys.stderr)
+        print(
+            f"ferrolm encode: warning: the tokenizer has no {EOT} token; documents will not be separated",
+            file=sys.stderr,
+        )
     # Newline cuts inside long documents are exact only for the built-in patterns.
     newline_cuts = patterns.name_of(tok.pattern) in _BUILTIN_PATTERNS and not any("\n" in s for s in tok.special_tokens)
 
@@ -326,7 +342,7 @@ def _read_sidecar(path: Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ShardError(f"{path}: not a ferrolm shard sidecar (missing \"format\": \"{FORMAT}\")")
+        raise ShardError(f'{path}: not a ferrolm shard sidecar (missing "format": "{FORMAT}")')
     return record
 
 
@@ -358,7 +374,7 @@ def resolve_shards(src: PathInput | Sequence[PathInput]) -> list[Path]:
         if isinstance(record, dict) and record.get("format") == MANIFEST_FORMAT:
             parts = record.get("parts")
             if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
-                raise ShardError(f"{p}: a manifest needs \"parts\": [relative prefixes]")
+                raise ShardError(f'{p}: a manifest needs "parts": [relative prefixes]')
             return resolve_shards([str(p.parent / x) for x in parts])
         return [p]
     if Path(s + ".json").exists():
@@ -411,7 +427,11 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
         return [str(e)]
     want_fp = None
     if tokenizer is not None:
-        want_fp = tokenizer if isinstance(tokenizer, str) and re.fullmatch(r"[0-9a-f]{64}", tokenizer) else _load_tokenizer(tokenizer).fingerprint
+        want_fp = (
+            tokenizer
+            if isinstance(tokenizer, str) and re.fullmatch(r"[0-9a-f]{64}", tokenizer)
+            else _load_tokenizer(tokenizer).fingerprint
+        )
     first = records[0]
     for r in records:
         name = r["json_path"]
@@ -425,8 +445,10 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
         else:
             size = bin_path.stat().st_size
             if size != r.get("num_tokens", -1) * _ITEMSIZE[dt]:
-                problems.append(f"{bin_path}: {size} bytes, but the sidecar says {r.get('num_tokens')} {dt} tokens "
-                                f"({r.get('num_tokens', 0) * _ITEMSIZE[dt]} bytes)")
+                problems.append(
+                    f"{bin_path}: {size} bytes, but the sidecar says {r.get('num_tokens')} {dt} tokens "
+                    f"({r.get('num_tokens', 0) * _ITEMSIZE[dt]} bytes)"
+                )
             elif deep and r["num_tokens"]:
                 import numpy as np
 
@@ -436,12 +458,16 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
                     problems.append(f"{bin_path}: holds token id {top}, not below vocab_size {r['vocab_size']}")
         journal = _journal_path(bin_path)
         if journal.exists():
-            problems.append(f"{journal}: a resume journal is left over (an encode of this shard was interrupted after it completed, or is running)")
+            problems.append(
+                f"{journal}: a resume journal is left over (an encode of this shard was interrupted after it completed, or is running)"
+            )
         for key in ("dtype", "vocab_size", "eos_id", "tokenizer_fingerprint"):
             if r.get(key) != first.get(key):
                 problems.append(f"{name}: {key} {r.get(key)!r} differs from {first['json_path']}'s {first.get(key)!r}")
         if want_fp is not None and r.get("tokenizer_fingerprint") != want_fp:
-            problems.append(f"{name}: tokenizer fingerprint {str(r.get('tokenizer_fingerprint'))[:12]}… differs from the given tokenizer's {want_fp[:12]}…")
+            problems.append(
+                f"{name}: tokenizer fingerprint {str(r.get('tokenizer_fingerprint'))[:12]}… differs from the given tokenizer's {want_fp[:12]}…"
+            )
     # Parts of one split: ranges tile [0, total), consistent inputs.
     splits: dict[tuple, list[dict]] = {}
     for r in records:
@@ -457,7 +483,9 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
         for r in parts:
             br = r.get("byte_range")
             if not br or br[0] != pos:
-                problems.append(f"{r['json_path']}: byte range {br} does not start where the previous part ended ({pos})")
+                problems.append(
+                    f"{r['json_path']}: byte range {br} does not start where the previous part ended ({pos})"
+                )
                 break
             pos = br[1]
         else:
@@ -466,7 +494,9 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
                 problems.append(f"{stem}: the parts cover {pos} bytes of the {total} bytes of input")
         totals = {r.get("total_input_bytes") for r in parts}
         if len(totals) > 1:
-            problems.append(f"{stem}: parts were made from inputs of different total sizes {sorted(t for t in totals if t is not None)}")
+            problems.append(
+                f"{stem}: parts were made from inputs of different total sizes {sorted(t for t in totals if t is not None)}"
+            )
     return problems
 
 
@@ -477,13 +507,27 @@ def format_listing(records: Iterable[dict]) -> str:
     for r in records:
         part = f"{r['part'][0]}/{r['part'][1]}" if r.get("part") else "-"
         br = r.get("byte_range")
-        in_bytes = (br[1] - br[0]) if br else r.get("total_input_bytes", sum(i.get("bytes", 0) for i in r.get("inputs", [])))
-        rows.append((Path(r["bin_path"]).name, part, r.get("dtype", "?"), f"{r.get('num_tokens', 0):,}",
-                     f"{r.get('num_documents', 0):,}", str(r.get("vocab_size")), str(r.get("eos_id")),
-                     str(r.get("tokenizer_fingerprint", ""))[:12], f"{in_bytes:,}"))
+        in_bytes = (
+            (br[1] - br[0]) if br else r.get("total_input_bytes", sum(i.get("bytes", 0) for i in r.get("inputs", [])))
+        )
+        rows.append(
+            (
+                Path(r["bin_path"]).name,
+                part,
+                r.get("dtype", "?"),
+                f"{r.get('num_tokens', 0):,}",
+                f"{r.get('num_documents', 0):,}",
+                str(r.get("vocab_size")),
+                str(r.get("eos_id")),
+                str(r.get("tokenizer_fingerprint", ""))[:12],
+                f"{in_bytes:,}",
+            )
+        )
         tok_total += r.get("num_tokens", 0)
         doc_total += r.get("num_documents", 0)
     if len(rows) > 2:
         rows.append(("total", "", "", f"{tok_total:,}", f"{doc_total:,}", "", "", "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows)
+    return "\n".join(
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
+    )

@@ -1,6 +1,6 @@
 """The training loop: shards in, checkpoints and a metrics log out.
 
-    from ferrolm.train import load_config, train
+    from ferrolm.lm.train import load_config, train
     cfg = load_config("cpu-small", ["data.train=data/train", "data.val=data/val"])
     summary = train(cfg)                   # or: train(cfg, resume="runs/cpu-small")
 
@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ferrolm.checkpoint import (
+from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
     get_rng_state,
@@ -49,8 +49,7 @@ from ferrolm.checkpoint import (
     set_rng_state,
     unwrap_model,
 )
-from ferrolm.data import ShardError, TokenShards, sample_starts
-from ferrolm.train_config import (  # noqa: F401  (re-exported: the config is part of this module's API)
+from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part of this module's API)
     CONFIG_NAME,
     ConfigError,
     DataSection,
@@ -64,6 +63,7 @@ from ferrolm.train_config import (  # noqa: F401  (re-exported: the config is pa
     preset_names,
     to_toml,
 )
+from ferrolm.lm.data import ShardError, TokenShards, sample_starts
 
 __all__ = [
     "TrainConfig",
@@ -115,7 +115,7 @@ class TrainSummary:
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """"auto" -> cuda (this process's GPU) > mps > cpu; anything else is checked and returned."""
+    """ "auto" -> cuda (this process's GPU) > mps > cpu; anything else is checked and returned."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -158,7 +158,6 @@ def _setup_distributed(device_name: str) -> _Dist:
         return _Dist()
     import torch.distributed as dist
 
-    rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     initialized_here = False
     if not dist.is_initialized():
@@ -168,7 +167,9 @@ def _setup_distributed(device_name: str) -> _Dist:
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
         dist.init_process_group(backend=backend)
         initialized_here = True
-    return _Dist(rank=dist.get_rank(), local_rank=local_rank, world=dist.get_world_size(), initialized_here=initialized_here)
+    return _Dist(
+        rank=dist.get_rank(), local_rank=local_rank, world=dist.get_world_size(), initialized_here=initialized_here
+    )
 
 
 def _autocast(device: torch.device, enabled: bool):
@@ -194,13 +195,15 @@ def peak_flops(device: torch.device, bf16: bool) -> Optional[float]:
 
 
 def build_model(cfg: ModelSection) -> torch.nn.Module:
-    from ferrolm.model import TransformerLM
+    from ferrolm.lm.model import TransformerLM
 
-    return TransformerLM(cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.d_ff, cfg.rope_theta)
+    return TransformerLM(
+        cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.d_ff, cfg.rope_theta
+    )
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
-    from ferrolm.optim import AdamW, param_groups_for_decay
+    from ferrolm.lm.optim import AdamW, param_groups_for_decay
 
     groups = param_groups_for_decay(model, cfg.weight_decay)
     return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
@@ -212,7 +215,7 @@ def training_flops_per_token(model: torch.nn.Module) -> Optional[float]:
     if cfg is None:
         return None
     try:
-        from ferrolm.model import flops_per_token
+        from ferrolm.lm.model import flops_per_token
     except ImportError:  # pragma: no cover
         return None
     return 3.0 * flops_per_token(cfg)
@@ -220,7 +223,7 @@ def training_flops_per_token(model: torch.nn.Module) -> Optional[float]:
 
 def lr_at(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
     """The learning rate of optimizer step `step` (0-based)."""
-    from ferrolm.optim import cosine_lr
+    from ferrolm.lm.optim import cosine_lr
 
     s, o = cfg.schedule, cfg.optimizer
     it: float = step
@@ -230,13 +233,13 @@ def lr_at(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
 
 
 def _loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    from ferrolm.functional import cross_entropy
+    from ferrolm.lm.functional import cross_entropy
 
     return cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
 def _clip(params, max_norm: float) -> torch.Tensor:
-    from ferrolm.optim import clip_grad_norm
+    from ferrolm.lm.optim import clip_grad_norm
 
     if max_norm > 0:
         return clip_grad_norm(params, max_norm)
@@ -295,7 +298,7 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
     """Drop records past `last_step` (written after the checkpoint we resume from)."""
     if not path.is_file():
         return
-    from ferrolm.tokenizer_files import atomic_write_bytes
+    from ferrolm.bpe.files import atomic_write_bytes
 
     kept = [json.dumps(r) for r in read_metrics(path) if r["step"] <= last_step]
     atomic_write_bytes(path, ("\n".join(kept) + "\n" if kept else "").encode("utf-8"))
@@ -321,21 +324,28 @@ class _Loggers:
 
                 self.wandb = wandb.init(project=cfg.run.wandb, config=cfg.to_dict(), dir=str(run_dir), resume="allow")
             except ImportError:
-                warnings.warn("run.wandb is set but wandb is not installed; logging to metrics.jsonl only")
+                warnings.warn(
+                    "run.wandb is set but wandb is not installed; logging to metrics.jsonl only", stacklevel=2
+                )
         if cfg.run.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(str(run_dir / "tb"))
             except ImportError:
-                warnings.warn("run.tensorboard is set but tensorboard is not installed; logging to metrics.jsonl only")
+                warnings.warn(
+                    "run.tensorboard is set but tensorboard is not installed; logging to metrics.jsonl only",
+                    stacklevel=2,
+                )
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        scalars = {
+            k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
         if self.wandb is not None:
             self.wandb.log(scalars, step=record["step"])
         if self.tb is not None:
@@ -401,7 +411,9 @@ def _open_data(cfg: TrainConfig, model_vocab: int) -> tuple[TokenShards, TokenSh
                 f"set --set model.vocab_size={d.vocab_size}"
             )
         if len(d) < cfg.model.context_length + 1:
-            raise ShardError(f"data.{name} has {len(d)} tokens, fewer than one window of context_length + 1 = {cfg.model.context_length + 1}")
+            raise ShardError(
+                f"data.{name} has {len(d)} tokens, fewer than one window of context_length + 1 = {cfg.model.context_length + 1}"
+            )
     return train_data, val_data
 
 
@@ -474,7 +486,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                     if i == len(candidates) - 1:
                         raise
                     if main:
-                        warnings.warn(f"{e}; trying the previous checkpoint")
+                        warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=2)
         else:
             ckpt_path = resume
             ckpt = read_checkpoint(ckpt_path)
@@ -487,7 +499,9 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
         run_dir = resume
         cfg.run.out_dir = str(resume)
     if ckpt is None and main and _step_checkpoints(run_dir):
-        raise FileExistsError(f"run.out_dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another run.out_dir")
+        raise FileExistsError(
+            f"run.out_dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another run.out_dir"
+        )
 
     # -- data, model, optimizer -------------------------------------------------------------
     torch.manual_seed(cfg.run.seed)
@@ -504,7 +518,8 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
         if accum * micro_tokens != cfg.schedule.tokens_per_step and main:
             warnings.warn(
                 f"schedule.tokens_per_step {cfg.schedule.tokens_per_step} is not a multiple of batch_size x context x processes "
-                f"= {micro_tokens}; using {accum} micro-batches = {accum * micro_tokens} tokens per step"
+                f"= {micro_tokens}; using {accum} micro-batches = {accum * micro_tokens} tokens per step",
+                stacklevel=2,
             )
     tokens_per_step = accum * micro_tokens
 
@@ -515,7 +530,9 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
     log_state: dict = {}
     if ckpt is not None:
         if ckpt.get("tokenizer_fingerprint") not in (None, train_data.fingerprint):
-            raise CheckpointError(f"{ckpt_path} was trained on shards of another tokenizer than data.train {train_data.paths[0]}")
+            raise CheckpointError(
+                f"{ckpt_path} was trained on shards of another tokenizer than data.train {train_data.paths[0]}"
+            )
         start_step = apply_checkpoint(ckpt, model, optimizer, name=str(ckpt_path))
         time_s = float(ckpt.get("time_s", 0.0))
         wall_s = float(ckpt.get("wall_s", 0.0))
@@ -529,7 +546,10 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
         else:
             sampler.manual_seed(_sampler_seed(cfg.run.seed + start_step, dist_.rank))
             if main:
-                warnings.warn(f"checkpoint has sampler states for {len(states)} process(es), now {dist_.world}: batches are reseeded, not replayed")
+                warnings.warn(
+                    f"checkpoint has sampler states for {len(states)} process(es), now {dist_.world}: batches are reseeded, not replayed",
+                    stacklevel=2,
+                )
         if main:
             print(f"resuming from {ckpt_path} at step {start_step}", file=sys.stderr)
     ckpt = None  # free the loaded tensors
@@ -552,7 +572,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
 
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        from ferrolm.tokenizer_files import atomic_write_bytes
+        from ferrolm.bpe.files import atomic_write_bytes
 
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = _Loggers(run_dir, cfg, main, start_step if resume is not None else None)
@@ -643,10 +663,26 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
 
         if bar_by_time:
             total = float(cfg.schedule.max_time_s)
-            bar = tqdm(total=total, initial=min(time_s, total), desc="train", unit="s", dynamic_ncols=True, file=sys.stderr, mininterval=1.0,
-                       bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of training [{elapsed}<{remaining}{postfix}]")
+            bar = tqdm(
+                total=total,
+                initial=min(time_s, total),
+                desc="train",
+                unit="s",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                mininterval=1.0,
+                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of training [{elapsed}<{remaining}{postfix}]",
+            )
         else:
-            bar = tqdm(total=cfg.schedule.max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+            bar = tqdm(
+                total=cfg.schedule.max_steps,
+                initial=start_step,
+                desc="train",
+                unit="step",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                mininterval=1.0,
+            )
 
     records: list[dict] = []
     status, message = "done", ""
@@ -710,7 +746,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                 for micro in range(accum):
                     x, y = train_data.get_batch(B, T, device, generator=sampler)
                     sync = not dist_.enabled or micro == accum - 1
-                    with (contextlib.nullcontext() if sync else model.no_sync()):
+                    with contextlib.nullcontext() if sync else model.no_sync():
                         with _autocast(device, bf16):
                             logits = model(x)
                         loss = _loss_fn(logits, y)
@@ -733,7 +769,9 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                 if bad:
                     optimizer.zero_grad(set_to_none=True)
                     status = "nan"
-                    where = f"the last good checkpoint is {last_ckpt[0]}" if last_ckpt[0] else "no checkpoint was saved yet"
+                    where = (
+                        f"the last good checkpoint is {last_ckpt[0]}" if last_ckpt[0] else "no checkpoint was saved yet"
+                    )
                     message = (
                         f"loss or gradient became NaN/inf at step {step + 1} (loss {float(loss_sum) / accum:.4g}); stopped "
                         f"without updating the weights; {where}. Try a lower optimizer.lr, a warmup, or grad clipping."
@@ -768,7 +806,12 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                                 save_best(step)
                     if bar is not None:
                         post = {"step": step} if bar_by_time else {}
-                        post.update({"loss": f"{rec['train_loss']:.3f}" if rec["train_loss"] is not None else "-", "lr": f"{lr:.2e}"})
+                        post.update(
+                            {
+                                "loss": f"{rec['train_loss']:.3f}" if rec["train_loss"] is not None else "-",
+                                "lr": f"{lr:.2e}",
+                            }
+                        )
                         if rec["tokens_per_s"]:
                             post["tok/s"] = f"{rec['tokens_per_s']:,.0f}"
                         bar.set_postfix(post, refresh=False)
@@ -828,7 +871,13 @@ def _version() -> str:
 _X_KEYS = {"step": ("step", "step"), "time": ("time_s", "training time (s)"), "tokens": ("tokens", "tokens")}
 
 
-def plot_run(run_dirs, x: str = "step", out: str | os.PathLike | None = None, labels: Optional[list[str]] = None, title: Optional[str] = None) -> Path:
+def plot_run(
+    run_dirs,
+    x: str = "step",
+    out: str | os.PathLike | None = None,
+    labels: Optional[list[str]] = None,
+    title: Optional[str] = None,
+) -> Path:
     """Plot train and validation loss of one or more runs against step, time or tokens; return the PNG path.
 
     `run_dirs` is a run directory (or metrics.jsonl) or a list of them, overlaid in one figure.
@@ -866,14 +915,20 @@ def plot_run(run_dirs, x: str = "step", out: str | os.PathLike | None = None, la
     ax.set_title(title or "loss")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    all_losses = [r[k] for run in run_dirs for r in read_metrics(run) for k in ("train_loss", "val_loss") if r.get(k) is not None]
+    all_losses = [
+        r[k] for run in run_dirs for r in read_metrics(run) for k in ("train_loss", "val_loss") if r.get(k) is not None
+    ]
     if all_losses:
         finite = sorted(v for v in all_losses if math.isfinite(v))
         if finite:
             # Zoom past the first steps' huge losses so the interesting part is readable.
             hi = finite[int(len(finite) * 0.98)] if len(finite) > 10 else finite[-1]
             ax.set_ylim(max(0.0, finite[0] - 0.1), hi + 0.1)
-    out_path = Path(out) if out is not None else (run_dirs[0] if run_dirs[0].is_dir() else run_dirs[0].parent) / f"loss_{x}.png"
+    out_path = (
+        Path(out)
+        if out is not None
+        else (run_dirs[0] if run_dirs[0].is_dir() else run_dirs[0].parent) / f"loss_{x}.png"
+    )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(out_path)

@@ -21,7 +21,7 @@ Every artefact lands under one directory::
 
 From Python::
 
-    from ferrolm.demo import run_demo
+    from ferrolm.app.demo import run_demo
     result = run_demo("ferrolm-demo", minutes=5)
     print(result.plot, result.samples)
 
@@ -43,9 +43,10 @@ import sys
 import sysconfig
 import time
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Optional, Union
 
 EOT = "<|endoftext|>"
 #: Between two documents in the demo's text files.
@@ -71,7 +72,17 @@ USER_PROMPTS = ["", "", ""]  # new documents, started from <|endoftext|>
 
 #: Directory names under the stdlib that are not the standard library's own text (or, for
 #: `encodings`, are mostly generated character-map tables rather than code or prose).
-_EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "lib-dynload", "test", "tests", "idle_test", "ensurepip", "encodings"}
+_EXCLUDED_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "lib-dynload",
+    "test",
+    "tests",
+    "idle_test",
+    "ensurepip",
+    "encodings",
+}
 _TEXT_SUFFIXES = (".py", ".txt", ".rst")
 #: What this module creates inside the output directory (and replaces on a re-run).
 _OWNED = ["data", "tokenizer", "shards", "run", "loss.png", "samples.txt", "report.md", MARKER]
@@ -111,7 +122,9 @@ def stdlib_files(root: Optional[PathLike] = None) -> list[tuple[str, Path]]:
     """
     root = Path(root) if root is not None else stdlib_root()
     if not root.is_dir():
-        raise FileNotFoundError(f"the Python standard library was not found at {root}; pass --data FILE to use your own text")
+        raise FileNotFoundError(
+            f"the Python standard library was not found at {root}; pass --data FILE to use your own text"
+        )
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _EXCLUDED_DIRS and not d.startswith("config-"))
@@ -152,11 +165,13 @@ def _open_text(path: Path):
         try:
             import zstandard
         except ImportError:
-            raise ValueError(f"{path}: reading .zst files needs the zstandard package (pip install zstandard)") from None
+            raise ValueError(
+                f"{path}: reading .zst files needs the zstandard package (pip install zstandard)"
+            ) from None
         import io
 
         return io.TextIOWrapper(zstandard.open(path, "rb"), encoding="utf-8", errors="replace", newline="")
-    return open(path, "r", encoding="utf-8", errors="replace", newline="")
+    return open(path, encoding="utf-8", errors="replace", newline="")
 
 
 def _user_files(paths: Sequence[PathLike]) -> list[Path]:
@@ -224,7 +239,9 @@ def prepare_data(
         info = DataInfo("user files", out_dir / "train.txt", out_dir / "val.txt", files=len(files))
     else:
         docs = _stdlib_documents(stdlib)
-        info = DataInfo(f"Python {platform.python_version()} standard library", out_dir / "train.txt", out_dir / "val.txt")
+        info = DataInfo(
+            f"Python {platform.python_version()} standard library", out_dir / "train.txt", out_dir / "val.txt"
+        )
     train: list[str] = []
     val: list[str] = []
     sources: dict[str, list[int]] = {}  # name -> [documents, bytes]
@@ -282,7 +299,7 @@ def prepare_data(
 
 
 def _write_text(path: Path, text: str) -> None:
-    from ferrolm.tokenizer_files import atomic_write_bytes
+    from ferrolm.bpe.files import atomic_write_bytes
 
     atomic_write_bytes(path, text.encode("utf-8"))
 
@@ -344,7 +361,7 @@ def _prepare_out_dir(out: Path) -> None:
 
 
 def _write_marker(out: Path, payload: dict) -> None:
-    from ferrolm.tokenizer_files import atomic_write_bytes
+    from ferrolm.bpe.files import atomic_write_bytes
 
     atomic_write_bytes(out / MARKER, (json.dumps(payload, indent=2, default=str) + "\n").encode("utf-8"))
 
@@ -402,7 +419,7 @@ def run_demo(
     say = log or (lambda msg: print(msg, flush=True))
     out = Path(out)
     # The training config, checked now so that a bad --set fails before any work.
-    from ferrolm.train_config import load_config
+    from ferrolm.lm.config import load_config
 
     run_dir = out / "run"
     tok_dir, shard_dir = out / "tokenizer", out / "shards"
@@ -441,7 +458,13 @@ def run_demo(
         say(f"\n[{i}/{n_stages}] {what}  (elapsed {_fmt_s(time.perf_counter() - t_start)})")
 
     # -- 1. data ----------------------------------------------------------------------------
-    stage(1, "collecting text: " + ("your files " + ", ".join(map(str, data)) if data else "this Python's standard library source (no download)"))
+    stage(
+        1,
+        "collecting text: "
+        + (
+            "your files " + ", ".join(map(str, data)) if data else "this Python's standard library source (no download)"
+        ),
+    )
     t0 = time.perf_counter()
     max_bytes = int(max_mb * 1e6) if max_mb else None
     info = prepare_data(out / "data", data, max_bytes=max_bytes, stdlib=stdlib)
@@ -451,13 +474,15 @@ def run_demo(
         f"{_fmt_bytes(info.train_bytes + info.val_bytes)}"
         + (f" (capped at {max_mb:g} MB; --max-mb 0 uses all)" if info.truncated else "")
     )
-    say(f"  train {info.train_path} ({info.train_docs:,} docs, {_fmt_bytes(info.train_bytes)}); "
-        f"val {info.val_path} ({info.val_docs:,} docs, {_fmt_bytes(info.val_bytes)})")
+    say(
+        f"  train {info.train_path} ({info.train_docs:,} docs, {_fmt_bytes(info.train_bytes)}); "
+        f"val {info.val_path} ({info.val_docs:,} docs, {_fmt_bytes(info.val_bytes)})"
+    )
     for note in info.notes:
         say(f"  note: {note}")
 
     # -- 2. tokenizer -------------------------------------------------------------------------
-    from ferrolm.tokenizer import Tokenizer
+    from ferrolm.bpe.tokenizer import Tokenizer
 
     stage(2, f"training a byte-level BPE tokenizer, vocab_size {vocab_size} (--vocab-size to change)")
     t0 = time.perf_counter()
@@ -467,11 +492,13 @@ def run_demo(
     if tok.vocab_size < vocab_size:
         say(f"  the text ran out of pairs to merge: vocab_size {tok.vocab_size} instead of {vocab_size}")
     longest = sorted((b for b in tok.vocab.values() if b != EOT.encode()), key=lambda b: (-len(b), b))[:5]
-    say(f"  saved {tok_dir} ({len(tok.merges):,} merges, fingerprint {tok.fingerprint[:12]}); longest tokens: "
-        + ", ".join(repr(b.decode('utf-8', 'replace')) for b in longest))
+    say(
+        f"  saved {tok_dir} ({len(tok.merges):,} merges, fingerprint {tok.fingerprint[:12]}); longest tokens: "
+        + ", ".join(repr(b.decode("utf-8", "replace")) for b in longest)
+    )
 
     # -- 3. shards ----------------------------------------------------------------------------
-    from ferrolm import shards
+    from ferrolm.bpe import shards
 
     stage(3, "encoding the text into uint16 token shards")
     t0 = time.perf_counter()
@@ -479,11 +506,13 @@ def run_demo(
     side_val = shards.encode(tok, [info.val_path], val_prefix, progress=progress)
     timings["encode"] = time.perf_counter() - t0
     n_train, n_val = int(side_train["num_tokens"]), int(side_val["num_tokens"])
-    say(f"  {train_prefix}.bin: {n_train:,} tokens ({info.train_bytes / max(n_train, 1):.2f} bytes/token); "
-        f"{val_prefix}.bin: {n_val:,} tokens")
+    say(
+        f"  {train_prefix}.bin: {n_train:,} tokens ({info.train_bytes / max(n_train, 1):.2f} bytes/token); "
+        f"{val_prefix}.bin: {n_val:,} tokens"
+    )
 
     # -- 4. train -------------------------------------------------------------------------------
-    from ferrolm.train import train as train_lm
+    from ferrolm.lm.train import train as train_lm
 
     cfg = config_for(tok.vocab_size)
     cfg.require_data()
@@ -495,8 +524,11 @@ def run_demo(
                 f"the {name} shard has {n} tokens, fewer than the model's context_length + 2 = {ctx + 2}: "
                 "give more text (--data), or a smaller model.context_length with --set"
             )
-    stage(4, f"training the {PRESET} Transformer LM for {minutes:g} min on {device} "
-             f"(d_model {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, context {ctx}, vocab {m.vocab_size})")
+    stage(
+        4,
+        f"training the {PRESET} Transformer LM for {minutes:g} min on {device} "
+        f"(d_model {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, context {ctx}, vocab {m.vocab_size})",
+    )
     t0 = time.perf_counter()
     summary = train_lm(cfg)
     timings["train"] = time.perf_counter() - t0
@@ -511,17 +543,23 @@ def run_demo(
     if ckpt is None or not Path(ckpt).is_file():
         raise RuntimeError(f"training finished without a checkpoint in {run_dir}")
     ckpt = Path(ckpt)
-    say(f"  {summary.step} steps ({summary.status}); val loss {vals[0]:.3f} -> {vals[-1]:.3f}" if vals else f"  {summary.step} steps")
+    say(
+        f"  {summary.step} steps ({summary.status}); val loss {vals[0]:.3f} -> {vals[-1]:.3f}"
+        if vals
+        else f"  {summary.step} steps"
+    )
     say(f"  checkpoint {ckpt}")
 
     # -- 5. samples ----------------------------------------------------------------------------
     import torch
 
-    from ferrolm.generate import generate, iter_text, load_model, resolve_device
+    from ferrolm.lm.generate import generate, iter_text, load_model, resolve_device
 
     if prompts is None:
         prompts = USER_PROMPTS if data else DEFAULT_PROMPTS
-    stage(5, f"sampling {len(prompts)} texts of up to {max_new_tokens} tokens (temperature {temperature}, top-p {top_p})")
+    stage(
+        5, f"sampling {len(prompts)} texts of up to {max_new_tokens} tokens (temperature {temperature}, top-p {top_p})"
+    )
     t0 = time.perf_counter()
     dev = resolve_device(device)
     model, _ = load_model(ckpt, dev, tokenizer=tok)
@@ -535,7 +573,10 @@ def run_demo(
         samples.append(text)
         say(f"--- sample {i + 1} (prompt {prompt!r}) ---\n{text}")
     samples_path = out / "samples.txt"
-    _write_text(samples_path, "".join(f"--- sample {i + 1} (prompt {p!r}) ---\n{s}\n\n" for i, (p, s) in enumerate(zip(prompts, samples))))
+    _write_text(
+        samples_path,
+        "".join(f"--- sample {i + 1} (prompt {p!r}) ---\n{s}\n\n" for i, (p, s) in enumerate(zip(prompts, samples))),
+    )
     timings["generate"] = time.perf_counter() - t0
 
     # -- 6. plot ---------------------------------------------------------------------------------
@@ -543,7 +584,7 @@ def run_demo(
     t0 = time.perf_counter()
     plot: Optional[Path] = None
     try:
-        from ferrolm.train import plot_run
+        from ferrolm.lm.train import plot_run
 
         plot = plot_run(run_dir, x="step", out=out / "loss.png", title=f"ferrolm demo: {PRESET} on {info.source}")
         say(f"  {plot}")
@@ -552,24 +593,58 @@ def run_demo(
     timings["plot"] = time.perf_counter() - t0
 
     result = DemoResult(
-        out_dir=out, data=info, tokenizer_dir=tok_dir, train_shard=train_prefix, val_shard=val_prefix,
-        run_dir=run_dir, checkpoint=ckpt, plot=plot, samples_path=samples_path, samples=samples,
-        report_path=out / "report.md", timings=timings, train_status=summary.status, steps=summary.step,
-        first_val_loss=vals[0] if vals else None, final_val_loss=summary.final_val_loss,
-        best_val_loss=summary.best_val_loss, train_tokens=n_train, val_tokens=n_val, vocab_size=tok.vocab_size,
+        out_dir=out,
+        data=info,
+        tokenizer_dir=tok_dir,
+        train_shard=train_prefix,
+        val_shard=val_prefix,
+        run_dir=run_dir,
+        checkpoint=ckpt,
+        plot=plot,
+        samples_path=samples_path,
+        samples=samples,
+        report_path=out / "report.md",
+        timings=timings,
+        train_status=summary.status,
+        steps=summary.step,
+        first_val_loss=vals[0] if vals else None,
+        final_val_loss=summary.final_val_loss,
+        best_val_loss=summary.best_val_loss,
+        train_tokens=n_train,
+        val_tokens=n_val,
+        vocab_size=tok.vocab_size,
         total_s=time.perf_counter() - t_start,
     )
     report = _report(result, minutes=minutes, device=str(dev))
     _write_text(result.report_path, report)
-    _write_marker(out, {
-        "format": MARKER_FORMAT, "status": "done", "finished": _now(), "total_s": round(result.total_s, 1),
-        "timings_s": {k: round(v, 1) for k, v in timings.items()}, "device": str(dev), "minutes": minutes,
-        "data": {"source": info.source, "train_bytes": info.train_bytes, "val_bytes": info.val_bytes,
-                 "train_docs": info.train_docs, "val_docs": info.val_docs, "truncated": info.truncated},
-        "vocab_size": tok.vocab_size, "train_tokens": n_train, "val_tokens": n_val, "steps": summary.step,
-        "first_val_loss": result.first_val_loss, "final_val_loss": result.final_val_loss,
-        "best_val_loss": result.best_val_loss, "checkpoint": str(ckpt),
-    })
+    _write_marker(
+        out,
+        {
+            "format": MARKER_FORMAT,
+            "status": "done",
+            "finished": _now(),
+            "total_s": round(result.total_s, 1),
+            "timings_s": {k: round(v, 1) for k, v in timings.items()},
+            "device": str(dev),
+            "minutes": minutes,
+            "data": {
+                "source": info.source,
+                "train_bytes": info.train_bytes,
+                "val_bytes": info.val_bytes,
+                "train_docs": info.train_docs,
+                "val_docs": info.val_docs,
+                "truncated": info.truncated,
+            },
+            "vocab_size": tok.vocab_size,
+            "train_tokens": n_train,
+            "val_tokens": n_val,
+            "steps": summary.step,
+            "first_val_loss": result.first_val_loss,
+            "final_val_loss": result.final_val_loss,
+            "best_val_loss": result.best_val_loss,
+            "checkpoint": str(ckpt),
+        },
+    )
     result.total_s = time.perf_counter() - t_start
     say("\n" + _summary_text(result))
     return result
@@ -597,11 +672,19 @@ def _report(r: DemoResult, *, minutes: float, device: str) -> str:
         f"- model: {PRESET} preset, trained {minutes:g} min: {r.steps} steps, status {r.train_status}",
     ]
     if r.first_val_loss is not None and r.final_val_loss is not None:
-        lines.append(f"- validation loss: {r.first_val_loss:.3f} at step 0 -> {r.final_val_loss:.3f} at step {r.steps} "
-                     f"(best {r.best_val_loss:.3f}), nats/token")
+        lines.append(
+            f"- validation loss: {r.first_val_loss:.3f} at step 0 -> {r.final_val_loss:.3f} at step {r.steps} "
+            f"(best {r.best_val_loss:.3f}), nats/token"
+        )
     lines += ["", "| stage | time |", "|---|---:|"]
-    names = {"data": "collect text", "tokenizer": "train tokenizer", "encode": "encode shards", "train": "train LM",
-             "generate": "sample", "plot": "plot"}
+    names = {
+        "data": "collect text",
+        "tokenizer": "train tokenizer",
+        "encode": "encode shards",
+        "train": "train LM",
+        "generate": "sample",
+        "plot": "plot",
+    }
     for k, v in t.items():
         lines.append(f"| {names.get(k, k)} | {_fmt_s(v)} |")
     lines.append(f"| **total** | **{_fmt_s(r.total_s)}** |")
@@ -615,10 +698,14 @@ def _report(r: DemoResult, *, minutes: float, device: str) -> str:
 
 def _summary_text(r: DemoResult) -> str:
     t = r.timings
-    lines = ["=" * 72, f"ferrolm demo finished in {_fmt_s(r.total_s)}: "
-             + ", ".join(f"{k} {_fmt_s(v)}" for k, v in t.items())]
+    lines = [
+        "=" * 72,
+        f"ferrolm demo finished in {_fmt_s(r.total_s)}: " + ", ".join(f"{k} {_fmt_s(v)}" for k, v in t.items()),
+    ]
     if r.first_val_loss is not None and r.final_val_loss is not None:
-        lines.append(f"validation loss {r.first_val_loss:.3f} -> {r.final_val_loss:.3f} nats/token after {r.steps} steps")
+        lines.append(
+            f"validation loss {r.first_val_loss:.3f} -> {r.final_val_loss:.3f} nats/token after {r.steps} steps"
+        )
     lines += [f"everything is in {r.out_dir.resolve()}:"] + _listing(r.out_dir)
     lines += [
         "",

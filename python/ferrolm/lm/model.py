@@ -31,7 +31,7 @@ RoPE's cos/sin tables are non-persistent buffers and never saved.
 
 Speed: attention uses torch's ``scaled_dot_product_attention`` (flash kernels on CUDA
 and CPU) unless ``attention="reference"``, which runs the literal equation from
-``ferrolm.functional``; both are tested equal. For generation, ``make_kv_cache`` gives a
+``ferrolm.lm.functional``; both are tested equal. For generation, ``make_kv_cache`` gives a
 preallocated key/value cache and ``forward(ids, kv_cache=...)`` computes only the new
 positions (``attention_mask`` handles left-padded prompts).
 
@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ferrolm import functional
+from ferrolm.lm import functional
 
 __all__ = [
     "ModelConfig",
@@ -144,7 +144,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -538,16 +538,19 @@ class TransformerLM(nn.Module):
             self.token_embeddings.weight = self.lm_head.weight
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> "TransformerLM":
+    def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> TransformerLM:
         d = cfg.to_dict()
-        core = [d.pop(k) for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")]
+        core = [
+            d.pop(k)
+            for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+        ]
         return cls(*core, device=device, dtype=dtype, **d)
 
     def forward(
         self,
         ids: Tensor,
         *,
-        kv_cache: Optional["KVCache"] = None,
+        kv_cache: Optional[KVCache] = None,
         start_pos: Optional[int] = None,
         attention_mask: Optional[Tensor] = None,
         token_positions: Optional[Tensor] = None,
@@ -599,7 +602,7 @@ class TransformerLM(nn.Module):
             kv_cache.length = end
         return self.lm_head(self.ln_final(x))
 
-    def make_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None, device=None, dtype=None) -> "KVCache":
+    def make_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None, device=None, dtype=None) -> KVCache:
         """A zeroed KVCache for ``batch_size`` sequences of up to ``max_seq_len`` positions
         (default context_length), on the parameters' device and dtype unless given."""
         cfg = self.config
@@ -608,8 +611,13 @@ class TransformerLM(nn.Module):
             raise ValueError(f"max_seq_len {max_seq_len} exceeds context_length {cfg.context_length} (RoPE table)")
         p = self.lm_head.weight
         return KVCache.empty(
-            cfg.num_layers, batch_size, cfg.num_heads, max_seq_len, cfg.d_head,
-            device=p.device if device is None else device, dtype=p.dtype if dtype is None else dtype,
+            cfg.num_layers,
+            batch_size,
+            cfg.num_heads,
+            max_seq_len,
+            cfg.d_head,
+            device=p.device if device is None else device,
+            dtype=p.dtype if dtype is None else dtype,
         )
 
     def num_parameters(self) -> int:
@@ -630,7 +638,9 @@ class KVCache:
         self.length = 0
 
     @classmethod
-    def empty(cls, num_layers: int, batch_size: int, num_heads: int, max_seq_len: int, d_head: int, device=None, dtype=None) -> "KVCache":
+    def empty(
+        cls, num_layers: int, batch_size: int, num_heads: int, max_seq_len: int, d_head: int, device=None, dtype=None
+    ) -> KVCache:
         shape = (batch_size, num_heads, max_seq_len, d_head)
         keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
@@ -656,12 +666,12 @@ class KVCache:
 def count_parameters(cfg: ModelConfig) -> int:
     """Number of parameters of ``TransformerLM.from_config(cfg)`` (tied matrix once):
 
-        V d                          token embedding
-      + L (4 d^2                     q, k, v, output projections
-           + 3 d d_ff | 2 d d_ff'    SwiGLU | SiLU FFN
-           + 2 d)                    ln1, ln2 gains        (0 with norm="none")
-      + d                            final norm gain       (0 with norm="none")
-      + V d                          LM head               (0 when tied)
+      V d                          token embedding
+    + L (4 d^2                     q, k, v, output projections
+         + 3 d d_ff | 2 d d_ff'    SwiGLU | SiLU FFN
+         + 2 d)                    ln1, ln2 gains        (0 with norm="none")
+    + d                            final norm gain       (0 with norm="none")
+    + V d                          LM head               (0 when tied)
     """
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
     ffn = 3 * d * cfg.d_ff if cfg.ffn == "swiglu" else 2 * d * cfg.ffn_hidden
@@ -705,7 +715,13 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
     Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary buffers are not weights).
     """
     cfg = model.config
-    if (cfg.norm, cfg.norm_position, cfg.positions, cfg.ffn, cfg.tie_embeddings) != ("rms", "pre", "rope", "swiglu", False):
+    if (cfg.norm, cfg.norm_position, cfg.positions, cfg.ffn, cfg.tie_embeddings) != (
+        "rms",
+        "pre",
+        "rope",
+        "swiglu",
+        False,
+    ):
         raise ValueError("only the default architecture (rms, pre-norm, rope, swiglu, untied) maps onto HF Llama")
     dh = cfg.d_head
     perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
@@ -718,9 +734,13 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
         "lm_head.weight": sd["lm_head.weight"],
     }
     names = {
-        "self_attn.v_proj": "attn.v_proj", "self_attn.o_proj": "attn.output_proj",
-        "mlp.gate_proj": "ffn.w1", "mlp.up_proj": "ffn.w3", "mlp.down_proj": "ffn.w2",
-        "input_layernorm": "ln1", "post_attention_layernorm": "ln2",
+        "self_attn.v_proj": "attn.v_proj",
+        "self_attn.o_proj": "attn.output_proj",
+        "mlp.gate_proj": "ffn.w1",
+        "mlp.up_proj": "ffn.w3",
+        "mlp.down_proj": "ffn.w2",
+        "input_layernorm": "ln1",
+        "post_attention_layernorm": "ln2",
     }
     for i in range(cfg.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."

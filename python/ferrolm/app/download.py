@@ -33,12 +33,24 @@ class RemoteFile:
 # complete download records its sha256 and later runs verify against it.
 DATASETS: dict[str, list[RemoteFile]] = {
     "tinystories": [
-        RemoteFile("https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-train.txt"),
-        RemoteFile("https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt", "TinyStoriesV2-GPT4-valid.txt"),
+        RemoteFile(
+            "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt",
+            "TinyStoriesV2-GPT4-train.txt",
+        ),
+        RemoteFile(
+            "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt",
+            "TinyStoriesV2-GPT4-valid.txt",
+        ),
     ],
     "owt-sample": [
-        RemoteFile("https://huggingface.co/datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz", "owt_train.txt.gz"),
-        RemoteFile("https://huggingface.co/datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz", "owt_valid.txt.gz"),
+        RemoteFile(
+            "https://huggingface.co/datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
+            "owt_train.txt.gz",
+        ),
+        RemoteFile(
+            "https://huggingface.co/datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz",
+            "owt_valid.txt.gz",
+        ),
     ],
 }
 
@@ -55,7 +67,9 @@ def _sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def download_file(remote: RemoteFile, out_dir: str | os.PathLike, *, progress: bool = True, timeout: float = 30.0) -> Path:
+def download_file(
+    remote: RemoteFile, out_dir: str | os.PathLike, *, progress: bool = True, timeout: float = 30.0
+) -> Path:
     """Download one file into `out_dir`, resuming a partial download; returns the final path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -87,9 +101,12 @@ def download_file(remote: RemoteFile, out_dir: str | os.PathLike, *, progress: b
                 have = 0
             length = response.headers.get("Content-Length")
             total = have + int(length) if length is not None else None
-            with open(partial, "ab" if resumed else "wb") as f, tqdm(
-                total=total, initial=have, unit="B", unit_scale=True, desc=remote.filename, disable=not progress
-            ) as bar:
+            with (
+                open(partial, "ab" if resumed else "wb") as f,
+                tqdm(
+                    total=total, initial=have, unit="B", unit_scale=True, desc=remote.filename, disable=not progress
+                ) as bar,
+            ):
                 try:
                     while block := response.read(CHUNK):
                         f.write(block)
@@ -101,12 +118,16 @@ def download_file(remote: RemoteFile, out_dir: str | os.PathLike, *, progress: b
                     os.fsync(f.fileno())
                 os.fsync(f.fileno())
             if total is not None and partial.stat().st_size != total:
-                raise DownloadError(f"{remote.url}: connection closed after {partial.stat().st_size} of {total} bytes; run again to resume")
+                raise DownloadError(
+                    f"{remote.url}: connection closed after {partial.stat().st_size} of {total} bytes; run again to resume"
+                )
 
     digest = _sha256_of(partial)
     if expected is not None and digest != expected:
         partial.unlink()
-        raise DownloadError(f"{remote.url}: sha256 {digest} does not match the expected {expected}; the partial file was removed")
+        raise DownloadError(
+            f"{remote.url}: sha256 {digest} does not match the expected {expected}; the partial file was removed"
+        )
     os.replace(partial, final)
     if remote.sha256 is None and not recorded.exists():
         recorded.write_text(f"{digest}  {remote.filename}\n")

@@ -1,0 +1,1 @@
+"""The application: the ``ferrolm`` command line and the demo built on the library."""
