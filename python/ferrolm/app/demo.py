@@ -443,6 +443,7 @@ def run_demo(
             "run.eval_batches=4",
             "run.checkpoint_every=0",
             "run.keep_last=1",
+            "run.compile=false",  # minutes of training: compiling would cost more than it saves
         ]
         if not progress:
             base.append("run.progress=false")

@@ -73,8 +73,8 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     preset_names,
     to_toml,
 )
-from ferrolm.lm.data import ShardError, TokenShards, sample_starts
-from ferrolm.lm.device import resolve_device
+from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_starts
+from ferrolm.lm.device import resolve_device, use_bf16, use_compile
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
@@ -165,8 +165,9 @@ class Run:
     device: torch.device
     bf16: bool
     run_dir: Path
-    model: torch.nn.Module  # what the step runs: compiled and/or DDP-wrapped
+    model: torch.nn.Module  # what the step runs: DDP-wrapped under torchrun
     eval_model: torch.nn.Module  # the same without DDP hooks
+    loss: Callable  # loss(model, x, y, bf16): model and loss, compiled as one graph when run.compile
     raw_model: torch.nn.Module  # the plain module checkpoints save
     optimizer: torch.optim.Optimizer
     params: list
@@ -174,6 +175,7 @@ class Run:
     val_data: TokenShards
     val_starts: torch.Tensor  # fixed validation windows, this process's slice
     sampler: torch.Generator  # this process's batch stream
+    batches: BatchPrefetcher  # draws from the sampler, one batch ahead, off the step's thread
     accum: int  # micro-batches per optimizer step
     tokens_per_step: int
     flops_per_tok: Optional[float]
@@ -241,7 +243,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
 
                 out_of_time = sched.max_time_s > 0 and time_sync >= sched.max_time_s
                 last = state.step >= sched.max_steps or out_of_time or bool(stop_req)
-                rec = log_step(run, state, lr, float(grad_norm), last=last, stopping=bool(stop_req))
+                rec = log_step(run, state, lr, grad_norm, last=last, stopping=bool(stop_req))
                 if rec is not None:
                     records.append(rec)
                 advance_bar(run, time_sync)
@@ -254,6 +256,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                     say(run, message)
                     break
         finally:
+            run.batches.close()
             if run.bar is not None:
                 run.bar.close()
             run.loggers.close()
@@ -297,7 +300,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
 
     flops_per_tok = training_flops_per_token(model)
     peak = peak_flops(device, bf16)
-    step_model, eval_model = wrap_model(model, cfg, dist_, device)
+    step_model, eval_model, loss = wrap_model(model, cfg, dist_, device)
+    batches = BatchPrefetcher(train_data, cfg.schedule.batch_size, cfg.model.context_length, device, sampler)
     val_starts = validation_starts(cfg, val_data, dist_)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -313,6 +317,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         run_dir=run_dir,
         model=step_model,
         eval_model=eval_model,
+        loss=loss,
         raw_model=unwrap_model(step_model),
         optimizer=optimizer,
         params=params,
@@ -320,6 +325,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         val_data=val_data,
         val_starts=val_starts,
         sampler=sampler,
+        batches=batches,
         accum=accum,
         tokens_per_step=tokens_per_step,
         flops_per_tok=flops_per_tok,
@@ -362,10 +368,7 @@ def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]
         if cfg.run.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-    bf16 = cfg.run.autocast_bf16 and device.type in ("cuda", "cpu")
-    if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        bf16 = False
-    return device, bf16
+    return device, use_bf16(cfg.run.autocast_bf16, device)
 
 
 def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict], Optional[Path]]:
@@ -496,13 +499,13 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, mo
 
 
 def wrap_model(model, cfg: TrainConfig, dist_: _Dist, device: torch.device):
-    """(the model the step runs: compiled and/or DDP-wrapped, the model evaluation runs)."""
-    if cfg.run.compile:
-        model = torch.compile(model)
+    """(the model the step runs: DDP-wrapped under torchrun, the model evaluation runs, the
+    step's loss function: model forward and cross-entropy, compiled as one graph per run.compile)."""
+    loss = torch.compile(model_loss) if use_compile(cfg.run.compile, device) else model_loss
     if not dist_.enabled:
-        return model, model
+        return model, model, loss
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return ddp, ddp.module  # evaluation needs no DDP hooks, but keeps the compiled model
+    return ddp, ddp.module, loss  # evaluation needs no DDP hooks
 
 
 def validation_starts(cfg: TrainConfig, val_data: TokenShards, dist_: _Dist) -> torch.Tensor:
@@ -553,20 +556,26 @@ def _autocast(device: torch.device, enabled: bool):
 
 
 def _loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    # bf16 logits go in as they are: cross_entropy reduces them in float32 itself, and compiled
+    # it never writes a float32 copy of the (tokens, vocab) logits.
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def model_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The training loss of one micro-batch: what run.compile compiles, as one graph."""
+    with _autocast(x.device, bf16):
+        logits = model(x)
+    return _loss_fn(logits, y)
 
 
 def forward_backward(run: Run) -> torch.Tensor:
     """Accumulate the gradients of `run.accum` micro-batches; return the sum of their losses."""
-    B, T = run.cfg.schedule.batch_size, run.cfg.model.context_length
     loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
     for micro in range(run.accum):
-        x, y = run.train_data.get_batch(B, T, run.device, generator=run.sampler)
-        sync = not run.dist.enabled or micro == run.accum - 1  # DDP all-reduces on the last one only
-        with contextlib.nullcontext() if sync else run.model.no_sync():
-            with _autocast(run.device, run.bf16):
-                logits = run.model(x)
-            loss = _loss_fn(logits, y)
+        x, y = run.batches.next()
+        last = micro == run.accum - 1
+        with contextlib.nullcontext() if last or not run.dist.enabled else run.model.no_sync():  # DDP: all-reduce once
+            loss = run.loss(run.model, x, y, run.bf16)
             (loss / run.accum).backward()
         loss_sum += loss.detach().float()
     return loss_sum
@@ -582,8 +591,16 @@ def _clip(params, max_norm: float) -> torch.Tensor:
 
 
 def agree(run: Run, state: RunState, loss_sum, grad_norm, stop: _StopFlag, t0: float) -> tuple[float, float, float]:
-    """One host sync per step, the max over processes of: NaN seen, stop requested, the clock."""
+    """The max over processes of: NaN seen, stop requested, the clock; one host sync.
+
+    On a GPU the step is queued, not run, when this is reached: reading a flag waits for the
+    GPU to finish and leaves it idle while the next step is queued. So there the flags are
+    read only when due (see `_flags_due`); otherwise nothing is NaN yet as far as the loop
+    knows, the stop flag is this process's own and the clock is the host's.
+    """
     device = run.device
+    if not _flags_due(run, state):
+        return 0.0, float(stop.signum is not None and not run.dist.enabled), state.time_s + time.perf_counter() - t0
     flags = torch.stack(
         [
             (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm.to(device).float())).double(),
@@ -595,6 +612,17 @@ def agree(run: Run, state: RunState, loss_sum, grad_norm, stop: _StopFlag, t0: f
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     bad, stop_req, time_sync = flags.tolist()
     return bad, stop_req, time_sync
+
+
+def _flags_due(run: Run, state: RunState) -> bool:
+    """Every step on the CPU (reading is free there) and when the clock steers the run (all
+    processes must agree on it each step); else on log, eval and checkpoint steps and the
+    last. A NaN is then caught at the next of those, before any checkpoint is written."""
+    if run.device.type == "cpu" or run.cfg.schedule.max_time_s > 0:
+        return True
+    r, step = run.cfg.run, state.step + 1
+    every = [n for n in (r.log_every, r.eval_every, r.checkpoint_every) if n]
+    return step >= run.cfg.schedule.max_steps or any(step % n == 0 for n in every)
 
 
 def nan_message(run: Run, state: RunState, loss_sum) -> str:
@@ -672,14 +700,14 @@ def log_start(run: Run, state: RunState) -> dict:
     return rec
 
 
-def log_step(run: Run, state: RunState, lr: float, grad_norm: float, *, last: bool, stopping: bool) -> Optional[dict]:
+def log_step(run: Run, state: RunState, lr: float, grad_norm, *, last: bool, stopping: bool) -> Optional[dict]:
     """On log and eval steps: evaluate if due, write the record, keep best.pt; the record or None."""
     r, step = run.cfg.run, state.step
     do_eval = bool(r.eval_every and step % r.eval_every == 0) or (last and not stopping)
     if not do_eval and step % r.log_every:
         return None
     val_loss = evaluate(run) if do_eval else None
-    rec = make_record(run, state, lr, grad_norm, val_loss)
+    rec = make_record(run, state, lr, float(grad_norm), val_loss)  # the one read of the norm
     run.loggers.log(rec)
     if val_loss is not None:
         state.final_val = val_loss
@@ -849,7 +877,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
     return dict(
         config=run.cfg.to_dict(),
         rng=get_rng_state(),
-        sampler_states=_gather_states(run.sampler, run.dist, run.device),
+        sampler_states=_gather_states(run.batches.generator_state(), run.dist, run.device),
         world_size=run.dist.world,
         tokenizer_fingerprint=run.train_data.fingerprint,
         time_s=state.time_s,
@@ -861,8 +889,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
     )
 
 
-def _gather_states(g: torch.Generator, dist_: _Dist, device: torch.device) -> list[torch.Tensor]:
-    state = g.get_state()
+def _gather_states(state: torch.Tensor, dist_: _Dist, device: torch.device) -> list[torch.Tensor]:
     if not dist_.enabled:
         return [state]
     t = state.to(device)
