@@ -236,7 +236,6 @@ def speed(device: torch.device, tiny: bool, peak_tflops: float) -> list[str]:
 
 
 def training_run(device: torch.device, shards: dict, work: Path, tiny: bool, report_dir: Path) -> list[str]:
-    from ferrolm.app.plot import plot_run
     from ferrolm.lm.train import load_config, train
 
     seconds = 5 if tiny else 120
@@ -262,7 +261,13 @@ def training_run(device: torch.device, shards: dict, work: Path, tiny: bool, rep
         sets += ["run.eval_every=5", "run.eval_batches=1", "run.log_every=2", "run.compile=false"]
     cfg = load_config("tinystories", sets)
     summary = train(cfg)
-    png = plot_run(work / "run", x="time", out=report_dir / "gpu_loss.png", title="tinystories preset, 2 minutes")
+    try:  # matplotlib is optional on a bare GPU machine: the table below is the curve too
+        from ferrolm.app.plot import plot_run
+
+        png = plot_run(work / "run", x="time", out=report_dir / "gpu_loss.png", title="tinystories preset, 2 minutes")
+        figure = f"![loss curve]({png.name})"
+    except ImportError as e:
+        figure = f"(no loss plot: {e})"
     recs = [r for r in summary.records if r.get("tokens_per_s") or r.get("val_loss") is not None]
     lines = [
         f"`ferrolm train --config tinystories` for {seconds} s of training clock (compile and evaluations included) on "
@@ -270,7 +275,7 @@ def training_run(device: torch.device, shards: dict, work: Path, tiny: bool, rep
         f"{shards['vocab_size']:,}); status {summary.status}, {summary.step} steps, final val loss "
         f"{summary.final_val_loss if summary.final_val_loss is None else round(summary.final_val_loss, 4)}.",
         "",
-        f"![loss curve]({png.name})",
+        figure,
         "",
         "| step | time s | train loss | val loss | tokens/s | MFU |",
         "|---|---|---|---|---|---|",
