@@ -16,7 +16,7 @@
 //!      ones (so `"a" * 1_000_000` stays near linear).
 //!
 //! The public Rust API ([`Encoder`], [`StreamEncoder`]) has no PyO3 types; the shard
-//! writer and `python.rs` build on it.
+//! writer and the binding (`python/`) build on it.
 
 mod bpe;
 mod cache;
