@@ -414,3 +414,30 @@ def test_lr_follows_steps_or_the_time_budget():
     assert lr_at(cfg, 0, elapsed_s=5000.0) == pytest.approx(1e-4)
     with pytest.raises(ConfigError, match="max_time_s > 0"):
         load_config("cpu-small", ["schedule.max_time_s=0"])
+
+
+# ------------------------------------------------------------------- bad input ---------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("run.num_threads=-2", r"run.num_threads must be >= 0, got -2"),
+        ("optimizer.min_lr=0.5", r"optimizer.min_lr \(0.5\) is above optimizer.lr"),
+        ("schedule.tokens_per_step=7", r"tokens_per_step \(7\) is not a multiple of .* = 4096: use 4096 or 8192"),
+        ("schedule.tokens_per_step=10000", r"use 8192 or 12288"),
+        ("model.rope_theta=0", r"model.rope_theta must be a positive number, got 0"),
+        ("model.rope_theta=-5", r"model.rope_theta must be a positive number"),
+        ("optimizer.eps=0", r"optimizer.eps must be a positive number, got 0"),
+    ],
+)
+def test_nonsense_config_values_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("cpu-small", [override])
+
+
+def test_cli_resume_of_a_missing_run_names_it(tmp_path):
+    out = run_cli("train", "--resume", str(tmp_path / "nope"))
+    assert out.returncode == 2
+    assert f"--resume {tmp_path / 'nope'}: no such run directory or checkpoint" in out.stderr
+    assert "config.toml" not in out.stderr

@@ -71,6 +71,8 @@ def _run_train(args) -> int:
 
     config = args.config
     overrides = list(args.overrides)
+    if args.resume and not Path(args.resume).exists():
+        raise FileNotFoundError(f"--resume {args.resume}: no such run directory or checkpoint")
     if args.resume and config is None:
         rdir = Path(args.resume)
         if not rdir.is_dir():  # a checkpoint file: RUN/checkpoints/step_N.pt or RUN/best.pt
