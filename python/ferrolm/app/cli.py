@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS: list = []
 
 
-# --- train / plot (the LM training loop; ferrolm.lm.train) -----------------------------------
+# ---------------------------------------------------------------------------------------
+# train, plot: the LM training loop (ferrolm.lm.train) and its loss curves
+# ---------------------------------------------------------------------------------------
 
 
 def add_train_command(sub) -> None:
@@ -123,10 +125,10 @@ def _run_plot(args) -> int:
 
 COMMANDS.extend([add_train_command, add_plot_command])
 
-# --- end train / plot ------------------------------------------------------------------------
 
-
-# --- generate (sampling from a trained model; ferrolm.lm.generate) -----------------------------
+# ---------------------------------------------------------------------------------------
+# generate: sampling from a trained model (ferrolm.lm.generate)
+# ---------------------------------------------------------------------------------------
 
 
 def add_generate_command(sub) -> None:
@@ -237,10 +239,8 @@ def _run_generate(args) -> int:
 
 COMMANDS.append(add_generate_command)
 
-# --- end generate ---------------------------------------------------------------------------
-
 # ---------------------------------------------------------------------------------------
-# Corpus commands (issue 5): train-tokenizer, encode, decode, shards.
+# Corpus commands: train-tokenizer, encode, decode, shards
 # ---------------------------------------------------------------------------------------
 
 
@@ -606,10 +606,10 @@ def _run_shards(args) -> int:
 
 COMMANDS.extend([_add_train_tokenizer, _add_encode, _add_decode, _add_shards])
 
-# ----------------------------------------------------------- end of the corpus commands
 
-
-# --- demo / download (issue 9; ferrolm.app.demo, ferrolm.app.download) ----------------------------
+# ---------------------------------------------------------------------------------------
+# demo, download (ferrolm.app.demo, ferrolm.app.download)
+# ---------------------------------------------------------------------------------------
 
 
 def add_demo_command(sub) -> None:
@@ -732,8 +732,6 @@ def _run_download(args) -> int:
 
 
 COMMANDS.extend([add_demo_command, add_download_command])
-
-# --- end demo / download ------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
