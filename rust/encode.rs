@@ -403,6 +403,7 @@ impl Encoder {
         out: &mut Vec<u32>,
         flush: &mut impl FnMut(&mut Vec<u32>),
     ) {
+        crate::fault::check(crate::fault::Site::Encode);
         if allow_special && !self.specials.is_empty() {
             let mut pos = 0;
             for (s, e, id) in self.specials.find_iter(text) {

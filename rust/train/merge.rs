@@ -1234,6 +1234,7 @@ pub fn learn_merges(
     ctl: &Control,
     times: &mut MergeTimes,
 ) -> Result<Merges, TrainError> {
+    crate::fault::check(crate::fault::Site::TrainMerge);
     let num_merges = num_merges.min(words.max_merges());
     ctl.set_total(num_merges as u64);
     learn_merges_with(words, num_merges, ctl, times, PARALLEL_LIST, PRUNING)
