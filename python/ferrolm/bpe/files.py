@@ -17,11 +17,11 @@ import hashlib
 import itertools
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from ferrolm._util import atomic_write_bytes
 from ferrolm.bpe import patterns
 
 VOCAB_FILE = "vocab.json"
@@ -108,24 +108,6 @@ def fingerprint(
         h.update(s.encode("utf-8").hex().encode() + b"\n")
     h.update(b"pattern\n" + patterns.resolve(pattern).encode("utf-8"))
     return h.hexdigest()
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so that `path` is either absent/old or complete: temp file, fsync, rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def write_merges(path: str | os.PathLike, merges: Iterable[tuple[bytes, bytes]]) -> None:
