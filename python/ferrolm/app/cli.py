@@ -590,6 +590,87 @@ COMMANDS.extend([_add_train_tokenizer, _add_encode, _add_decode, _add_shards])
 # ----------------------------------------------------------- end of the corpus commands
 
 
+# --- export / eval (ferrolm.lm.export, ferrolm.lm.evaluate) ------------------------------------
+
+
+def add_export_command(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a checkpoint as a Hugging Face model folder (or a safetensors file)",
+        description="Write a folder that transformers loads with no ferrolm code: config.json (LlamaForCausalLM), "
+        "model.safetensors, generation_config.json and the tokenizer files (AutoModelForCausalLM and "
+        "AutoTokenizer .from_pretrained(DIR)). --format safetensors writes the weights alone under ferrolm's "
+        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it).",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
+    p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors file)")
+    p.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
+    )
+    p.add_argument("--format", default="hf", choices=["hf", "safetensors"], help="hf (default) or safetensors")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (hf)")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args) -> int:
+    from ferrolm.lm.export import export_hf, export_safetensors
+
+    if args.format == "safetensors":
+        out = export_safetensors(args.checkpoint, args.out)
+    else:
+        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
+    print(out)
+    return 0
+
+
+def add_eval_command(sub) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="score a checkpoint on token shards: loss, perplexity, bits per byte",
+        description="Run the model over the shards in consecutive context-length windows and report the mean loss "
+        "(nats/token), perplexity, bits per byte (total nats / ln 2 / UTF-8 bytes of the text; special tokens "
+        "count 0 bytes; needs the tokenizer) and tokens/s.",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
+    p.add_argument("--data", required=True, nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
+    p.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
+    )
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(run=_run_eval)
+
+
+def _run_eval(args) -> int:
+    import json
+
+    from ferrolm.lm.evaluate import evaluate
+
+    data = args.data if len(args.data) > 1 else args.data[0]
+    r = evaluate(
+        args.checkpoint,
+        data,
+        args.tokenizer,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        device=args.device,
+    )
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    bpb = f"{r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else "n/a (no tokenizer)"
+    print(f"loss {r['loss']:.4f}  perplexity {r['perplexity']:.2f}  bits/byte {bpb}")
+    print(f"{r['tokens']:,} tokens in {r['seconds']:.2f} s ({r['tokens_per_s'] or 0:,.0f} tokens/s)")
+    return 0
+
+
+COMMANDS.extend([add_export_command, add_eval_command])
+
+# --- end export / eval ----------------------------------------------------------------------
+
+
 # --- demo / download (issue 9; ferrolm.app.demo, ferrolm.app.download) ----------------------------
 
 

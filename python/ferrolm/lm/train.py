@@ -198,7 +198,14 @@ def build_model(cfg: ModelSection) -> torch.nn.Module:
     from ferrolm.lm.model import TransformerLM
 
     return TransformerLM(
-        cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.d_ff, cfg.rope_theta
+        cfg.vocab_size,
+        cfg.context_length,
+        cfg.d_model,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.d_ff,
+        cfg.rope_theta,
+        tie_embeddings=cfg.tie_embeddings,
     )
 
 
