@@ -112,7 +112,7 @@ def add_plot_command(sub) -> None:
 
 
 def _run_plot(args) -> int:
-    from ferrolm.lm.train import plot_run
+    from ferrolm.app.plot import plot_run
 
     path = plot_run(args.runs, x=args.x, out=args.out, labels=args.label, title=args.title)
     print(path)

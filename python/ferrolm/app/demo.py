@@ -26,7 +26,7 @@ From Python::
     print(result.plot, result.samples)
 
 Each stage calls ferrolm's public Python API (``Tokenizer.train``, ``shards.encode``,
-``train.train``, ``generate.generate``, ``train.plot_run``), so an error names the stage
+``train.train``, ``generate.generate``, ``plot.plot_run``), so an error names the stage
 and the real cause.
 """
 
@@ -584,7 +584,7 @@ def run_demo(
     t0 = time.perf_counter()
     plot: Optional[Path] = None
     try:
-        from ferrolm.lm.train import plot_run
+        from ferrolm.app.plot import plot_run
 
         plot = plot_run(run_dir, x="step", out=out / "loss.png", title=f"ferrolm demo: {PRESET} on {info.source}")
         say(f"  {plot}")

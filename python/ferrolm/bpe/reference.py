@@ -2,7 +2,7 @@
 
 This module is the ground truth the Rust core is tested against and the baseline its
 benchmarks are measured against, so it is written to be read. The semantics are those of
-DESIGN.md:
+docs/DESIGN.md:
 
 * Ids 0-255 are the single bytes, each merge adds the next id, special tokens come last.
 * Special tokens split the text first and are hard boundaries: no pre-token and no merge

@@ -1,6 +1,6 @@
 """ferrolm's Tokenizer: byte-level BPE backed by the Rust core (``ferrolm._core.Encoder``).
 
-Semantics are those of DESIGN.md and of ``ferrolm.bpe.reference.Tokenizer`` (the pure-Python
+Semantics are those of docs/DESIGN.md and of ``ferrolm.bpe.reference.Tokenizer`` (the pure-Python
 ground truth); with GPT-2's vocab and merges the ids equal tiktoken's.
 
     tok = Tokenizer.from_files("vocab.json", "merges.txt", special_tokens=["<|endoftext|>"])

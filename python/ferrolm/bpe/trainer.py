@@ -2,7 +2,7 @@
 
 ``train`` reads files in chunks (never a whole file at once), pre-tokenizes and counts
 in parallel, then learns the merges; it returns ``(vocab, merges)`` with ids as
-DESIGN.md fixes them: 0-255 the single bytes, then one id per merge in merge order,
+docs/DESIGN.md fixes them: 0-255 the single bytes, then one id per merge in merge order,
 then the special tokens. Among pairs of equal count the lexicographically greatest
 ``(bytes, bytes)`` is merged first. The result does not depend on ``num_threads``.
 
