@@ -601,3 +601,36 @@ def find_tokenizer(ckpt: dict, checkpoint: Union[str, os.PathLike[str]], tokeniz
             f"{os.fspath(checkpoint)}: the tokenizer folder its run names (data.tokenizer = {name}) is not there; give --tokenizer"
         )
     return Tokenizer.load(path)
+
+
+class StopText:
+    """Cuts streamed text before the first of ``stops``: ``feed`` returns the part of a
+    piece that is safe to show, holding back an end that may be the start of a stop string;
+    ``done`` is set once a stop string appeared (it and what follows are never shown)."""
+
+    def __init__(self, stops: Sequence[str] = ()):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.done = False
+
+    def feed(self, piece: str) -> str:
+        if self.done:
+            return ""
+        buf = self.pending + piece
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.done, self.pending = True, ""
+            return buf[: min(hits)]
+        keep = max(
+            (k for s in self.stops for k in range(min(len(s) - 1, len(buf)), 0, -1) if buf.endswith(s[:k])), default=0
+        )
+        self.pending = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        out, self.pending = ("" if self.done else self.pending), ""
+        return out
+
+    def cut(self, text: str) -> str:
+        """``text`` cut before its first stop string (the whole text at once)."""
+        return self.feed(text) + self.flush()
