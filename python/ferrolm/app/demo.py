@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+from ferrolm import __version__
+
 EOT = "<|endoftext|>"
 #: Between two documents in the demo's text files.
 SEPARATOR = "\n" + EOT + "\n"
@@ -299,7 +301,7 @@ def prepare_data(
 
 
 def _write_text(path: Path, text: str) -> None:
-    from ferrolm.bpe.files import atomic_write_bytes
+    from ferrolm._util import atomic_write_bytes
 
     atomic_write_bytes(path, text.encode("utf-8"))
 
@@ -361,7 +363,7 @@ def _prepare_out_dir(out: Path) -> None:
 
 
 def _write_marker(out: Path, payload: dict) -> None:
-    from ferrolm.bpe.files import atomic_write_bytes
+    from ferrolm._util import atomic_write_bytes
 
     atomic_write_bytes(out / MARKER, (json.dumps(payload, indent=2, default=str) + "\n").encode("utf-8"))
 
@@ -664,7 +666,7 @@ def _report(r: DemoResult, *, minutes: float, device: str) -> str:
     lines = [
         "# ferrolm demo",
         "",
-        f"- date: {_now()}; ferrolm {_version()}; Python {platform.python_version()}; torch {_torch_version()}; device {device}",
+        f"- date: {_now()}; ferrolm {__version__}; Python {platform.python_version()}; torch {_torch_version()}; device {device}",
         f"- data: {r.data.source}: {r.data.train_docs:,} training documents ({_fmt_bytes(r.data.train_bytes)}), "
         f"{r.data.val_docs:,} validation documents ({_fmt_bytes(r.data.val_bytes)})",
         f"- tokenizer: byte-level BPE, vocab_size {r.vocab_size}: {r.tokenizer_dir}",
@@ -714,15 +716,6 @@ def _summary_text(r: DemoResult) -> str:
         "  ferrolm download tinystories && ferrolm demo --data data/TinyStoriesV2-GPT4-train.txt   (another corpus)",
     ]
     return "\n".join(lines)
-
-
-def _version() -> str:
-    try:
-        import ferrolm
-
-        return ferrolm.__version__
-    except Exception:  # pragma: no cover
-        return "?"
 
 
 def _torch_version() -> str:

@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ferrolm._util import atomic_write_bytes, fsync_dir
 from ferrolm.bpe import patterns
 
 VOCAB_FILE = "vocab.json"
@@ -129,24 +130,6 @@ def fingerprint(
         h.update(s.encode("utf-8").hex().encode() + b"\n")
     h.update(b"pattern\n" + patterns.resolve(pattern).encode("utf-8"))
     return h.hexdigest()
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so that `path` is either absent/old or complete: temp file, fsync, rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _json_bytes(obj: dict) -> bytes:
@@ -350,19 +333,6 @@ def _umask() -> int:
     return mask
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_synced(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -434,11 +404,11 @@ def write_dir(target: str | os.PathLike, files: dict[str, bytes], owned: Iterabl
         os.chmod(tmp, 0o777 & ~_umask())
         for name, data in files.items():
             _write_synced(tmp / name, data)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if _before_rename is not None:
             _before_rename()
         _swap_in(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from ferrolm import _core
+from ferrolm._util import atomic_write_bytes, check_special_tokens, fix_surrogates, is_high_surrogate
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import patterns
 
@@ -25,16 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
 PathInput = Union[str, "os.PathLike[str]"]
 
 EOT = tf.EOT
-
-
-def _repair(text: str) -> str:
-    """What tiktoken does to a str that is not valid Unicode: join surrogate pairs and
-    replace lone surrogates by U+FFFD."""
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _is_high_surrogate(c: str) -> bool:
-    return "\ud800" <= c <= "\udbff"
 
 
 # encode_iterable feeds the core at most this many chars at a time, so that the ids of one
@@ -48,29 +39,10 @@ def _split_chunk(chunk: str) -> Iterator[str]:
     start, n = 0, len(chunk)
     while start < n:
         end = min(start + _FEED_MAX, n)
-        if end < n and _is_high_surrogate(chunk[end - 1]):
+        if end < n and is_high_surrogate(chunk[end - 1]):
             end += 1
         yield chunk[start:end]
         start = end
-
-
-def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
-    if special_tokens is None:
-        return []
-    if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(
-            f"special_tokens must be a list of str, not a single {type(special_tokens).__name__} ({special_tokens!r})"
-        )
-    specials = list(special_tokens)
-    for s in specials:
-        if not isinstance(s, str):
-            raise TypeError(f"special tokens must be str, got {type(s).__name__} ({s!r})")
-        if not s:
-            raise ValueError("a special token must not be the empty string")
-    duplicates = sorted({s for s in specials if specials.count(s) > 1})
-    if duplicates:
-        raise ValueError(f"special token(s) listed twice: {duplicates}")
-    return specials
 
 
 def _numpy():
@@ -100,7 +72,7 @@ class Tokenizer:
         if isinstance(merges, (str, bytes, dict)):
             raise TypeError(f"merges must be a list of (bytes, bytes) tuples, got {type(merges).__name__}")
         merges = list(merges)
-        specials = _check_special_tokens(special_tokens)
+        specials = check_special_tokens(special_tokens)
         source = patterns.resolve(pattern)
         self._core = _core.Encoder(vocab, merges, specials, source)
         # The vocab and merges are not kept in Python (GPT-2's take ~20 MB as Python
@@ -136,7 +108,7 @@ class Tokenizer:
         pattern: str = "gpt2",
     ) -> Tokenizer:
         """Load GPT-2-style vocab.json and merges.txt (byte-to-unicode form)."""
-        specials = _check_special_tokens(special_tokens)
+        specials = check_special_tokens(special_tokens)
         vocab = tf.read_vocab(vocab_path, specials, fast=True)
         merges = tf.read_merges(merges_path, fast=True)
         return cls(vocab, merges, specials, pattern)
@@ -196,7 +168,7 @@ class Tokenizer:
         """
         from ferrolm.bpe import trainer as bpe_trainer
 
-        specials = _check_special_tokens(special_tokens)
+        specials = check_special_tokens(special_tokens)
         vocab, merges = bpe_trainer.train(
             input, vocab_size, specials, pattern=pattern, num_threads=num_threads, progress=progress
         )
@@ -301,14 +273,14 @@ class Tokenizer:
         try:
             return self._core.encode(text, True)
         except UnicodeEncodeError:
-            return self._core.encode(_repair(text), True)
+            return self._core.encode(fix_surrogates(text), True)
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Token ids of ``text`` with special tokens treated as ordinary text."""
         try:
             return self._core.encode(text, False)
         except UnicodeEncodeError:
-            return self._core.encode(_repair(text), False)
+            return self._core.encode(fix_surrogates(text), False)
 
     def encode_batch(self, texts: Iterable[str], num_threads: int | None = None) -> list[list[int]]:
         """Encode each text, in parallel over texts (all cores by default, the GIL released)."""
@@ -320,7 +292,9 @@ class Tokenizer:
         try:
             return self._core.encode_batch(texts, True, threads)
         except UnicodeEncodeError:
-            return self._core.encode_batch([_repair(t) if isinstance(t, str) else t for t in texts], True, threads)
+            return self._core.encode_batch(
+                [fix_surrogates(t) if isinstance(t, str) else t for t in texts], True, threads
+            )
 
     def encode_batch_to_numpy(
         self, texts: Iterable[str], dtype: Any = None, num_threads: int | None = None
@@ -337,7 +311,7 @@ class Tokenizer:
         try:
             return self._core.encode_batch_to_arrays(texts, True, itemsize, threads)
         except UnicodeEncodeError:
-            fixed = [_repair(t) if isinstance(t, str) else t for t in texts]
+            fixed = [fix_surrogates(t) if isinstance(t, str) else t for t in texts]
             return self._core.encode_batch_to_arrays(fixed, True, itemsize, threads)
 
     def encode_to_numpy(self, text: str, dtype: Any = None, num_threads: int | None = None) -> np.ndarray:
@@ -352,7 +326,7 @@ class Tokenizer:
         try:
             return self._core.encode_to_array(text, True, itemsize, num_threads)
         except UnicodeEncodeError:
-            return self._core.encode_to_array(_repair(text), True, itemsize, num_threads)
+            return self._core.encode_to_array(fix_surrogates(text), True, itemsize, num_threads)
 
     def encode_file(self, path: PathInput, dtype: Any = None, num_threads: int | None = None) -> np.ndarray:
         """Encode a whole UTF-8 text file (invalid bytes read as U+FFFD) into a numpy array,
@@ -401,16 +375,16 @@ class Tokenizer:
                 if not isinstance(chunk, str):
                     raise TypeError(f"encode_iterable() expects str chunks, got {type(chunk).__name__}")
                 chunk, carry = carry + chunk, ""
-            if chunk and isinstance(chunk, str) and _is_high_surrogate(chunk[-1]):
+            if chunk and isinstance(chunk, str) and is_high_surrogate(chunk[-1]):
                 chunk, carry = chunk[:-1], chunk[-1]
             for part in _split_chunk(chunk) if isinstance(chunk, str) and len(chunk) > _FEED_MAX else (chunk,):
                 try:
                     ids = stream.feed(part)
                 except UnicodeEncodeError:
-                    ids = stream.feed(_repair(part))
+                    ids = stream.feed(fix_surrogates(part))
                 yield from ids
         if carry:
-            yield from stream.feed(_repair(carry))
+            yield from stream.feed(fix_surrogates(carry))
         yield from stream.finish()
 
     # ---- decoding -----------------------------------------------------------------
@@ -477,7 +451,7 @@ class Tokenizer:
         if isinstance(special_tokens, dict):
             specials = dict(special_tokens)
         else:
-            names = _check_special_tokens(special_tokens)
+            names = check_special_tokens(special_tokens)
             top = max(ranks.values(), default=-1)
             specials = {s: top + 1 + k for k, s in enumerate(names)}
         return cls._from_ranks(ranks, specials, pattern)
@@ -545,10 +519,10 @@ class Tokenizer:
         path = Path(path)
         files = tf.hf_files(self._vocab, self._merges, self._special_id_pairs(), self._pattern, model_max_length)
         if not path.is_dir():
-            tf.atomic_write_bytes(path, files[tf.HF_FILE])
+            atomic_write_bytes(path, files[tf.HF_FILE])
             return path
         for name, data in files.items():
-            tf.atomic_write_bytes(path / name, data)
+            atomic_write_bytes(path / name, data)
         return path / tf.HF_FILE
 
 

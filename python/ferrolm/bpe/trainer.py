@@ -13,11 +13,11 @@ KeyboardInterrupt within a fraction of a second.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from typing import Callable, Union
 
 from ferrolm import _core
+from ferrolm._util import check_special_tokens, fix_surrogates, is_high_surrogate
 
 __all__ = ["train", "train_bpe"]
 
@@ -30,15 +30,6 @@ _CHUNK_SIZE: int | None = None
 # Strings from an iterable are handed to the core in batches of about this many characters.
 _TEXT_BATCH_CHARS = 4 << 20
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _fix_surrogates(text: str) -> str:
-    """Lone surrogates become U+FFFD and surrogate pairs their character (as tiktoken does)."""
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
 
 def _feed_texts(trainer, texts: Iterable[str], report) -> None:
     """Feed an iterable of str to the core's text stream, in batches (one continuous text)."""
@@ -49,13 +40,13 @@ def _feed_texts(trainer, texts: Iterable[str], report) -> None:
         nonlocal batch, size
         text = "".join(batch)
         carry = ""
-        if not final and text and "\ud800" <= text[-1] <= "\udbff":
+        if not final and text and is_high_surrogate(text[-1]):
             # A high surrogate may pair with a low one at the start of the next string.
             text, carry = text[:-1], text[-1]
         try:
             trainer.feed_text(text, report)
         except UnicodeEncodeError:
-            trainer.feed_text(_fix_surrogates(text), report)
+            trainer.feed_text(fix_surrogates(text), report)
         batch, size = ([carry], len(carry)) if carry else ([], 0)
 
     for text in texts:
@@ -67,23 +58,6 @@ def _feed_texts(trainer, texts: Iterable[str], report) -> None:
             flush(final=False)
     flush(final=True)
     trainer.finish_text(report)
-
-
-def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
-    if special_tokens is None:
-        return []
-    if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(f"special_tokens must be a list of strings, not a single {type(special_tokens).__name__}")
-    out = list(special_tokens)
-    for s in out:
-        if not isinstance(s, str):
-            raise TypeError(f"special tokens must be str, got {type(s).__name__}: {s!r}")
-        if not s:
-            raise ValueError("a special token must not be the empty string")
-    duplicates = sorted({s for s in out if out.count(s) > 1})
-    if duplicates:
-        raise ValueError(f"special token(s) listed twice: {duplicates}")
-    return out
 
 
 def _as_paths(input) -> list[str] | None:
@@ -168,7 +142,7 @@ def train(
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
-    specials = _check_special_tokens(special_tokens)
+    specials = check_special_tokens(special_tokens)
     if vocab_size < 256 + len(specials):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: it must be at least {256 + len(specials)} (256 bytes + {len(specials)} special tokens)"

@@ -15,12 +15,13 @@ from __future__ import annotations
 import io
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Union
 
 import numpy as np
 import torch
+
+from ferrolm._util import atomic_open
 
 __all__ = [
     "save_checkpoint",
@@ -104,37 +105,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
 def save_checkpoint(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, iteration: int, out: Target, **extra: Any
 ) -> None:
@@ -156,7 +126,9 @@ def save_checkpoint(
         **extra,
     }
     if isinstance(out, (str, os.PathLike)):
-        _atomic_torch_save(obj, Path(out))
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(out) as f:
+            torch.save(obj, f)
     else:
         torch.save(obj, out)
 

@@ -11,7 +11,6 @@ until a window is drawn.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -21,19 +20,15 @@ from typing import Union
 import numpy as np
 import torch
 
+from ferrolm.bpe.shards import FORMAT, MANIFEST_FORMAT, ShardError, read_json_object
+
 __all__ = ["get_batch", "TokenShards", "ShardError", "tokenizer_fingerprint"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-SHARD_FORMAT = "ferrolm-shard"
-MANIFEST_FORMAT = "ferrolm-shards-manifest"
 SUPPORTED_FORMAT_VERSION = 1
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)$")
-
-
-class ShardError(ValueError):
-    """Shard files are missing, malformed or inconsistent; the message names the file."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -192,25 +187,13 @@ def _strip_suffix(path: Path) -> Path:
     return path
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"shard sidecar not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardError(f"{path}: not valid JSON: {e}") from None
-    if not isinstance(record, dict):
-        raise ShardError(f"{path}: expected a JSON object")
-    return record
-
-
 def _open_part(prefix: Path, meta: dict | None = None) -> _Part:
     json_path = prefix.with_name(prefix.name + ".json")
     bin_path = prefix.with_name(prefix.name + ".bin")
     if meta is None:
-        meta = _read_json(json_path)
-    if meta.get("format") != SHARD_FORMAT:
-        raise ShardError(f'{json_path}: not a ferrolm shard sidecar (missing "format": "{SHARD_FORMAT}")')
+        meta = read_json_object(json_path)
+    if meta.get("format") != FORMAT:
+        raise ShardError(f'{json_path}: not a ferrolm shard sidecar (missing "format": "{FORMAT}")')
     version = meta.get("format_version")
     if not isinstance(version, int) or version > SUPPORTED_FORMAT_VERSION:
         raise ShardError(
@@ -290,7 +273,7 @@ def _resolve(src) -> list[_Part]:
         raise TypeError(f"shard source must be a path or a list of paths, got {type(src).__name__}")
     path = Path(src)
     if path.suffix == ".json" and path.is_file():
-        record = _read_json(path)
+        record = read_json_object(path)
         if record.get("format") == MANIFEST_FORMAT:
             parts = record.get("parts")
             if not isinstance(parts, list) or not parts or not all(isinstance(p, str) for p in parts):

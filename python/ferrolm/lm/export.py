@@ -23,6 +23,7 @@ from typing import Any, Union
 
 import torch
 
+from ferrolm._util import atomic_write_bytes
 from ferrolm.bpe import files as tf
 from ferrolm.lm.model import ModelConfig, check_llama_compatible, to_hf_llama_state_dict
 
@@ -131,5 +132,5 @@ def export_safetensors(checkpoint: PathLike, out: PathLike) -> Path:
     if ckpt.get("tokenizer_fingerprint"):
         meta["tokenizer_fingerprint"] = str(ckpt["tokenizer_fingerprint"])
     out = Path(out)
-    tf.atomic_write_bytes(out, _safetensors_bytes(sd, meta))
+    atomic_write_bytes(out, _safetensors_bytes(sd, meta))
     return out

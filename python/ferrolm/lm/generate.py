@@ -65,6 +65,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
+from ferrolm.lm.device import resolve_device
+
 __all__ = [
     "top_k_mask",
     "top_p_mask",
@@ -474,24 +476,6 @@ def iter_text(ids: Iterable[int], token_bytes: Callable[[int], bytes]) -> Iterat
     tail = decoder.decode(b"", final=True)
     if tail:
         yield tail
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``"auto"``: CUDA when available, then Apple MPS, else the CPU; otherwise torch's name."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"invalid device {name!r}: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
-    return device
 
 
 def _model_config_from_checkpoint(ckpt: dict, name: str) -> dict:

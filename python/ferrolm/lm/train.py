@@ -48,7 +48,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from ferrolm.bpe.files import atomic_write_bytes
+from ferrolm import __version__
+from ferrolm._util import atomic_write_bytes
 from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
@@ -73,6 +74,7 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     to_toml,
 )
 from ferrolm.lm.data import ShardError, TokenShards, sample_starts
+from ferrolm.lm.device import resolve_device
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
@@ -346,28 +348,6 @@ def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device,
     return float(total[0] / total[1]) if total[0] > 0 else None
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """ "auto" -> cuda (this process's GPU) > mps > cpu; anything else is checked and returned."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"run.device: unknown device {name!r} (use auto, cpu, cuda, cuda:N or mps)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"run.device is {name!r} but CUDA is not available here")
-        if dev.index is None:
-            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError(f"run.device is {name!r} but MPS is not available here")
-    return dev
-
-
 def setup_distributed(device_name: str) -> _Dist:
     """Join the process group torchrun describes in the environment (a no-op alone)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -391,7 +371,10 @@ def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]
     """This process's device, with threads and TF32 set; and whether bf16 autocast is on."""
     if cfg.run.num_threads > 0:
         torch.set_num_threads(cfg.run.num_threads)
-    device = resolve_device(cfg.run.device, local_rank)
+    try:
+        device = resolve_device(cfg.run.device, local_rank)
+    except ValueError as e:
+        raise ConfigError(f"run.device: {e}") from None
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if cfg.run.tf32:
@@ -902,7 +885,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         tokens=state.step * run.tokens_per_step,
         best_val_loss=state.best_val,
         log_state=log_state,
-        ferrolm_version=_version(),
+        ferrolm_version=__version__,
     )
 
 
@@ -951,12 +934,6 @@ def save_best(run: Run, state: RunState) -> None:
 def _barrier(dist_: _Dist) -> None:
     if dist_.enabled:
         dist.barrier()
-
-
-def _version() -> str:
-    import ferrolm
-
-    return ferrolm.__version__
 
 
 def _step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
