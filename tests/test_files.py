@@ -73,6 +73,7 @@ def test_save_hf_writes_what_save_writes(trained, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [tf.HF_SPECIALS_FILE, tf.HF_FILE, tf.HF_CONFIG_FILE]
     assert (out / tf.HF_FILE).read_bytes() == before[tf.HF_FILE]
     assert json.loads((out / tf.HF_CONFIG_FILE).read_text())["model_max_length"] == 256
+    assert Tokenizer.load(out / tf.HF_FILE).fingerprint == tok.fingerprint  # the file itself too
     # a folder of the HF files alone loads in ferrolm as the same tokenizer
     assert Tokenizer.load(out).fingerprint == tok.fingerprint
     # GPT-2's only special token is eos and pad both
@@ -335,3 +336,14 @@ def test_from_hf_refuses_what_it_does_not_model(tmp_path):
     for path, message in cases.items():
         with pytest.raises(TokenizerFileError, match=message):
             Tokenizer.from_hf(path)
+
+
+def test_saved_folder_respects_the_umask(trained, tmp_path):
+    tok, _ = trained
+    old = os.umask(0o027)
+    try:
+        d = tok.save(tmp_path / "t")
+    finally:
+        os.umask(old)
+    assert d.stat().st_mode & 0o777 == 0o750
+    assert {p.stat().st_mode & 0o777 for p in d.iterdir()} == {0o640}

@@ -134,8 +134,10 @@ class Tokenizer:
     @classmethod
     def load(cls, directory: PathInput) -> Tokenizer:
         """Load a directory written by :meth:`save` (or by ferrolm 0.1.0), checking its
-        checksums and fingerprint; a folder holding only an HF tokenizer.json loads as
-        :meth:`from_hf` does."""
+        checksums and fingerprint; a folder holding only an HF tokenizer.json, or the path
+        of such a file, loads as :meth:`from_hf` does."""
+        if Path(directory).is_file():  # an HF tokenizer.json given by its path
+            return cls.from_hf(directory)
         loaded = tf.load_dir(directory, fast=True)
         tok = cls(loaded.vocab, loaded.merges, loaded.special_tokens, loaded.pattern)
         tf.check_fingerprint(loaded, tok.fingerprint)
