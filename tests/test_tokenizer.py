@@ -676,8 +676,10 @@ def test_bad_files(tmp_path):
     with pytest.raises(TokenizerFileError):
         Tokenizer.load(d)
     (d / "tokenizer.json").unlink()
-    with pytest.raises(ValueError, match="byte"):
+    with pytest.raises(TokenizerFileError, match="incomplete"):
         Tokenizer.load(d)
+    with pytest.raises(ValueError, match="byte"):
+        Tokenizer.from_files(d / "vocab.json", d / "merges.txt")
     with pytest.raises(FileNotFoundError):
         Tokenizer.load(tmp_path / "missing")
     (tmp_path / "bad.tiktoken").write_text("!!!notbase64 x\n")
