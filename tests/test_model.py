@@ -577,7 +577,11 @@ def test_hf_export_refuses_an_ablation_it_cannot_map():
     model = TransformerLM(64, 16, 32, 1, 4, 64, ffn="silu")
     with pytest.raises(ValueError, match="model.ffn = 'silu'.*cannot be exported"):
         to_hf_llama_state_dict(model)
-<<<<<<< HEAD
+    for ablation in ({"norm": "none"}, {"norm_position": "post"}, {"positions": "none"}):
+        with pytest.raises(ValueError, match=f"model.{next(iter(ablation))}"):
+            to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, **ablation))
+    tied = to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, tie_embeddings=True))
+    assert "lm_head.weight" not in tied  # HF ties it to model.embed_tokens.weight
 
 
 # ------------------------------------------------------------- torch.compile ----------
@@ -614,10 +618,3 @@ def test_compiled_step_equals_eager_forward_and_backward():
     torch.testing.assert_close(loss_compiled, loss_eager, atol=1e-5, rtol=1e-5)
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
-=======
-    for ablation in ({"norm": "none"}, {"norm_position": "post"}, {"positions": "none"}):
-        with pytest.raises(ValueError, match=f"model.{next(iter(ablation))}"):
-            to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, **ablation))
-    tied = to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, tie_embeddings=True))
-    assert "lm_head.weight" not in tied  # HF ties it to model.embed_tokens.weight
->>>>>>> hf
