@@ -575,8 +575,13 @@ def test_rope_real_form_equals_complex_form():
 
 def test_hf_export_refuses_an_ablation_it_cannot_map():
     model = TransformerLM(64, 16, 32, 1, 4, 64, ffn="silu")
-    with pytest.raises(ValueError, match="default architecture"):
+    with pytest.raises(ValueError, match="model.ffn = 'silu'.*cannot be exported"):
         to_hf_llama_state_dict(model)
+    for ablation in ({"norm": "none"}, {"norm_position": "post"}, {"positions": "none"}):
+        with pytest.raises(ValueError, match=f"model.{next(iter(ablation))}"):
+            to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, **ablation))
+    tied = to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, tie_embeddings=True))
+    assert "lm_head.weight" not in tied  # HF ties it to model.embed_tokens.weight
 
 
 # ------------------------------------------------------------- torch.compile ----------
