@@ -379,6 +379,49 @@ def test_ddp_two_cpu_processes(shards, tmp_path):
     assert load_checkpoint(tmp_path / "ddp" / "checkpoints" / "step_00000006.pt", model, None) == 6
 
 
+def _torchrun(*args, nproc: int = 2, timeout: int = 300):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_give_the_losses_of_one_on_the_same_global_batch(mode):
+    script = str(REPO / "tests" / "dist_step.py")
+    alone = subprocess.run([sys.executable, script, "single"], capture_output=True, text=True, check=True).stdout
+    together = _torchrun(script, mode)
+    losses = [float(v) for v in alone.split()], [float(v) for v in together.split()]
+    assert len(losses[0]) == len(losses[1]) == 6
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5), losses
+    assert losses[0][-1] < losses[0][0]
+
+
+def test_fsdp_run_saves_plain_checkpoints_and_resumes(shards, tmp_path):
+    cfg = tiny_config(
+        shards, tmp_path / "fsdp", schedule={"max_steps": 6}, run={"eval_every": 3, "log_every": 3, "parallel": "fsdp"}
+    )
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    _torchrun("-m", "ferrolm", "train", "--config", str(tmp_path / "c.toml"))
+    path = tmp_path / "fsdp" / "checkpoints" / "step_00000005.pt"
+    model = TransformerLM(**TINY_MODEL)
+    assert load_checkpoint(path, model, None) == 5  # full tensors under the usual keys
+    ckpt = read_checkpoint(path)
+    assert set(ckpt["optimizer"]["state"]) == set(range(len(list(model.parameters()))))
+    # continue from step 5 sharded again (the full state is loaded into the shards)...
+    cfg.run.out_dir = str(tmp_path / "again")
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    _torchrun("-m", "ferrolm", "train", "--config", str(tmp_path / "c.toml"), "--resume", str(path))
+    again = read_checkpoint(tmp_path / "again" / "checkpoints" / "step_00000006.pt")
+    assert again["iteration"] == 6 and all(torch.isfinite(v).all() for v in again["model"].values())
+    # ...and in one process: the checkpoint is an ordinary one
+    one = tiny_config(shards, tmp_path / "one", schedule={"max_steps": 6})
+    with pytest.warns(UserWarning, match="reseeded"):
+        summary = train(one, resume=path)
+    assert summary.step == 6 and summary.status == "done"
+
+
 # ------------------------------------------------------------------- schedule ----------
 
 

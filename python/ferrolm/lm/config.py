@@ -103,6 +103,7 @@ class RunSection:
     num_threads: int = 0  # torch CPU threads (0: torch's default, one per core)
     # "auto", "true" or "false" (TOML booleans work too); see ferrolm.lm.device for "auto":
     autocast_bf16: str = "auto"  # bf16 autocast: auto = on CUDA, and on CPUs with native bf16 (AMX, AVX512-BF16)
+    parallel: str = "ddp"  # under torchrun: "ddp" (weights replicated) or "fsdp" (sharded, FSDP2)
     compile: str = "auto"  # torch.compile model + loss: auto = on CUDA, and on CPU when a C++ compiler is found
     tf32: bool = True  # allow TF32 matmuls on CUDA
     eval_every: int = 200  # steps between validation evaluations (0: only at the end)
@@ -234,6 +235,8 @@ class TrainConfig:
         for k in ("beta1", "beta2"):
             if not 0 <= getattr(o, k) < 1:
                 raise ConfigError(f"optimizer.{k} must be in [0, 1), got {getattr(o, k)}")
+        if r.parallel not in ("ddp", "fsdp"):
+            raise ConfigError(f"run.parallel must be 'ddp' or 'fsdp', got {r.parallel!r}")
         if s.schedule_by not in ("steps", "time"):
             raise ConfigError(f"schedule.schedule_by must be 'steps' or 'time', got {s.schedule_by!r}")
         if s.schedule_by == "time" and s.max_time_s <= 0:

@@ -78,6 +78,7 @@ from ferrolm.lm.device import resolve_device, use_bf16, use_compile
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
+from ferrolm.lm.sharding import full_state_dicts, load_full_state_dicts, shard_model
 
 __all__ = [
     "TrainConfig",
@@ -288,6 +289,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     torch.manual_seed(cfg.run.seed)
     train_data, val_data = _open_data(cfg, cfg.model.vocab_size)
     model = build_model(cfg.model).to(device)
+    if _sharded(cfg, dist_):
+        shard_model(model, device)  # in place, before the optimizer sees the parameters
     optimizer = build_optimizer(model, cfg.optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
     accum, tokens_per_step = micro_batches(cfg, dist_)
@@ -495,7 +498,11 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, mo
         raise CheckpointError(
             f"{ckpt_path} was trained on shards of another tokenizer than data.train {train_data.paths[0]}"
         )
-    step = apply_checkpoint(ckpt, model, optimizer, name=str(ckpt_path))
+    if _sharded(cfg, dist_):
+        load_full_state_dicts(model, optimizer, ckpt["model"], ckpt["optimizer"])
+        step = int(ckpt["iteration"])
+    else:
+        step = apply_checkpoint(ckpt, model, optimizer, name=str(ckpt_path))
     time_s = float(ckpt.get("time_s", 0.0))
     log_state = ckpt.get("log_state") or {}
     if "rng" in ckpt:
@@ -525,13 +532,19 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, mo
 
 
 def wrap_model(model, cfg: TrainConfig, dist_: _Dist, device: torch.device):
-    """(the model the step runs: DDP-wrapped under torchrun, the model evaluation runs, the
-    step's loss function: model forward and cross-entropy, compiled as one graph per run.compile)."""
+    """(the model the step runs: DDP-wrapped under torchrun unless already sharded, the model
+    evaluation runs, the step's loss function: model forward and cross-entropy, compiled as
+    one graph per run.compile)."""
     loss = torch.compile(model_loss) if use_compile(cfg.run.compile, device) else model_loss
-    if not dist_.enabled:
+    if not dist_.enabled or _sharded(cfg, dist_):
         return model, model, loss
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return ddp, ddp.module, loss  # evaluation needs no DDP hooks
+
+
+def _sharded(cfg: TrainConfig, dist_: _Dist) -> bool:
+    """FSDP2 (run.parallel = "fsdp") under torchrun; one process never shards."""
+    return dist_.enabled and cfg.run.parallel == "fsdp"
 
 
 def validation_starts(cfg: TrainConfig, val_data: TokenShards, dist_: _Dist) -> torch.Tensor:
@@ -600,7 +613,8 @@ def forward_backward(run: Run) -> torch.Tensor:
     for micro in range(run.accum):
         x, y = run.batches.next()
         last = micro == run.accum - 1
-        with contextlib.nullcontext() if last or not run.dist.enabled else run.model.no_sync():  # DDP: all-reduce once
+        accumulate = run.dist.enabled and not last and run.cfg.run.parallel == "ddp"
+        with run.model.no_sync() if accumulate else contextlib.nullcontext():  # DDP: all-reduce once per step
             loss = run.loss(run.model, x, y, run.bf16)
             (loss / run.accum).backward()
         loss_sum += loss.detach().float()
@@ -919,6 +933,24 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
     )
 
 
+class _Saved:
+    """A state dict in the shape save_checkpoint reads (``.state_dict()``)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+
+def saved_state(run: Run):
+    """(model, optimizer) for save_checkpoint; a sharded run gathers full tensors (a collective)."""
+    if not _sharded(run.cfg, run.dist):
+        return run.raw_model, run.optimizer
+    model_sd, optim_sd = full_state_dicts(run.raw_model, run.optimizer)
+    return _Saved(model_sd), _Saved(optim_sd)
+
+
 def _gather_states(state: torch.Tensor, dist_: _Dist, device: torch.device) -> list[torch.Tensor]:
     if not dist_.enabled:
         return [state]
@@ -931,10 +963,11 @@ def _gather_states(state: torch.Tensor, dist_: _Dist, device: torch.device) -> l
 def save(run: Run, state: RunState, *, final: bool) -> None:
     """A step checkpoint (rank 0 writes, older ones past keep_last go); a failed final save raises."""
     payload = checkpoint_payload(run, state)
+    model, optimizer = saved_state(run)
     if run.dist.is_main:
         path = run.run_dir / CHECKPOINT_DIR / f"step_{state.step:08d}.pt"
         try:
-            save_checkpoint(run.raw_model, run.optimizer, state.step, path, **payload)
+            save_checkpoint(model, optimizer, state.step, path, **payload)
         except OSError as e:
             prev = f"; the previous checkpoint {state.last_ckpt} is intact" if state.last_ckpt else ""
             msg = f"could not save checkpoint {path}: {e}{prev}"
@@ -951,10 +984,11 @@ def save(run: Run, state: RunState, *, final: bool) -> None:
 
 def save_best(run: Run, state: RunState) -> None:
     payload = checkpoint_payload(run, state)
+    model, optimizer = saved_state(run)
     if run.dist.is_main:
         path = run.run_dir / BEST_FILE
         try:
-            save_checkpoint(run.raw_model, run.optimizer, state.step, path, **payload)
+            save_checkpoint(model, optimizer, state.step, path, **payload)
         except OSError as e:
             say(run, f"could not save {path}: {e} (the previous best is intact; training continues)")
     _barrier(run.dist)
