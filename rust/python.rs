@@ -12,6 +12,13 @@ fn version() -> &'static str {
     crate::VERSION
 }
 
+/// The Unicode version of the built-in patterns' character classes (fixed per release,
+/// whatever Python packages are installed).
+#[pyfunction]
+fn unicode_version() -> &'static str {
+    crate::unicode_tables::UNICODE_VERSION
+}
+
 /// Pre-tokenize `text` with a named or custom pattern; returns the pieces.
 /// Exposed for differential tests against Python's `regex` module.
 #[pyfunction]
@@ -1172,7 +1179,7 @@ fn pattern_source(name: &str) -> PyResult<&'static str> {
 
 /// For each char of `text`, the bit flags of the pre-tokenizer's Unicode classes
 /// (see `pretokenize::char_class_flags`), as bytes: one flag byte per char. For
-/// exhaustive tests against `regex`.
+/// exhaustive tests of the tables.
 #[pyfunction]
 fn _char_classes(text: &str) -> Vec<u8> {
     text.chars().map(crate::pretokenize::char_class_flags).collect()
@@ -1183,6 +1190,7 @@ fn _char_classes(text: &str) -> Vec<u8> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(unicode_version, m)?)?;
     m.add_function(wrap_pyfunction!(pretokenize, m)?)?;
     encoder_bindings::register(m)?; // encoder section
     shards_bindings::register(m)?; // shards section

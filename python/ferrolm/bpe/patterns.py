@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+# The Unicode version of the built-in patterns' classes (\p{L}, \p{N}, \s, ...), in the Rust
+# core (ferrolm._core.unicode_version()) and the reference alike: fixed per release, that of
+# the regex engine the core uses (regex-syntax) and of tiktoken.
+from ferrolm.bpe.unicode_classes import UNICODE_VERSION as UNICODE_VERSION
+
 GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 CL100K = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
