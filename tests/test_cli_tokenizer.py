@@ -81,6 +81,17 @@ def test_train_tokenizer_bad_input_is_a_clear_error(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("vocab_size", ["9223372036854775807", "4294967296"])
+def test_train_tokenizer_vocab_size_beyond_32_bit_ids_is_a_clear_error(tmp_path, vocab_size):
+    src = tmp_path / "in.txt"
+    src.write_text("hello world " * 50)
+    out = tmp_path / "t"
+    r = run_cli("train-tokenizer", "--input", src, "--vocab-size", vocab_size, "--out", out, "--no-progress")
+    assert r.returncode == 2 and "at most 4294967295" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_missing_required_arguments_exit_nonzero():
     r = run_cli("encode", "--input", "x.txt")
     assert r.returncode == 2 and "--tokenizer" in r.stderr

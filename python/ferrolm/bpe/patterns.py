@@ -34,6 +34,21 @@ NAMED = {
 }
 
 
+# The Unicode version of the character classes (\p{L}, \p{N}, \s, ...) the pre-tokenizer
+# uses; tokenizer records keep it, so a folder saved under other classes is noticed.
+UNICODE_VERSION = "17.0.0"
+
+
+def unicode_version() -> str:
+    """The Unicode version of the compiled pre-tokenizer's character classes."""
+    try:
+        from ferrolm import _core
+    except ImportError:  # the pure-Python reference alone
+        return UNICODE_VERSION
+    fn = getattr(_core, "unicode_version", None)
+    return fn() if fn is not None else UNICODE_VERSION
+
+
 def resolve(pattern: str) -> str:
     """The regex source for a pattern name ("gpt2", "cl100k", "o200k") or a custom regex
     (Python ``regex`` syntax; ValueError, with the regex module's reason, when it is not one)."""

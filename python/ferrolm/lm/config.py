@@ -61,6 +61,7 @@ class ModelSection:
     num_heads: int = 16
     d_ff: int = 1344
     rope_theta: float = 10_000.0
+    tie_embeddings: bool = False  # one matrix for the embedding and the LM head
 
 
 @dataclass

@@ -121,11 +121,20 @@ def get_batch(
 # ---------------------------------------------------------------------------------------
 
 
+def _is_legacy_record(path: Path) -> bool:
+    """Whether ``path`` is a ferrolm 0.1.0 folder's record (not an HF tokenizer.json)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return '"ferrolm-tokenizer"' in f.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """The fingerprint string of `tokenizer`.
 
-    Accepts a fingerprint string, a tokenizer directory (its tokenizer.json is read), a path
-    to a tokenizer.json, or an object with a ``fingerprint`` attribute or method.
+    Accepts a fingerprint string, a tokenizer directory (its record is read), a path
+    to a record, or an object with a ``fingerprint`` attribute or method.
     """
     if isinstance(tokenizer, (str, os.PathLike)):
         s = os.fspath(tokenizer)
@@ -133,7 +142,13 @@ def tokenizer_fingerprint(tokenizer) -> str:
             return s.lower()
         p = Path(s)
         if p.is_dir():
-            p = p / "tokenizer.json"
+            from ferrolm.bpe import files
+
+            if not (p / files.RECORD_FILE).is_file() and not _is_legacy_record(p / files.LEGACY_RECORD_FILE):
+                from ferrolm.bpe.tokenizer import Tokenizer
+
+                return Tokenizer.load(p).fingerprint  # a folder of an HF tokenizer.json
+            p = p / (files.RECORD_FILE if (p / files.RECORD_FILE).is_file() else files.LEGACY_RECORD_FILE)
         if p.is_file():
             from ferrolm.bpe.files import read_config
 

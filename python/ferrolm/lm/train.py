@@ -180,6 +180,7 @@ class Run:
     peak: Optional[float]
     loggers: _Loggers
     bar: Any  # tqdm bar on rank 0 when run.progress, else None
+    val_bytes_per_token: Optional[float] = None  # for bits per byte; None without a tokenizer folder
 
 
 # ---------------------------------------------------------------------------------------
@@ -327,8 +328,25 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         peak=peak,
         loggers=loggers,
         bar=bar,
+        val_bytes_per_token=val_bytes_per_token(cfg, val_data, val_starts, device, dist_),
     )
     return run, state
+
+
+def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device, dist_: _Dist) -> Optional[float]:
+    """UTF-8 bytes per predicted token of the validation windows (all processes), when
+    data.tokenizer names a folder: bits per byte = val loss / ln 2 / this."""
+    if not cfg.data.tokenizer or not Path(cfg.data.tokenizer).is_dir():
+        return None
+    from ferrolm.bpe.tokenizer import Tokenizer
+    from ferrolm.lm.evaluate import token_byte_lengths
+
+    lengths = token_byte_lengths(Tokenizer.load(cfg.data.tokenizer), cfg.model.vocab_size)
+    _, y = val_data.windows_at(starts, cfg.model.context_length, "cpu")
+    total = torch.tensor([float(lengths[y].sum()), float(y.numel())], dtype=torch.float64, device=device)
+    if dist_.enabled:
+        dist.all_reduce(total)
+    return float(total[0] / total[1]) if total[0] > 0 else None
 
 
 def setup_distributed(device_name: str) -> _Dist:
@@ -433,7 +451,14 @@ def _open_data(cfg: TrainConfig, model_vocab: int) -> tuple[TokenShards, TokenSh
 
 def build_model(cfg: ModelSection) -> torch.nn.Module:
     return TransformerLM(
-        cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.d_ff, cfg.rope_theta
+        cfg.vocab_size,
+        cfg.context_length,
+        cfg.d_model,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.d_ff,
+        cfg.rope_theta,
+        tie_embeddings=cfg.tie_embeddings,
     )
 
 
@@ -715,6 +740,9 @@ def make_record(run: Run, state: RunState, lr: float, grad_norm: Optional[float]
         "train_loss": train_loss,
         "val_loss": val_loss,
         "val_ppl": math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
+        "val_bpb": val_loss / math.log(2) / run.val_bytes_per_token
+        if val_loss is not None and run.val_bytes_per_token
+        else None,
         "grad_norm": grad_norm,
         "tokens_per_s": tps,
         "mfu": mfu,
