@@ -397,6 +397,11 @@ def _run_train_tokenizer(args) -> int:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     specials = args.special_tokens if args.special_tokens is not None else ["<|endoftext|>"]
+    for s in specials:  # refused by the save at the end: say so before the training
+        if len(s.encode("utf-8")) == 1:
+            raise ValueError(
+                f"--special-token {s!r} is a single byte: a tokenizer directory cannot hold it beside that byte's own token"
+            )
     t0 = time.perf_counter()
     tok = Tokenizer.train(
         args.input if len(args.input) > 1 else args.input[0],
