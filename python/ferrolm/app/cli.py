@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS: list = []
 
 
-# --- train / plot (the LM training loop; ferrolm.lm.train) -----------------------------------
+# ---------------------------------------------------------------------------------------
+# train, plot: the LM training loop (ferrolm.lm.train) and its loss curves
+# ---------------------------------------------------------------------------------------
 
 
 def add_train_command(sub) -> None:
@@ -71,6 +73,8 @@ def _run_train(args) -> int:
 
     config = args.config
     overrides = list(args.overrides)
+    if args.resume and not Path(args.resume).exists():
+        raise FileNotFoundError(f"--resume {args.resume}: no such run directory or checkpoint")
     if args.resume and config is None:
         rdir = Path(args.resume)
         if not rdir.is_dir():  # a checkpoint file: RUN/checkpoints/step_N.pt or RUN/best.pt
@@ -121,10 +125,10 @@ def _run_plot(args) -> int:
 
 COMMANDS.extend([add_train_command, add_plot_command])
 
-# --- end train / plot ------------------------------------------------------------------------
 
-
-# --- generate (sampling from a trained model; ferrolm.lm.generate) -----------------------------
+# ---------------------------------------------------------------------------------------
+# generate: sampling from a trained model (ferrolm.lm.generate)
+# ---------------------------------------------------------------------------------------
 
 
 def add_generate_command(sub) -> None:
@@ -303,10 +307,8 @@ def _batch_texts(model, rows, sampling, eos, generator, piece_of, stops) -> list
 
 COMMANDS.append(add_generate_command)
 
-# --- end generate ---------------------------------------------------------------------------
-
 # ---------------------------------------------------------------------------------------
-# Corpus commands (issue 5): train-tokenizer, encode, decode, shards.
+# Corpus commands: train-tokenizer, encode, decode, shards
 # ---------------------------------------------------------------------------------------
 
 
@@ -390,6 +392,8 @@ def _run_train_tokenizer(args) -> int:
     from ferrolm.bpe.tokenizer import Tokenizer
 
     for path in args.input:
+        if os.path.isdir(path):
+            raise ValueError(f"--input {path} is a directory: give the text files in it")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"input file not found: {path}")
     if args.threads is not None and args.threads < 1:
@@ -495,12 +499,20 @@ def _add_encode(sub) -> None:
     p.set_defaults(run=_run_encode)
 
 
+MAX_CHUNK_MB = 4096  # a chunk is held in memory per task in flight
+
+
 def _run_encode(args) -> int:
     import time
 
     from ferrolm.bpe import shards
     from ferrolm.bpe.tokenizer import Tokenizer
 
+    # The core takes whole bytes (a usize): refuse what would not fit before it is asked.
+    if args.chunk_size is not None and not 0 < args.chunk_size <= MAX_CHUNK_MB:
+        raise ValueError(f"--chunk-size must be more than 0 and at most {MAX_CHUNK_MB} MB, got {args.chunk_size:g}")
+    if args.commit_interval is not None and not 0 <= args.commit_interval < float("inf"):
+        raise ValueError(f"--commit-interval must be a number of seconds >= 0, got {args.commit_interval:g}")
     tok = Tokenizer.load(args.tokenizer)
     t0 = time.perf_counter()
     try:
@@ -590,6 +602,12 @@ def _run_decode(args) -> int:
             )
     elif dtype is None:
         dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
+    size, itemsize = os.path.getsize(path), np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise ValueError(
+            f"{path}: {size:,} bytes is not a whole number of {dtype} tokens ({itemsize} bytes each): "
+            "the file is cut short or not a shard"
+        )
     data = (
         np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
         if os.path.getsize(path)
@@ -649,16 +667,17 @@ def _run_shards(args) -> int:
         for msg in problems:
             print(f"  - {msg}", file=sys.stderr)
         return 1
-    print(f"ok: {len(records)} shard file(s) consistent")
+    unread = "" if args.deep else "; token ids not read (--deep checks each is below vocab_size)"
+    print(f"ok: {len(records)} shard file(s) consistent{unread}")
     return 0
 
 
 COMMANDS.extend([_add_train_tokenizer, _add_encode, _add_decode, _add_shards])
 
-# ----------------------------------------------------------- end of the corpus commands
 
-
-# --- export / eval (ferrolm.lm.export, ferrolm.lm.evaluate) ------------------------------------
+# ---------------------------------------------------------------------------------------
+# export, eval (ferrolm.lm.export, ferrolm.lm.evaluate)
+# ---------------------------------------------------------------------------------------
 
 
 def add_export_command(sub) -> None:
@@ -736,10 +755,10 @@ def _run_eval(args) -> int:
 
 COMMANDS.extend([add_export_command, add_eval_command])
 
-# --- end export / eval ----------------------------------------------------------------------
 
-
-# --- demo / download (issue 9; ferrolm.app.demo, ferrolm.app.download) ----------------------------
+# ---------------------------------------------------------------------------------------
+# demo, download (ferrolm.app.demo, ferrolm.app.download)
+# ---------------------------------------------------------------------------------------
 
 
 def add_demo_command(sub) -> None:
@@ -862,8 +881,6 @@ def _run_download(args) -> int:
 
 
 COMMANDS.extend([add_demo_command, add_download_command])
-
-# --- end demo / download ------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -342,8 +342,10 @@ class Tokenizer:
         crash). Appending to it is harmless: text added after the call began is not read."""
         itemsize = self._itemsize(dtype)
         path = os.fspath(path)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise FileNotFoundError(f"no such file: {path}")
+        if not os.path.isfile(path):
+            raise ValueError(f"{path} is not a regular file (encode_file maps or reads a file of known size)")
         return self._core.encode_file(path, True, itemsize, _check_threads(num_threads))
 
     def _itemsize(self, dtype: Any) -> int:

@@ -18,10 +18,15 @@ from typing import Callable, Union
 
 from ferrolm import _core
 from ferrolm._util import check_special_tokens, fix_surrogates, is_high_surrogate
+from ferrolm.bpe import patterns
 
 __all__ = ["train", "train_bpe"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+# The largest vocab_size: ids are 32-bit and 2**32 - 1 is not an id. A request above what
+# the corpus allows is not an error: training stops when no pair is left.
+MAX_VOCAB_SIZE = 2**32 - 1
 
 # Bytes the core reads from a file at a time (None: the core's default, 8 MiB). Tests
 # set it small to exercise chunk boundaries.
@@ -130,8 +135,9 @@ def train(
         ``iter(documents)``). Each file is its own text (no pre-token spans two files);
         the strings of an iterable are one continuous text, as if concatenated (separate
         documents with a special token). A list of str is read as paths.
-    vocab_size: total size, 256 bytes + merges + special tokens. Training stops early
-        if no pair is left to merge.
+    vocab_size: total size, 256 bytes + merges + special tokens, at most 2**32 - 1.
+        Training stops early if no pair is left to merge (memory is sized by what the
+        corpus allows, not by the request).
     special_tokens: split the text and are never merged across; added after the merges.
     pattern: "gpt2" (default), "cl100k", "o200k" or a custom regex (Python `regex` syntax).
     num_threads: worker threads (default: all cores); the result does not depend on it.
@@ -147,6 +153,11 @@ def train(
         raise ValueError(
             f"vocab_size={vocab_size} is too small: it must be at least {256 + len(specials)} (256 bytes + {len(specials)} special tokens)"
         )
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too large: token ids are 32-bit, so it can be at most {MAX_VOCAB_SIZE} "
+            "(any smaller request is fine: training stops when the corpus has no pair left to merge)"
+        )
     if num_threads is not None and (
         isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
     ):
@@ -155,6 +166,10 @@ def train(
         raise ValueError(f'errors must be "strict" or "replace", got {errors!r}')
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+    patterns.resolve(pattern)  # a clear error for an empty, misspelt or invalid pattern
+    for s in specials:
+        if len(s.encode("utf-8")) == 1:
+            raise ValueError(f"special token {s!r} is a single byte, which has its own id already (0-255)")
 
     paths = _as_paths(input)
     if paths is not None and not paths:

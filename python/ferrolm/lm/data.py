@@ -385,11 +385,25 @@ class TokenShards:
 
     def _windows(self, starts: np.ndarray, width: int) -> np.ndarray:
         if len(self._parts) == 1:
-            return _gather_windows(self._parts[0].tokens, starts, width)
-        return (
-            np.stack([self._range(int(s), int(s) + width) for s in starts])
-            if len(starts)
-            else np.zeros((0, width), np.int64)
+            windows = _gather_windows(self._parts[0].tokens, starts, width)
+        elif len(starts):
+            windows = np.stack([self._range(int(s), int(s) + width) for s in starts])
+        else:
+            windows = np.zeros((0, width), np.int64)
+        # A corrupt shard would otherwise fail deep in the model (an IndexError on the CPU,
+        # a device-side assert on CUDA); one max over the batch costs microseconds.
+        if windows.size and windows.max() >= self.vocab_size:
+            self._bad_id(starts, windows)
+        return windows
+
+    def _bad_id(self, starts: np.ndarray, windows: np.ndarray):
+        row, col = np.unravel_index(int(np.argmax(windows)), windows.shape)
+        pos = int(starts[row]) + int(col)
+        p = int(np.searchsorted(self._offsets, pos, side="right")) - 1
+        raise ShardError(
+            f"{self._parts[p].prefix}.bin holds token id {int(windows[row, col])} at token {pos - int(self._offsets[p]):,}, "
+            f"not below the vocab_size {self.vocab_size} of its sidecar: the shard is corrupt "
+            f"(`ferrolm shards --deep` lists such ids)"
         )
 
     # -- sampling -------------------------------------------------------------------------

@@ -235,8 +235,10 @@ class SwiGLU(nn.Module):
         self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        # W1 x and W3 x as one GEMM against the stacked weights (as for Q, K, V);
         # F.silu is torch's fused x * sigmoid(x) (== functional.silu, tested).
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = F.linear(x, torch.cat((self.w1.weight, self.w3.weight))).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class SiLUFFN(nn.Module):
@@ -402,9 +404,11 @@ class CausalSelfAttention(nn.Module):
         def split_heads(t: Tensor) -> Tensor:  # (batch, seq, d_model) -> (batch, heads, seq, d_head)
             return t.view(batch, seq, heads, d_head).transpose(1, 2)
 
-        q = split_heads(self.q_proj(x))
-        k = split_heads(self.k_proj(x))
-        v = split_heads(self.v_proj(x))
+        # Q, K, V = x W_Q^T, x W_K^T, x W_V^T as one GEMM against the stacked weights:
+        # a wider matrix runs closer to peak than three narrow ones (the weights and their
+        # checkpoint keys stay separate; the concatenation is 3 d^2 floats per call).
+        qkv = F.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
+        q, k, v = (split_heads(t) for t in qkv.split(self.d_model, dim=-1))
 
         if self.rope is not None:  # positions default to start_pos, ..., start_pos + seq - 1
             q = self.rope(q, token_positions, offset=start_pos)

@@ -49,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ferrolm import __version__
-from ferrolm._util import atomic_write_bytes
+from ferrolm._util import atomic_write_bytes, stale_temporaries
 from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
@@ -302,6 +302,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     val_starts = validation_starts(cfg, val_data, dist_)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = _Loggers(run_dir, cfg, main, state.step if resume is not None else None)
     state.last_ckpt = latest_checkpoint(run_dir) if resume is not None else None
@@ -810,8 +811,9 @@ class _Loggers:
         if not enabled:
             return
         path = run_dir / METRICS_FILE
-        if resume_step is not None:
-            _truncate_metrics(path, resume_step)
+        # Resumed: drop the records written after the checkpoint. Fresh: the directory holds
+        # no checkpoint, so any records are those of a run killed before its first one.
+        _truncate_metrics(path, resume_step if resume_step is not None else -1)
         self.file = open(path, "a", encoding="utf-8")
         if cfg.run.wandb:
             self.wandb = _open_wandb(cfg, run_dir)
@@ -934,6 +936,12 @@ def save_best(run: Run, state: RunState) -> None:
 def _barrier(dist_: _Dist) -> None:
     if dist_.enabled:
         dist.barrier()
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Delete what saves killed mid-write left (checkpoint, best.pt and config temporaries)."""
+    for path in stale_temporaries(run_dir) + stale_temporaries(run_dir / CHECKPOINT_DIR):
+        path.unlink(missing_ok=True)
 
 
 def _step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
