@@ -98,6 +98,11 @@ pub const O200K_PATTERN: &str = concat!(
     r"\s+"
 );
 
+/// The Unicode version of the built-in patterns' classes (`unicode_tables.rs`).
+pub fn unicode_version() -> &'static str {
+    crate::unicode_tables::UNICODE_VERSION
+}
+
 /// Resolve a pattern name to its regex source; other strings are returned as given.
 pub fn resolve_pattern(name_or_regex: &str) -> &str {
     match Builtin::by_name(name_or_regex) {

@@ -8,6 +8,7 @@ may depend on the installed `regex` module's own tables.
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -174,22 +175,31 @@ SCRIPTS = [
 ]
 
 
-def random_char(rng: random.Random) -> str:
-    k = rng.randrange(10)
-    if k < 3:
-        return chr(rng.choice(RECENT))
-    if k < 7:
-        return rng.choice(COMMON)
-    if k < 9:
-        lo, hi = rng.choice(SCRIPTS)
-        return chr(rng.randint(lo, hi))
-    cp = rng.randrange(0x110000 - 0x800)
-    return chr(cp + 0x800 if cp >= 0xD800 else cp)
+def alphabet(rng: random.Random) -> tuple[list[str], list[int]]:
+    """Characters to draw from, and their cumulative weights: recent code points 3 in 10,
+    common and special characters 4 in 10, letters of a few scripts 2 in 10, and any code
+    point 1 in 10."""
+    anything = [rng.randrange(0x110000 - 0x800) for _ in range(50_000)]
+    groups = [
+        (3, [chr(cp) for cp in RECENT]),
+        (4, COMMON),
+        (2, [chr(cp) for lo, hi in SCRIPTS for cp in range(lo, hi + 1)]),
+        (1, [chr(cp + 0x800 if cp >= 0xD800 else cp) for cp in anything]),
+    ]
+    chars, cum, total = [], [], 0.0
+    for weight, group in groups:
+        for c in group:
+            total += weight / len(group)
+            chars.append(c)
+            cum.append(total)
+    return chars, cum
 
 
+@functools.cache
 def random_texts(seed: int, count: int) -> list[str]:
     rng = random.Random(seed)
-    return ["".join(random_char(rng) for _ in range(rng.randrange(1, 24))) for _ in range(count)]
+    chars, cum = alphabet(rng)
+    return ["".join(rng.choices(chars, cum_weights=cum, k=rng.randrange(1, 24))) for _ in range(count)]
 
 
 TEXTS = 200_000
