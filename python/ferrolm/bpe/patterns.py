@@ -40,7 +40,6 @@ NAMED = {
 }
 
 
-
 def unicode_version() -> str:
     """The Unicode version of the compiled pre-tokenizer's character classes."""
     try:
