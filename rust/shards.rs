@@ -744,6 +744,7 @@ impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
     /// Append one encoded chunk and commit the journal when it is due.
     fn write(&mut self, enc: &Encoded) -> Result<(), ShardError> {
         self.out.write(&enc.bytes)?;
+        crate::fault::check(crate::fault::Site::ShardWrite);
         let j = &mut self.journal;
         j.tokens += enc.tokens;
         j.documents += enc.documents;
