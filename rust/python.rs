@@ -6,6 +6,8 @@ use pyo3::prelude::*;
 
 use crate::pretokenize::PreTokenizer;
 
+mod watch;
+
 /// The version of the compiled core.
 #[pyfunction]
 fn version() -> &'static str {
@@ -110,16 +112,13 @@ mod encoder_bindings {
         Ok((strs, total))
     }
 
-    /// Run `f` with the GIL released, unless the input (`n` bytes) is small.
-    fn run_detached<T: pyo3::marker::Ungil>(
-        py: Python<'_>,
-        n: usize,
-        f: impl FnOnce() -> T + pyo3::marker::Ungil,
-    ) -> T {
+    /// Run `f` with the GIL released (and Ctrl-C watched when it is long), unless the
+    /// input (`n` bytes) is small.
+    fn run_detached<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> PyResult<T> {
         if n < DETACH_MIN {
-            f()
+            Ok(f())
         } else {
-            py.detach(f)
+            super::watch::interruptible(py, n, f)
         }
     }
 
@@ -481,7 +480,7 @@ mod encoder_bindings {
                     to_list(py, &self.ints, ids)
                 });
             }
-            let ids = py.detach(|| self.inner.encode(&s, allow_special));
+            let ids = super::watch::interruptible(py, s.len(), || self.inner.encode(&s, allow_special))?;
             to_list(py, &self.ints, &ids)
         }
 
@@ -497,6 +496,7 @@ mod encoder_bindings {
             num_threads: Option<usize>,
         ) -> PyResult<Bound<'py, PyAny>> {
             self.check_itemsize(itemsize)?;
+            super::watch::numpy_ready(py)?;
             let s = text_of(text, || "encode_to_numpy()".into())?;
             if s.len() < DETACH_MIN {
                 return with_scratch(|ids| {
@@ -506,8 +506,9 @@ mod encoder_bindings {
             }
             ready_pool(num_threads)?;
             let enc = &self.inner;
-            let parts =
-                py.detach(|| parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&s, allow_special, num_threads)));
+            let parts = super::watch::interruptible(py, s.len(), || {
+                parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&s, allow_special, num_threads))
+            })?;
             parts.into_array(py, num_threads)
         }
 
@@ -524,12 +525,14 @@ mod encoder_bindings {
             num_threads: Option<usize>,
         ) -> PyResult<Bound<'py, PyAny>> {
             self.check_itemsize(itemsize)?;
+            super::watch::numpy_ready(py)?;
             ready_pool(num_threads)?;
             let enc = &self.inner;
-            let parts = py.detach(|| -> std::io::Result<Parts> {
+            // Watched whatever its size (files are large as a rule).
+            let parts = super::watch::interruptible(py, usize::MAX, || -> std::io::Result<Parts> {
                 let text = crate::encode::map_text_file(&path, num_threads)?;
                 Ok(parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&text, allow_special, num_threads)))
-            })?;
+            })??;
             parts.into_array(py, num_threads)
         }
 
@@ -545,7 +548,8 @@ mod encoder_bindings {
             ready_pool(num_threads)?;
             let objs = batch_items(texts)?;
             let (strs, total) = batch_texts(&objs)?;
-            let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
+            let groups =
+                run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads))?;
             let mut lists: Vec<Bound<'py, PyList>> = Vec::with_capacity(strs.len());
             for ids in groups.iter().flat_map(BatchIds::texts) {
                 lists.push(to_list(py, &self.ints, ids)?);
@@ -566,6 +570,7 @@ mod encoder_bindings {
             num_threads: Option<usize>,
         ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyArray1<i64>>)> {
             self.check_itemsize(itemsize)?;
+            super::watch::numpy_ready(py)?;
             ready_pool(num_threads)?;
             let objs = batch_items(texts)?;
             let (strs, total) = batch_texts(&objs)?;
@@ -578,7 +583,7 @@ mod encoder_bindings {
                     split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets)
                 );
                 (parts, offsets)
-            });
+            })?;
             let ids = parts.into_array(py, num_threads)?;
             Ok((ids, PyArray1::from_vec(py, offsets)))
         }
@@ -644,11 +649,13 @@ mod encoder_bindings {
     impl PyStreamEncoder {
         fn feed<'py>(&self, py: Python<'py>, chunk: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
             let s = text_of(chunk, || "encode_iterable()".into())?;
-            let ids = run_detached(py, s.len(), || {
+            let push = || {
                 let mut out = Vec::new();
                 self.state.lock().unwrap_or_else(|e| e.into_inner()).push(&self.enc, &s, &mut out);
                 out
-            });
+            };
+            // Not stopped by Ctrl-C half way (the stream's state would be lost with it).
+            let ids = if s.len() < DETACH_MIN { push() } else { py.detach(push) };
             to_list(py, &self.ints, &ids)
         }
 
@@ -692,7 +699,7 @@ mod shards_bindings {
     use std::path::PathBuf;
     use std::time::{Duration, Instant};
 
-    use pyo3::exceptions::{PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyValueError};
+    use pyo3::exceptions::{PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyRuntimeError, PyValueError};
     use pyo3::prelude::*;
     use pyo3::types::{PyDict, PyList};
 
@@ -710,6 +717,7 @@ mod shards_bindings {
                 None => PyOSError::new_err(msg),
             },
             ShardError::Interrupted => PyKeyboardInterrupt::new_err(msg),
+            ShardError::Panic(_) => PyRuntimeError::new_err(msg),
             _ => PyValueError::new_err(msg),
         }
     }
@@ -788,24 +796,28 @@ mod shards_bindings {
         let mut last = Instant::now() - interval;
         let mut stopped: Option<PyErr> = None;
         let result = py.detach(|| {
-            shards::encode_to_shard(&job, &*enc, |p| {
-                // After every written chunk: Ctrl-C; at most every `interval`: the callback.
-                let report = last.elapsed() >= interval || p.raw_done >= p.raw_total;
-                Python::attach(|py| {
-                    if let Err(e) = py.check_signals() {
-                        stopped = Some(e);
-                        return false;
-                    }
-                    if let (true, Some(cb)) = (report, &progress) {
-                        last = Instant::now();
-                        if let Err(e) = cb.call1(py, (p.raw_done, p.raw_total, p.tokens, p.documents)) {
+            // A panic on this thread too is an error of the job, not an abort of the call.
+            let run = std::panic::AssertUnwindSafe(|| {
+                shards::encode_to_shard(&job, &*enc, |p| {
+                    // After every written chunk: Ctrl-C; at most every `interval`: the callback.
+                    let report = last.elapsed() >= interval || p.raw_done >= p.raw_total;
+                    Python::attach(|py| {
+                        if let Err(e) = py.check_signals() {
                             stopped = Some(e);
                             return false;
                         }
-                    }
-                    true
+                        if let (true, Some(cb)) = (report, &progress) {
+                            last = Instant::now();
+                            if let Err(e) = cb.call1(py, (p.raw_done, p.raw_total, p.tokens, p.documents)) {
+                                stopped = Some(e);
+                                return false;
+                            }
+                        }
+                        true
+                    })
                 })
-            })
+            });
+            std::panic::catch_unwind(run).unwrap_or_else(|p| Err(ShardError::Panic(crate::shards::panic_message(&p))))
         });
         let summary = match result {
             Ok(s) => s,
@@ -880,8 +892,6 @@ mod shards_bindings {
 
 mod trainer_binding {
     use std::path::PathBuf;
-    use std::sync::{Condvar, Mutex};
-    use std::time::Duration;
 
     use pyo3::exceptions::{
         PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError, PyPermissionError, PyRuntimeError,
@@ -891,9 +901,6 @@ mod trainer_binding {
     use pyo3::types::{PyBytes, PyDict, PyList};
 
     use crate::train::{Control, TrainError, Trainer, Utf8Errors, DEFAULT_CHUNK_SIZE};
-
-    /// How often the waiting thread takes the GIL to check for Ctrl-C and report progress.
-    const POLL: Duration = Duration::from_millis(50);
 
     fn to_pyerr(e: TrainError) -> PyErr {
         match e {
@@ -920,9 +927,8 @@ mod trainer_binding {
         }
     }
 
-    /// Run `job` on a worker thread with the GIL released; every POLL, take the GIL to
-    /// check for signals (Ctrl-C -> cancel the job, wait for it, re-raise) and to call
-    /// `progress(done, total)`.
+    /// Run `job` on a watched worker thread (see `watch::watch`): Ctrl-C cancels it, and
+    /// `progress(done, total)` hears from it every 50 ms.
     fn run_watched<T: Send>(
         py: Python<'_>,
         ctl: &Control,
@@ -936,52 +942,7 @@ mod trainer_binding {
             }
             Ok(())
         };
-        let finished = (Mutex::new(false), Condvar::new());
-        std::thread::scope(|s| {
-            let handle = s.spawn(|| {
-                let out = job();
-                *finished.0.lock().unwrap() = true;
-                finished.1.notify_all();
-                out
-            });
-            let wait = |timeout: Option<Duration>| {
-                let mut done = finished.0.lock().unwrap();
-                while !*done {
-                    match timeout {
-                        Some(t) => {
-                            let (d, r) = finished.1.wait_timeout(done, t).unwrap();
-                            done = d;
-                            if r.timed_out() {
-                                break;
-                            }
-                        }
-                        None => done = finished.1.wait(done).unwrap(),
-                    }
-                }
-                *done
-            };
-            let mut pending: Option<PyErr> = None;
-            loop {
-                if py.detach(|| wait(Some(POLL))) {
-                    break;
-                }
-                if let Err(e) = py.check_signals().and_then(|_| report()) {
-                    ctl.cancel();
-                    py.detach(|| wait(None));
-                    pending = Some(e);
-                    break;
-                }
-            }
-            let out = match handle.join() {
-                Ok(v) => v,
-                Err(_) => return Err(PyRuntimeError::new_err("the BPE training thread panicked (a bug in ferrolm)")),
-            };
-            if let Some(e) = pending {
-                return Err(e);
-            }
-            report()?;
-            Ok(out)
-        })
+        super::watch::watch(py, &|| ctl.cancel(), report, job)
     }
 
     /// One BPE training run: `count_files` / `count_texts` any number of times, then
@@ -1190,5 +1151,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pattern_source, m)?)?;
     m.add_function(wrap_pyfunction!(_char_classes, m)?)?;
     vocab_files_bindings::register(m)?; // tokenizer files
+    watch::register(m)?; // test hooks
     Ok(())
 }

@@ -844,7 +844,8 @@ fn spawn_encode<'s, E: TextEncoder + ?Sized>(
     });
 }
 
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+/// The message a panic was given (its payload, when it is a string).
+pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
