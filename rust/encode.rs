@@ -16,7 +16,7 @@
 //!      ones, a bucket per rank for huge ones (so `"a" * 16_000_000` stays linear).
 //!
 //! The public Rust API ([`Encoder`], [`StreamEncoder`]) has no PyO3 types; the shard
-//! writer and `python.rs` build on it.
+//! writer and the binding (`python/`) build on it.
 
 mod bpe;
 mod cache;

@@ -1,6 +1,6 @@
 //! ferrolm's Rust core: everything whose cost grows with the corpus.
 //!
-//! The core has no PyO3 types; `python.rs` (behind the `python` feature) only
+//! The core has no PyO3 types; `python/` (behind the `python` feature) only
 //! converts types and releases the GIL, so `cargo test` needs no Python.
 
 mod buffers;

@@ -676,8 +676,10 @@ def test_bad_files(tmp_path):
     with pytest.raises(TokenizerFileError):
         Tokenizer.load(d)
     (d / "tokenizer.json").unlink()
-    with pytest.raises(ValueError, match="byte"):
+    with pytest.raises(TokenizerFileError, match="incomplete"):
         Tokenizer.load(d)
+    with pytest.raises(ValueError, match="byte"):
+        Tokenizer.from_files(d / "vocab.json", d / "merges.txt")
     with pytest.raises(FileNotFoundError):
         Tokenizer.load(tmp_path / "missing")
     (tmp_path / "bad.tiktoken").write_text("!!!notbase64 x\n")
@@ -775,3 +777,28 @@ def test_fast_file_readers_on_random_vocabs(tokens, seed, tmp_path_factory):
     assert fast == slow == merges
     assert _core.read_merges_txt((d / "merges.txt").read_text(encoding="utf-8")) == merges
     assert _core.read_vocab_json((d / "vocab.json").read_text(encoding="utf-8"), ["<|x|>"]) == slow_vocab
+
+
+def test_encode_file_of_a_device_or_directory_is_not_no_such_file(tmp_path):
+    tok = Tokenizer.train(iter(["ab ab ab"]), 260, [], progress=False)
+    with pytest.raises(ValueError, match="/dev/null is not a regular file"):
+        tok.encode_file("/dev/null")
+    with pytest.raises(ValueError, match="is not a regular file"):
+        tok.encode_file(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        tok.encode_file(tmp_path / "missing.txt")
+
+
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        ("gpt3", r"unknown pattern name 'gpt3' \(did you mean 'gpt2'\?\)"),
+        ("", "empty"),
+        (r"\p{Foo}+", "unknown property"),
+    ],
+)
+def test_bad_patterns_are_named_for_training_and_tokenizers(pattern, message):
+    with pytest.raises(ValueError, match=message):
+        Tokenizer.train(iter(["ab ab ab"]), 260, [], pattern=pattern, progress=False)
+    with pytest.raises(ValueError, match=message):
+        Tokenizer({i: bytes([i]) for i in range(256)}, [], pattern=pattern)

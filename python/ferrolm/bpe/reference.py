@@ -493,13 +493,16 @@ class Tokenizer:
         return cls(vocab, merges, specials, pattern)
 
     def save(self, directory: PathInput) -> Path:
-        """Write vocab.json, merges.txt and tokenizer.json into `directory`."""
+        """Write the tokenizer directory (the same files as ``ferrolm.Tokenizer.save``)."""
         return tokenizer_files.save_dir(directory, self._vocab, self._merges, self._special_tokens, self._pattern)
 
     @classmethod
     def load(cls, directory: PathInput) -> Tokenizer:
-        vocab, merges, specials, pattern = tokenizer_files.load_dir(directory)
-        return cls(vocab, merges, specials, pattern)
+        loaded = tokenizer_files.load_dir(directory)
+        tok = cls(loaded.vocab, loaded.merges, loaded.special_tokens, loaded.pattern)
+        fp = tokenizer_files.fingerprint(tok._vocab, tok._merges, tok._special_tokens, tok._pattern)
+        tokenizer_files.check_fingerprint(loaded, fp)
+        return tok
 
     # ---- properties -------------------------------------------------------------------
 

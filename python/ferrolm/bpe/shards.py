@@ -426,6 +426,10 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
         if dt not in _ITEMSIZE:
             problems.append(f"{name}: unknown dtype {dt!r}")
             continue
+        bad = [k for k in ("num_tokens", "num_documents", "vocab_size") if not _is_count(r.get(k, 0))]
+        if bad:
+            problems += [f"{name}: {k} must be a non-negative integer, got {r.get(k)!r}" for k in bad]
+            continue
         bin_path = Path(r["bin_path"])
         if not bin_path.exists():
             problems.append(f"{name}: data file {bin_path} is missing")
@@ -487,6 +491,15 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
     return problems
 
 
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _count(v) -> str:
+    """A sidecar count for the listing: with thousands separators, or as it is when not a count."""
+    return f"{v:,}" if _is_count(v) else repr(v)
+
+
 def format_listing(records: Iterable[dict]) -> str:
     """A table of shards for ``ferrolm shards``."""
     rows = [("shard", "part", "dtype", "tokens", "documents", "vocab", "eos", "tokenizer", "input bytes")]
@@ -502,16 +515,16 @@ def format_listing(records: Iterable[dict]) -> str:
                 Path(r["bin_path"]).name,
                 part,
                 r.get("dtype", "?"),
-                f"{r.get('num_tokens', 0):,}",
-                f"{r.get('num_documents', 0):,}",
+                _count(r.get("num_tokens", 0)),
+                _count(r.get("num_documents", 0)),
                 str(r.get("vocab_size")),
                 str(r.get("eos_id")),
                 str(r.get("tokenizer_fingerprint", ""))[:12],
-                f"{in_bytes:,}",
+                _count(in_bytes),
             )
         )
-        tok_total += r.get("num_tokens", 0)
-        doc_total += r.get("num_documents", 0)
+        tok_total += r.get("num_tokens", 0) if _is_count(r.get("num_tokens", 0)) else 0
+        doc_total += r.get("num_documents", 0) if _is_count(r.get("num_documents", 0)) else 0
     if len(rows) > 2:
         rows.append(("total", "", "", f"{tok_total:,}", f"{doc_total:,}", "", "", "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

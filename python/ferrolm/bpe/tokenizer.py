@@ -10,7 +10,6 @@ ground truth); with GPT-2's vocab and merges the ids equal tiktoken's.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PathInput = Union[str, "os.PathLike[str]"]
 
-EOT = "<|endoftext|>"
+EOT = tf.EOT
 
 
 # encode_iterable feeds the core at most this many chars at a time, so that the ids of one
@@ -114,14 +113,44 @@ class Tokenizer:
         merges = tf.read_merges(merges_path, fast=True)
         return cls(vocab, merges, specials, pattern)
 
-    def save(self, directory: PathInput) -> Path:
-        """Write vocab.json, merges.txt and tokenizer.json into ``directory`` (created if needed)."""
-        return tf.save_dir(directory, self._vocab, self._merges, self._special_tokens, self._pattern, self.fingerprint)
+    def save(self, directory: PathInput, *, model_max_length: int | None = None) -> Path:
+        """Write the tokenizer directory (vocab.json, merges.txt, the HF files and ferrolm's
+        record) whole or not at all. ``model_max_length``: what transformers records as the
+        longest input (default 1024; an exported model gives its context length)."""
+        return tf.save_dir(
+            directory,
+            self._vocab,
+            self._merges,
+            self._special_tokens,
+            self._pattern,
+            self.fingerprint,
+            special_ids=self._special_id_pairs(),
+            model_max_length=model_max_length,
+        )
+
+    def _special_id_pairs(self) -> list[tuple[str, int]]:
+        return [(s, self._special_ids[s]) for s in self._special_tokens]
 
     @classmethod
     def load(cls, directory: PathInput) -> Tokenizer:
-        """Load a directory written by :meth:`save` (or a bare GPT-2 vocab.json + merges.txt)."""
-        vocab, merges, specials, pattern = tf.load_dir(directory, fast=True)
+        """Load a directory written by :meth:`save` (or by ferrolm 0.1.0), checking its
+        checksums and fingerprint; a folder holding only an HF tokenizer.json, or the path
+        of such a file, loads as :meth:`from_hf` does."""
+        if Path(directory).is_file():  # an HF tokenizer.json given by its path
+            return cls.from_hf(directory)
+        loaded = tf.load_dir(directory, fast=True)
+        tok = cls(loaded.vocab, loaded.merges, loaded.special_tokens, loaded.pattern)
+        tf.check_fingerprint(loaded, tok.fingerprint)
+        return tok
+
+    @classmethod
+    def from_hf(cls, path: PathInput, *, assume_normalized: bool = False) -> Tokenizer:
+        """Load a byte-level BPE HF ``tokenizer.json`` (a file, or a folder holding one):
+        GPT-2's, or the Split-regex + ByteLevel kind of Llama-3 and Qwen2, with their added
+        tokens as special tokens. What ferrolm does not model (Unigram, WordPiece,
+        normalizers, ...) raises a TokenizerFileError that names it; ``assume_normalized=True``
+        accepts a normalizer (Qwen2's NFC) for text that is already normalized."""
+        vocab, merges, specials, pattern = tf.read_hf_tokenizer(path, assume_normalized=assume_normalized)
         return cls(vocab, merges, specials, pattern)
 
     @classmethod
@@ -313,8 +342,10 @@ class Tokenizer:
         crash). Appending to it is harmless: text added after the call began is not read."""
         itemsize = self._itemsize(dtype)
         path = os.fspath(path)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise FileNotFoundError(f"no such file: {path}")
+        if not os.path.isfile(path):
+            raise ValueError(f"{path} is not a regular file (encode_file maps or reads a file of known size)")
         return self._core.encode_file(path, True, itemsize, _check_threads(num_threads))
 
     def _itemsize(self, dtype: Any) -> int:
@@ -483,19 +514,21 @@ class Tokenizer:
 
     def to_hf_json(self) -> dict:
         """The HF tokenizers ``tokenizer.json`` content (a dict) of this tokenizer."""
-        specials = [(s, self._special_ids[s]) for s in self._special_tokens]
-        return tf.hf_tokenizer_json(self._vocab, self._merges, specials, self._pattern)
+        return tf.hf_tokenizer_json(self._vocab, self._merges, self._special_id_pairs(), self._pattern)
 
-    def save_hf(self, path: PathInput) -> Path:
+    def save_hf(self, path: PathInput, *, model_max_length: int | None = None) -> Path:
         """Write an HF ``tokenizer.json`` (ByteLevel BPE) that ``tokenizers.Tokenizer.from_file``
         loads and that encodes like this tokenizer. ``path`` is a file, or a directory to
-        write ``tokenizer.json`` into."""
+        write it into with tokenizer_config.json and special_tokens_map.json (what
+        ``AutoTokenizer.from_pretrained`` reads): the same bytes :meth:`save` writes."""
         path = Path(path)
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        data = json.dumps(self.to_hf_json(), ensure_ascii=False, indent=None)
-        atomic_write_bytes(path, data.encode("utf-8"))
-        return path
+        files = tf.hf_files(self._vocab, self._merges, self._special_id_pairs(), self._pattern, model_max_length)
+        if not path.is_dir():
+            atomic_write_bytes(path, files[tf.HF_FILE])
+            return path
+        for name, data in files.items():
+            atomic_write_bytes(path / name, data)
+        return path / tf.HF_FILE
 
 
 def _check_threads(num_threads: int | None) -> int | None:

@@ -18,6 +18,7 @@ from typing import Callable, Union
 
 from ferrolm import _core
 from ferrolm._util import check_special_tokens, fix_surrogates, is_high_surrogate
+from ferrolm.bpe import patterns
 
 __all__ = ["train", "train_bpe"]
 
@@ -165,6 +166,7 @@ def train(
         raise ValueError(f'errors must be "strict" or "replace", got {errors!r}')
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+    patterns.resolve(pattern)  # a clear error for an empty, misspelt or invalid pattern
 
     paths = _as_paths(input)
     if paths is not None and not paths:

@@ -121,11 +121,20 @@ def get_batch(
 # ---------------------------------------------------------------------------------------
 
 
+def _is_legacy_record(path: Path) -> bool:
+    """Whether ``path`` is a ferrolm 0.1.0 folder's record (not an HF tokenizer.json)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return '"ferrolm-tokenizer"' in f.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """The fingerprint string of `tokenizer`.
 
-    Accepts a fingerprint string, a tokenizer directory (its tokenizer.json is read), a path
-    to a tokenizer.json, or an object with a ``fingerprint`` attribute or method.
+    Accepts a fingerprint string, a tokenizer directory (its record is read), a path
+    to a record, or an object with a ``fingerprint`` attribute or method.
     """
     if isinstance(tokenizer, (str, os.PathLike)):
         s = os.fspath(tokenizer)
@@ -133,7 +142,13 @@ def tokenizer_fingerprint(tokenizer) -> str:
             return s.lower()
         p = Path(s)
         if p.is_dir():
-            p = p / "tokenizer.json"
+            from ferrolm.bpe import files
+
+            if not (p / files.RECORD_FILE).is_file() and not _is_legacy_record(p / files.LEGACY_RECORD_FILE):
+                from ferrolm.bpe.tokenizer import Tokenizer
+
+                return Tokenizer.load(p).fingerprint  # a folder of an HF tokenizer.json
+            p = p / (files.RECORD_FILE if (p / files.RECORD_FILE).is_file() else files.LEGACY_RECORD_FILE)
         if p.is_file():
             from ferrolm.bpe.files import read_config
 
@@ -370,11 +385,25 @@ class TokenShards:
 
     def _windows(self, starts: np.ndarray, width: int) -> np.ndarray:
         if len(self._parts) == 1:
-            return _gather_windows(self._parts[0].tokens, starts, width)
-        return (
-            np.stack([self._range(int(s), int(s) + width) for s in starts])
-            if len(starts)
-            else np.zeros((0, width), np.int64)
+            windows = _gather_windows(self._parts[0].tokens, starts, width)
+        elif len(starts):
+            windows = np.stack([self._range(int(s), int(s) + width) for s in starts])
+        else:
+            windows = np.zeros((0, width), np.int64)
+        # A corrupt shard would otherwise fail deep in the model (an IndexError on the CPU,
+        # a device-side assert on CUDA); one max over the batch costs microseconds.
+        if windows.size and windows.max() >= self.vocab_size:
+            self._bad_id(starts, windows)
+        return windows
+
+    def _bad_id(self, starts: np.ndarray, windows: np.ndarray):
+        row, col = np.unravel_index(int(np.argmax(windows)), windows.shape)
+        pos = int(starts[row]) + int(col)
+        p = int(np.searchsorted(self._offsets, pos, side="right")) - 1
+        raise ShardError(
+            f"{self._parts[p].prefix}.bin holds token id {int(windows[row, col])} at token {pos - int(self._offsets[p]):,}, "
+            f"not below the vocab_size {self.vocab_size} of its sidecar: the shard is corrupt "
+            f"(`ferrolm shards --deep` lists such ids)"
         )
 
     # -- sampling -------------------------------------------------------------------------

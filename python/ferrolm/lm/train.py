@@ -49,7 +49,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ferrolm import __version__
-from ferrolm._util import atomic_write_bytes
+from ferrolm._util import atomic_write_bytes, stale_temporaries
+from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
@@ -75,6 +76,7 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
 )
 from ferrolm.lm.data import ShardError, TokenShards, sample_starts
 from ferrolm.lm.device import resolve_device
+from ferrolm.lm.evaluate import token_byte_lengths
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
@@ -180,6 +182,7 @@ class Run:
     peak: Optional[float]
     loggers: _Loggers
     bar: Any  # tqdm bar on rank 0 when run.progress, else None
+    val_bytes_per_token: Optional[float] = None  # for bits per byte; None without a tokenizer folder
 
 
 # ---------------------------------------------------------------------------------------
@@ -301,6 +304,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     val_starts = validation_starts(cfg, val_data, dist_)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = _Loggers(run_dir, cfg, main, state.step if resume is not None else None)
     state.last_ckpt = latest_checkpoint(run_dir) if resume is not None else None
@@ -326,8 +330,22 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         peak=peak,
         loggers=loggers,
         bar=bar,
+        val_bytes_per_token=val_bytes_per_token(cfg, val_data, val_starts, device, dist_),
     )
     return run, state
+
+
+def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device, dist_: _Dist) -> Optional[float]:
+    """UTF-8 bytes per predicted token of the validation windows (all processes), when
+    data.tokenizer names a folder: bits per byte = val loss / ln 2 / this."""
+    if not cfg.data.tokenizer or not Path(cfg.data.tokenizer).is_dir():
+        return None
+    lengths = token_byte_lengths(Tokenizer.load(cfg.data.tokenizer), cfg.model.vocab_size)
+    _, y = val_data.windows_at(starts, cfg.model.context_length, "cpu")
+    total = torch.tensor([float(lengths[y].sum()), float(y.numel())], dtype=torch.float64, device=device)
+    if dist_.enabled:
+        dist.all_reduce(total)
+    return float(total[0] / total[1]) if total[0] > 0 else None
 
 
 def setup_distributed(device_name: str) -> _Dist:
@@ -432,7 +450,14 @@ def _open_data(cfg: TrainConfig, model_vocab: int) -> tuple[TokenShards, TokenSh
 
 def build_model(cfg: ModelSection) -> torch.nn.Module:
     return TransformerLM(
-        cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.d_ff, cfg.rope_theta
+        cfg.vocab_size,
+        cfg.context_length,
+        cfg.d_model,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.d_ff,
+        cfg.rope_theta,
+        tie_embeddings=cfg.tie_embeddings,
     )
 
 
@@ -714,6 +739,9 @@ def make_record(run: Run, state: RunState, lr: float, grad_norm: Optional[float]
         "train_loss": train_loss,
         "val_loss": val_loss,
         "val_ppl": math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
+        "val_bpb": val_loss / math.log(2) / run.val_bytes_per_token
+        if val_loss is not None and run.val_bytes_per_token
+        else None,
         "grad_norm": grad_norm,
         "tokens_per_s": tps,
         "mfu": mfu,
@@ -782,8 +810,9 @@ class _Loggers:
         if not enabled:
             return
         path = run_dir / METRICS_FILE
-        if resume_step is not None:
-            _truncate_metrics(path, resume_step)
+        # Resumed: drop the records written after the checkpoint. Fresh: the directory holds
+        # no checkpoint, so any records are those of a run killed before its first one.
+        _truncate_metrics(path, resume_step if resume_step is not None else -1)
         self.file = open(path, "a", encoding="utf-8")
         if cfg.run.wandb:
             self.wandb = _open_wandb(cfg, run_dir)
@@ -906,6 +935,12 @@ def save_best(run: Run, state: RunState) -> None:
 def _barrier(dist_: _Dist) -> None:
     if dist_.enabled:
         dist.barrier()
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Delete what saves killed mid-write left (checkpoint, best.pt and config temporaries)."""
+    for path in stale_temporaries(run_dir) + stale_temporaries(run_dir / CHECKPOINT_DIR):
+        path.unlink(missing_ok=True)
 
 
 def _step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
