@@ -7,18 +7,21 @@
 One optimizer step:
     lr = warmup + cosine(step)             (or of the elapsed fraction of max_time_s)
     repeat accum times:                    gradient accumulation up to tokens_per_step
-        x, y = train_shards.get_batch(...) uniform random windows, seeded per process
-        loss = cross_entropy(model(x), y)  bf16 autocast when enabled
+        x, y = batches.next()              uniform random windows, seeded per process, drawn
+                                           one ahead on a background thread
+        loss = model_loss(model, x, y)     model + cross-entropy (compiled as one graph with
+                                           run.compile), bf16 autocast when enabled
         (loss / accum).backward()          DDP all-reduces gradients on the last micro-batch
+                                           (FSDP2 with run.parallel = "fsdp" reduce-scatters)
     norm = clip_grad_norm(...)             stop here, before the update, if loss/norm is NaN
-    optimizer.step()
+    optimizer.step()                       (on a GPU the NaN check runs when due: `_flags_due`)
 
 A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl`` (one JSON
 record per log step), ``checkpoints/step_XXXXXXXX.pt`` (the last ``keep_last``) and
 ``best.pt`` (lowest validation loss). Checkpoints carry everything needed to continue
 exactly: model, optimizer, step, config, RNG states, each process's sampler state, the
-elapsed time and the tokenizer fingerprint. SIGINT/SIGTERM finish the current step, save,
-and return. Under ``torchrun`` each process trains on its own sampler stream; rank 0 logs
+elapsed time and the tokenizer fingerprint. SIGINT/SIGTERM finish the current step (on a
+GPU: the next step that reads the flags), save, and return. Under ``torchrun`` each process trains on its own sampler stream; rank 0 logs
 and saves.
 
 The file reads top to bottom: `train` and its loop `_train`, then the setup it calls
@@ -50,6 +53,7 @@ from tqdm.auto import tqdm
 
 from ferrolm import __version__
 from ferrolm._util import atomic_write_bytes, stale_temporaries
+from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
@@ -75,6 +79,7 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
 )
 from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_starts
 from ferrolm.lm.device import resolve_device, use_bf16, use_compile
+from ferrolm.lm.evaluate import token_byte_lengths
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
@@ -347,9 +352,6 @@ def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device,
     data.tokenizer names a folder: bits per byte = val loss / ln 2 / this."""
     if not cfg.data.tokenizer or not Path(cfg.data.tokenizer).is_dir():
         return None
-    from ferrolm.bpe.tokenizer import Tokenizer
-    from ferrolm.lm.evaluate import token_byte_lengths
-
     lengths = token_byte_lengths(Tokenizer.load(cfg.data.tokenizer), cfg.model.vocab_size)
     _, y = val_data.windows_at(starts, cfg.model.context_length, "cpu")
     total = torch.tensor([float(lengths[y].sum()), float(y.numel())], dtype=torch.float64, device=device)
