@@ -6,6 +6,8 @@ use pyo3::prelude::*;
 
 use crate::pretokenize::PreTokenizer;
 
+mod doc_batches;
+
 /// The version of the compiled core.
 #[pyfunction]
 fn version() -> &'static str {
@@ -725,7 +727,7 @@ mod shards_bindings {
         encoder, inputs, out_bin, *, dtype, eos = None, jsonl_field = "text", input_format = None,
         errors = "strict", chunk_size = 1 << 20, threads = 0, window = 0, part = None,
         newline_cuts = true, params = String::new(), commit_interval = 5.0, progress = None,
-        progress_interval = 0.1, hash = true
+        progress_interval = 0.1, hash = true, docs = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn encode_shard<'py>(
@@ -748,6 +750,7 @@ mod shards_bindings {
         progress: Option<Py<PyAny>>,
         progress_interval: f64,
         hash: bool,
+        docs: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let dtype = Dtype::parse(dtype)
             .ok_or_else(|| PyValueError::new_err(format!("dtype must be uint16 or uint32, got {dtype:?}")))?;
@@ -768,7 +771,11 @@ mod shards_bindings {
             return Err(PyValueError::new_err("commit_interval must be a non-negative number of seconds"));
         }
         let job = EncodeJob {
-            inputs: inputs.into_iter().map(|p| InputSpec::detect(p, format)).collect(),
+            // An empty path: the documents of `docs` with no file behind them.
+            inputs: inputs
+                .into_iter()
+                .map(|p| if p.as_os_str().is_empty() { InputSpec::documents() } else { InputSpec::detect(p, format) })
+                .collect(),
             out_bin,
             dtype,
             eos,
@@ -787,8 +794,10 @@ mod shards_bindings {
         let interval = Duration::from_secs_f64(progress_interval.max(0.0));
         let mut last = Instant::now() - interval;
         let mut stopped: Option<PyErr> = None;
+        let mut source = docs.map(|obj| super::doc_batches::PyDocSource { obj, error: None });
         let result = py.detach(|| {
-            shards::encode_to_shard(&job, &*enc, |p| {
+            let src = source.as_mut().map(|s| s as &mut dyn shards::DocSource);
+            shards::encode_to_shard_with(&job, &*enc, src, |p| {
                 // After every written chunk: Ctrl-C; at most every `interval`: the callback.
                 let report = last.elapsed() >= interval || p.raw_done >= p.raw_total;
                 Python::attach(|py| {
@@ -810,6 +819,9 @@ mod shards_bindings {
         let summary = match result {
             Ok(s) => s,
             Err(ShardError::Interrupted) if stopped.is_some() => return Err(stopped.unwrap()),
+            Err(ShardError::Interrupted) if source.as_ref().is_some_and(|s| s.error.is_some()) => {
+                return Err(source.unwrap().error.unwrap())
+            }
             Err(e) => return Err(shard_err(e)),
         };
         let d = PyDict::new(py);
@@ -1061,6 +1073,20 @@ mod trainer_binding {
         #[pyo3(signature = (text, progress = None))]
         fn feed_text(&mut self, py: Python<'_>, text: String, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
             self.run(py, progress, move |t, ctl| t.feed_text(&text, ctl))
+        }
+
+        /// Count a batch of documents, each a text of its own: `data` a bytes-like UTF-8
+        /// buffer, `offsets` an int64 array of n + 1 positions in it.
+        #[pyo3(signature = (data, offsets, progress = None))]
+        fn feed_documents(
+            &mut self,
+            py: Python<'_>,
+            data: &Bound<'_, PyAny>,
+            offsets: &Bound<'_, PyAny>,
+            progress: Option<&Bound<'_, PyAny>>,
+        ) -> PyResult<()> {
+            let batch = super::doc_batches::extract_batch(data, offsets)?;
+            self.run(py, progress, move |t, ctl| t.feed_documents(&batch.data, &batch.ends, ctl))
         }
 
         /// End the text stream (count what is buffered).
