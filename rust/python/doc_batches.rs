@@ -13,7 +13,7 @@ use crate::shards::{DocBatch, DocSource, ShardError};
 pub fn extract_batch(data: &Bound<'_, PyAny>, offsets: &Bound<'_, PyAny>) -> PyResult<DocBatch> {
     let data: PyReadonlyArray1<u8> = data.extract()?;
     let offsets: PyReadonlyArray1<i64> = offsets.extract()?;
-    DocBatch::from_offsets(data.as_slice()?.to_vec(), offsets.as_slice()?).map_err(PyValueError::new_err)
+    DocBatch::from_offsets(data.as_slice()?, offsets.as_slice()?).map_err(PyValueError::new_err)
 }
 
 /// A Python object with `open(i) -> int | None` (start input `i`, return its number of

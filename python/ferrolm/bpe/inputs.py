@@ -77,24 +77,24 @@ def _pyarrow():
 
 
 def arrow_text(column, where: str):
-    """A string column (chunks, dictionary or large_string) as one large_string array
-    without nulls (a null is no document)."""
+    """A string column (chunked, dictionary-encoded, string or large_string) as one
+    string or large_string array without nulls (a null is no document)."""
     pa, _ = _pyarrow()
-    t = column.type
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        raise ValueError(f"{where} is of type {column.type}, not a string column")
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    column = column.cast(pa.large_string())
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise ValueError(f"{where} is of type {column.type}, not a string column")
     return column.drop_null() if column.null_count else column
 
 
 def arrow_buffers(arr) -> tuple[np.ndarray, np.ndarray]:
-    """``(data, offsets)`` numpy views of a large_string array's buffers (no copy)."""
+    """``(data, offsets)``: a numpy view of a string array's UTF-8 data (no copy) and its
+    offsets as int64."""
     _, offsets, data = arr.buffers()
-    offs = np.frombuffer(offsets, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    width = np.int64 if arr.type.id == _pyarrow()[0].large_string().id else np.int32
+    offs = np.frombuffer(offsets, dtype=width)[arr.offset : arr.offset + len(arr) + 1].astype(np.int64, copy=False)
     text = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
     return text, offs
 
@@ -111,6 +111,47 @@ def parquet_batches(path: str, column: str) -> Iterator[tuple[np.ndarray, np.nda
         arr = arrow_text(batch.column(0), f"column {column!r} of {path}")
         if len(arr):
             yield arrow_buffers(arr)
+
+
+def prefetched(batches: Iterator, depth: int = 2) -> Iterator:
+    """``batches`` produced on a thread of their own, ``depth`` ahead: pyarrow decodes
+    without the GIL, so the next batch is read while the core encodes this one."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for b in batches:
+                if not put(b):
+                    return
+            put(done)
+        except BaseException as e:  # handed to the consumer, raised there
+            put(e)
+
+    threading.Thread(target=produce, daemon=True, name="ferrolm-parquet").start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 def parquet_rows(path: str) -> int:
@@ -163,7 +204,7 @@ class DocReader:
                 raise ValueError("an iterable of documents can be read only once")
             self._batches, self.texts = text_batches(self.texts), None
             return None
-        self._batches = parquet_batches(path, self.column)
+        self._batches = prefetched(parquet_batches(path, self.column))
         return parquet_rows(path)
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray] | None:
