@@ -662,3 +662,14 @@ def test_an_input_edited_in_place_with_its_time_restored_is_not_resumed(tmp_path
     assert side["resumed_tokens"] == 0 and side["restart_reason"]
     assert (tmp_path / "o.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
     assert side["inputs"][0]["sha256"] == hashlib.sha256(ref_edit.encode()).hexdigest()
+
+
+def test_parquet_without_pyarrow_says_what_to_install(tmp_path, small_tok, cli, monkeypatch):
+    _, tok_dir = small_tok
+    _parquet(tmp_path / "d.parquet", ["a document"])
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    r = cli(
+        "encode", "--tokenizer", tok_dir, "--input", tmp_path / "d.parquet", "--out", tmp_path / "o", "--no-progress"
+    )
+    assert r.returncode == 2 and "ferrolm[parquet]" in r.stderr, r.stderr

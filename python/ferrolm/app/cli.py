@@ -755,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError, OSError) as e:
+    except (FileNotFoundError, ValueError, OSError, ImportError) as e:
         print(f"ferrolm {args.command}: error: {e}", file=sys.stderr)
         return 2
 
