@@ -1,10 +1,11 @@
 //! ferrolm's Rust core: everything whose cost grows with the corpus.
 //!
-//! The core has no PyO3 types; `python.rs` (behind the `python` feature) only
+//! The core has no PyO3 types; `python/` (behind the `python` feature) only
 //! converts types and releases the GIL, so `cargo test` needs no Python.
 
 mod buffers;
 pub mod encode;
+pub mod fault;
 pub mod pretokenize;
 pub mod shards;
 pub mod threads;

@@ -165,6 +165,12 @@ impl Words {
         self.ids.is_empty()
     }
 
+    /// The most merges these words allow: each merge joins at least one pair of symbols
+    /// in some word, which leaves it one symbol shorter, and a word stops at one.
+    pub fn max_merges(&self) -> usize {
+        self.ids.iter().map(|&w| self.data[w as usize] as usize - 1).sum()
+    }
+
     /// Ids of all words, in order (taken: the merge loop keeps them).
     fn take_ids(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.ids)
@@ -1220,13 +1226,17 @@ fn rebuild_heap(pairs: &Pairs, tokens: &Tokens) -> PairHeap {
 }
 
 /// Learn up to `num_merges` merges from `words`. Returns the merges as byte pairs, in order.
-/// Stops early when no pair is left.
+/// Stops early when no pair is left. Memory is sized by the merges the words allow
+/// (`Words::max_merges`), not by the request, which may be any number.
 pub fn learn_merges(
     words: Words,
     num_merges: usize,
     ctl: &Control,
     times: &mut MergeTimes,
 ) -> Result<Merges, TrainError> {
+    crate::fault::check(crate::fault::Site::TrainMerge);
+    let num_merges = num_merges.min(words.max_merges());
+    ctl.set_total(num_merges as u64);
     learn_merges_with(words, num_merges, ctl, times, PARALLEL_LIST, PRUNING)
 }
 
@@ -1580,6 +1590,26 @@ mod tests {
             scalar.clear();
         }
         assert!(rewritten > 3_000, "{rewritten}");
+    }
+
+    #[test]
+    fn any_number_of_merges_asked_learns_what_the_words_allow() {
+        // "abcd" x 3 and "ab": at most 3 + 1 merges; memory sized by the request would
+        // not be there for usize::MAX.
+        let corpus = |words: &mut Words| {
+            words.push(b"abcd", 3).unwrap();
+            words.push(b"ab", 1).unwrap();
+        };
+        let mut words = Words::default();
+        corpus(&mut words);
+        assert_eq!(words.max_merges(), 4);
+        let ctl = Control::default();
+        let got = learn_merges(words, usize::MAX, &ctl, &mut MergeTimes::default()).unwrap().to_vecs();
+        assert_eq!(got.len(), 3, "{got:?}"); // "ab", "cd", then "abcd": the words are whole
+        assert_eq!(ctl.progress().1, 4, "the progress total is what the words allow");
+        let mut words = Words::default();
+        corpus(&mut words);
+        assert_eq!(learn_merges(words, 2, &ctl, &mut MergeTimes::default()).unwrap().len(), 2);
     }
 
     #[test]

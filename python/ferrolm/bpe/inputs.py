@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ferrolm._util import fix_surrogates
+
 PARQUET_MAGIC = b"PAR1"
 #: Rows per batch read from a Parquet file (a few MB of text for web documents).
 PARQUET_BATCH_ROWS = 4096
@@ -161,8 +163,6 @@ def parquet_rows(path: str) -> int:
 
 def text_batches(texts: Iterable[str], batch_chars: int = TEXT_BATCH_CHARS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """An iterable of str as ``(data, offsets)`` batches (lone surrogates become U+FFFD)."""
-    from ferrolm.bpe.trainer import _fix_surrogates
-
     batch: list[bytes] = []
     size = 0
     for text in texts:
@@ -171,7 +171,7 @@ def text_batches(texts: Iterable[str], batch_chars: int = TEXT_BATCH_CHARS) -> I
         try:
             b = text.encode("utf-8")
         except UnicodeEncodeError:
-            b = _fix_surrogates(text).encode("utf-8")
+            b = fix_surrogates(text).encode("utf-8")
         batch.append(b)
         size += len(b)
         if size >= batch_chars:

@@ -13,52 +13,31 @@ KeyboardInterrupt within a fraction of a second.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from typing import Callable, Union
 
 from ferrolm import _core
+from ferrolm._util import check_special_tokens
 from ferrolm.bpe import inputs as _inputs
+from ferrolm.bpe import patterns
 
 __all__ = ["train", "train_bpe"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+# The largest vocab_size: ids are 32-bit and 2**32 - 1 is not an id. A request above what
+# the corpus allows is not an error: training stops when no pair is left.
+MAX_VOCAB_SIZE = 2**32 - 1
+
 # Bytes the core reads from a file at a time (None: the core's default, 8 MiB). Tests
 # set it small to exercise chunk boundaries.
 _CHUNK_SIZE: int | None = None
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _fix_surrogates(text: str) -> str:
-    """Lone surrogates become U+FFFD and surrogate pairs their character (as tiktoken does)."""
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _feed_documents(trainer, batches, report) -> None:
     """Feed ``(data, offsets)`` batches of documents to the core, each document a text of its own."""
     for data, offsets in batches:
         trainer.feed_documents(data, offsets, report)
-
-
-def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
-    if special_tokens is None:
-        return []
-    if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(f"special_tokens must be a list of strings, not a single {type(special_tokens).__name__}")
-    out = list(special_tokens)
-    for s in out:
-        if not isinstance(s, str):
-            raise TypeError(f"special tokens must be str, got {type(s).__name__}: {s!r}")
-        if not s:
-            raise ValueError("a special token must not be the empty string")
-    duplicates = sorted({s for s in out if out.count(s) > 1})
-    if duplicates:
-        raise ValueError(f"special token(s) listed twice: {duplicates}")
-    return out
 
 
 def _as_paths(input) -> list[str] | None:
@@ -133,8 +112,9 @@ def train(
         (no pre-token spans two files); each item of an iterable is a document of its own,
         as if the items were separated by a special token. A list of str is read as paths.
         Parquet files (pyarrow) give the documents of their ``column``.
-    vocab_size: total size, 256 bytes + merges + special tokens. Training stops early
-        if no pair is left to merge.
+    vocab_size: total size, 256 bytes + merges + special tokens, at most 2**32 - 1.
+        Training stops early if no pair is left to merge (memory is sized by what the
+        corpus allows, not by the request).
     special_tokens: split the text and are never merged across; added after the merges.
     pattern: "gpt2" (default), "cl100k", "o200k" or a custom regex (Python `regex` syntax).
     num_threads: worker threads (default: all cores); the result does not depend on it.
@@ -146,10 +126,15 @@ def train(
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
-    specials = _check_special_tokens(special_tokens)
+    specials = check_special_tokens(special_tokens)
     if vocab_size < 256 + len(specials):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: it must be at least {256 + len(specials)} (256 bytes + {len(specials)} special tokens)"
+        )
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too large: token ids are 32-bit, so it can be at most {MAX_VOCAB_SIZE} "
+            "(any smaller request is fine: training stops when the corpus has no pair left to merge)"
         )
     if num_threads is not None and (
         isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
@@ -159,6 +144,10 @@ def train(
         raise ValueError(f'errors must be "strict" or "replace", got {errors!r}')
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+    patterns.resolve(pattern)  # a clear error for an empty, misspelt or invalid pattern
+    for s in specials:
+        if len(s.encode("utf-8")) == 1:
+            raise ValueError(f"special token {s!r} is a single byte, which has its own id already (0-255)")
 
     paths = _as_paths(input)
     if paths is not None and not paths:

@@ -61,6 +61,7 @@ class ModelSection:
     num_heads: int = 16
     d_ff: int = 1344
     rope_theta: float = 10_000.0
+    tie_embeddings: bool = False  # one matrix for the embedding and the LM head
 
 
 @dataclass
@@ -208,6 +209,7 @@ class TrainConfig:
             "run.eval_every": r.eval_every,
             "run.checkpoint_every": r.checkpoint_every,
             "run.keep_last": r.keep_last,
+            "run.num_threads": r.num_threads,
             "optimizer.weight_decay": o.weight_decay,
             "optimizer.grad_clip": o.grad_clip,
             "optimizer.min_lr": o.min_lr,
@@ -221,8 +223,14 @@ class TrainConfig:
             raise ConfigError(
                 f"RoPE needs an even head size: model.d_model / model.num_heads = {m.d_model // m.num_heads}"
             )
-        if not (o.lr > 0 and math.isfinite(o.lr)):
-            raise ConfigError(f"optimizer.lr must be a positive number, got {o.lr}")
+        positive_numbers = {"optimizer.lr": o.lr, "optimizer.eps": o.eps, "model.rope_theta": m.rope_theta}
+        for k, v in positive_numbers.items():
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{k} must be a positive number, got {v}")
+        if o.min_lr > o.lr:
+            raise ConfigError(
+                f"optimizer.min_lr ({o.min_lr}) is above optimizer.lr ({o.lr}): the cosine decays to min_lr"
+            )
         for k in ("beta1", "beta2"):
             if not 0 <= getattr(o, k) < 1:
                 raise ConfigError(f"optimizer.{k} must be in [0, 1), got {getattr(o, k)}")
@@ -230,6 +238,13 @@ class TrainConfig:
             raise ConfigError(f"schedule.schedule_by must be 'steps' or 'time', got {s.schedule_by!r}")
         if s.schedule_by == "time" and s.max_time_s <= 0:
             raise ConfigError("schedule.schedule_by = 'time' needs schedule.max_time_s > 0")
+        micro = s.batch_size * m.context_length
+        if s.tokens_per_step % micro:
+            lo = max(micro, s.tokens_per_step // micro * micro)
+            raise ConfigError(
+                f"schedule.tokens_per_step ({s.tokens_per_step}) is not a multiple of schedule.batch_size x "
+                f"model.context_length = {micro}: use {lo} or {lo + micro} (or 0: one micro-batch per step)"
+            )
         if s.warmup_steps > s.max_steps:
             raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
         if s.cosine_steps and s.cosine_steps < s.warmup_steps:
@@ -241,7 +256,9 @@ class TrainConfig:
             if isinstance(v, list) and not v:
                 raise ConfigError(f"data.{k} is an empty list")
         if self.data.dtype not in ("", "uint16", "uint32"):
-            raise ConfigError(f"data.dtype must be uint16 or uint32 (or empty: from the sidecar), got {self.data.dtype!r}")
+            raise ConfigError(
+                f"data.dtype must be uint16 or uint32 (or empty: from the sidecar), got {self.data.dtype!r}"
+            )
         return self
 
     def require_data(self) -> None:

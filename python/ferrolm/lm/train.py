@@ -48,7 +48,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from ferrolm.bpe.files import atomic_write_bytes
+from ferrolm import __version__
+from ferrolm._util import atomic_write_bytes, stale_temporaries
 from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
@@ -73,6 +74,7 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     to_toml,
 )
 from ferrolm.lm.data import ShardError, TokenShards, sample_starts
+from ferrolm.lm.device import resolve_device
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
@@ -178,6 +180,7 @@ class Run:
     peak: Optional[float]
     loggers: _Loggers
     bar: Any  # tqdm bar on rank 0 when run.progress, else None
+    val_bytes_per_token: Optional[float] = None  # for bits per byte; None without a tokenizer folder
 
 
 # ---------------------------------------------------------------------------------------
@@ -299,6 +302,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     val_starts = validation_starts(cfg, val_data, dist_)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = _Loggers(run_dir, cfg, main, state.step if resume is not None else None)
     state.last_ckpt = latest_checkpoint(run_dir) if resume is not None else None
@@ -324,30 +328,25 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         peak=peak,
         loggers=loggers,
         bar=bar,
+        val_bytes_per_token=val_bytes_per_token(cfg, val_data, val_starts, device, dist_),
     )
     return run, state
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """ "auto" -> cuda (this process's GPU) > mps > cpu; anything else is checked and returned."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"run.device: unknown device {name!r} (use auto, cpu, cuda, cuda:N or mps)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"run.device is {name!r} but CUDA is not available here")
-        if dev.index is None:
-            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError(f"run.device is {name!r} but MPS is not available here")
-    return dev
+def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device, dist_: _Dist) -> Optional[float]:
+    """UTF-8 bytes per predicted token of the validation windows (all processes), when
+    data.tokenizer names a folder: bits per byte = val loss / ln 2 / this."""
+    if not cfg.data.tokenizer or not Path(cfg.data.tokenizer).is_dir():
+        return None
+    from ferrolm.bpe.tokenizer import Tokenizer
+    from ferrolm.lm.evaluate import token_byte_lengths
+
+    lengths = token_byte_lengths(Tokenizer.load(cfg.data.tokenizer), cfg.model.vocab_size)
+    _, y = val_data.windows_at(starts, cfg.model.context_length, "cpu")
+    total = torch.tensor([float(lengths[y].sum()), float(y.numel())], dtype=torch.float64, device=device)
+    if dist_.enabled:
+        dist.all_reduce(total)
+    return float(total[0] / total[1]) if total[0] > 0 else None
 
 
 def setup_distributed(device_name: str) -> _Dist:
@@ -373,7 +372,10 @@ def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]
     """This process's device, with threads and TF32 set; and whether bf16 autocast is on."""
     if cfg.run.num_threads > 0:
         torch.set_num_threads(cfg.run.num_threads)
-    device = resolve_device(cfg.run.device, local_rank)
+    try:
+        device = resolve_device(cfg.run.device, local_rank)
+    except ValueError as e:
+        raise ConfigError(f"run.device: {e}") from None
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if cfg.run.tf32:
@@ -469,7 +471,14 @@ def _data_vocab_size(train: TokenShards, val: TokenShards, tokenizer) -> int:
 
 def build_model(cfg: ModelSection) -> torch.nn.Module:
     return TransformerLM(
-        cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.d_ff, cfg.rope_theta
+        cfg.vocab_size,
+        cfg.context_length,
+        cfg.d_model,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.d_ff,
+        cfg.rope_theta,
+        tie_embeddings=cfg.tie_embeddings,
     )
 
 
@@ -751,6 +760,9 @@ def make_record(run: Run, state: RunState, lr: float, grad_norm: Optional[float]
         "train_loss": train_loss,
         "val_loss": val_loss,
         "val_ppl": math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
+        "val_bpb": val_loss / math.log(2) / run.val_bytes_per_token
+        if val_loss is not None and run.val_bytes_per_token
+        else None,
         "grad_norm": grad_norm,
         "tokens_per_s": tps,
         "mfu": mfu,
@@ -819,8 +831,9 @@ class _Loggers:
         if not enabled:
             return
         path = run_dir / METRICS_FILE
-        if resume_step is not None:
-            _truncate_metrics(path, resume_step)
+        # Resumed: drop the records written after the checkpoint. Fresh: the directory holds
+        # no checkpoint, so any records are those of a run killed before its first one.
+        _truncate_metrics(path, resume_step if resume_step is not None else -1)
         self.file = open(path, "a", encoding="utf-8")
         if cfg.run.wandb:
             self.wandb = _open_wandb(cfg, run_dir)
@@ -894,7 +907,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         tokens=state.step * run.tokens_per_step,
         best_val_loss=state.best_val,
         log_state=log_state,
-        ferrolm_version=_version(),
+        ferrolm_version=__version__,
     )
 
 
@@ -945,10 +958,10 @@ def _barrier(dist_: _Dist) -> None:
         dist.barrier()
 
 
-def _version() -> str:
-    import ferrolm
-
-    return ferrolm.__version__
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Delete what saves killed mid-write left (checkpoint, best.pt and config temporaries)."""
+    for path in stale_temporaries(run_dir) + stale_temporaries(run_dir / CHECKPOINT_DIR):
+        path.unlink(missing_ok=True)
 
 
 def _step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:

@@ -1,0 +1,195 @@
+//! The BPE trainer (`BpeTrainer`); the algorithm lives in rust/train*.
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyIsADirectoryError, PyKeyboardInterrupt, PyOSError, PyPermissionError, PyRuntimeError,
+    PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use super::run_watched;
+use crate::train::{Control, TrainError, Trainer, Utf8Errors, DEFAULT_CHUNK_SIZE};
+
+fn to_pyerr(e: TrainError) -> PyErr {
+    match e {
+        TrainError::Io { path, err } => {
+            let path = path.display().to_string();
+            let errno = err.raw_os_error();
+            let mut msg = err.to_string();
+            if let Some(i) = msg.find(" (os error") {
+                msg.truncate(i);
+            }
+            match err.kind() {
+                std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err((errno.unwrap_or(2), msg, path)),
+                std::io::ErrorKind::PermissionDenied => PyPermissionError::new_err((errno.unwrap_or(13), msg, path)),
+                std::io::ErrorKind::IsADirectory => PyIsADirectoryError::new_err((errno.unwrap_or(21), msg, path)),
+                _ => PyOSError::new_err((errno.unwrap_or(5), msg, path)),
+            }
+        }
+        TrainError::Cancelled => PyKeyboardInterrupt::new_err("training was cancelled"),
+        e @ (TrainError::InvalidUtf8 { .. } | TrainError::InvalidInput(_) | TrainError::Pattern(_)) => {
+            PyValueError::new_err(e.to_string())
+        }
+    }
+}
+
+/// One BPE training run: `count_files` / `count_texts` any number of times, then
+/// `learn` once. Called by `ferrolm.bpe.trainer`; not a public API.
+#[pyclass(name = "BpeTrainer", module = "ferrolm._core")]
+pub struct PyBpeTrainer {
+    inner: Option<Trainer>,
+    ctl: Control,
+}
+
+impl PyBpeTrainer {
+    /// Run `f` on the trainer on a watched worker thread. A trainer that failed is spent.
+    fn run<T: Send>(
+        &mut self,
+        py: Python<'_>,
+        progress: Option<&Bound<'_, PyAny>>,
+        f: impl FnOnce(&mut Trainer, &Control) -> Result<T, TrainError> + Send,
+    ) -> PyResult<T> {
+        let mut trainer = self.inner.take().ok_or_else(|| {
+            PyRuntimeError::new_err("this BpeTrainer failed or was interrupted earlier; make a new one")
+        })?;
+        let ctl = &self.ctl;
+        let report = |_: Python<'_>| -> PyResult<()> {
+            if let Some(cb) = progress {
+                cb.call1(ctl.progress())?;
+            }
+            Ok(())
+        };
+        let (trainer, result) = run_watched(
+            py,
+            || ctl.cancel(),
+            report,
+            move || {
+                let r = f(&mut trainer, ctl);
+                (trainer, r)
+            },
+        )?;
+        match result {
+            Ok(v) => {
+                self.inner = Some(trainer);
+                Ok(v)
+            }
+            Err(e) => Err(to_pyerr(e)),
+        }
+    }
+}
+
+#[pymethods]
+impl PyBpeTrainer {
+    #[new]
+    #[pyo3(signature = (special_tokens, pattern = "gpt2", num_threads = None, errors = "strict", chunk_size = None))]
+    fn new(
+        special_tokens: Vec<String>,
+        pattern: &str,
+        num_threads: Option<usize>,
+        errors: &str,
+        chunk_size: Option<usize>,
+    ) -> PyResult<Self> {
+        let errors = match errors {
+            "strict" => Utf8Errors::Strict,
+            "replace" => Utf8Errors::Replace,
+            other => {
+                return Err(PyValueError::new_err(format!("errors must be \"strict\" or \"replace\", got {other:?}")))
+            }
+        };
+        let t = Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
+            .map_err(to_pyerr)?;
+        Ok(PyBpeTrainer { inner: Some(t), ctl: Control::default() })
+    }
+
+    /// Count the pre-tokens of these files (each its own text). `progress(done, total)`
+    /// is called with bytes.
+    #[pyo3(signature = (paths, progress = None))]
+    fn count_files(
+        &mut self,
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.run(py, progress, move |t, ctl| t.count_files(&paths, ctl))
+    }
+
+    /// Feed text to the text stream: everything fed until `finish_text` is one
+    /// continuous text. `progress(done, total)` is called with bytes.
+    #[pyo3(signature = (text, progress = None))]
+    fn feed_text(&mut self, py: Python<'_>, text: String, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        self.run(py, progress, move |t, ctl| t.feed_text(&text, ctl))
+    }
+
+    /// Count a batch of documents, each a text of its own: `data` a uint8 array of UTF-8,
+    /// `offsets` an int64 array of n + 1 positions in it.
+    #[pyo3(signature = (data, offsets, progress = None))]
+    fn feed_documents(
+        &mut self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let batch = super::doc_batches::extract_batch(data, offsets)?;
+        self.run(py, progress, move |t, ctl| t.feed_documents(&batch.data, &batch.ends, ctl))
+    }
+
+    /// End the text stream (count what is buffered).
+    #[pyo3(signature = (progress = None))]
+    fn finish_text(&mut self, py: Python<'_>, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        self.run(py, progress, move |t, ctl| t.finish_text(ctl))
+    }
+
+    /// Learn up to `num_merges` merges; returns them as (bytes, bytes) pairs in order,
+    /// and the vocab they make: id -> bytes for the 256 bytes, then one id per merge.
+    /// `progress(done, total)` is called with merges.
+    #[pyo3(signature = (num_merges, progress = None))]
+    fn learn<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_merges: usize,
+        progress: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyDict>)> {
+        let merges = self.run(py, progress, move |t, ctl| t.learn(num_merges, ctl))?;
+        // Built here rather than in Python (a Python loop over 32k merges takes ~15 ms),
+        // with one bytes object per symbol: the vocab entries and the pairs share them.
+        let mut objects: Vec<Option<Bound<'py, PyBytes>>> = vec![None; merges.num_symbols()];
+        let mut object =
+            |s: u32| objects[s as usize].get_or_insert_with(|| PyBytes::new(py, merges.symbol_bytes(s))).clone();
+        let vocab = PyDict::new(py);
+        for b in 0..=255u8 {
+            vocab.set_item(b, object(b as u32))?;
+        }
+        let mut pairs = Vec::with_capacity(merges.len());
+        for i in 0..merges.len() {
+            let ((a, b), made) = merges.merge(i);
+            vocab.set_item(256 + i, object(made))?;
+            pairs.push((object(a), object(b)));
+        }
+        Ok((PyList::new(py, pairs)?, vocab))
+    }
+
+    /// Seconds per stage and sizes of the last run (for profiling).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        if let Some(t) = &self.inner {
+            let s = &t.stats;
+            d.set_item("read_s", s.read_s)?;
+            d.set_item("count_s", s.count_s)?;
+            d.set_item("merge_tables_s", s.merge_tables_s)?;
+            d.set_item("build_s", s.build_s)?;
+            d.set_item("merge_s", s.merge_s)?;
+            d.set_item("bytes", s.bytes)?;
+            d.set_item("unique_pretokens", s.unique_pretokens)?;
+            d.set_item("words", s.words)?;
+            d.set_item("merges", s.merges)?;
+        }
+        Ok(d)
+    }
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyBpeTrainer>()
+}
