@@ -19,8 +19,9 @@ import numpy as np
 from ferrolm._util import fix_surrogates
 
 PARQUET_MAGIC = b"PAR1"
-#: Rows per batch read from a Parquet file (a few MB of text for web documents).
-PARQUET_BATCH_ROWS = 4096
+#: Text per batch read from a Parquet file: few large batches (pyarrow's cost per batch is
+#: noticeable beside the encoder's), memory still flat.
+PARQUET_BATCH_BYTES = 32 << 20
 #: Characters per batch taken from an iterable of str.
 TEXT_BATCH_CHARS = 1 << 20
 _GLOB_CHARS = frozenset("*?[")
@@ -109,13 +110,14 @@ def parquet_batches(path: str, column: str) -> Iterator[tuple[np.ndarray, np.nda
     if column not in names:
         shown = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
         raise ValueError(f"{path} has no column {column!r} (its columns: {shown}); choose one with --column")
-    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[column]):
+    # One decoding thread: the core's threads are busy encoding.
+    for batch in pf.iter_batches(batch_size=_batch_rows(pf), columns=[column], use_threads=False):
         arr = arrow_text(batch.column(0), f"column {column!r} of {path}")
         if len(arr):
             yield arrow_buffers(arr)
 
 
-def prefetched(batches: Iterator, depth: int = 2) -> Iterator:
+def prefetched(batches: Iterator, depth: int = 1) -> Iterator:
     """``batches`` produced on a thread of their own, ``depth`` ahead: pyarrow decodes
     without the GIL, so the next batch is read while the core encodes this one."""
     import queue
@@ -154,6 +156,15 @@ def prefetched(batches: Iterator, depth: int = 2) -> Iterator:
             yield item
     finally:
         stop.set()
+
+
+def _batch_rows(pf) -> int:
+    """Rows per batch for about PARQUET_BATCH_BYTES of (uncompressed) data."""
+    md = pf.metadata
+    if not md.num_rows or not md.num_row_groups:
+        return 1024
+    per_row = max(1, sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups)) // md.num_rows)
+    return max(1024, PARQUET_BATCH_BYTES // per_row)
 
 
 def parquet_rows(path: str) -> int:
