@@ -8,6 +8,9 @@ docs/DESIGN.md:
 * Special tokens split the text first and are hard boundaries: no pre-token and no merge
   crosses them. The remaining text is cut into pre-tokens by a regex pattern (GPT-2's by
   default; "cl100k", "o200k" or any custom regex), matched by Python's ``regex`` module.
+  The built-in patterns use the Rust core's Unicode classes (``core_classes``), so the
+  pieces do not depend on the installed ``regex``'s Unicode version; custom patterns use
+  ``regex``'s own tables.
 * Training repeatedly merges the most frequent adjacent pair, ties broken by the
   lexicographically greatest pair of byte strings.
 * Encoding matches special tokens longest first, then applies merges by rank inside each
@@ -50,6 +53,7 @@ import regex
 from ferrolm._util import check_special_tokens, fix_surrogates
 from ferrolm.bpe import files as tokenizer_files
 from ferrolm.bpe import patterns
+from ferrolm.bpe.core_classes import with_core_classes
 
 __all__ = ["train_bpe", "Tokenizer"]
 
@@ -80,6 +84,9 @@ def _special_regex(specials: Sequence[str]):
 
 def _compile_pattern(pattern: str):
     source = patterns.resolve(pattern)
+    if patterns.name_of(source) != source:
+        # A built-in: with the core's Unicode classes, not the installed regex's own.
+        source = with_core_classes(source)
     try:
         compiled = regex.compile(source)
     except regex.error as e:
