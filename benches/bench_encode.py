@@ -3,14 +3,14 @@ when installed), GPT-2 vocab, each library in its own subprocess, ids hash-check
 
     python benches/bench_encode.py                      # everything (several minutes)
     python benches/bench_encode.py --quick              # TinyStories only, fewer runs
-    python benches/bench_encode.py --write benches/results/encode.md
+    python benches/bench_encode.py --write benches/out/encode.md     # the tables as markdown
 
 Modes (each on the 25 MB Wikipedia file and the TinyStories file):
   encode        one `encode` call per document, one thread (documents split on the separator)
   batch-1/-2    the library's batch API over the documents, 1 and 2 threads
   file          the whole file in one call, all cores (ferrolm encode_file, gigatoken
                 encode_files with a TextFileSource)
-Plus: ferrolm's encode_iterable over a ~200 MB file (the corpora concatenated, in /tmp) with
+Plus: ferrolm's encode_iterable over a ~200 MB file (the corpora concatenated, in the temporary directory) with
 peak RSS, and worst-case inputs ("a" * n, "!" * n) at 10 kB, 100 kB, 1 MB.
 
 Each child reads VmHWM from its own /proc/self/status; times are the median of the timed runs
@@ -31,6 +31,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +41,7 @@ WIKI = SHARED / "corpora/webtext/enwiki_2021_wikiextractor_part01.txt"
 TINY = SHARED / "corpora/tinystories/TinyStories-v1-train_head_2MiB.txt"
 EOT = "<|endoftext|>"
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-WORK = Path(os.environ.get("FERROLM_BENCH_TMP", "/tmp/ferrolm-bench-encode"))
+WORK = Path(os.environ.get("FERROLM_BENCH_TMP", str(Path(tempfile.gettempdir()) / "ferrolm-bench-encode")))
 
 # "ferrolm-np": the same encoder through its numpy-returning calls (encode_to_numpy,
 # encode_batch_to_numpy), like gigatoken's, which return numpy/awkward arrays, not lists.

@@ -1,24 +1,37 @@
-"""Training-step speed of ferrolm's TransformerLM next to HF transformers' LlamaForCausalLM.
+"""Training-step speed of ferrolm's TransformerLM next to HF transformers' LlamaForCausalLM
+and a nanoGPT-style GPT-2 of the same widths, each eager and compiled.
 
-Both models get the same architecture (pre-norm RMSNorm, SwiGLU, RoPE, untied, no biases,
-num_key_value_heads = num_heads, rms_norm_eps = 1e-5) and the SAME weights: HF's copy is
-ferrolm's initialization converted (each head's q/k rows permuted, evens then odds, since
-HF rotates halves where ferrolm rotates adjacent pairs). Before timing, each child
-reports the loss of its first step on the same batch; the parent checks they agree, so
-the timings compare the same computation.
+ferrolm and HF get the same architecture (pre-norm RMSNorm, SwiGLU, RoPE, untied, no
+biases, num_key_value_heads = num_heads, rms_norm_eps = 1e-5) and the SAME weights: HF's
+copy is ferrolm's initialization converted (each head's q/k rows permuted, evens then
+odds, since HF rotates halves where ferrolm rotates adjacent pairs). Each child reports
+the loss of its first step on the same batch and the parent checks ferrolm's and HF's
+agree, so their timings compare the same computation. The nanoGPT-style GPT
+(benches/nanogpt_baseline.py: learned positions, LayerNorm with biases, GELU MLP of
+4 d_model, fused qkv) has its own GPT-2 initialization and about as many parameters.
 
-One measured step = zero_grad, forward, cross-entropy loss, backward (no optimizer step).
-ferrolm uses ferrolm.lm.functional.cross_entropy, HF uses F.cross_entropy on float logits
-(what its own loss function does). Each (library, shape, dtype) runs in its own
-subprocess: its own thread pool and its own peak memory (VmHWM from /proc/self/status).
-Warm-up 1 step, then --runs timed runs of --steps steps each; the median is reported.
-"tokens per CPU-second" divides by the process's CPU time instead of wall time: with
---threads 1 it is a fair measure of work even on a busy machine (with more threads it
-also counts spin-waiting, so use wall time there).
+One measured step is a whole training step, each library as its users write it:
+zero_grad, forward, cross-entropy, backward, global-norm clip to 1.0, AdamW
+(lr 1e-3, betas (0.9, 0.95), weight decay 0.1).
 
-    python benches/bench_model.py                        # both shapes, fp32 and bf16 autocast
-    python benches/bench_model.py --shapes small --dtypes fp32 --runs 3
-    python benches/bench_model.py --device cuda          # on a GPU (bf16 autocast, TF32 on)
+- ferrolm: ferrolm.lm.functional.cross_entropy, ferrolm's clip_grad_norm and its
+  multi-tensor AdamW; "ferrolm compiled" is what `ferrolm train` runs by default
+  (`run.compile`, model and loss compiled as one graph).
+- HF: F.cross_entropy on float logits (what its loss function does),
+  torch.nn.utils.clip_grad_norm_, torch.optim.AdamW with torch's defaults.
+- nanoGPT-style: F.cross_entropy, clip_grad_norm_, torch.optim.AdamW (fused on CUDA, as
+  nanoGPT's train.py asks for it there).
+- "compiled": torch.compile of the loss closure (model + loss), default mode.
+
+Each (library, shape, dtype) runs in its own subprocess: its own thread pool and peak
+memory (VmHWM from /proc/self/status on CPU; torch.cuda.max_memory_allocated on CUDA).
+Warm-up steps (compilation happens there), then --runs timed runs of --steps steps; the
+median is reported. "tokens per CPU-second" divides by the process's CPU time instead of
+wall time: with --threads 1 it is a fair measure of work even on a busy machine.
+
+    python benches/bench_model.py --shapes tinystories --dtypes fp32 --threads 1     # the CPU comparison
+    python benches/bench_model.py --shapes small --dtypes fp32 --runs 1 --steps 1 --impls ferrolm,hf
+    python benches/bench_model.py --device cuda --dtypes bf16 --steps 20             # on a GPU (TF32 on)
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 SHAPES = {
     # CS336 TinyStories: 22.7 M parameters
@@ -39,7 +53,12 @@ SHAPES = {
         vocab_size=10_000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344, batch=8
     ),
     "small": dict(vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=704, batch=8),
+    # seconds-long dry runs of every code path
+    "tiny": dict(vocab_size=256, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64, batch=2),
 }
+IMPLS = ("ferrolm", "ferrolm-compiled", "hf", "hf-compiled", "nanogpt", "nanogpt-compiled")
+DEFAULT_IMPLS = ",".join(IMPLS)
+LABELS = {"ferrolm": "ferrolm", "hf": "HF Llama", "nanogpt": "nanoGPT-style"}
 
 
 def vm_kib(field: str) -> int:
@@ -51,7 +70,7 @@ def vm_kib(field: str) -> int:
 
 
 def hf_llama_from_ferrolm(model, shape):
-    """LlamaForCausalLM with ferrolm's weights (RoPE pair order converted)."""
+    """LlamaForCausalLM with ferrolm's weights (RoPE pair order converted), SDPA attention."""
     import transformers
 
     cfg = transformers.LlamaConfig(
@@ -69,6 +88,7 @@ def hf_llama_from_ferrolm(model, shape):
         tie_word_embeddings=False,
         attention_dropout=0.0,
     )
+    cfg._attn_implementation = "sdpa"
     hf = transformers.LlamaForCausalLM(cfg)
     from ferrolm.lm.model import to_hf_llama_state_dict
 
@@ -78,47 +98,90 @@ def hf_llama_from_ferrolm(model, shape):
     return hf
 
 
-def child(impl: str, shape_name: str, dtype: str, device: str, runs: int, steps: int, threads: int) -> dict:
+def train_flops_per_token(impl: str, shape: dict) -> int:
+    """Training FLOPs per token (3x the forward), as ferrolm.lm.model.flops_per_token counts them."""
+    from ferrolm.lm.model import ModelConfig, flops_per_token
+
+    keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
+    cfg = ModelConfig(*(shape[k] for k in keys))
+    if impl == "nanogpt":  # GELU MLP of 4 d: 8 d^2 weights where SwiGLU has 3 d d_ff
+        d, L, T = shape["d_model"], shape["num_layers"], shape["context_length"]
+        return 3 * (2 * (L * 12 * d * d + shape["vocab_size"] * d) + 4 * L * T * d)
+    return 3 * flops_per_token(cfg)
+
+
+def build(impl: str, shape: dict, device: str):
+    """(model, loss(x, y), optimizer, clip(params)) for one library, as its users write them."""
     import torch
     import torch.nn.functional as F
+
+    from ferrolm.lm import functional
+    from ferrolm.lm.model import TransformerLM
+    from ferrolm.lm.optim import AdamW, clip_grad_norm, param_groups_for_decay
+
+    torch.manual_seed(0)
+    keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
+    hyper = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    if impl == "nanogpt":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from nanogpt_baseline import GPT
+
+        s = shape
+        model = GPT(s["vocab_size"], s["context_length"], s["d_model"], s["num_layers"], s["num_heads"], tie=False)
+    else:
+        model = TransformerLM(*(shape[k] for k in keys))
+        if impl == "hf":
+            model = hf_llama_from_ferrolm(model, shape)
+    model.to(device).train()
+    V = shape["vocab_size"]
+    if impl == "ferrolm":
+        opt = AdamW(param_groups_for_decay(model, 0.1), weight_decay=0.1, **hyper)
+
+        def loss(x, y):
+            return functional.cross_entropy(model(x), y)
+
+        return model, loss, opt, clip_grad_norm
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    fused = {"fused": True} if impl == "nanogpt" and device == "cuda" else {}
+    opt = torch.optim.AdamW(groups, **hyper, **fused)
+    if impl == "hf":
+
+        def loss(x, y):
+            return F.cross_entropy(model(input_ids=x).logits.float().view(-1, V), y.reshape(-1))
+    else:
+
+        def loss(x, y):
+            return F.cross_entropy(model(x).view(-1, V), y.reshape(-1))
+
+    return model, loss, opt, torch.nn.utils.clip_grad_norm_
+
+
+def child(name: str, shape_name: str, dtype: str, device: str, runs: int, steps: int, threads: int) -> dict:
+    import torch
 
     torch.set_num_threads(threads)
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     import ferrolm
-    from ferrolm.lm import functional
-    from ferrolm.lm.model import TransformerLM
 
+    impl, compiled = name.removesuffix("-compiled"), name.endswith("-compiled")
     if impl == "hf":
-        import transformers  # noqa: F401  (import cost is not part of the peak we report below)
+        import transformers  # (import cost is not part of the training memory reported)
 
         version = f"transformers {transformers.__version__}"
     else:
-        version = f"ferrolm {ferrolm.__version__}"
+        version = f"ferrolm {ferrolm.__version__}" if impl == "ferrolm" else f"torch {torch.__version__}"
     rss_after_import = vm_kib("VmRSS")
 
     shape = SHAPES[shape_name]
-    torch.manual_seed(0)
-    model = TransformerLM(
-        *(shape[k] for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"))
-    )
-    if impl == "hf":
-        model = hf_llama_from_ferrolm(model, shape)
-
-        def logits_of(x):
-            return model(input_ids=x).logits
-
-        def loss_of(logits, y):
-            return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
-    else:
-
-        def logits_of(x):
-            return model(x)
-
-        loss_of = functional.cross_entropy
-    model.to(device).train()
+    model, loss_of, opt, clip = build(impl, shape, device)
+    if compiled:
+        loss_of = torch.compile(loss_of)
     n_params = sum(p.numel() for p in model.parameters())
+    params = list(model.parameters())
 
     g = torch.Generator().manual_seed(1)
     B, T = shape["batch"], shape["context_length"]
@@ -126,19 +189,27 @@ def child(impl: str, shape_name: str, dtype: str, device: str, runs: int, steps:
     x, y = ids[:, :-1], ids[:, 1:]
     autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=(dtype == "bf16"))
 
-    def step() -> float:
-        model.zero_grad(set_to_none=True)
+    def step():
+        opt.zero_grad(set_to_none=True)
         with autocast:
-            loss = loss_of(logits_of(x), y)
+            loss = loss_of(x, y)
         loss.backward()
+        clip(params, 1.0)
+        opt.step()
         return loss
 
     def sync():
         if device == "cuda":
             torch.cuda.synchronize()
 
-    first_loss = float(step())  # warm-up, and the check value
+    t0 = time.perf_counter()
+    first_loss = float(step())  # warm-up (compilation), and the check value
+    for _ in range(2 if compiled else 1):
+        step()
     sync()
+    warmup_s = time.perf_counter() - t0
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     rates, cpu_rates = [], []
     gc.disable()
     for _ in range(runs):
@@ -151,13 +222,15 @@ def child(impl: str, shape_name: str, dtype: str, device: str, runs: int, steps:
         cpu_rates.append(steps * B * T / (time.process_time() - c0))
     gc.enable()
     out = dict(
-        impl=impl,
+        impl=name,
         shape=shape_name,
         dtype=dtype,
         device=device,
         version=version,
         params=n_params,
         first_loss=first_loss,
+        warmup_s=warmup_s,
+        train_flops_per_token=train_flops_per_token(impl, shape),
         tokens_per_s=rates,
         median_tokens_per_s=statistics.median(rates),
         tokens_per_cpu_s=cpu_rates,
@@ -170,15 +243,107 @@ def child(impl: str, shape_name: str, dtype: str, device: str, runs: int, steps:
     return out
 
 
+def run_child(name: str, shape: str, dtype: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", name, shape, dtype, "--device", args.device]
+    cmd += ["--runs", str(args.runs), "--steps", str(args.steps), "--threads", str(args.threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return dict(impl=name, shape=shape, dtype=dtype, failed=tail)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def memory_mib(r: dict) -> float:
+    """Training memory: CUDA peak allocation, or the CPU peak RSS above the imports."""
+    return r["cuda_peak_alloc_mib"] if "cuda_peak_alloc_mib" in r else r["peak_rss_mib"] - r["rss_after_import_mib"]
+
+
+def row_line(r: dict, peak_tflops: float | None) -> str:
+    if "failed" in r:
+        return f"| {r['shape']} | {r['dtype']} | {r['impl']} | FAILED: {r['failed']} |"
+    mfu = ""
+    if peak_tflops:
+        mfu = f"{100 * r['train_flops_per_token'] * r['median_tokens_per_s'] / (peak_tflops * 1e12):.1f} %"
+    return (
+        f"| {r['shape']} | {r['dtype']} | {r['impl']} | {r['version']} | {r['params'] / 1e6:.2f} M | "
+        f"{r['median_tokens_per_s']:,.0f} | {', '.join(f'{t:,.0f}' for t in r['tokens_per_s'])} | "
+        f"{r['median_tokens_per_cpu_s']:,.0f} | {mfu} | {memory_mib(r):,.0f} | {r['warmup_s']:.1f} | "
+        f"{r['first_loss']:.5f} |"
+    )
+
+
+ROW_HEADER = (
+    "| shape | dtype | implementation | version | params | tokens/s (median) | runs | tokens per CPU-second | "
+    "MFU | training memory MiB | warm-up s | first-step loss |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def ratio_lines(rows: dict, shape: str, dtype: str) -> list[str]:
+    """ferrolm (its default: compiled when measured) against each peer, eager and compiled."""
+    lines = []
+    ours = rows.get("ferrolm-compiled") or rows.get("ferrolm")
+    if not ours:
+        return lines
+    for peer in IMPLS[2:]:
+        theirs = rows.get(peer)
+        if not theirs:
+            continue
+        ratio = ours["median_tokens_per_s"] / theirs["median_tokens_per_s"]
+        cpu_ratio = ours["median_tokens_per_cpu_s"] / theirs["median_tokens_per_cpu_s"]
+        mem = memory_mib(rows.get("ferrolm") or ours) / max(1e-9, memory_mib(theirs))
+        lines.append(
+            f"| {shape} | {dtype} | {ours['impl']} / {peer} | **{ratio:.2f}x** | {cpu_ratio:.2f}x | {mem:.2f}x |"
+        )
+    return lines
+
+
+def losses_agree(rows: dict, dtype: str) -> bool:
+    """ferrolm's and HF's first-step losses (same weights, same batch) agree."""
+    tol = 1e-4 if dtype == "fp32" else 2e-2
+    pairs = [(rows[a], rows[b]) for a in ("ferrolm", "ferrolm-compiled") for b in ("hf", "hf-compiled")]
+    pairs = [(a, b) for a, b in pairs if a and b]
+    return all(abs(a["first_loss"] - b["first_loss"]) <= tol * max(1.0, abs(b["first_loss"])) for a, b in pairs)
+
+
+def compare(args) -> tuple[list[dict], list[str]]:
+    """Run every (shape, dtype, implementation) child; return the results and the report's lines."""
+    lines = [ROW_HEADER]
+    print(ROW_HEADER, flush=True)
+    results, ratio_rows = [], []
+    for shape in args.shapes.split(","):
+        for dtype in args.dtypes.split(","):
+            rows = {}
+            for name in args.impls.split(","):
+                r = run_child(name, shape, dtype, args)
+                results.append(r)
+                lines.append(row_line(r, args.peak_tflops))
+                print(lines[-1], flush=True)
+                if "failed" not in r:
+                    rows[name] = r
+            rows = {k: rows.get(k) for k in IMPLS}
+            if not losses_agree(rows, dtype):
+                print(f"WARNING: ferrolm's and HF's first-step losses differ ({shape}, {dtype})", file=sys.stderr)
+                ratio_rows.append(f"| {shape} | {dtype} | ferrolm and HF first-step losses DIFFER | | | |")
+            ratio_rows += ratio_lines(rows, shape, dtype)
+    lines += [
+        "",
+        "| shape | dtype | ratio | tokens/s ratio | tokens per CPU-second ratio | training memory ratio (eager ferrolm) |",
+        "|---|---|---|---|---|---|",
+        *ratio_rows,
+    ]
+    return results, lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="tinystories,small")
-    ap.add_argument("--dtypes", default="fp32,bf16")
-    ap.add_argument("--impls", default="ferrolm,hf")
+    ap.add_argument("--shapes", default="tinystories")
+    ap.add_argument("--dtypes", default="fp32")
+    ap.add_argument("--impls", default=DEFAULT_IMPLS, help=f"comma-separated, of {', '.join(IMPLS)}")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2, help="steps per timed run")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--peak-tflops", type=float, help="the device's matrix rate, for an MFU column")
     ap.add_argument("--json", help="also write all results to this JSON file")
     ap.add_argument("--child", nargs=3, metavar=("IMPL", "SHAPE", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -186,68 +351,19 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(*args.child, args.device, args.runs, args.steps, args.threads)))
         return
+    unknown = set(args.impls.split(",")) - set(IMPLS)
+    if unknown:
+        ap.error(f"unknown --impls {sorted(unknown)}; choose from {', '.join(IMPLS)}")
 
     import torch
 
     print(
-        f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {platform.processor() or platform.machine()}  "
+        f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.processor() or platform.machine()}  "
         f"cpus={os.cpu_count()}  torch {torch.__version__}  threads={args.threads}  device={args.device}"
     )
     print(f"# python {' '.join(sys.argv)}")
-    results = []
-    print(
-        "| shape | dtype | library | params | tokens/s (median) | runs | tokens per CPU-second | peak RSS MiB | RSS after imports MiB | first-step loss |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for shape in args.shapes.split(","):
-        for dtype in args.dtypes.split(","):
-            row = {}
-            for impl in args.impls.split(","):
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    impl,
-                    shape,
-                    dtype,
-                    "--device",
-                    args.device,
-                    "--runs",
-                    str(args.runs),
-                    "--steps",
-                    str(args.steps),
-                    "--threads",
-                    str(args.threads),
-                ]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    print(f"| {shape} | {dtype} | {impl} | FAILED: {proc.stderr.strip().splitlines()[-1:]} |")
-                    continue
-                r = json.loads(proc.stdout.strip().splitlines()[-1])
-                results.append(r)
-                row[impl] = r
-                print(
-                    f"| {shape} | {dtype} | {r['version']} | {r['params'] / 1e6:.2f} M | {r['median_tokens_per_s']:,.0f} | "
-                    f"{', '.join(f'{t:,.0f}' for t in r['tokens_per_s'])} | {r['median_tokens_per_cpu_s']:,.0f} | {r['peak_rss_mib']:,.0f} | "
-                    f"{r['rss_after_import_mib']:,.0f} | {r['first_loss']:.5f} |",
-                    flush=True,
-                )
-            if "ferrolm" in row and "hf" in row:
-                a, b = row["ferrolm"], row["hf"]
-                tol = 1e-4 if dtype == "fp32" else 2e-2
-                same = abs(a["first_loss"] - b["first_loss"]) <= tol * max(1.0, abs(b["first_loss"]))
-                ratio = a["median_tokens_per_s"] / b["median_tokens_per_s"]
-                cpu_ratio = a["median_tokens_per_cpu_s"] / b["median_tokens_per_cpu_s"]
-                mem = (a["peak_rss_mib"] - a["rss_after_import_mib"]) / max(
-                    1e-9, b["peak_rss_mib"] - b["rss_after_import_mib"]
-                )
-                print(
-                    f"| {shape} | {dtype} | **ferrolm / HF** | | **{ratio:.2f}x** | | {cpu_ratio:.2f}x | "
-                    f"training memory above imports: {mem:.2f}x | | losses {'agree' if same else 'DIFFER'} |",
-                    flush=True,
-                )
-                if not same:
-                    print(f"WARNING: first-step losses differ: {a['first_loss']} vs {b['first_loss']}", file=sys.stderr)
+    results, lines = compare(args)
+    print("\n".join(lines[lines.index("") :]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

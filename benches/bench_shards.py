@@ -34,6 +34,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -279,7 +280,11 @@ def main() -> None:
     if "--child" in sys.argv:
         return run_child(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", default="/tmp/ferrolm-bench-shards", help="scratch folder for inputs and outputs")
+    ap.add_argument(
+        "--work",
+        default=str(Path(tempfile.gettempdir()) / "ferrolm-bench-shards"),
+        help="scratch folder for inputs and outputs",
+    )
     ap.add_argument("--runs", type=int, default=3, help="timed runs per contender (median reported)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument(

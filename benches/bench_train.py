@@ -35,6 +35,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -197,7 +198,10 @@ def main() -> None:
         "reported too (the VM's speed drifts over minutes, which a pair taken back to back mostly cancels)",
     )
     ap.add_argument(
-        "--concat", type=int, default=0, help="also train on the corpus concatenated N times (a file in /tmp)"
+        "--concat",
+        type=int,
+        default=0,
+        help="also train on the corpus concatenated N times (a file in the temporary directory)",
     )
     ap.add_argument("--concat-libs", nargs="*", default=["ferrolm", "gigatoken"], choices=LIBS)
     ap.add_argument("--timeout", type=float, default=3600)
@@ -288,7 +292,7 @@ def main() -> None:
         print()
 
     if args.concat > 1:
-        big = Path("/tmp") / f"ferrolm_bench_concat{args.concat}.txt"
+        big = Path(tempfile.gettempdir()) / f"ferrolm_bench_concat{args.concat}.txt"
         if not big.exists() or big.stat().st_size != args.concat * sum(os.path.getsize(f) for f in files):
             with open(big, "wb") as out:
                 for _ in range(args.concat):

@@ -3,18 +3,24 @@
     python benches/run.py            # the full benchmarks (long: tens of minutes on 2 cores)
     python benches/run.py --quick    # smaller inputs, one timed run each: under 10 minutes on 2 cores
     python benches/run.py --only train encode --quick
+    python benches/run.py --summary  # rewrite RESULTS.md from benches/results/*.md, run nothing
 
 Each benchmark script (benches/bench_*.py) already runs every library in its own process and
 checks that they compute the same thing before timing; this runner calls the scripts one
 after the other, each as its own process, with the options below (in --quick mode only the
 options a script's --help lists are passed, so a script that changes its options still
 runs). Their output goes to benches/out/<area>.log (and <area>.json where the script writes
-JSON). RESULTS.md gets the machine (CPU model, cores, RAM, load average), the versions of
-ferrolm and its peers, the date, the command, and each script's own tables; every column
-of ratios in those tables ("1.8x", "vs ferrolm", "A / B") becomes a bar chart in
-docs/bench_<area>.png. Each script's method and discussion stay in benches/results/<area>.md.
-Ratios, not absolute timings, are what carry over to other machines; run on a quiet machine
-(the load average is recorded) and read differences under ~15 % as noise.
+JSON).
+
+RESULTS.md is generated, never edited by hand. It opens with the current figures: one row
+per line of the table under "## Latest result" in each benches/results/<area>.md (that file
+holds the method and the latest result of its area; history lives in git), with the
+machine named on that section's "Machine:" line. A run then adds the machine (CPU model,
+cores, RAM, load average), the versions of ferrolm and its peers, the date, the command,
+and each script's own tables; every column of ratios in those tables ("1.8x", "vs ferrolm",
+"A / B") becomes a bar chart in docs/bench_<area>.png. Ratios, not absolute timings, are
+what carry over to other machines; run on a quiet machine (the load average is recorded)
+and read differences under ~15 % as noise.
 """
 
 from __future__ import annotations
@@ -39,7 +45,11 @@ SHARED = Path(os.environ.get("FERROLM_SHARED", REPO.parent / "shared"))
 OUT_DIR = BENCHES_DIR / "out"
 DOCS_DIR = REPO / "docs"
 RESULTS = BENCHES_DIR / "RESULTS.md"
-SUMMARY = BENCHES_DIR / "results" / "summary.md"
+RESULTS_DIR = BENCHES_DIR / "results"
+LATEST = "## Latest result"
+# The order of the jobs in RESULTS.md: the pipeline's, then any other write-up by name.
+RESULTS_ORDER = ["train", "encode", "shards", "pretokenize", "model", "lm_train", "generate", "reference", "demo"]
+MAX_CELL = 80  # characters: a summary cell says one figure; the details stay in results/<area>.md
 PEERS = ["ferrolm", "torch", "tiktoken", "tokenizers", "gigatoken", "rustbpe", "transformers", "numpy", "regex"]
 
 
@@ -225,16 +235,6 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out
-
-
-def git_commit() -> Optional[str]:
-    try:
-        r = subprocess.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
-        )
-        return r.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -515,6 +515,68 @@ def draw_chart(area: str, title: str, series, reading: str) -> Optional[Path]:
 # ---------------------------------------------------------------------------------------
 
 
+def latest_results() -> list[dict]:
+    """The "## Latest result" table of every benches/results/*.md, in RESULTS_ORDER.
+
+    Each: {"area", "machine", "header", "rows"}. A cell longer than MAX_CELL, or a section
+    without a "Machine:" line or a table, is a ValueError naming the file.
+    """
+    found = []
+    order = {name: i for i, name in enumerate(RESULTS_ORDER)}
+    for path in sorted(RESULTS_DIR.glob("*.md"), key=lambda p: (order.get(p.stem, len(order)), p.stem)):
+        text = path.read_text(encoding="utf-8")
+        if LATEST not in text:
+            continue
+        section = text.split(LATEST, 1)[1].split("\n## ", 1)[0]
+        where = f"benches/results/{path.name}"
+        # The machine's name is the first sentence of the "Machine:" line.
+        machine = next((ln.split(":", 1)[1] for ln in section.splitlines() if ln.startswith("Machine:")), "")
+        machine = machine.strip().split(". ", 1)[0].rstrip(".")
+        tables = markdown_tables(section)
+        if not machine or not tables:
+            raise ValueError(f"{where}: its {LATEST!r} section needs a 'Machine:' line and a table")
+        header, rows = tables[0]["header"], tables[0]["rows"]
+        for cell in header + [c for row in rows for c in row]:
+            if len(cell) > MAX_CELL:
+                raise ValueError(f"{where}: a cell of {len(cell)} characters (at most {MAX_CELL}): {cell[:40]}...")
+        found.append({"area": path.stem, "machine": machine, "header": header, "rows": rows})
+    return found
+
+
+def summary_lines(latest: list[dict]) -> list[str]:
+    """The current figures: one table, a row per job, each with its machine and its write-up."""
+    lines = [
+        "| job | compared with | result | machine | details |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in latest:
+        for row in entry["rows"]:
+            cells = (row + ["", "", ""])[:3]
+            link = f"[{entry['area']}](results/{entry['area']}.md)"
+            lines.append(f"| {' | '.join(cells)} | {entry['machine']} | {link} |")
+    return lines
+
+
+def results_header() -> list[str]:
+    return [
+        "# Benchmark results",
+        "",
+        'Generated by `python benches/run.py` from the "Latest result" section of each '
+        "[benches/results/](results/) file, which also gives the method and the command. Each "
+        "benchmark runs every library in its own process on the same input and checks that they "
+        "compute the same thing before timing; ratios, not absolute times, are what carry over to "
+        "other machines. Above 1x, ferrolm is faster.",
+        "",
+    ]
+
+
+def write_summary(latest: list[dict]) -> Path:
+    """RESULTS.md with the current figures only (`--summary`: no benchmark is run)."""
+    lines = results_header() + summary_lines(latest)
+    RESULTS.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return RESULTS
+
+
 def render_output(stdout: str) -> str:
     """A script's stdout for RESULTS.md: tables and headings as markdown, other lines verbatim in code blocks."""
     out, block = [], []
@@ -547,37 +609,33 @@ def render_output(stdout: str) -> str:
     return "\n".join(out).strip()
 
 
-def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, started: str, total_s: float) -> Path:
+def write_results(
+    outcomes: list[Outcome], args, machine: dict, vers: dict, started: str, total_s: float, latest: list[dict]
+) -> Path:
     cmd = (
         "python benches/run.py"
         + (" --quick" if args.quick else "")
         + (f" --only {' '.join(args.only)}" if args.only else "")
     )
-    lines = [
-        "# Benchmark results",
+    lines = results_header() + summary_lines(latest)
+    lines += [
         "",
-        f"Written by `{cmd}` on {started} ({total_s / 60:.1f} minutes in all). "
+        "## This run",
+        "",
+        f"`{cmd}` on {started} ({total_s / 60:.1f} minutes in all)."
         + (
-            "**Quick mode**: smaller inputs and one timed run each; the full run is `python benches/run.py`. "
+            " **Quick mode**: smaller inputs and one timed run each; the full run is `python benches/run.py`."
             if args.quick
             else ""
-        )
-        + "Each benchmark runs every library in its own process on the same input and checks that they "
-        "compute the same thing before timing; ratios, not absolute times, are what carry over to other machines.",
+        ),
         "",
         "**Machine**: " + f"{machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable), "
         f"{machine['ram_gb']} GiB RAM, {machine['os']}, Python {machine['python']}; "
         f"load average before the run {machine['load_average']} (a busy machine inflates timings).",
         "",
-        "**Versions**: "
-        + ", ".join(f"{k} {v}" for k, v in vers.items())
-        + (f"; ferrolm commit `{args.commit}`" if args.commit else ""),
+        "**Versions**: " + ", ".join(f"{k} {v}" for k, v in vers.items()),
         "",
     ]
-    # The hand-kept summary of the full runs (benches/results/summary.md) heads the file:
-    # a --quick run refreshes the tables below it, not the figures quoted there.
-    if SUMMARY.exists():
-        lines += [SUMMARY.read_text(encoding="utf-8").strip(), "", "## This run", ""]
     lines += [
         "| benchmark | status | time | command |",
         "|---|---|---:|---|",
@@ -598,7 +656,7 @@ def write_results(outcomes: list[Outcome], args, machine: dict, vers: dict, star
     for o in outcomes:
         if o.status in ("missing", "skipped"):
             continue
-        lines += ["", f"## {o.bench.area}", "", f"**{o.bench.title}**", ""]
+        lines += ["", f"### {o.bench.area}", "", f"**{o.bench.title}**", ""]
         lines += [f"Command: `{' '.join(shlex.quote(c) for c in o.command)}` ({o.seconds:.0f} s, {o.status})", ""]
         if o.chart is not None:
             rel = os.path.relpath(o.chart, RESULTS.parent)
@@ -638,8 +696,10 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument(
         "--list", action="store_true", help="list the benchmarks and the commands they would run, then exit"
     )
+    ap.add_argument(
+        "--summary", action="store_true", help="rewrite RESULTS.md from benches/results/*.md only, run nothing"
+    )
     args = ap.parse_args(argv)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
     if args.list:
         for b in BENCHES:
             path = BENCHES_DIR / b.script
@@ -652,9 +712,17 @@ def main(argv: Optional[list] = None) -> int:
             else:
                 print(f"{b.area:12s} (missing: benches/{b.script})")
         return 0
+    try:
+        latest = latest_results()  # checked first: a bad write-up fails before any benchmark runs
+    except ValueError as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return 2
+    if args.summary:
+        print(f"wrote {write_summary(latest)}")
+        return 0
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     vers = versions()
-    args.commit = git_commit()
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     print(f"machine: {machine}\nversions: {vers}", flush=True)
     t0 = time.perf_counter()
@@ -673,7 +741,7 @@ def main(argv: Optional[list] = None) -> int:
                 print(f"  (no chart for {b.area}: {e})", file=sys.stderr)
         print(f"=== {b.area}: {o.status} in {o.seconds:.0f} s" + (f", chart {o.chart}" if o.chart else ""), flush=True)
         outcomes.append(o)
-    path = write_results(outcomes, args, machine, vers, started, time.perf_counter() - t0)
+    path = write_results(outcomes, args, machine, vers, started, time.perf_counter() - t0, latest)
     print(f"\nwrote {path} in {(time.perf_counter() - t0) / 60:.1f} minutes")
     for o in outcomes:
         print(f"  {o.bench.area:12s} {o.status}")

@@ -13,7 +13,7 @@
 //!      holds the pieces merged before;
 //!    * otherwise merges are applied by rank, lowest first, leftmost first among
 //!      equals: a linear scan for short pieces, a heap over a linked list for long
-//!      ones (so `"a" * 1_000_000` stays near linear).
+//!      ones, a bucket per rank for huge ones (so `"a" * 16_000_000` stays linear).
 //!
 //! The public Rust API ([`Encoder`], [`StreamEncoder`]) has no PyO3 types; the shard
 //! writer and the binding (`python/`) build on it.
@@ -115,6 +115,8 @@ pub struct Encoder {
     pretok: PreTokenizer,
     /// The merges as given, (left id, right id) in rank order (duplicates kept).
     merge_ids: Vec<(u32, u32)>,
+    /// Every merge ranks after those that make its sides (see `bpe::merges_rise`).
+    merges_rise: bool,
 }
 
 impl fmt::Debug for Encoder {
@@ -249,6 +251,7 @@ impl Encoder {
         }
         let mut joined = Vec::new();
         let mut merge_ids = Vec::with_capacity(merges.len());
+        let mut in_effect = Vec::with_capacity(merges.len());
         for (rank, (a, b)) in merges.iter().enumerate() {
             let lookup = |t: &[u8], what: &str| -> Result<u32, EncodeError> {
                 by_bytes.get(t).copied().ok_or_else(|| {
@@ -266,7 +269,9 @@ impl Encoder {
             joined.extend_from_slice(a);
             joined.extend_from_slice(b);
             let merged = lookup(&joined, "merged token")?;
-            pairs.insert_new(left, right, ((rank as u64) << 32) | merged as u64);
+            if pairs.insert_new(left, right, ((rank as u64) << 32) | merged as u64) {
+                in_effect.push((rank as u32, left, right, merged));
+            }
             merge_ids.push((left, right));
             produced.insert(merged);
         }
@@ -284,6 +289,8 @@ impl Encoder {
         }
         drop(by_bytes);
 
+        let merges_rise = bpe::merges_rise(&in_effect, size);
+        drop(in_effect);
         let mut enc = Encoder {
             live: ArcSwap::from_pointee(cache::SharedTable::from_base(
                 &whole_map,
@@ -298,6 +305,7 @@ impl Encoder {
             specials: Specials::default(),
             pretok,
             merge_ids,
+            merges_rise,
         };
 
         // Appended specials extend the decode table.
@@ -395,6 +403,7 @@ impl Encoder {
         out: &mut Vec<u32>,
         flush: &mut impl FnMut(&mut Vec<u32>),
     ) {
+        crate::fault::check(crate::fault::Site::Encode);
         if allow_special && !self.specials.is_empty() {
             let mut pos = 0;
             for (s, e, id) in self.specials.find_iter(text) {

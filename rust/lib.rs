@@ -5,6 +5,7 @@
 
 mod buffers;
 pub mod encode;
+pub mod fault;
 pub mod pretokenize;
 pub mod shards;
 pub mod threads;

@@ -22,8 +22,11 @@
 //! The encoder is injected ([`TextEncoder`]), so this module does not depend on how BPE
 //! is implemented; the final rename and the sidecar JSON are the caller's (Python's) job.
 
+mod docs;
 mod input;
 mod jsonl;
+mod reader;
+mod sniff;
 mod writer;
 
 use std::borrow::Cow;
@@ -36,8 +39,9 @@ use std::time::{Duration, Instant};
 use crate::buffers::BufferPool;
 
 pub use crate::utf8::Utf8Errors;
+pub use docs::{DocBatch, DocSource, VecSource};
 pub use input::{part_range, Compression, Format, InputSpec};
-use input::{Chunk, ChunkReader, FileSummary};
+use reader::{Chunk, ChunkReader, FileSummary};
 use writer::{Journal, PartialWriter};
 
 /// Turns text into token ids, appending to `out`. Must be deterministic and `Sync`
@@ -282,13 +286,13 @@ impl std::error::Error for ShardError {}
 
 /// What an encoding task hands back to the writer.
 struct Encoded {
-    seq: u64,
     bytes: Vec<u8>,
     tokens: u64,
     documents: u64,
     /// Input position right after this chunk: (file index, logical offset).
     next_pos: (usize, u64),
     raw_done: u64,
+    digest: Option<String>,
 }
 
 thread_local! {
@@ -300,8 +304,27 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
     enc: &E,
     job: &EncodeJob,
     chunk: &Chunk,
-    mut out: Vec<u8>,
+    out: Vec<u8>,
 ) -> Result<(Vec<u8>, u64, u64), ShardError> {
+    SCRATCH.with(|cell| {
+        let mut ids = cell.borrow_mut();
+        ids.clear();
+        let documents = match job.inputs[chunk.file].format {
+            Format::Docs => encode_docs(enc, job, chunk, &mut ids)?,
+            _ => encode_bytes(enc, job, chunk, &mut ids)?,
+        };
+        let out = to_dtype(&ids, job, chunk, out)?;
+        Ok((out, ids.len() as u64, documents))
+    })
+}
+
+/// A chunk of plain text or JSON Lines; returns the documents it ended.
+fn encode_bytes<E: TextEncoder + ?Sized>(
+    enc: &E,
+    job: &EncodeJob,
+    chunk: &Chunk,
+    ids: &mut Vec<u32>,
+) -> Result<u64, ShardError> {
     let spec = &job.inputs[chunk.file];
     let data = &chunk.data[..chunk.len];
     let text: Cow<str> = match crate::utf8::to_str(data) {
@@ -317,80 +340,116 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
             }
         },
     };
-    SCRATCH.with(|cell| {
-        let mut ids = cell.borrow_mut();
-        ids.clear();
-        let eos = job.eos.as_ref();
-        let mut documents = 0u64;
-        match spec.format {
-            Format::Text => {
-                enc.encode(&text, &mut ids);
-                if let Some((sep, id)) = eos {
-                    documents = ids.iter().filter(|&&t| t == *id).count() as u64;
-                    // A file whose last document has no separator: end that document.
-                    if chunk.at_file_end {
-                        let tail = match memchr::memmem::rfind(text.as_bytes(), sep.as_bytes()) {
-                            Some(p) => &text[p + sep.len()..],
-                            None => &text[..],
-                        };
-                        if !tail.trim().is_empty() {
-                            ids.push(*id);
-                            documents += 1;
-                        }
-                    }
-                }
+    if spec.format == Format::Text {
+        return Ok(encode_text(enc, job, chunk, &text, ids));
+    }
+    let mut documents = 0u64;
+    for (line_no, line) in (chunk.first_line + 1..).zip(text.split('\n')) {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let doc = jsonl::field(line, &job.jsonl_field).map_err(|message| ShardError::Jsonl {
+            path: spec.path.clone(),
+            line: line_no,
+            message,
+        })?;
+        enc.encode_ordinary(&doc, ids);
+        end_document(job, ids);
+        documents += 1;
+    }
+    Ok(documents)
+}
+
+/// Plain text: encoded with its special tokens; documents end at the end-of-text token.
+fn encode_text<E: TextEncoder + ?Sized>(
+    enc: &E,
+    job: &EncodeJob,
+    chunk: &Chunk,
+    text: &str,
+    ids: &mut Vec<u32>,
+) -> u64 {
+    enc.encode(text, ids);
+    let Some((sep, id)) = job.eos.as_ref() else { return 0 };
+    let mut documents = ids.iter().filter(|&&t| t == *id).count() as u64;
+    // A file whose last document has no separator: end that document.
+    if chunk.at_file_end {
+        let tail = match memchr::memmem::rfind(text.as_bytes(), sep.as_bytes()) {
+            Some(p) => &text[p + sep.len()..],
+            None => text,
+        };
+        if !tail.trim().is_empty() {
+            ids.push(*id);
+            documents += 1;
+        }
+    }
+    documents
+}
+
+/// Documents handed over by the caller: each encoded as ordinary text, then the eos.
+fn encode_docs<E: TextEncoder + ?Sized>(
+    enc: &E,
+    job: &EncodeJob,
+    chunk: &Chunk,
+    ids: &mut Vec<u32>,
+) -> Result<u64, ShardError> {
+    let mut start = 0;
+    for (i, &end) in chunk.ends.iter().enumerate() {
+        let doc = &chunk.data[start..end];
+        start = end;
+        let text = match crate::utf8::to_str(doc) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) if job.errors == Utf8Errors::Replace => String::from_utf8_lossy(doc),
+            Err(e) => {
+                return Err(ShardError::Invalid(format!(
+                    "{}: document {} is not valid UTF-8 (at byte {} of it)",
+                    job.inputs[chunk.file].path.display(),
+                    chunk.start + i as u64,
+                    e.valid_up_to()
+                )))
             }
-            Format::Jsonl => {
-                let mut line_no = chunk.first_line;
-                for line in text.split('\n') {
-                    line_no += 1;
-                    let line = line.strip_suffix('\r').unwrap_or(line);
-                    if line.trim().is_empty() {
-                        continue;
-                    }
-                    let doc = jsonl::field(line, &job.jsonl_field).map_err(|message| ShardError::Jsonl {
-                        path: spec.path.clone(),
-                        line: line_no,
-                        message,
-                    })?;
-                    enc.encode_ordinary(&doc, &mut ids);
-                    if let Some((_, id)) = eos {
-                        ids.push(*id);
-                    }
-                    documents += 1;
-                }
+        };
+        enc.encode_ordinary(&text, ids);
+        end_document(job, ids);
+    }
+    Ok(chunk.ends.len() as u64)
+}
+
+fn end_document(job: &EncodeJob, ids: &mut Vec<u32>) {
+    if let Some((_, id)) = &job.eos {
+        ids.push(*id);
+    }
+}
+
+/// `ids` as the output dtype's little-endian bytes, in `out` (a pooled buffer whose bytes
+/// are initialized: sized without zeroing what it holds, converted in one vectorizable pass).
+fn to_dtype(ids: &[u32], job: &EncodeJob, chunk: &Chunk, mut out: Vec<u8>) -> Result<Vec<u8>, ShardError> {
+    let size = ids.len() * job.dtype.itemsize() as usize;
+    if out.len() < size {
+        out.resize(size, 0);
+    }
+    out.truncate(size);
+    match job.dtype {
+        Dtype::U16 => {
+            if let Some(&id) = ids.iter().find(|&&t| t > u16::MAX as u32) {
+                return Err(ShardError::DtypeOverflow {
+                    id,
+                    dtype: Dtype::U16,
+                    path: job.inputs[chunk.file].path.clone(),
+                    chunk_offset: chunk.start,
+                });
+            }
+            for (dst, &t) in out.chunks_exact_mut(2).zip(ids.iter()) {
+                dst.copy_from_slice(&(t as u16).to_le_bytes());
             }
         }
-        // `out` is a pooled buffer whose bytes are initialized: size it without zeroing
-        // what it already holds, then convert in one vectorizable pass.
-        let size = ids.len() * job.dtype.itemsize() as usize;
-        if out.len() < size {
-            out.resize(size, 0);
-        }
-        out.truncate(size);
-        match job.dtype {
-            Dtype::U16 => {
-                if ids.iter().copied().max().unwrap_or(0) > u16::MAX as u32 {
-                    let id = *ids.iter().find(|&&t| t > u16::MAX as u32).unwrap();
-                    return Err(ShardError::DtypeOverflow {
-                        id,
-                        dtype: Dtype::U16,
-                        path: spec.path.clone(),
-                        chunk_offset: chunk.start,
-                    });
-                }
-                for (dst, &t) in out.chunks_exact_mut(2).zip(ids.iter()) {
-                    dst.copy_from_slice(&(t as u16).to_le_bytes());
-                }
-            }
-            Dtype::U32 => {
-                for (dst, &t) in out.chunks_exact_mut(4).zip(ids.iter()) {
-                    dst.copy_from_slice(&t.to_le_bytes());
-                }
+        Dtype::U32 => {
+            for (dst, &t) in out.chunks_exact_mut(4).zip(ids.iter()) {
+                dst.copy_from_slice(&t.to_le_bytes());
             }
         }
-        Ok((out, ids.len() as u64, documents))
-    })
+    }
+    Ok(out)
 }
 
 /// Run an encode job to completion (or resume an interrupted one).
@@ -398,11 +457,54 @@ fn encode_chunk<E: TextEncoder + ?Sized>(
 /// `progress` is called on the calling thread after each written chunk; returning `false`
 /// stops the job cleanly (what was written is committed to the journal) with
 /// [`ShardError::Interrupted`].
-pub fn encode_to_shard<E, P>(job: &EncodeJob, encoder: &E, mut progress: P) -> Result<Summary, ShardError>
+pub fn encode_to_shard<E, P>(job: &EncodeJob, encoder: &E, progress: P) -> Result<Summary, ShardError>
 where
     E: TextEncoder + ?Sized,
     P: FnMut(&Progress) -> bool,
 {
+    encode_to_shard_with(job, encoder, None, progress)
+}
+
+/// [`encode_to_shard`] with the reader of the job's `Format::Docs` inputs.
+pub fn encode_to_shard_with<E, P>(
+    job: &EncodeJob,
+    encoder: &E,
+    source: Option<&mut (dyn DocSource + 'static)>,
+    progress: P,
+) -> Result<Summary, ShardError>
+where
+    E: TextEncoder + ?Sized,
+    P: FnMut(&Progress) -> bool,
+{
+    check(job)?;
+    let job = &sniffed(job)?;
+    // The shared pool of this size (its threads keep their encoder caches between
+    // calls), had before anything is written.
+    let pool = crate::threads::try_pool(Some(job.threads)).map_err(ShardError::Invalid)?;
+    let sizes = input::file_sizes(&job.inputs)?;
+    let byte_range = byte_range(job, &sizes)?;
+    let mut start = match start(job, &sizes, byte_range, source)? {
+        Start::Done(summary) => return Ok(summary),
+        Start::Run(s) => s,
+    };
+    start.reader.balance_tail(pool.current_num_threads());
+    let window = if job.window == 0 { 2 * pool.current_num_threads() + 2 } else { job.window.max(1) };
+    let mut run = Run {
+        job,
+        out: start.out,
+        journal: start.journal,
+        last_commit: Instant::now(),
+        committed_tokens: start.resumed_tokens,
+        raw_total: byte_range.1 - byte_range.0,
+        progress,
+    };
+    // Read buffers and output buffers are pooled apart (their sizes differ).
+    let bufs = BufferPool::default();
+    let result = pool.in_place_scope(|scope| run.pipeline(scope, &mut start.reader, encoder, &bufs, window));
+    run.conclude(result, &start.reader, byte_range, start.resumed_tokens, start.restart_reason)
+}
+
+fn check(job: &EncodeJob) -> Result<(), ShardError> {
     if job.inputs.is_empty() {
         return Err(ShardError::Invalid("no input files".into()));
     }
@@ -419,46 +521,71 @@ where
             return Err(ShardError::Invalid("the end-of-text token is empty".into()));
         }
     }
-    let itemsize = job.dtype.itemsize();
-    // The shared pool of this size (its threads keep their encoder caches between
-    // calls), had before anything is written.
-    let pool = crate::threads::try_pool(Some(job.threads)).map_err(ShardError::Invalid)?;
-    let threads = pool.current_num_threads();
+    Ok(())
+}
 
-    // Plan: sizes, this part's byte range.
-    let sizes = input::file_sizes(&job.inputs)?;
-    let total: u64 = sizes.iter().sum();
-    let byte_range = match job.part {
-        Some((i, n)) => {
-            part_range(&job.inputs, &sizes, i, n, job.eos.as_ref().map(|e| e.0.as_str()), job.newline_cuts)?
+/// The job with each input's format and compression refined from its content.
+fn sniffed(job: &EncodeJob) -> Result<EncodeJob, ShardError> {
+    let mut job = job.clone();
+    for spec in &mut job.inputs {
+        if !spec.path.as_os_str().is_empty() && !spec.path.is_dir() && spec.path.exists() {
+            *spec = sniff::sniff(spec, &job.jsonl_field)?;
         }
-        None => (0, total),
-    };
-
-    // Resume or start over.
-    let partial_path = job.partial_path();
-    let journal_path = job.journal_path();
-    let mut restart_reason = None;
-    let mut resume: Option<Journal> = None;
-    match Journal::read(&journal_path) {
-        Ok(None) => {}
-        Ok(Some(j)) => match j.check(&job.params, &partial_path, &job.out_bin, itemsize) {
-            Ok(()) => resume = Some(j),
-            Err(why) => restart_reason = Some(why),
-        },
-        Err(why) => restart_reason = Some(why),
     }
+    Ok(job)
+}
+
+/// The range of the concatenated raw inputs that this job's part covers.
+fn byte_range(job: &EncodeJob, sizes: &[u64]) -> Result<(u64, u64), ShardError> {
+    match job.part {
+        Some((i, n)) => part_range(&job.inputs, sizes, i, n, job.eos.as_ref().map(|e| e.0.as_str()), job.newline_cuts),
+        None => Ok((0, sizes.iter().sum())),
+    }
+}
+
+enum Start<'a> {
+    /// A completed run's summary, from its journal.
+    Done(Summary),
+    Run(Box<Running<'a>>),
+}
+
+struct Running<'a> {
+    reader: ChunkReader<'a>,
+    out: PartialWriter,
+    journal: Journal,
+    resumed_tokens: u64,
+    restart_reason: Option<String>,
+}
+
+/// Resume the interrupted run that the journal describes, or start over: the reader
+/// positioned after the last committed chunk and the partial file truncated to it.
+fn start<'a>(
+    job: &'a EncodeJob,
+    sizes: &'a [u64],
+    byte_range: (u64, u64),
+    source: Option<&'a mut (dyn DocSource + 'static)>,
+) -> Result<Start<'a>, ShardError> {
+    let (mut resume, mut restart_reason) = read_journal(job);
+    if let Some(j) = resume.as_ref().filter(|j| j.complete) {
+        // The caller may already have renamed the partial file before it was killed.
+        let done = if job.partial_path().exists() { job.partial_path() } else { job.out_bin.clone() };
+        if let Some(summary) = j.summary(job, &done) {
+            return Ok(Start::Done(summary));
+        }
+        restart_reason = Some("the journal of the completed run is unreadable".into());
+        resume = None;
+    }
+    let mut reader = ChunkReader::new(job, sizes, byte_range, source);
     if let Some(j) = &resume {
-        if j.complete {
-            // The caller may already have renamed the partial file before it was killed.
-            let done = if partial_path.exists() { &partial_path } else { &job.out_bin };
-            if let Some(summary) = j.summary(job, done) {
-                return Ok(summary);
-            }
-            restart_reason = Some("the journal of the completed run is unreadable".into());
+        let digest = reader.skip_to((j.next_file, j.next_offset))?;
+        if j.digest.is_some() && digest != j.digest {
+            restart_reason =
+                Some("the inputs' content differs from what the interrupted run read (same sizes and times)".into());
             resume = None;
+            reader = ChunkReader::new(job, sizes, byte_range, reader.into_source());
         }
     }
+    let journal_path = job.journal_path();
     if resume.is_none() {
         // A journal that does not match is removed before the partial file is reset,
         // so a crash in between never pairs an old journal with new data.
@@ -468,180 +595,244 @@ where
             }
         }
     }
-    let (start_pos, mut tokens, mut documents) = match &resume {
-        Some(j) => ((j.next_file, j.next_offset), j.tokens, j.documents),
-        None => ((0, 0), 0, 0),
-    };
-    let resumed_tokens = tokens;
+    let journal = resume.unwrap_or_else(|| Journal::fresh(&job.params));
+    let resumed_tokens = journal.tokens;
+    let out = PartialWriter::open(&job.partial_path(), resumed_tokens * job.dtype.itemsize(), resumed_tokens == 0)?;
+    Ok(Start::Run(Box::new(Running { reader, out, journal, resumed_tokens, restart_reason })))
+}
 
-    let mut out = PartialWriter::open(&partial_path, tokens * itemsize, resume.is_none())?;
-    let mut reader = ChunkReader::new(job, &sizes, byte_range, if resume.is_some() { Some(start_pos) } else { None })?;
+/// The journal of an interrupted run of this job, if it can be resumed, and why not if not.
+fn read_journal(job: &EncodeJob) -> (Option<Journal>, Option<String>) {
+    match Journal::read(&job.journal_path()) {
+        Ok(None) => (None, None),
+        Ok(Some(j)) => match j.check(&job.params, &job.partial_path(), &job.out_bin, job.dtype.itemsize()) {
+            Ok(()) => (Some(j), None),
+            Err(why) => (None, Some(why)),
+        },
+        Err(why) => (None, Some(why)),
+    }
+}
 
-    reader.balance_tail(threads);
-    let window = if job.window == 0 { 2 * threads + 2 } else { job.window.max(1) };
-    // Read buffers and output buffers are pooled apart (their sizes differ).
-    let out_bufs = BufferPool::default();
-    let bufs = BufferPool::default();
+/// The writing side of a running job: the partial file, the journal and when it was
+/// last committed.
+struct Run<'j, P> {
+    job: &'j EncodeJob,
+    out: PartialWriter,
+    journal: Journal,
+    last_commit: Instant,
+    committed_tokens: u64,
+    raw_total: u64,
+    progress: P,
+}
 
-    let mut journal = Journal {
-        params: job.params.clone(),
-        next_file: start_pos.0,
-        next_offset: start_pos.1,
-        tokens,
-        documents,
-        complete: false,
-        summary: None,
-    };
-    let raw_total = byte_range.1 - byte_range.0;
-    let mut last_commit = Instant::now();
-    let mut committed_tokens = tokens;
+type Sent = (u64, Result<Encoded, ShardError>);
 
-    let result: Result<(), ShardError> = pool.in_place_scope(|scope| {
-        let (tx, rx) = mpsc::channel::<(u64, Result<Encoded, ShardError>)>();
-        let mut next_read: u64 = 0; // sequence number of the next chunk to read
-        let mut next_write: u64 = 0; // sequence number of the next chunk to write
-        let mut in_flight = 0usize;
-        let mut pending: std::collections::BTreeMap<u64, Result<Encoded, ShardError>> = Default::default();
-        let mut reader_done = false;
-        // The first error in input order wins; `stop_at` is the sequence number at which
-        // writing stops (a reader error happens "at" the chunk it could not produce).
-        let mut stop_at: Option<(u64, ShardError)> = None;
+/// The pipeline's bookkeeping: chunks read, written, in flight, and where it stops.
+struct Flow {
+    next_read: u64,
+    next_write: u64,
+    in_flight: usize,
+    pending: std::collections::BTreeMap<u64, Result<Encoded, ShardError>>,
+    reader_done: bool,
+    /// The first error in input order wins: writing stops at this sequence number (a
+    /// reader error happens "at" the chunk it could not produce).
+    stop_at: Option<(u64, ShardError)>,
+}
 
+impl Flow {
+    fn stops_at(&self, seq: u64) -> bool {
+        self.stop_at.as_ref().is_some_and(|(at, _)| seq >= *at)
+    }
+    fn stop(&mut self, at: u64, e: ShardError) {
+        if self.stop_at.as_ref().is_none_or(|(first, _)| at < *first) {
+            self.stop_at = Some((at, e));
+        }
+    }
+}
+
+impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
+    /// Read, encode (on the pool, at most `window` chunks at once) and write in input order.
+    fn pipeline<'s, E: TextEncoder + ?Sized>(
+        &mut self,
+        scope: &rayon::Scope<'s>,
+        reader: &mut ChunkReader,
+        encoder: &'s E,
+        bufs: &'s BufferPool,
+        window: usize,
+    ) -> Result<(), ShardError>
+    where
+        'j: 's,
+    {
+        let job = self.job;
+        let out_bufs = BufferPool::default();
+        let (tx, rx) = mpsc::channel::<Sent>();
+        let mut flow = Flow {
+            next_read: 0,
+            next_write: 0,
+            in_flight: 0,
+            pending: Default::default(),
+            reader_done: false,
+            stop_at: None,
+        };
         loop {
-            // Keep the window full.
-            while !reader_done && stop_at.is_none() && in_flight < window {
-                match reader.next_chunk(&bufs) {
+            while !flow.reader_done && flow.stop_at.is_none() && flow.in_flight < window {
+                match reader.next_chunk(bufs) {
                     Ok(Some(chunk)) => {
-                        let seq = next_read;
-                        next_read += 1;
-                        in_flight += 1;
-                        let tx = tx.clone();
-                        let out_buf = out_bufs.take();
-                        let bufs = &bufs;
-                        scope.spawn(move |_| {
-                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                encode_chunk(encoder, job, &chunk, out_buf)
-                            }));
-                            let r = match r {
-                                Ok(Ok((bytes, tokens, documents))) => Ok(Encoded {
-                                    seq,
-                                    bytes,
-                                    tokens,
-                                    documents,
-                                    next_pos: chunk.next_pos,
-                                    raw_done: chunk.raw_done,
-                                }),
-                                Ok(Err(e)) => Err(e),
-                                Err(p) => Err(ShardError::Panic(panic_message(&p))),
-                            };
-                            bufs.put(chunk.data);
-                            let _ = tx.send((seq, r));
-                        });
+                        spawn_encode(scope, encoder, job, chunk, out_bufs.take(), bufs, flow.next_read, tx.clone());
+                        flow.next_read += 1;
+                        flow.in_flight += 1;
                     }
-                    Ok(None) => reader_done = true,
-                    Err(e) => stop_at = Some((next_read, e)),
+                    Ok(None) => flow.reader_done = true,
+                    Err(e) => flow.stop_at = Some((flow.next_read, e)),
                 }
             }
-            if let Some((at, _)) = &stop_at {
-                if next_write == *at {
-                    break;
-                }
-            }
-            if in_flight == 0 {
+            if flow.stops_at(flow.next_write) || flow.in_flight == 0 {
                 break;
             }
             let (seq, r) = rx.recv().expect("encoding threads hold a sender");
-            in_flight -= 1;
-            pending.insert(seq, r);
-            // Write everything that is now in order.
-            while let Some(r) = pending.remove(&next_write) {
-                match r {
-                    Ok(enc) => {
-                        debug_assert_eq!(enc.seq, next_write);
-                        out.write(&enc.bytes)?;
-                        out_bufs.put(enc.bytes);
-                        tokens += enc.tokens;
-                        documents += enc.documents;
-                        next_write += 1;
-                        journal.next_file = enc.next_pos.0;
-                        journal.next_offset = enc.next_pos.1;
-                        journal.tokens = tokens;
-                        journal.documents = documents;
-                        if last_commit.elapsed() >= job.commit_interval {
-                            out.sync()?;
-                            journal.write(&journal_path)?;
-                            committed_tokens = tokens;
-                            last_commit = Instant::now();
-                        }
-                        let p = Progress { raw_done: enc.raw_done, raw_total, tokens, documents };
-                        if !progress(&p) && stop_at.is_none() {
-                            stop_at = Some((next_write, ShardError::Interrupted));
-                        }
-                    }
-                    Err(e) => {
-                        if stop_at.as_ref().is_none_or(|(at, _)| next_write < *at) {
-                            stop_at = Some((next_write, e));
-                        }
-                        break;
-                    }
+            flow.in_flight -= 1;
+            flow.pending.insert(seq, r);
+            self.write_ready(&mut flow, &out_bufs)?;
+            if flow.stops_at(flow.next_write) {
+                // Let the tasks still running finish (their results are dropped).
+                for _ in 0..flow.in_flight {
+                    let _ = rx.recv();
                 }
-                if let Some((at, _)) = &stop_at {
-                    if next_write >= *at {
-                        break;
-                    }
-                }
-            }
-            if let Some((at, _)) = &stop_at {
-                if next_write >= *at {
-                    // Let the tasks still running finish (their results are dropped).
-                    while in_flight > 0 {
-                        let _ = rx.recv();
-                        in_flight -= 1;
-                    }
-                    break;
-                }
+                break;
             }
         }
-        match stop_at {
+        match flow.stop_at {
             Some((_, e)) => Err(e),
             None => Ok(()),
         }
-    });
+    }
 
-    match result {
-        Ok(()) => {
-            out.sync()?;
-            let summary = Summary {
-                num_tokens: tokens,
-                num_documents: documents,
-                dtype: job.dtype,
-                inputs: reader.records(),
-                byte_range,
-                resumed_tokens,
-                restart_reason,
-                partial_path,
-            };
-            journal.complete = true;
-            journal.summary = Some(writer::summary_to_json(&summary));
-            journal.write(&journal_path)?;
-            Ok(summary)
-        }
-        Err(e) if e.is_resumable() => {
-            // Commit what was written so a rerun continues from here (best effort: after a
-            // failed write, the disk may refuse this too; the previous commit then stands).
-            if tokens != committed_tokens {
-                let _ = out.sync().and_then(|_| journal.write(&journal_path));
+    /// Write the encoded chunks that are next in input order.
+    fn write_ready(&mut self, flow: &mut Flow, out_bufs: &BufferPool) -> Result<(), ShardError> {
+        while !flow.stops_at(flow.next_write) {
+            let Some(r) = flow.pending.remove(&flow.next_write) else { break };
+            match r {
+                Ok(enc) => {
+                    self.write(&enc)?;
+                    out_bufs.put(enc.bytes);
+                    flow.next_write += 1;
+                    let j = &self.journal;
+                    let p = Progress {
+                        raw_done: enc.raw_done,
+                        raw_total: self.raw_total,
+                        tokens: j.tokens,
+                        documents: j.documents,
+                    };
+                    if !(self.progress)(&p) {
+                        flow.stop(flow.next_write, ShardError::Interrupted);
+                    }
+                }
+                Err(e) => flow.stop(flow.next_write, e),
             }
-            Err(e)
         }
-        Err(e) => {
-            // Bad input: a rerun needs other inputs or options, so it starts over anyway.
-            drop(out);
-            let _ = std::fs::remove_file(&journal_path);
-            let _ = std::fs::remove_file(&partial_path);
-            Err(e)
+        Ok(())
+    }
+
+    /// Append one encoded chunk and commit the journal when it is due.
+    fn write(&mut self, enc: &Encoded) -> Result<(), ShardError> {
+        self.out.write(&enc.bytes)?;
+        let j = &mut self.journal;
+        j.tokens += enc.tokens;
+        j.documents += enc.documents;
+        (j.next_file, j.next_offset) = enc.next_pos;
+        j.digest = enc.digest.clone();
+        if self.last_commit.elapsed() >= self.job.commit_interval {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Data first, then the journal that counts it.
+    fn commit(&mut self) -> Result<(), ShardError> {
+        self.out.sync()?;
+        self.journal.write(&self.job.journal_path())?;
+        self.committed_tokens = self.journal.tokens;
+        self.last_commit = Instant::now();
+        Ok(())
+    }
+
+    /// The summary of a finished run (journal marked complete), or the error, with the
+    /// partial output kept for a rerun when the error allows one and removed otherwise.
+    fn conclude(
+        mut self,
+        result: Result<(), ShardError>,
+        reader: &ChunkReader,
+        byte_range: (u64, u64),
+        resumed_tokens: u64,
+        restart_reason: Option<String>,
+    ) -> Result<Summary, ShardError> {
+        let job = self.job;
+        match result {
+            Ok(()) => {
+                self.out.sync()?;
+                let summary = Summary {
+                    num_tokens: self.journal.tokens,
+                    num_documents: self.journal.documents,
+                    dtype: job.dtype,
+                    inputs: reader.records(),
+                    byte_range,
+                    resumed_tokens,
+                    restart_reason,
+                    partial_path: job.partial_path(),
+                };
+                self.journal.complete = true;
+                self.journal.summary = Some(writer::summary_to_json(&summary));
+                self.journal.write(&job.journal_path())?;
+                Ok(summary)
+            }
+            Err(e) if e.is_resumable() => {
+                // Commit what was written so a rerun continues from here (best effort: after a
+                // failed write, the disk may refuse this too; the previous commit then stands).
+                if self.journal.tokens != self.committed_tokens {
+                    let _ = self.commit();
+                }
+                Err(e)
+            }
+            Err(e) => {
+                // Bad input: a rerun needs other inputs or options, so it starts over anyway.
+                drop(self.out);
+                let _ = std::fs::remove_file(job.journal_path());
+                let _ = std::fs::remove_file(job.partial_path());
+                Err(e)
+            }
         }
     }
+}
+
+/// Encode `chunk` on the pool; the result goes to `tx` with its sequence number.
+#[allow(clippy::too_many_arguments)]
+fn spawn_encode<'s, E: TextEncoder + ?Sized>(
+    scope: &rayon::Scope<'s>,
+    encoder: &'s E,
+    job: &'s EncodeJob,
+    chunk: Chunk,
+    out_buf: Vec<u8>,
+    bufs: &'s BufferPool,
+    seq: u64,
+    tx: mpsc::Sender<Sent>,
+) {
+    scope.spawn(move |_| {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| encode_chunk(encoder, job, &chunk, out_buf)));
+        let r = match r {
+            Ok(Ok((bytes, tokens, documents))) => Ok(Encoded {
+                bytes,
+                tokens,
+                documents,
+                next_pos: chunk.next_pos,
+                raw_done: chunk.raw_done,
+                digest: chunk.digest.clone(),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(p) => Err(ShardError::Panic(panic_message(&p))),
+        };
+        bufs.put(chunk.data);
+        let _ = tx.send((seq, r));
+    });
 }
 
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {

@@ -9,7 +9,7 @@
 //!    index, then merge with a lazily invalidated max-heap, rewriting only the
 //!    affected words.
 //!
-//! Semantics (DESIGN.md): special tokens split the text and are never part of a
+//! Semantics (docs/DESIGN.md): special tokens split the text and are never part of a
 //! pre-token; each file is its own text (no pre-token spans two), and the texts fed to
 //! the text stream are one continuous text;
 //! among pairs of equal count the lexicographically greatest (bytes, bytes) wins.

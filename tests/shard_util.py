@@ -52,3 +52,46 @@ def synthetic_corpus(n_tokens, vocab_size=64, seed=0, eos_id=0):
         out.append(patterns[rng.integers(len(patterns))])
         out.append(np.array([eos_id]))
     return np.concatenate(out)[:n_tokens]
+
+
+def trained_run(root, model: dict, steps: int = 4, vocab_size: int = 400):
+    """A real pipeline in miniature under ``root``: a ferrolm tokenizer trained on the
+    TinyStories slice, train/val shards encoded with it, a model trained ``steps`` steps
+    whose config names the tokenizer folder. Returns (run_dir, tokenizer, val prefix)."""
+    from conftest import shared_file
+
+    from ferrolm import Tokenizer
+    from ferrolm.bpe import shards
+    from ferrolm.lm.config import TrainConfig
+    from ferrolm.lm.train import train
+
+    root = Path(root)
+    text = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt").read_text(encoding="utf-8")
+    (root / "train.txt").write_text(text[:300_000], encoding="utf-8")
+    (root / "val.txt").write_text(text[300_000:330_000], encoding="utf-8")
+    tok = Tokenizer.train(str(root / "train.txt"), vocab_size, ["<|endoftext|>"], progress=False)
+    tokdir = tok.save(root / "tok")
+    for name in ("train", "val"):
+        shards.encode(tok, [root / f"{name}.txt"], root / name, progress=False)
+    cfg = TrainConfig()
+    cfg.update(
+        {
+            "model": {"vocab_size": tok.vocab_size, **model},
+            "data": {"train": str(root / "train"), "val": str(root / "val"), "tokenizer": str(tokdir)},
+            "optimizer": {"lr": 3e-3, "min_lr": 3e-4},
+            "schedule": {"max_steps": steps, "warmup_steps": 1, "batch_size": 2},
+            "run": {
+                "out_dir": str(root / "run"),
+                "device": "cpu",
+                "autocast_bf16": False,
+                "eval_every": steps,
+                "eval_batches": 1,
+                "log_every": steps,
+                "checkpoint_every": steps,
+                "progress": False,
+                "num_threads": 1,
+            },
+        }
+    )
+    train(cfg.validate())
+    return root / "run", tok, root / "val"

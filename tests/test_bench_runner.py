@@ -25,7 +25,7 @@ def run(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "OUT_DIR", benches / "out")
     monkeypatch.setattr(mod, "DOCS_DIR", tmp_path / "docs")
     monkeypatch.setattr(mod, "RESULTS", benches / "RESULTS.md")
-    monkeypatch.setattr(mod, "SUMMARY", benches / "results" / "summary.md")
+    monkeypatch.setattr(mod, "RESULTS_DIR", benches / "results")
     return mod
 
 
@@ -67,6 +67,56 @@ def test_build_command_passes_only_options_the_script_has(run):
     assert run.build_command(b, False, "usage: [--runs RUNS]")[2:] == []
 
 
+OK_NOTES = """\
+# The OK bench
+
+## Method
+
+How it is measured.
+
+## Latest result
+
+Machine: Test VM (AVX2). Otherwise idle.
+
+| job | compared with | result |
+|---|---|---|
+| the ok job | a peer | 2.0x |
+
+| details | kept in the write-up |
+|---|---|
+| a | b |
+
+## Reading
+
+history of an older run
+"""
+SUMMARY_ROW = "| the ok job | a peer | 2.0x | Test VM (AVX2) | [ok](results/ok.md) |"
+
+
+def test_summary_is_built_from_the_latest_result_sections(run, capsys):
+    (run.RESULTS_DIR / "ok.md").write_text(OK_NOTES)
+    (run.RESULTS_DIR / "train.md").write_text(OK_NOTES.replace("the ok job", "training"))
+    (run.RESULTS_DIR / "notes.md").write_text("# no latest result here\n")
+    assert run.main(["--summary"]) == 0
+    text = run.RESULTS.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| job |")]
+    # train comes first (RESULTS_ORDER), then the other write-ups by name; only the first table counts
+    assert rows == ["| training | a peer | 2.0x | Test VM (AVX2) | [train](results/train.md) |", SUMMARY_ROW]
+    assert "## This run" not in text and "kept in the write-up" not in text and "older run" not in text
+
+
+def test_summary_refuses_long_cells_before_running_anything(run, capsys):
+    long_cell = "8.6x at 12:33, 7.6x at 11:50, " * 4
+    (run.RESULTS_DIR / "ok.md").write_text(OK_NOTES.replace("| 2.0x |", f"| {long_cell} |"))
+    run.BENCHES = [run.Bench("ok", "bench_ok.py", "never run")]
+    assert run.main(["--summary"]) == 2 and run.main(["--quick"]) == 2
+    assert "benches/results/ok.md: a cell of" in capsys.readouterr().err
+    assert not run.RESULTS.exists() and not run.OUT_DIR.exists()
+    (run.RESULTS_DIR / "ok.md").write_text(OK_NOTES.replace("Machine: Test VM (AVX2). Otherwise idle.\n", ""))
+    assert run.main(["--summary"]) == 2
+    assert "needs a 'Machine:' line" in capsys.readouterr().err
+
+
 def _script(run, name: str, body: str) -> None:
     (run.BENCHES_DIR / name).write_text(textwrap.dedent(body))
 
@@ -98,8 +148,7 @@ def test_main_runs_scripts_and_writes_results(run, capsys):
         time.sleep(60)
     """,
     )
-    (run.BENCHES_DIR / "results" / "ok.md").write_text("notes")
-    (run.BENCHES_DIR / "results" / "summary.md").write_text("## Headlines\n\nkept by hand\n")
+    (run.BENCHES_DIR / "results" / "ok.md").write_text(OK_NOTES)
     run.BENCHES = [
         run.Bench("ok", "bench_ok.py", "The OK bench", quick=[("--runs", "1")], reading="above 1: ferrolm faster"),
         run.Bench("bad", "bench_bad.py", "A failing bench"),
@@ -110,7 +159,8 @@ def test_main_runs_scripts_and_writes_results(run, capsys):
     assert rc == 1  # one failed, one timed out
     text = run.RESULTS.read_text()
     assert "python benches/run.py --quick" in text
-    assert text.index("kept by hand") < text.index("## This run") < text.index("| [ok](#ok) | ok |")
+    assert text.index(SUMMARY_ROW) < text.index("## This run") < text.index("| [ok](#ok) | ok |")
+    assert "history of an older run" not in text
     assert "**Machine**" in text and "cores" in text and "GiB RAM" in text
     for name in ("ferrolm", "torch", "tiktoken", "tokenizers", "gigatoken", "rustbpe", "transformers"):
         assert f"{name} " in text.split("**Versions**", 1)[1].split("\n", 1)[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import io
 import random
+import struct
+import zipfile
 
 import numpy as np
 import pytest
@@ -157,3 +159,36 @@ def test_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatc
 def test_reserved_keys_cannot_be_overwritten(tmp_path):
     with pytest.raises(ValueError, match="reserved"):
         save_checkpoint(tiny(), None, 0, tmp_path / "c.pt", format="mine")
+
+
+def flip_a_weight_bit(path):
+    """Flip one bit in the middle of the largest tensor's bytes (stored uncompressed in the zip)."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_a_flipped_bit_is_caught_by_the_checksum(tmp_path):
+    model, opt = trained()
+    path = tmp_path / "c.pt"
+    save_checkpoint(model, opt, 3, path)
+    flip_a_weight_bit(path)
+    torch.load(path, weights_only=True)  # torch itself does not notice
+    with pytest.raises(CheckpointError, match=r"c\.pt is corrupt: its contents do not match the checksum"):
+        read_checkpoint(path)
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_checkpoint(path, tiny(), None)
+
+
+def test_a_checkpoint_without_a_checksum_still_loads(tmp_path):
+    model, opt = trained()
+    save_checkpoint(model, opt, 3, tmp_path / "new.pt")
+    obj = read_checkpoint(tmp_path / "new.pt")
+    assert len(obj.pop("checksum")) == 64
+    torch.save(obj, tmp_path / "old.pt")  # what earlier versions wrote
+    fresh = tiny(seed=1)
+    assert load_checkpoint(tmp_path / "old.pt", fresh, None) == 3
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))

@@ -81,6 +81,106 @@ def test_train_tokenizer_bad_input_is_a_clear_error(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("vocab_size", ["9223372036854775807", "4294967296"])
+def test_train_tokenizer_vocab_size_beyond_32_bit_ids_is_a_clear_error(tmp_path, vocab_size):
+    src = tmp_path / "in.txt"
+    src.write_text("hello world " * 50)
+    out = tmp_path / "t"
+    r = run_cli("train-tokenizer", "--input", src, "--vocab-size", vocab_size, "--out", out, "--no-progress")
+    assert r.returncode == 2 and "at most 4294967295" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_missing_required_arguments_exit_nonzero():
     r = run_cli("encode", "--input", "x.txt")
     assert r.returncode == 2 and "--tokenizer" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A tokenizer directory, its training text and a shard of it."""
+    d = tmp_path_factory.mktemp("small")
+    (d / "in.txt").write_text("the cat sat on the mat. " * 200 + "<|endoftext|>" + "a dog. " * 50)
+    Tokenizer.train(iter([(d / "in.txt").read_text()]), 300, ["<|endoftext|>"], progress=False).save(d / "tok")
+    r = run_cli("encode", "--tokenizer", d / "tok", "--input", d / "in.txt", "--out", d / "s", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def assert_clear_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for n in needles:
+        assert n in r.stderr, (n, r.stderr)
+
+
+@pytest.mark.parametrize("size", ["-1", "0", "1e30", "nan"])
+def test_encode_chunk_size_out_of_range_is_a_clear_error(small, tmp_path, size):
+    args = ["--tokenizer", small / "tok", "--input", small / "in.txt", "--out", tmp_path / "x", "--chunk-size", size]
+    r = run_cli("encode", *args)
+    assert_clear_error(r, "--chunk-size must be more than 0 and at most 4096 MB")
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_train_tokenizer_on_a_directory_says_so(small, tmp_path):
+    r = run_cli("train-tokenizer", "--input", small, "--vocab-size", 300, "--out", tmp_path / "t")
+    assert_clear_error(r, f"--input {small} is a directory")
+
+
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        ("gpt3", "unknown pattern name 'gpt3' (did you mean 'gpt2'?)"),
+        ("", "the pattern is empty"),
+        (r"\p{Foo}+", "unknown property"),
+    ],
+)
+def test_train_tokenizer_bad_pattern_names_the_problem(small, tmp_path, pattern, message):
+    args = ["--input", small / "in.txt", "--vocab-size", 300, "--pattern", pattern, "--out", tmp_path / "t"]
+    r = run_cli("train-tokenizer", *args)
+    assert_clear_error(r, message)
+    assert "corpus is empty" not in r.stderr and "error parsing pattern 0" not in r.stderr
+
+
+def test_a_one_byte_special_token_is_refused_before_training(small, tmp_path):
+    r = run_cli(
+        "train-tokenizer",
+        "--input",
+        small / "in.txt",
+        "--vocab-size",
+        300,
+        "--special-token",
+        "a",
+        "--out",
+        tmp_path / "t",
+    )
+    assert_clear_error(r, "--special-token 'a' is a single byte")
+    assert not (tmp_path / "t").exists()
+
+
+def test_decode_of_an_odd_sized_bin_names_the_file(small, tmp_path):
+    (tmp_path / "odd.bin").write_bytes(b"abc")
+    r = run_cli("decode", "--tokenizer", small / "tok", "--input", tmp_path / "odd.bin")
+    assert_clear_error(r, "odd.bin: 3 bytes is not a whole number of uint16 tokens")
+
+
+def test_shards_with_a_string_count_reports_it(small, tmp_path):
+    import json
+
+    for ext in (".bin", ".json"):
+        (tmp_path / f"s{ext}").write_bytes((small / f"s{ext}").read_bytes())
+    side = json.loads((tmp_path / "s.json").read_text())
+    side["num_tokens"] = str(side["num_tokens"])
+    (tmp_path / "s.json").write_text(json.dumps(side))
+    r = run_cli("shards", tmp_path / "s")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "s.json: num_tokens must be a non-negative integer, got '" in r.stderr
+
+
+def test_shards_without_deep_says_ids_were_not_read(small):
+    r = run_cli("shards", small / "s")
+    assert r.returncode == 0 and "token ids not read (--deep" in r.stdout
+    r = run_cli("shards", small / "s", "--deep")
+    assert r.returncode == 0 and "not read" not in r.stdout

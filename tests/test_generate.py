@@ -638,3 +638,39 @@ def test_cli_generate_bad_input_is_a_clear_error(cli_files, capsys, change, mess
         opts[k] = f["dir"] / f"{v}.pt" if k == "--checkpoint" else v
     rc, out, err = _cli(capsys, *[x for kv in opts.items() for x in kv])
     assert rc == 2 and message in err and out == ""
+
+
+def test_stop_text_holds_back_a_possible_stop_and_cuts_before_it():
+    from ferrolm.lm.generate import StopText
+
+    s = StopText(["END", "\n\n"])
+    assert s.feed("abc E") == "abc " and s.feed("N") == "" and s.feed("x") == "ENx"
+    assert s.feed("yy\n") == "yy" and s.feed("\nzz") == "" and s.done and s.feed("more") == ""
+    assert StopText(["END"]).cut("no stop here") == "no stop here"
+    assert StopText([]).cut("E") == "E" and StopText(["ab", "b"]).cut("xab") == "x"
+
+
+def test_cli_generate_batch_prompt_file_and_stop(cli_files, capsys, tmp_path):
+    f = cli_files
+    tok, m = f["tokenizer"], f["model"]
+    base = ["--checkpoint", f["ckpt"], "--tokenizer", f["tok"], "--device", "cpu", "--temperature", 0]
+    n = 12
+    (tmp_path / "p.txt").write_text("the theme\n", encoding="utf-8")
+    rc, out, _ = _cli(capsys, *base, "--prompt", "the", "--prompt-file", tmp_path / "p.txt", "--max-new-tokens", n)
+    assert rc == 0
+    rows = [tok.encode("the"), tok.encode("the theme")]
+    new = [[], []]
+    for step in generate(m, rows, n, temperature=0.0, eos_id=tok.eos_id):
+        for r, t in enumerate(step):
+            if t is not None and t != tok.eos_id:
+                new[r].append(t)
+    texts = [b"".join(tok.token_bytes(t) if t < tok.vocab_size else b"\xef\xbf\xbd" for t in ids) for ids in new]
+    texts = [t.decode("utf-8", "replace") for t in texts]
+    assert out == f"--- prompt 1/2 ---\nthe{texts[0]}\n--- prompt 2/2 ---\nthe theme{texts[1]}\n"
+    # a stop string: the sample ends before it, and it is not printed
+    full = _expected_text(f, "the", n, 0, temperature=0.0)[len("the") : -1]
+    stop = full[3:5]
+    rc, out, _ = _cli(capsys, *base, "--prompt", "the", "--max-new-tokens", n, "--stop", stop, "--stop", "\x00never")
+    assert rc == 0 and out == "the" + full[: full.index(stop)] + "\n"
+    rc, out, err = _cli(capsys, "--checkpoint", f["ckpt"], "--tokenizer", f["tok"], "--device", "cpu")
+    assert rc == 2 and "--prompt" in err

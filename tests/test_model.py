@@ -575,5 +575,46 @@ def test_rope_real_form_equals_complex_form():
 
 def test_hf_export_refuses_an_ablation_it_cannot_map():
     model = TransformerLM(64, 16, 32, 1, 4, 64, ffn="silu")
-    with pytest.raises(ValueError, match="default architecture"):
+    with pytest.raises(ValueError, match="model.ffn = 'silu'.*cannot be exported"):
         to_hf_llama_state_dict(model)
+    for ablation in ({"norm": "none"}, {"norm_position": "post"}, {"positions": "none"}):
+        with pytest.raises(ValueError, match=f"model.{next(iter(ablation))}"):
+            to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, **ablation))
+    tied = to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, tie_embeddings=True))
+    assert "lm_head.weight" not in tied  # HF ties it to model.embed_tokens.weight
+
+
+# ------------------------------------------------------------- torch.compile ----------
+
+
+def _loss_of(model):
+    def loss(x, y):
+        return functional.cross_entropy(model(x), y)
+
+    return loss
+
+
+@pytest.mark.parametrize("ablation", [{}, dict(norm="none", positions="none", ffn="silu", tie_embeddings=True)])
+def test_model_and_loss_trace_as_one_graph(ablation):
+    # a graph break would split the step into several compiled pieces with Python between
+    torch._dynamo.reset()
+    model = small_model(**ablation).train()
+    x, y = random_ids(2, 16), random_ids(2, 16, seed=2)
+    explanation = torch._dynamo.explain(_loss_of(model))(x, y)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_compiled_step_equals_eager_forward_and_backward():
+    # aot_eager traces exactly what inductor receives (the real-arithmetic RoPE, the
+    # custom cross-entropy's backward) without generating C++: the same numbers as eager
+    torch._dynamo.reset()
+    eager, compiled = small_model().train(), small_model().train()
+    x, y = random_ids(3, 20), random_ids(3, 20, seed=2)
+    loss_eager = _loss_of(eager)(x, y)
+    loss_eager.backward()
+    loss_compiled = torch.compile(_loss_of(compiled), backend="aot_eager", fullgraph=True)(x, y)
+    loss_compiled.backward()
+    torch.testing.assert_close(loss_compiled, loss_eager, atol=1e-5, rtol=1e-5)
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -52,8 +52,78 @@ def test_adamw_matches_torch_adamw_over_1000_steps():
     w_torch, b_torch, _ = _run(torch.optim.AdamW, 1000, **kw)
     x, y, w0, _ = _problem()
     assert (w_ours - w0).abs().max() > 0.1  # it did move
-    torch.testing.assert_close(w_ours, w_torch, atol=1e-5, rtol=0)
-    torch.testing.assert_close(b_ours, b_torch, atol=1e-5, rtol=0)
+    torch.testing.assert_close(w_ours, w_torch, atol=1e-6, rtol=0)
+    torch.testing.assert_close(b_ours, b_torch, atol=1e-6, rtol=0)
+    w_loop, b_loop, _ = _run(AdamW, 1000, foreach=False, **kw)
+    torch.testing.assert_close(w_loop, w_torch, atol=1e-6, rtol=0)
+    torch.testing.assert_close(b_loop, b_torch, atol=1e-6, rtol=0)
+
+
+def _run_mixed(foreach: bool, steps: int = 1000):
+    """Parameters of several shapes in two groups; one of them gets a gradient only on
+    every third step, so its step count (and bias correction) lags the others'."""
+    g = torch.Generator().manual_seed(3)
+    shapes = [(6, 5), (5,), (4, 6), (3,), (2, 3, 4)]
+    params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    targets = [torch.randn(s, generator=g) for s in shapes]
+    opt = AdamW(
+        [{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.0}],
+        lr=1e-2,
+        betas=(0.9, 0.95),
+        weight_decay=0.1,
+        foreach=foreach,
+    )
+    for it in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(it, 1e-2, 1e-3, 50, steps)
+        opt.zero_grad(set_to_none=True)
+        active = params if it % 3 == 0 else params[:-1]
+        sum(((p.sin() - t) ** 2).sum() for p, t in zip(active, targets)).backward()
+        opt.step()
+    return [p.detach() for p in params], opt
+
+
+def test_adamw_multi_tensor_step_equals_the_reference_loop_over_1000_steps():
+    fast, opt_fast = _run_mixed(foreach=True)
+    slow, opt_slow = _run_mixed(foreach=False)
+    assert opt_fast.state[opt_fast.param_groups[1]["params"][-1]]["step"] == 334  # the lagging one
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    assert all(opt_fast.param_groups[i]["foreach"] for i in range(2))
+    assert not any(opt_slow.param_groups[i]["foreach"] for i in range(2))
+
+
+def test_adamw_foreach_is_kept_across_load_state_dict():
+    p = torch.nn.Parameter(torch.zeros(2))
+    saved = AdamW([p], foreach=False).state_dict()
+    opt = AdamW([p])
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["foreach"] is True
+    old = {**saved, "param_groups": [{k: v for k, v in g.items() if k != "foreach"} for g in saved["param_groups"]]}
+    opt.load_state_dict(old)  # a checkpoint from before the option existed
+    assert opt.param_groups[0]["foreach"] is True
+
+
+def _forbid_host_syncs(monkeypatch):
+    """Make every way of reading a tensor's value on the host raise."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync in the step")
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_clip_and_step_read_no_tensor_on_the_host(monkeypatch, foreach):
+    model = TransformerLM(50, 8, 16, 2, 2, 24)
+    opt = AdamW(param_groups_for_decay(model, 0.1), lr=1e-3, foreach=foreach)
+    model(torch.randint(0, 50, (2, 8))).sum().backward()
+    _forbid_host_syncs(monkeypatch)
+    norm = clip_grad_norm(model.parameters(), 0.5)
+    opt.step()
+    monkeypatch.undo()
+    assert float(norm) > 0
 
 
 def test_adamw_weight_decay_is_decoupled():
@@ -206,10 +276,11 @@ def test_clip_scales_large_gradients_to_the_norm():
 
 def test_clip_matches_torch_clip_grad_norm():
     g = torch.Generator().manual_seed(7)
-    grads = [torch.randn(5, 4, generator=g) * 10, torch.randn(7, generator=g)]
+    grads = [torch.randn(5, 4, generator=g) * 10, torch.randn(7, generator=g), torch.randn(3, dtype=torch.float64)]
     ours, theirs = _params_with_grads(grads), _params_with_grads(grads)
     n1 = clip_grad_norm(ours, 0.5)
     n2 = torch.nn.utils.clip_grad_norm_(theirs, 0.5)
-    torch.testing.assert_close(n1, n2)
+    assert n1.dtype == torch.float32  # the documented dtype, whatever the gradients are
+    torch.testing.assert_close(n1.double(), n2)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a.grad, b.grad)

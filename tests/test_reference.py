@@ -2,7 +2,7 @@
 
 Peers: the CS336 reference trainer's output on corpus.en, tiktoken's GPT-2 encoding (built
 offline from the fixture files), HF tokenizers loading our saved files, and a naive
-recount-everything trainer written here from DESIGN.md's rules.
+recount-everything trainer written here from docs/DESIGN.md's rules.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def test_trained_vocab_layout_bytes_then_merges_then_specials():
 
 
 def naive_train(text: str, num_merges: int, special_tokens: list[str], pattern: str = patterns.GPT2):
-    """DESIGN.md's rules spelled out with a full recount per merge, on byte strings."""
+    """docs/DESIGN.md's rules spelled out with a full recount per merge, on byte strings."""
     if special_tokens:
         docs = regex.split("|".join(regex.escape(s) for s in sorted(special_tokens, key=len, reverse=True)), text)
     else:

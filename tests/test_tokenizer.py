@@ -335,6 +335,24 @@ def test_hypothesis_gpt2_equals_reference(gpt2, reference_module, text):
     assert gpt2.encode(text) == ref.encode(text)
 
 
+@pytest.fixture(scope="session", params=["gpt2", "cl100k", "o200k"])
+def gpt2_any_pattern(request, gpt2_vocab_merges):
+    vocab, merges = gpt2_vocab_merges
+    return Tokenizer(vocab, merges, [EOT], pattern=request.param)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(ALPHABET, SPECIAL_BITS), max_size=80).map("".join), st.data())
+def test_hypothesis_ragged_chunks_equal_whole_text(gpt2_any_pattern, text, data):
+    # Any cut points (empty chunks, a chunk per character, cuts inside a special token,
+    # between the halves of a surrogate pair): the ids of the whole text.
+    tok = gpt2_any_pattern
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12), label="cuts"))
+    bounds = [0, *cuts, len(text)]
+    chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    assert list(tok.encode_iterable(iter(chunks))) == tok.encode(text)
+
+
 _REF_CACHE: dict = {}
 
 
@@ -658,8 +676,10 @@ def test_bad_files(tmp_path):
     with pytest.raises(TokenizerFileError):
         Tokenizer.load(d)
     (d / "tokenizer.json").unlink()
-    with pytest.raises(ValueError, match="byte"):
+    with pytest.raises(TokenizerFileError, match="incomplete"):
         Tokenizer.load(d)
+    with pytest.raises(ValueError, match="byte"):
+        Tokenizer.from_files(d / "vocab.json", d / "merges.txt")
     with pytest.raises(FileNotFoundError):
         Tokenizer.load(tmp_path / "missing")
     (tmp_path / "bad.tiktoken").write_text("!!!notbase64 x\n")
@@ -757,3 +777,28 @@ def test_fast_file_readers_on_random_vocabs(tokens, seed, tmp_path_factory):
     assert fast == slow == merges
     assert _core.read_merges_txt((d / "merges.txt").read_text(encoding="utf-8")) == merges
     assert _core.read_vocab_json((d / "vocab.json").read_text(encoding="utf-8"), ["<|x|>"]) == slow_vocab
+
+
+def test_encode_file_of_a_device_or_directory_is_not_no_such_file(tmp_path):
+    tok = Tokenizer.train(iter(["ab ab ab"]), 260, [], progress=False)
+    with pytest.raises(ValueError, match="/dev/null is not a regular file"):
+        tok.encode_file("/dev/null")
+    with pytest.raises(ValueError, match="is not a regular file"):
+        tok.encode_file(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        tok.encode_file(tmp_path / "missing.txt")
+
+
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        ("gpt3", r"unknown pattern name 'gpt3' \(did you mean 'gpt2'\?\)"),
+        ("", "empty"),
+        (r"\p{Foo}+", "unknown property"),
+    ],
+)
+def test_bad_patterns_are_named_for_training_and_tokenizers(pattern, message):
+    with pytest.raises(ValueError, match=message):
+        Tokenizer.train(iter(["ab ab ab"]), 260, [], pattern=pattern, progress=False)
+    with pytest.raises(ValueError, match=message):
+        Tokenizer({i: bytes([i]) for i in range(256)}, [], pattern=pattern)

@@ -17,11 +17,12 @@ import pytest
 import torch
 from shard_util import synthetic_corpus, write_shard
 
+from ferrolm.app.plot import plot_run
 from ferrolm.lm.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
 from ferrolm.lm.config import preset_names, to_toml
 from ferrolm.lm.data import ShardError
 from ferrolm.lm.model import TransformerLM
-from ferrolm.lm.train import ConfigError, TrainConfig, load_config, plot_run, read_metrics, train
+from ferrolm.lm.train import ConfigError, TrainConfig, load_config, read_metrics, train
 
 REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)  # tiny models: threads only add overhead (and contention on a busy machine)
@@ -413,3 +414,82 @@ def test_lr_follows_steps_or_the_time_budget():
     assert lr_at(cfg, 0, elapsed_s=5000.0) == pytest.approx(1e-4)
     with pytest.raises(ConfigError, match="max_time_s > 0"):
         load_config("cpu-small", ["schedule.max_time_s=0"])
+
+
+# ------------------------------------------------------------------- bad input ---------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("run.num_threads=-2", r"run.num_threads must be >= 0, got -2"),
+        ("optimizer.min_lr=0.5", r"optimizer.min_lr \(0.5\) is above optimizer.lr"),
+        ("schedule.tokens_per_step=7", r"tokens_per_step \(7\) is not a multiple of .* = 4096: use 4096 or 8192"),
+        ("schedule.tokens_per_step=10000", r"use 8192 or 12288"),
+        ("model.rope_theta=0", r"model.rope_theta must be a positive number, got 0"),
+        ("model.rope_theta=-5", r"model.rope_theta must be a positive number"),
+        ("optimizer.eps=0", r"optimizer.eps must be a positive number, got 0"),
+    ],
+)
+def test_nonsense_config_values_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("cpu-small", [override])
+
+
+def test_cli_resume_of_a_missing_run_names_it(tmp_path):
+    out = run_cli("train", "--resume", str(tmp_path / "nope"))
+    assert out.returncode == 2
+    assert f"--resume {tmp_path / 'nope'}: no such run directory or checkpoint" in out.stderr
+    assert "config.toml" not in out.stderr
+
+
+def test_a_token_id_past_the_vocab_is_a_shard_error_before_the_model_sees_it(shards, tmp_path):
+    # Without the check this is a bare IndexError from the embedding, steps into training.
+    bad = synthetic_corpus(17, vocab_size=64, seed=1)
+    bad[5] = 200
+    write_shard(tmp_path / "bad", bad, vocab_size=64)
+    cfg = tiny_config(shards, tmp_path / "r", data={"train": str(tmp_path / "bad")})
+    with pytest.raises(ShardError, match=r"bad\.bin holds token id 200 at token 5, not below the vocab_size 64"):
+        train(cfg)
+
+
+def test_a_fresh_start_after_a_kill_before_the_first_checkpoint_logs_each_step_once(shards, tmp_path):
+    class Killed(Exception):
+        pass
+
+    def kill_at_7(step, record):
+        if step == 7:
+            raise Killed  # as a kill -9 would: records for steps 0 and 5 written, no checkpoint
+
+    cfg = dict(run={"checkpoint_every": 0})
+    with pytest.raises(Killed):
+        train(tiny_config(shards, tmp_path / "r", **cfg), on_step=kill_at_7)
+    assert [r["step"] for r in read_metrics(tmp_path / "r")] == [0, 5]
+    assert not (tmp_path / "r" / "checkpoints").exists()
+    train(tiny_config(shards, tmp_path / "r", **cfg))  # no checkpoint to resume: a fresh start
+    assert [r["step"] for r in read_metrics(tmp_path / "r")] == [0, 5, 10, 15, 20]
+
+
+def test_a_start_removes_what_killed_saves_left(shards, tmp_path):
+    run = tmp_path / "r"
+    train(tiny_config(shards, run, schedule={"max_steps": 5}))
+    # The names interrupted saves leave (an older writer's mkstemp names, and today's).
+    orphans = [run / "checkpoints" / ".step_00000010.pt.x7_k2qpa.tmp", run / ".best.pt.0a1b2c3d.tmp"]
+    for p in orphans:
+        p.write_bytes(b"\0" * 1000)
+    (run / "notes.txt").write_text("mine")
+    train(tiny_config(shards, run, schedule={"max_steps": 10}), resume=run)
+    assert not any(p.exists() for p in orphans)
+    assert (run / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="permission bits are POSIX")
+def test_run_files_follow_the_umask(shards, tmp_path):
+    old = os.umask(0o022)
+    try:
+        train(tiny_config(shards, tmp_path / "r", schedule={"max_steps": 5}))
+    finally:
+        os.umask(old)
+    run = tmp_path / "r"
+    for p in [run / "config.toml", run / "metrics.jsonl", run / "best.pt", run / "checkpoints" / "step_00000005.pt"]:
+        assert oct(os.stat(p).st_mode & 0o777) == oct(0o644), p

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -321,6 +323,30 @@ def test_bad_arguments(kwargs, exc, match):
     kwargs.setdefault("special_tokens", [EOT])
     with pytest.raises(exc, match=match):
         train(shared_file("fixtures/corpus.en"), progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("vocab_size", [2**64, 10**12, 2**63 - 1, 2**32])
+def test_vocab_size_beyond_32_bit_ids_is_refused_up_front(tmp_path, vocab_size):
+    # Refused before the corpus is read (the file does not even exist).
+    with pytest.raises(ValueError, match="too large.*at most 4294967295"):
+        quiet(tmp_path / "not-read.txt", vocab_size)
+
+
+def test_vocab_size_above_what_the_corpus_allows_trains_it_whole(tmp_path):
+    # The largest vocab_size allowed, in a subprocess: a capacity sized by the request
+    # (34 GB) aborts the interpreter rather than raising.
+    path = tmp_path / "small.txt"
+    path.write_text("low lower lowest newer wider<|endoftext|>" * 20)
+    code = (
+        "import sys; from ferrolm.bpe.trainer import train_bpe; "
+        "vocab, merges = train_bpe(sys.argv[1], 2**32 - 1); print(len(merges))"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    vocab, merges = quiet(path, 10_000)
+    assert int(r.stdout) == len(merges) < 10_000 - 257
+    # Every pre-token ended whole: nothing is left to merge.
+    assert {b"low", b" lower", b" lowest", b" newer", b" wider"} <= set(vocab.values())
 
 
 def test_bad_inputs(tmp_path):

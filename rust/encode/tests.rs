@@ -100,6 +100,81 @@ fn small_and_large_bpe_agree_with_naive() {
     }
 }
 
+/// Merges that each join two tokens made before them, over the letters "abc" (a
+/// trained vocab's shape), some joining tokens whose bytes another merge made already.
+fn rising_merges(count: usize, seed: u64) -> Vec<(String, String)> {
+    let mut x = seed;
+    let mut next = |m: usize| {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (x >> 33) as usize % m
+    };
+    let mut tokens: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+    let mut merges = Vec::new();
+    while merges.len() < count {
+        let (l, r) = (tokens[next(tokens.len())].clone(), tokens[next(tokens.len())].clone());
+        if l.len() + r.len() <= 8 && !merges.contains(&(l.clone(), r.clone())) {
+            tokens.push(format!("{l}{r}"));
+            merges.push((l, r));
+        }
+    }
+    merges
+}
+
+/// Text of random runs of the letters "abc" (runs of one token are where the merge
+/// order within a rank matters).
+fn runs_text(len: usize, seed: u64) -> String {
+    let mut x = seed | 1;
+    let mut s = String::new();
+    while s.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let c = ["a", "b", "c", "ab", "abc"][(x % 5) as usize];
+        s.push_str(&c.repeat(1 + (x >> 8) as usize % 12));
+    }
+    s.truncate(len);
+    s
+}
+
+#[test]
+fn huge_piece_buckets_agree_with_the_heap_and_naive() {
+    let mut checked = 0;
+    for seed in 0..40u64 {
+        let merges = rising_merges(30, seed);
+        let refs: Vec<(&str, &str)> = merges.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let e = trained(&refs, &[], "gpt2");
+        let unique = merges.iter().map(|(a, b)| format!("{a}{b}")).collect::<FxHashSet<_>>().len() == merges.len();
+        assert!(e.merges_rise || !unique, "seed {seed}: merges that join earlier tokens rise");
+        if !e.merges_rise {
+            continue;
+        }
+        checked += 1;
+        for (k, len) in [2usize, 3, 17, 60, 500, 5000].into_iter().enumerate() {
+            let s = runs_text(len, seed * 31 + k as u64);
+            let heap = bpe::bpe_large_for_test(&e, s.as_bytes());
+            assert_eq!(bpe::bpe_huge_for_test(&e, s.as_bytes()), heap, "seed {seed}: {s}");
+            if len <= 60 {
+                let want: Vec<u32> = naive(&refs, &s).iter().map(|p| e.whole_token(p).unwrap()).collect();
+                assert_eq!(heap, want, "seed {seed}: {s}");
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} merge lists rose");
+}
+
+#[test]
+fn merges_rise_only_when_each_merge_joins_earlier_tokens() {
+    assert!(toy().merges_rise);
+    // "ab" + "c" ranks before the merge that makes "ab": a huge piece takes the heap.
+    let e = trained(&[("ab", "c"), ("a", "b")], &[], "gpt2");
+    assert!(!e.merges_rise);
+    let s = "abc".repeat(3000);
+    let mut out = Vec::new();
+    e.bpe(s.as_bytes(), &mut out);
+    assert_eq!(out, bpe::bpe_large_for_test(&e, s.as_bytes()));
+    assert_eq!(e.decode(&out).unwrap(), s);
+}
+
 #[test]
 fn long_runs_are_fast_enough_and_exact() {
     let e = toy();

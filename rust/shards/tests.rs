@@ -486,3 +486,121 @@ fn parts_tile_the_inputs_and_concatenate_to_the_whole() {
         assert_eq!(cat, whole_ids, "n = {n}");
     }
 }
+
+fn docs_job(dir: &TempDir, inputs: usize, out: &str) -> EncodeJob {
+    let mut j = job(dir, &[], out);
+    j.inputs = (0..inputs).map(|_| InputSpec::documents()).collect();
+    j
+}
+
+/// The documents of a `corpus` text (its whitespace after the last separator is none).
+fn split_docs(text: &str) -> Vec<String> {
+    let mut docs: Vec<String> = text.split(EOT).map(str::to_string).collect();
+    assert!(docs.pop().unwrap().trim().is_empty());
+    docs
+}
+
+#[test]
+fn documents_from_a_source_encode_as_the_same_documents_in_a_text_file() {
+    let dir = TempDir::new("docs");
+    let enc = PieceEncoder::new("gpt2");
+    let (a, b) = (split_docs(&corpus(21, 120)), split_docs(&corpus(22, 80)));
+    let text = |docs: &[String]| docs.join(EOT) + EOT;
+    let files = [dir.write("a.txt", text(&a).as_bytes()), dir.write("b.txt", text(&b).as_bytes())];
+    let (_, reference) = run(&job(&dir, &files, "ref.bin"), &enc).unwrap();
+    for (threads, chunk_size, batch) in [(1, 1, 1), (2, 700, 7), (3, 1 << 20, 1000)] {
+        let mut j = docs_job(&dir, 2, "docs.bin");
+        (j.threads, j.chunk_size) = (threads, chunk_size);
+        let mut src = VecSource::new(vec![a.clone(), b.clone()], batch);
+        let s = encode_to_shard_with(&j, &enc, Some(&mut src), |_| true).unwrap();
+        assert!(read_ids(&s.partial_path, j.dtype) == reference, "threads {threads} chunk {chunk_size}");
+        assert_eq!(s.num_documents, 200);
+        std::fs::remove_file(j.journal_path()).unwrap();
+    }
+}
+
+#[test]
+fn documents_resume_after_an_interruption_and_need_a_source() {
+    let dir = TempDir::new("docs-resume");
+    let enc = PieceEncoder::new("gpt2");
+    let docs = split_docs(&corpus(23, 300));
+    let mut j = docs_job(&dir, 1, "out.bin");
+    (j.chunk_size, j.commit_interval) = (500, Duration::ZERO);
+    let mut src = VecSource::new(vec![docs.clone()], 10);
+    let reference = {
+        let mut r = j.clone();
+        r.out_bin = dir.path("ref.bin");
+        read_ids(&encode_to_shard_with(&r, &enc, Some(&mut src), |_| true).unwrap().partial_path, j.dtype)
+    };
+    let mut calls = 0;
+    let mut src = VecSource::new(vec![docs.clone()], 10);
+    let err = encode_to_shard_with(&j, &enc, Some(&mut src), |_| {
+        calls += 1;
+        calls < 9
+    })
+    .unwrap_err();
+    assert!(matches!(err, ShardError::Interrupted));
+    let mut src = VecSource::new(vec![docs], 10);
+    let s = encode_to_shard_with(&j, &enc, Some(&mut src), |_| true).unwrap();
+    assert!(s.resumed_tokens > 0 && s.restart_reason.is_none());
+    assert!(read_ids(&s.partial_path, j.dtype) == reference);
+    // Without a reader for them, document inputs are an error that says what they are.
+    let parquet = dir.write("x.parquet", b"PAR1 not really");
+    let err = run(&job(&dir, &[parquet], "p.bin"), &enc).unwrap_err().to_string();
+    assert!(err.contains("x.parquet") && err.contains("Parquet"), "{err}");
+}
+
+#[test]
+fn an_input_edited_in_place_is_not_resumed_into_a_mixed_shard() {
+    let dir = TempDir::new("edited");
+    let enc = PieceEncoder::new("gpt2");
+    let text = corpus(24, 400);
+    let input = dir.write("in.txt", text.as_bytes());
+    let mut j = job(&dir, std::slice::from_ref(&input), "out.bin");
+    (j.chunk_size, j.commit_interval) = (1000, Duration::ZERO);
+    let mut calls = 0;
+    let _ = encode_to_shard(&j, &enc, |_| {
+        calls += 1;
+        calls < 10
+    })
+    .unwrap_err();
+    // Same size, same parameters (the caller's record of size and time), new first word.
+    let edited = text.replacen(|c: char| c.is_ascii_lowercase(), "Q", 1);
+    assert_eq!(edited.len(), text.len());
+    std::fs::write(&input, edited.as_bytes()).unwrap();
+    let s = encode_to_shard(&j, &enc, |_| true).unwrap();
+    assert_eq!(s.resumed_tokens, 0);
+    assert!(s.restart_reason.as_deref().unwrap().contains("content differs"), "{:?}", s.restart_reason);
+    let mut fresh = j.clone();
+    fresh.out_bin = dir.path("fresh.bin");
+    assert!(read_ids(&s.partial_path, j.dtype) == run(&fresh, &enc).unwrap().1);
+}
+
+#[test]
+fn formats_are_recognised_by_content_and_unsupported_ones_named() {
+    let dir = TempDir::new("sniff");
+    let enc = PieceEncoder::new("gpt2");
+    let lines = "{\"text\": \"hello there\"}\n{\"text\": \"bye\", \"id\": 2}\n";
+    let (_, want) = run(&job(&dir, &[dir.write("a.jsonl", lines.as_bytes())], "want.bin"), &enc).unwrap();
+    for name in ["records.json", "records.txt", "records"] {
+        let (_, got) = run(&job(&dir, &[dir.write(name, lines.as_bytes())], "got.bin"), &enc).unwrap();
+        assert_eq!(got, want, "{name}");
+        std::fs::remove_file(dir.path("got.progress.json")).unwrap();
+    }
+    let gz = dir.write("records.json.gz", &gzip(lines.as_bytes()));
+    assert_eq!(run(&job(&dir, &[gz], "gz.bin"), &enc).unwrap().1, want);
+    // An object on the first line without the document field stays text for other names.
+    let other = "{\"a\": 1} is how the config starts\n";
+    let (_, ids) = run(&job(&dir, &[dir.write("notes.txt", other.as_bytes())], "n.bin"), &enc).unwrap();
+    assert_eq!(ids.len(), whole(&enc, other).len() + 1);
+    for (name, data, says) in [
+        ("a.txt.xz", &b"\xfd7zXZ\x00\x00rest"[..], "xz"),
+        ("data.bin", b"\xfd7zXZ\x00\x00rest", "xz"),
+        ("b.bz2", b"BZh91AY&SY", "bzip2"),
+        ("c.zip", b"PK\x03\x04....", "ZIP"),
+        ("arr.json", b"[{\"text\": \"a\"}]", "JSON array"),
+    ] {
+        let err = run(&job(&dir, &[dir.write(name, data)], "x.bin"), &enc).unwrap_err().to_string();
+        assert!(err.contains(name) && err.contains(says), "{name}: {err}");
+    }
+}

@@ -116,9 +116,25 @@ pub(crate) struct Journal {
     pub documents: u64,
     pub complete: bool,
     pub summary: Option<Value>,
+    /// Resume digest of the inputs read up to `next_file`/`next_offset` (see `reader.rs`).
+    pub digest: Option<String>,
 }
 
 impl Journal {
+    /// The journal of a run that starts from the beginning.
+    pub fn fresh(params: &str) -> Journal {
+        Journal {
+            params: params.to_string(),
+            next_file: 0,
+            next_offset: 0,
+            tokens: 0,
+            documents: 0,
+            complete: false,
+            summary: None,
+            digest: None,
+        }
+    }
+
     /// `Ok(None)` if there is no journal, `Err(why)` if there is one we cannot use.
     pub fn read(path: &Path) -> Result<Option<Journal>, String> {
         let text = match std::fs::read_to_string(path) {
@@ -140,6 +156,7 @@ impl Journal {
             documents: u("documents")?,
             complete: v.get("complete").and_then(Value::as_bool).unwrap_or(false),
             summary: v.get("summary").cloned().filter(|s| !s.is_null()),
+            digest: v.get("digest").and_then(Value::as_str).map(str::to_string),
         }))
     }
 
@@ -175,6 +192,7 @@ impl Journal {
             "documents": self.documents,
             "complete": self.complete,
             "summary": self.summary,
+            "digest": self.digest,
         });
         let mut tmp = path.as_os_str().to_os_string();
         tmp.push(".tmp");

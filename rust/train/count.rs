@@ -583,6 +583,7 @@ impl Counter {
                         // the smallest bad offset found is the first in the source.
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&(first, end, bytes)) = tasks.get(i) else { return };
+                        crate::fault::check(crate::fault::Site::TrainCount);
                         for seg in &segs[first..end] {
                             match crate::utf8::to_str(seg.bytes) {
                                 Ok(text) => count_text(pre, text, &mut map),

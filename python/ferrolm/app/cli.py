@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS: list = []
 
 
-# --- train / plot (the LM training loop; ferrolm.lm.train) -----------------------------------
+# ---------------------------------------------------------------------------------------
+# train, plot: the LM training loop (ferrolm.lm.train) and its loss curves
+# ---------------------------------------------------------------------------------------
 
 
 def add_train_command(sub) -> None:
@@ -71,6 +73,8 @@ def _run_train(args) -> int:
 
     config = args.config
     overrides = list(args.overrides)
+    if args.resume and not Path(args.resume).exists():
+        raise FileNotFoundError(f"--resume {args.resume}: no such run directory or checkpoint")
     if args.resume and config is None:
         rdir = Path(args.resume)
         if not rdir.is_dir():  # a checkpoint file: RUN/checkpoints/step_N.pt or RUN/best.pt
@@ -112,7 +116,7 @@ def add_plot_command(sub) -> None:
 
 
 def _run_plot(args) -> int:
-    from ferrolm.lm.train import plot_run
+    from ferrolm.app.plot import plot_run
 
     path = plot_run(args.runs, x=args.x, out=args.out, labels=args.label, title=args.title)
     print(path)
@@ -121,10 +125,10 @@ def _run_plot(args) -> int:
 
 COMMANDS.extend([add_train_command, add_plot_command])
 
-# --- end train / plot ------------------------------------------------------------------------
 
-
-# --- generate (sampling from a trained model; ferrolm.lm.generate) -----------------------------
+# ---------------------------------------------------------------------------------------
+# generate: sampling from a trained model (ferrolm.lm.generate)
+# ---------------------------------------------------------------------------------------
 
 
 def add_generate_command(sub) -> None:
@@ -137,14 +141,34 @@ def add_generate_command(sub) -> None:
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
     p.add_argument(
-        "--tokenizer", required=True, metavar="DIR", help="the tokenizer directory the model was trained with"
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="the tokenizer folder the model was trained with (default: the one the run's config names)",
     )
     p.add_argument(
         "--prompt",
-        required=True,
+        action="append",
+        default=[],
+        dest="prompts",
         metavar="TEXT",
         help="text to continue; '-' reads it from stdin (one trailing newline dropped); '' starts a new document "
-        "(from the end-of-text token)",
+        "(from the end-of-text token). Repeat it (or --prompt-file) to run several prompts as one batch",
+    )
+    p.add_argument(
+        "--prompt-file",
+        action="append",
+        default=[],
+        dest="prompt_files",
+        metavar="FILE",
+        help="read a prompt from a UTF-8 file (one trailing newline dropped; repeatable)",
+    )
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sample where it produces this text, which is not printed (repeatable)",
     )
     p.add_argument(
         "--max-new-tokens", type=int, default=256, metavar="N", help="tokens to generate per sample (default 256)"
@@ -174,27 +198,66 @@ def add_generate_command(sub) -> None:
     p.set_defaults(run=_run_generate)
 
 
+def _drop_newline(text: str) -> str:
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+
+
+def _prompts(args) -> list:
+    prompts = [_drop_newline(sys.stdin.read()) if p == "-" else p for p in args.prompts]
+    for path in args.prompt_files:
+        with open(path, encoding="utf-8") as f:
+            prompts.append(_drop_newline(f.read()))
+    if not prompts:
+        raise ValueError("give --prompt TEXT (or --prompt-file FILE); --prompt '' starts a new document")
+    return prompts
+
+
+def _emitter():
+    out = getattr(sys.stdout, "buffer", None)
+
+    def emit(text: str) -> None:
+        # UTF-8 bytes whatever the locale; flushed so the text appears as it is generated
+        if out is not None:
+            sys.stdout.flush()
+            out.write(text.encode("utf-8"))
+            out.flush()
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    return emit
+
+
 def _run_generate(args) -> int:
     import torch
 
-    from ferrolm.bpe.tokenizer import Tokenizer
-    from ferrolm.lm.generate import check_sampling_args, generate, iter_text, load_model, resolve_device
+    from ferrolm.lm.generate import (
+        StopText,
+        check_sampling_args,
+        find_tokenizer,
+        generate,
+        iter_text,
+        load_model,
+        read_any_checkpoint,
+        resolve_device,
+    )
 
     check_sampling_args(args.temperature, args.top_k, args.top_p)  # before any loading
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
-    prompt = args.prompt
-    if prompt == "-":
-        prompt = sys.stdin.read()
-        prompt = prompt[:-2] if prompt.endswith("\r\n") else prompt[:-1] if prompt.endswith("\n") else prompt
-    tok = Tokenizer.load(args.tokenizer)
+    prompts = _prompts(args)
+    ckpt = read_any_checkpoint(args.checkpoint)
+    tok = find_tokenizer(ckpt, args.checkpoint, args.tokenizer)
+    if tok is None:
+        raise ValueError(f"{args.checkpoint}: its run's config names no tokenizer folder: give --tokenizer DIR")
     device = resolve_device(args.device)
-    model, _ = load_model(args.checkpoint, device, tokenizer=tok)
+    model, _ = load_model(args.checkpoint, device, tokenizer=tok, ckpt=ckpt)
+    del ckpt
     eos = tok.eos_id
-    ids = tok.encode(prompt)
-    if not ids and eos is None:
+    rows = [tok.encode(p) for p in prompts]
+    if any(not ids for ids in rows) and eos is None:
         raise ValueError("an empty prompt starts from the end-of-text token, but this tokenizer has none")
     seed = args.seed
     if seed is None:
@@ -208,37 +271,44 @@ def _run_generate(args) -> int:
         # id has no text; it shows as U+FFFD.
         return tok.token_bytes(t) if t < known else "\ufffd".encode()
 
-    out = getattr(sys.stdout, "buffer", None)
-
-    def emit(text: str) -> None:
-        # UTF-8 bytes whatever the locale; flushed so the text appears as it is generated
-        if out is not None:
-            sys.stdout.flush()
-            out.write(text.encode("utf-8"))
-            out.flush()
-        else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
+    emit = _emitter()
+    sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     for i in range(args.num_samples):
+        if len(rows) > 1:
+            texts = _batch_texts(model, rows, sampling, eos, generator, piece_of, args.stop)
+            for r, (prompt, text) in enumerate(zip(prompts, texts)):
+                sample = f", sample {i + 1}/{args.num_samples}" if args.num_samples > 1 else ""
+                emit(f"--- prompt {r + 1}/{len(rows)}{sample} ---\n{prompt}{text}\n")
+            continue
         if args.num_samples > 1:
             emit(f"--- sample {i + 1}/{args.num_samples} ---\n")
-        emit(prompt)
-        stream = generate(
-            model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, eos_id=eos, generator=generator
-        )
+        emit(prompts[0])
+        stream = generate(model, rows[0], *sampling, eos_id=eos, generator=generator)
+        stop = StopText(args.stop)
         for piece in iter_text((t for t in stream if t != eos), piece_of):
-            emit(piece)
-        emit("\n")
+            emit(stop.feed(piece))
+            if stop.done:
+                break
+        emit(stop.flush() + "\n")
     return 0
+
+
+def _batch_texts(model, rows, sampling, eos, generator, piece_of, stops) -> list:
+    """The generated text of each prompt, run as one batch, each cut at its first stop string."""
+    from ferrolm.lm.generate import StopText, generate
+
+    new: list = [[] for _ in rows]
+    for step in generate(model, rows, *sampling, eos_id=eos, generator=generator):
+        for r, t in enumerate(step):
+            if t is not None and t != eos:
+                new[r].append(t)
+    return [StopText(stops).cut(b"".join(map(piece_of, ids)).decode("utf-8", "replace")) for ids in new]
 
 
 COMMANDS.append(add_generate_command)
 
-# --- end generate ---------------------------------------------------------------------------
-
 # ---------------------------------------------------------------------------------------
-# Corpus commands (issue 5): train-tokenizer, encode, decode, shards.
+# Corpus commands: train-tokenizer, encode, decode, shards
 # ---------------------------------------------------------------------------------------
 
 
@@ -280,7 +350,7 @@ def _add_train_tokenizer(sub) -> None:
         "train-tokenizer",
         help="train a byte-level BPE tokenizer on text files",
         description="Train a byte-level BPE tokenizer (Rust trainer, all cores) and save it as a tokenizer "
-        "directory (vocab.json, merges.txt, tokenizer.json). Prints a summary at the end: time, peak memory, "
+        "directory (vocab.json, merges.txt, the Hugging Face files, ferrolm_tokenizer.json). Prints a summary at the end: time, peak memory, "
         "number of merges, the longest tokens and the compression (bytes per token) on a sample of the input.",
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="training text files")
@@ -322,11 +392,18 @@ def _run_train_tokenizer(args) -> int:
     from ferrolm.bpe.tokenizer import Tokenizer
 
     for path in args.input:
+        if os.path.isdir(path):
+            raise ValueError(f"--input {path} is a directory: give the text files in it")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"input file not found: {path}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     specials = args.special_tokens if args.special_tokens is not None else ["<|endoftext|>"]
+    for s in specials:  # refused by the save at the end: say so before the training
+        if len(s.encode("utf-8")) == 1:
+            raise ValueError(
+                f"--special-token {s!r} is a single byte: a tokenizer directory cannot hold it beside that byte's own token"
+            )
     t0 = time.perf_counter()
     tok = Tokenizer.train(
         args.input if len(args.input) > 1 else args.input[0],
@@ -427,12 +504,20 @@ def _add_encode(sub) -> None:
     p.set_defaults(run=_run_encode)
 
 
+MAX_CHUNK_MB = 4096  # a chunk is held in memory per task in flight
+
+
 def _run_encode(args) -> int:
     import time
 
     from ferrolm.bpe import shards
     from ferrolm.bpe.tokenizer import Tokenizer
 
+    # The core takes whole bytes (a usize): refuse what would not fit before it is asked.
+    if args.chunk_size is not None and not 0 < args.chunk_size <= MAX_CHUNK_MB:
+        raise ValueError(f"--chunk-size must be more than 0 and at most {MAX_CHUNK_MB} MB, got {args.chunk_size:g}")
+    if args.commit_interval is not None and not 0 <= args.commit_interval < float("inf"):
+        raise ValueError(f"--commit-interval must be a number of seconds >= 0, got {args.commit_interval:g}")
     tok = Tokenizer.load(args.tokenizer)
     t0 = time.perf_counter()
     try:
@@ -522,6 +607,12 @@ def _run_decode(args) -> int:
             )
     elif dtype is None:
         dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
+    size, itemsize = os.path.getsize(path), np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise ValueError(
+            f"{path}: {size:,} bytes is not a whole number of {dtype} tokens ({itemsize} bytes each): "
+            "the file is cut short or not a shard"
+        )
     data = (
         np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
         if os.path.getsize(path)
@@ -581,16 +672,98 @@ def _run_shards(args) -> int:
         for msg in problems:
             print(f"  - {msg}", file=sys.stderr)
         return 1
-    print(f"ok: {len(records)} shard file(s) consistent")
+    unread = "" if args.deep else "; token ids not read (--deep checks each is below vocab_size)"
+    print(f"ok: {len(records)} shard file(s) consistent{unread}")
     return 0
 
 
 COMMANDS.extend([_add_train_tokenizer, _add_encode, _add_decode, _add_shards])
 
-# ----------------------------------------------------------- end of the corpus commands
+
+# ---------------------------------------------------------------------------------------
+# export, eval (ferrolm.lm.export, ferrolm.lm.evaluate)
+# ---------------------------------------------------------------------------------------
 
 
-# --- demo / download (issue 9; ferrolm.app.demo, ferrolm.app.download) ----------------------------
+def add_export_command(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a checkpoint as a Hugging Face model folder (or a safetensors file)",
+        description="Write a folder that transformers loads with no ferrolm code: config.json (LlamaForCausalLM), "
+        "model.safetensors, generation_config.json and the tokenizer files (AutoModelForCausalLM and "
+        "AutoTokenizer .from_pretrained(DIR)). --format safetensors writes the weights alone under ferrolm's "
+        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it).",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
+    p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors file)")
+    p.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
+    )
+    p.add_argument("--format", default="hf", choices=["hf", "safetensors"], help="hf (default) or safetensors")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (hf)")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args) -> int:
+    from ferrolm.lm.export import export_hf, export_safetensors
+
+    if args.format == "safetensors":
+        out = export_safetensors(args.checkpoint, args.out)
+    else:
+        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
+    print(out)
+    return 0
+
+
+def add_eval_command(sub) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="score a checkpoint on token shards: loss, perplexity, bits per byte",
+        description="Run the model over the shards in consecutive context-length windows and report the mean loss "
+        "(nats/token), perplexity, bits per byte (total nats / ln 2 / UTF-8 bytes of the text; special tokens "
+        "count 0 bytes; needs the tokenizer) and tokens/s.",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
+    p.add_argument("--data", required=True, nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
+    p.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
+    )
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(run=_run_eval)
+
+
+def _run_eval(args) -> int:
+    import json
+
+    from ferrolm.lm.evaluate import evaluate
+
+    data = args.data if len(args.data) > 1 else args.data[0]
+    r = evaluate(
+        args.checkpoint,
+        data,
+        args.tokenizer,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        device=args.device,
+    )
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    bpb = f"{r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else "n/a (no tokenizer)"
+    print(f"loss {r['loss']:.4f}  perplexity {r['perplexity']:.2f}  bits/byte {bpb}")
+    print(f"{r['tokens']:,} tokens in {r['seconds']:.2f} s ({r['tokens_per_s'] or 0:,.0f} tokens/s)")
+    return 0
+
+
+COMMANDS.extend([add_export_command, add_eval_command])
+
+
+# ---------------------------------------------------------------------------------------
+# demo, download (ferrolm.app.demo, ferrolm.app.download)
+# ---------------------------------------------------------------------------------------
 
 
 def add_demo_command(sub) -> None:
@@ -713,8 +886,6 @@ def _run_download(args) -> int:
 
 
 COMMANDS.extend([add_demo_command, add_download_command])
-
-# --- end demo / download ------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,15 +26,17 @@ From Python::
     print(result.plot, result.samples)
 
 Each stage calls ferrolm's public Python API (``Tokenizer.train``, ``shards.encode``,
-``train.train``, ``generate.generate``, ``train.plot_run``), so an error names the stage
+``train.train``, ``generate.generate``, ``plot.plot_run``), so an error names the stage
 and the real cause.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gzip
 import hashlib
+import io
 import json
 import os
 import platform
@@ -47,6 +49,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
+
+from ferrolm import __version__
+from ferrolm._util import atomic_write_bytes
+from ferrolm.bpe import shards
+from ferrolm.bpe.tokenizer import Tokenizer
+from ferrolm.lm.config import load_config
 
 EOT = "<|endoftext|>"
 #: Between two documents in the demo's text files.
@@ -168,8 +176,6 @@ def _open_text(path: Path):
             raise ValueError(
                 f"{path}: reading .zst files needs the zstandard package (pip install zstandard)"
             ) from None
-        import io
-
         return io.TextIOWrapper(zstandard.open(path, "rb"), encoding="utf-8", errors="replace", newline="")
     return open(path, encoding="utf-8", errors="replace", newline="")
 
@@ -242,53 +248,16 @@ def prepare_data(
         info = DataInfo(
             f"Python {platform.python_version()} standard library", out_dir / "train.txt", out_dir / "val.txt"
         )
-    train: list[str] = []
-    val: list[str] = []
-    sources: dict[str, list[int]] = {}  # name -> [documents, bytes]
-    total = 0
-    for name, doc in docs:
-        n = len(doc.encode("utf-8"))
-        if max_bytes and total + n > max_bytes:
-            info.truncated = True
-            if total >= 0.95 * max_bytes:
-                break
-            continue  # too large for what is left of the budget; a smaller one may fit
-        key = name.encode("utf-8") if not data else doc.encode("utf-8")
-        (val if _in_val(key, val_percent) else train).append(doc)
-        s = sources.setdefault(name, [0, 0])
-        s[0] += 1
-        s[1] += n
-        total += n
+    # Standard-library documents are assigned to a side by their path, user documents by their text.
+    train, val, sources, total = _split_documents(docs, info, max_bytes, val_percent, by_name=not data)
     if not data:
         info.files = len(sources)
     if total == 0:
         raise ValueError("no text found in " + (", ".join(map(str, data)) if data else "the standard library"))
-
-    def nbytes(docs: list[str]) -> int:
-        return sum(len(d.encode("utf-8")) for d in docs)
-
-    # Enough validation text: move training documents (from the end) until it is, but none
-    # so large that validation would take more than twice its share.
-    want = min(MIN_VAL_BYTES, total // 10)
-    val_bytes = nbytes(val)
-    i = len(train) - 1
-    while val_bytes < want and i >= 0 and len(train) > 1:
-        n = len(train[i].encode("utf-8"))
-        if val_bytes + n <= 2 * want:
-            val.insert(0, train.pop(i))
-            val_bytes += n
-        i -= 1
-    if not val and len(train) > 1:
-        val.append(train.pop(min(range(len(train)), key=lambda k: len(train[k]))))
+    _top_up_validation(train, val, want=min(MIN_VAL_BYTES, total // 10))
     if not val or not train:
-        # One document in all: cut it at a line break near (100 - val_percent) %.
-        whole = "\n".join(train + val)
-        n_val = max(len(whole) * val_percent // 100, min(MIN_VAL_BYTES, len(whole) // 10))
-        cut = whole.rfind("\n", 0, len(whole) - n_val) + 1 or len(whole) - n_val
-        train, val = [whole[:cut].strip()], [whole[cut:].strip()]
+        train, val = _split_one_document(train + val, val_percent, total)
         info.notes.append("the text has a single document: the last lines are the validation text")
-        if not train[0] or not val[0]:
-            raise ValueError(f"too little text to split into training and validation ({total} bytes)")
     for path, docs_ in ((info.train_path, train), (info.val_path, val)):
         _write_text(path, SEPARATOR.join(docs_) + SEPARATOR)
     info.train_docs, info.val_docs = len(train), len(val)
@@ -298,9 +267,55 @@ def prepare_data(
     return info
 
 
-def _write_text(path: Path, text: str) -> None:
-    from ferrolm.bpe.files import atomic_write_bytes
+def _split_documents(docs, info: DataInfo, max_bytes: Optional[int], val_percent: int, *, by_name: bool):
+    """(train, val, sources: name -> [documents, bytes], total bytes) of `docs` within `max_bytes`."""
+    train: list[str] = []
+    val: list[str] = []
+    sources: dict[str, list[int]] = {}
+    total = 0
+    for name, doc in docs:
+        n = len(doc.encode("utf-8"))
+        if max_bytes and total + n > max_bytes:
+            info.truncated = True
+            if total >= 0.95 * max_bytes:
+                break
+            continue  # too large for what is left of the budget; a smaller one may fit
+        key = name.encode("utf-8") if by_name else doc.encode("utf-8")
+        (val if _in_val(key, val_percent) else train).append(doc)
+        s = sources.setdefault(name, [0, 0])
+        s[0] += 1
+        s[1] += n
+        total += n
+    return train, val, sources, total
 
+
+def _top_up_validation(train: list[str], val: list[str], want: int) -> None:
+    """Move training documents (from the end) to validation until it holds `want` bytes, but
+    none so large that validation would take more than twice its share; in place."""
+    val_bytes = sum(len(d.encode("utf-8")) for d in val)
+    i = len(train) - 1
+    while val_bytes < want and i >= 0 and len(train) > 1:
+        n = len(train[i].encode("utf-8"))
+        if val_bytes + n <= 2 * want:
+            val.insert(0, train.pop(i))
+            val_bytes += n
+        i -= 1
+    if not val and len(train) > 1:
+        val.append(train.pop(min(range(len(train)), key=lambda k: len(train[k]))))
+
+
+def _split_one_document(docs: list[str], val_percent: int, total: int) -> tuple[list[str], list[str]]:
+    """One document in all: cut it at a line break near (100 - val_percent) %."""
+    whole = "\n".join(docs)
+    n_val = max(len(whole) * val_percent // 100, min(MIN_VAL_BYTES, len(whole) // 10))
+    cut = whole.rfind("\n", 0, len(whole) - n_val) + 1 or len(whole) - n_val
+    train, val = [whole[:cut].strip()], [whole[cut:].strip()]
+    if not train[0] or not val[0]:
+        raise ValueError(f"too little text to split into training and validation ({total} bytes)")
+    return train, val
+
+
+def _write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
@@ -361,8 +376,6 @@ def _prepare_out_dir(out: Path) -> None:
 
 
 def _write_marker(out: Path, payload: dict) -> None:
-    from ferrolm.bpe.files import atomic_write_bytes
-
     atomic_write_bytes(out / MARKER, (json.dumps(payload, indent=2, default=str) + "\n").encode("utf-8"))
 
 
@@ -408,203 +421,36 @@ def run_demo(
     changes to the cpu-small training config, applied last; ``prompts``: what samples start
     from (default: code openings for the standard library, new documents for user data).
     """
-    if not (minutes > 0):
-        raise ValueError(f"minutes must be > 0, got {minutes}")
-    if vocab_size < 257 + 1:
-        raise ValueError(f"vocab_size must be at least 258 (256 bytes, <|endoftext|> and a merge), got {vocab_size}")
-    if max_mb is not None and max_mb < 0:
-        raise ValueError(f"max_mb must be >= 0 (0: all the text), got {max_mb}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    say = log or (lambda msg: print(msg, flush=True))
-    out = Path(out)
-    # The training config, checked now so that a bad --set fails before any work.
-    from ferrolm.lm.config import load_config
-
-    run_dir = out / "run"
-    tok_dir, shard_dir = out / "tokenizer", out / "shards"
-    train_prefix, val_prefix = shard_dir / "train", shard_dir / "val"
-
-    def config_for(model_vocab: int):
-        base = [
-            f"model.vocab_size={model_vocab}",
-            f"data.train={json.dumps(str(train_prefix))}",
-            f"data.val={json.dumps(str(val_prefix))}",
-            f"data.tokenizer={json.dumps(str(tok_dir))}",
-            f"run.out_dir={json.dumps(str(run_dir))}",
-            f"run.device={json.dumps(device)}",
-            f"run.seed={seed}",
-            f"schedule.max_time_s={minutes * 60.0}",
-            'schedule.schedule_by="time"',
-            # Frequent, small evaluations: a curve with many points for ~5 % of the time.
-            "run.eval_every=20",
-            "run.eval_batches=4",
-            "run.checkpoint_every=0",
-            "run.keep_last=1",
-        ]
-        if not progress:
-            base.append("run.progress=false")
-        return load_config(PRESET, base + list(overrides))
-
-    config_for(vocab_size)
+    _check_args(minutes, vocab_size, max_mb, max_new_tokens)
+    d = _Demo(Path(out), log or _print, progress)
+    settings = dict(device=device, seed=seed, minutes=minutes, overrides=overrides)
+    _train_config(d, vocab_size, **settings)  # a bad --set fails here, before any work
     if data:
-        _user_files(data)  # missing files fail here, before any work
-    t_start = time.perf_counter()
-    timings: dict[str, float] = {}
-    _prepare_out_dir(out)
-    n_stages = 6
+        _user_files(data)  # and so do missing files
+    _prepare_out_dir(d.out)
 
-    def stage(i: int, what: str) -> None:
-        say(f"\n[{i}/{n_stages}] {what}  (elapsed {_fmt_s(time.perf_counter() - t_start)})")
-
-    # -- 1. data ----------------------------------------------------------------------------
-    stage(
-        1,
-        "collecting text: "
-        + (
-            "your files " + ", ".join(map(str, data)) if data else "this Python's standard library source (no download)"
-        ),
-    )
-    t0 = time.perf_counter()
-    max_bytes = int(max_mb * 1e6) if max_mb else None
-    info = prepare_data(out / "data", data, max_bytes=max_bytes, stdlib=stdlib)
-    timings["data"] = time.perf_counter() - t0
-    say(
-        f"  {info.source}: {info.files} files, {info.train_docs + info.val_docs:,} documents, "
-        f"{_fmt_bytes(info.train_bytes + info.val_bytes)}"
-        + (f" (capped at {max_mb:g} MB; --max-mb 0 uses all)" if info.truncated else "")
-    )
-    say(
-        f"  train {info.train_path} ({info.train_docs:,} docs, {_fmt_bytes(info.train_bytes)}); "
-        f"val {info.val_path} ({info.val_docs:,} docs, {_fmt_bytes(info.val_bytes)})"
-    )
-    for note in info.notes:
-        say(f"  note: {note}")
-
-    # -- 2. tokenizer -------------------------------------------------------------------------
-    from ferrolm.bpe.tokenizer import Tokenizer
-
-    stage(2, f"training a byte-level BPE tokenizer, vocab_size {vocab_size} (--vocab-size to change)")
-    t0 = time.perf_counter()
-    tok = Tokenizer.train(str(info.train_path), vocab_size, [EOT], progress=progress)
-    tok.save(tok_dir)
-    timings["tokenizer"] = time.perf_counter() - t0
-    if tok.vocab_size < vocab_size:
-        say(f"  the text ran out of pairs to merge: vocab_size {tok.vocab_size} instead of {vocab_size}")
-    longest = sorted((b for b in tok.vocab.values() if b != EOT.encode()), key=lambda b: (-len(b), b))[:5]
-    say(
-        f"  saved {tok_dir} ({len(tok.merges):,} merges, fingerprint {tok.fingerprint[:12]}); longest tokens: "
-        + ", ".join(repr(b.decode("utf-8", "replace")) for b in longest)
-    )
-
-    # -- 3. shards ----------------------------------------------------------------------------
-    from ferrolm.bpe import shards
-
-    stage(3, "encoding the text into uint16 token shards")
-    t0 = time.perf_counter()
-    side_train = shards.encode(tok, [info.train_path], train_prefix, progress=progress)
-    side_val = shards.encode(tok, [info.val_path], val_prefix, progress=progress)
-    timings["encode"] = time.perf_counter() - t0
-    n_train, n_val = int(side_train["num_tokens"]), int(side_val["num_tokens"])
-    say(
-        f"  {train_prefix}.bin: {n_train:,} tokens ({info.train_bytes / max(n_train, 1):.2f} bytes/token); "
-        f"{val_prefix}.bin: {n_val:,} tokens"
-    )
-
-    # -- 4. train -------------------------------------------------------------------------------
-    from ferrolm.lm.train import train as train_lm
-
-    cfg = config_for(tok.vocab_size)
-    cfg.require_data()
-    m = cfg.model
-    ctx = m.context_length
-    for name, n in (("training", n_train), ("validation", n_val)):
-        if n < ctx + 2:
-            raise ValueError(
-                f"the {name} shard has {n} tokens, fewer than the model's context_length + 2 = {ctx + 2}: "
-                "give more text (--data), or a smaller model.context_length with --set"
-            )
-    stage(
-        4,
-        f"training the {PRESET} Transformer LM for {minutes:g} min on {device} "
-        f"(d_model {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, context {ctx}, vocab {m.vocab_size})",
-    )
-    t0 = time.perf_counter()
-    summary = train_lm(cfg)
-    timings["train"] = time.perf_counter() - t0
-    if summary.status == "interrupted":  # Ctrl-C: the run is saved; stop the demo here
-        say(f"  {summary.message}")
-        raise KeyboardInterrupt
-    if summary.status not in ("done", "time"):
-        raise RuntimeError(f"training stopped ({summary.status}): {summary.message}")
-    vals = [r["val_loss"] for r in summary.records if r.get("val_loss") is not None]
-    best = run_dir / "best.pt"
-    ckpt = best if best.is_file() else summary.last_checkpoint
-    if ckpt is None or not Path(ckpt).is_file():
-        raise RuntimeError(f"training finished without a checkpoint in {run_dir}")
-    ckpt = Path(ckpt)
-    say(
-        f"  {summary.step} steps ({summary.status}); val loss {vals[0]:.3f} -> {vals[-1]:.3f}"
-        if vals
-        else f"  {summary.step} steps"
-    )
-    say(f"  checkpoint {ckpt}")
-
-    # -- 5. samples ----------------------------------------------------------------------------
-    import torch
-
-    from ferrolm.lm.generate import generate, iter_text, load_model, resolve_device
-
+    info = _collect_text(d, data, max_mb, stdlib)
+    tok = _train_tokenizer(d, info, vocab_size)
+    n_train, n_val = _encode_shards(d, tok, info)
+    summary, ckpt, vals = _train_model(d, _train_config(d, tok.vocab_size, **settings), n_train, n_val, minutes)
     if prompts is None:
         prompts = USER_PROMPTS if data else DEFAULT_PROMPTS
-    stage(
-        5, f"sampling {len(prompts)} texts of up to {max_new_tokens} tokens (temperature {temperature}, top-p {top_p})"
-    )
-    t0 = time.perf_counter()
-    dev = resolve_device(device)
-    model, _ = load_model(ckpt, dev, tokenizer=tok)
-    eos = tok.eos_id
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    samples = []
-    for i, prompt in enumerate(prompts):
-        ids = tok.encode(prompt)
-        stream = generate(model, ids, max_new_tokens, temperature, None, top_p, eos_id=eos, generator=gen)
-        text = prompt + "".join(iter_text((t for t in stream if t != eos), tok.token_bytes))
-        samples.append(text)
-        say(f"--- sample {i + 1} (prompt {prompt!r}) ---\n{text}")
-    samples_path = out / "samples.txt"
-    _write_text(
-        samples_path,
-        "".join(f"--- sample {i + 1} (prompt {p!r}) ---\n{s}\n\n" for i, (p, s) in enumerate(zip(prompts, samples))),
-    )
-    timings["generate"] = time.perf_counter() - t0
-
-    # -- 6. plot ---------------------------------------------------------------------------------
-    stage(6, "plotting the loss curve")
-    t0 = time.perf_counter()
-    plot: Optional[Path] = None
-    try:
-        from ferrolm.lm.train import plot_run
-
-        plot = plot_run(run_dir, x="step", out=out / "loss.png", title=f"ferrolm demo: {PRESET} on {info.source}")
-        say(f"  {plot}")
-    except ImportError as e:  # matplotlib missing: everything else is done; say how to get the plot
-        say(f"  no plot: {e} (pip install matplotlib, then: ferrolm plot {run_dir})")
-    timings["plot"] = time.perf_counter() - t0
+    dev, samples = _sample(d, ckpt, tok, prompts, max_new_tokens, temperature, top_p, device, seed)
+    plot = _plot(d, info)
 
     result = DemoResult(
-        out_dir=out,
+        out_dir=d.out,
         data=info,
-        tokenizer_dir=tok_dir,
-        train_shard=train_prefix,
-        val_shard=val_prefix,
-        run_dir=run_dir,
+        tokenizer_dir=d.tok_dir,
+        train_shard=d.train_prefix,
+        val_shard=d.val_prefix,
+        run_dir=d.run_dir,
         checkpoint=ckpt,
         plot=plot,
-        samples_path=samples_path,
+        samples_path=d.out / "samples.txt",
         samples=samples,
-        report_path=out / "report.md",
-        timings=timings,
+        report_path=d.out / "report.md",
+        timings=d.timings,
         train_status=summary.status,
         steps=summary.step,
         first_val_loss=vals[0] if vals else None,
@@ -613,41 +459,242 @@ def run_demo(
         train_tokens=n_train,
         val_tokens=n_val,
         vocab_size=tok.vocab_size,
-        total_s=time.perf_counter() - t_start,
+        total_s=time.perf_counter() - d.t_start,
     )
-    report = _report(result, minutes=minutes, device=str(dev))
-    _write_text(result.report_path, report)
-    _write_marker(
-        out,
-        {
-            "format": MARKER_FORMAT,
-            "status": "done",
-            "finished": _now(),
-            "total_s": round(result.total_s, 1),
-            "timings_s": {k: round(v, 1) for k, v in timings.items()},
-            "device": str(dev),
-            "minutes": minutes,
-            "data": {
-                "source": info.source,
-                "train_bytes": info.train_bytes,
-                "val_bytes": info.val_bytes,
-                "train_docs": info.train_docs,
-                "val_docs": info.val_docs,
-                "truncated": info.truncated,
-            },
-            "vocab_size": tok.vocab_size,
-            "train_tokens": n_train,
-            "val_tokens": n_val,
-            "steps": summary.step,
-            "first_val_loss": result.first_val_loss,
-            "final_val_loss": result.final_val_loss,
-            "best_val_loss": result.best_val_loss,
-            "checkpoint": str(ckpt),
-        },
-    )
-    result.total_s = time.perf_counter() - t_start
-    say("\n" + _summary_text(result))
+    _write_text(result.report_path, _report(result, minutes=minutes, device=str(dev)))
+    _write_marker(d.out, _done_marker(result, device=str(dev), minutes=minutes))
+    result.total_s = time.perf_counter() - d.t_start
+    d.say("\n" + _summary_text(result))
     return result
+
+
+N_STAGES = 6
+
+
+@dataclass
+class _Demo:
+    """Where a demo's artefacts go, how it reports, and how long each stage took."""
+
+    out: Path
+    say: Callable[[str], None]
+    progress: bool
+    t_start: float = field(default_factory=time.perf_counter)
+    timings: dict = field(default_factory=dict)  # stage -> seconds
+
+    @property
+    def tok_dir(self) -> Path:
+        return self.out / "tokenizer"
+
+    @property
+    def train_prefix(self) -> Path:
+        return self.out / "shards" / "train"
+
+    @property
+    def val_prefix(self) -> Path:
+        return self.out / "shards" / "val"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out / "run"
+
+    @contextlib.contextmanager
+    def stage(self, i: int, key: str, what: str) -> Iterator[None]:
+        """Announce stage `i` and time it under `key`."""
+        self.say(f"\n[{i}/{N_STAGES}] {what}  (elapsed {_fmt_s(time.perf_counter() - self.t_start)})")
+        t0 = time.perf_counter()
+        yield
+        self.timings[key] = time.perf_counter() - t0
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _check_args(minutes: float, vocab_size: int, max_mb: Optional[float], max_new_tokens: int) -> None:
+    if not (minutes > 0):
+        raise ValueError(f"minutes must be > 0, got {minutes}")
+    if vocab_size < 257 + 1:
+        raise ValueError(f"vocab_size must be at least 258 (256 bytes, <|endoftext|> and a merge), got {vocab_size}")
+    if max_mb is not None and max_mb < 0:
+        raise ValueError(f"max_mb must be >= 0 (0: all the text), got {max_mb}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+
+def _train_config(d: _Demo, model_vocab: int, *, device: str, seed: int, minutes: float, overrides: Sequence[str]):
+    """The cpu-small preset pointed at the demo's files, trained for `minutes` (then `overrides`)."""
+    base = [
+        f"model.vocab_size={model_vocab}",
+        f"data.train={json.dumps(str(d.train_prefix))}",
+        f"data.val={json.dumps(str(d.val_prefix))}",
+        f"data.tokenizer={json.dumps(str(d.tok_dir))}",
+        f"run.out_dir={json.dumps(str(d.run_dir))}",
+        f"run.device={json.dumps(device)}",
+        f"run.seed={seed}",
+        f"schedule.max_time_s={minutes * 60.0}",
+        'schedule.schedule_by="time"',
+        # Frequent, small evaluations: a curve with many points for ~5 % of the time.
+        "run.eval_every=20",
+        "run.eval_batches=4",
+        "run.checkpoint_every=0",
+        "run.keep_last=1",
+    ]
+    if not d.progress:
+        base.append("run.progress=false")
+    return load_config(PRESET, base + list(overrides))
+
+
+def _collect_text(d: _Demo, data: Optional[Sequence[PathLike]], max_mb: Optional[float], stdlib) -> DataInfo:
+    """Stage 1: the training and validation text files."""
+    where = "your files " + ", ".join(map(str, data)) if data else "this Python's standard library source (no download)"
+    with d.stage(1, "data", "collecting text: " + where):
+        max_bytes = int(max_mb * 1e6) if max_mb else None
+        info = prepare_data(d.out / "data", data, max_bytes=max_bytes, stdlib=stdlib)
+    capped = f" (capped at {max_mb:g} MB; --max-mb 0 uses all)" if info.truncated else ""
+    d.say(
+        f"  {info.source}: {info.files} files, {info.train_docs + info.val_docs:,} documents, "
+        f"{_fmt_bytes(info.train_bytes + info.val_bytes)}{capped}"
+    )
+    d.say(
+        f"  train {info.train_path} ({info.train_docs:,} docs, {_fmt_bytes(info.train_bytes)}); "
+        f"val {info.val_path} ({info.val_docs:,} docs, {_fmt_bytes(info.val_bytes)})"
+    )
+    for note in info.notes:
+        d.say(f"  note: {note}")
+    return info
+
+
+def _train_tokenizer(d: _Demo, info: DataInfo, vocab_size: int) -> Tokenizer:
+    """Stage 2: a byte-level BPE tokenizer trained on the training text, saved."""
+    with d.stage(
+        2, "tokenizer", f"training a byte-level BPE tokenizer, vocab_size {vocab_size} (--vocab-size to change)"
+    ):
+        tok = Tokenizer.train(str(info.train_path), vocab_size, [EOT], progress=d.progress)
+        tok.save(d.tok_dir)
+    if tok.vocab_size < vocab_size:
+        d.say(f"  the text ran out of pairs to merge: vocab_size {tok.vocab_size} instead of {vocab_size}")
+    longest = sorted((b for b in tok.vocab.values() if b != EOT.encode()), key=lambda b: (-len(b), b))[:5]
+    d.say(
+        f"  saved {d.tok_dir} ({len(tok.merges):,} merges, fingerprint {tok.fingerprint[:12]}); longest tokens: "
+        + ", ".join(repr(b.decode("utf-8", "replace")) for b in longest)
+    )
+    return tok
+
+
+def _encode_shards(d: _Demo, tok: Tokenizer, info: DataInfo) -> tuple[int, int]:
+    """Stage 3: the text as token shards; (training tokens, validation tokens)."""
+    with d.stage(3, "encode", "encoding the text into uint16 token shards"):
+        side_train = shards.encode(tok, [info.train_path], d.train_prefix, progress=d.progress)
+        side_val = shards.encode(tok, [info.val_path], d.val_prefix, progress=d.progress)
+    n_train, n_val = int(side_train["num_tokens"]), int(side_val["num_tokens"])
+    d.say(
+        f"  {d.train_prefix}.bin: {n_train:,} tokens ({info.train_bytes / max(n_train, 1):.2f} bytes/token); "
+        f"{d.val_prefix}.bin: {n_val:,} tokens"
+    )
+    return n_train, n_val
+
+
+def _train_model(d: _Demo, cfg, n_train: int, n_val: int, minutes: float):
+    """Stage 4: the LM trained for the time budget; (summary, checkpoint, validation losses)."""
+    from ferrolm.lm.train import train  # torch: imported when the demo gets here, not for `ferrolm --help`
+
+    cfg.require_data()
+    m = cfg.model
+    for name, n in (("training", n_train), ("validation", n_val)):
+        if n < m.context_length + 2:
+            raise ValueError(
+                f"the {name} shard has {n} tokens, fewer than the model's context_length + 2 = {m.context_length + 2}: "
+                "give more text (--data), or a smaller model.context_length with --set"
+            )
+    shape = f"d_model {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, context {m.context_length}"
+    what = (
+        f"training the {PRESET} Transformer LM for {minutes:g} min on {cfg.run.device} ({shape}, vocab {m.vocab_size})"
+    )
+    with d.stage(4, "train", what):
+        summary = train(cfg)
+    if summary.status == "interrupted":  # Ctrl-C: the run is saved; stop the demo here
+        d.say(f"  {summary.message}")
+        raise KeyboardInterrupt
+    if summary.status not in ("done", "time"):
+        raise RuntimeError(f"training stopped ({summary.status}): {summary.message}")
+    vals = [r["val_loss"] for r in summary.records if r.get("val_loss") is not None]
+    best = d.run_dir / "best.pt"
+    ckpt = best if best.is_file() else summary.last_checkpoint
+    if ckpt is None or not Path(ckpt).is_file():
+        raise RuntimeError(f"training finished without a checkpoint in {d.run_dir}")
+    if vals:
+        d.say(f"  {summary.step} steps ({summary.status}); val loss {vals[0]:.3f} -> {vals[-1]:.3f}")
+    else:
+        d.say(f"  {summary.step} steps")
+    d.say(f"  checkpoint {ckpt}")
+    return summary, Path(ckpt), vals
+
+
+def _sample(d: _Demo, ckpt: Path, tok, prompts, max_new_tokens, temperature, top_p, device: str, seed: int):
+    """Stage 5: a sample per prompt, printed and written to samples.txt; (device, samples)."""
+    import torch
+
+    from ferrolm.lm.generate import generate, iter_text, load_model, resolve_device
+
+    what = f"sampling {len(prompts)} texts of up to {max_new_tokens} tokens (temperature {temperature}, top-p {top_p})"
+    with d.stage(5, "generate", what):
+        dev = resolve_device(device)
+        model, _ = load_model(ckpt, dev, tokenizer=tok)
+        eos = tok.eos_id
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        samples = []
+        for i, prompt in enumerate(prompts):
+            stream = generate(
+                model, tok.encode(prompt), max_new_tokens, temperature, None, top_p, eos_id=eos, generator=gen
+            )
+            samples.append(prompt + "".join(iter_text((t for t in stream if t != eos), tok.token_bytes)))
+            d.say(f"--- sample {i + 1} (prompt {prompt!r}) ---\n{samples[-1]}")
+        listing = (f"--- sample {i + 1} (prompt {p!r}) ---\n{s}\n\n" for i, (p, s) in enumerate(zip(prompts, samples)))
+        _write_text(d.out / "samples.txt", "".join(listing))
+    return dev, samples
+
+
+def _plot(d: _Demo, info: DataInfo) -> Optional[Path]:
+    """Stage 6: loss.png, or None (with how to get it) when matplotlib is missing."""
+    with d.stage(6, "plot", "plotting the loss curve"):
+        try:
+            from ferrolm.app.plot import plot_run  # matplotlib: only for this stage
+        except ImportError as e:  # everything else is done; say how to get the plot
+            d.say(f"  no plot: {e} (pip install matplotlib, then: ferrolm plot {d.run_dir})")
+            return None
+        plot = plot_run(d.run_dir, x="step", out=d.out / "loss.png", title=f"ferrolm demo: {PRESET} on {info.source}")
+        d.say(f"  {plot}")
+    return plot
+
+
+def _done_marker(r: DemoResult, *, device: str, minutes: float) -> dict:
+    """demo.json once the demo is complete: what it made and how long it took."""
+    info = r.data
+    return {
+        "format": MARKER_FORMAT,
+        "status": "done",
+        "finished": _now(),
+        "total_s": round(r.total_s, 1),
+        "timings_s": {k: round(v, 1) for k, v in r.timings.items()},
+        "device": device,
+        "minutes": minutes,
+        "data": {
+            "source": info.source,
+            "train_bytes": info.train_bytes,
+            "val_bytes": info.val_bytes,
+            "train_docs": info.train_docs,
+            "val_docs": info.val_docs,
+            "truncated": info.truncated,
+        },
+        "vocab_size": r.vocab_size,
+        "train_tokens": r.train_tokens,
+        "val_tokens": r.val_tokens,
+        "steps": r.steps,
+        "first_val_loss": r.first_val_loss,
+        "final_val_loss": r.final_val_loss,
+        "best_val_loss": r.best_val_loss,
+        "checkpoint": str(r.checkpoint),
+    }
 
 
 def _listing(out: Path) -> list[str]:
@@ -664,7 +711,7 @@ def _report(r: DemoResult, *, minutes: float, device: str) -> str:
     lines = [
         "# ferrolm demo",
         "",
-        f"- date: {_now()}; ferrolm {_version()}; Python {platform.python_version()}; torch {_torch_version()}; device {device}",
+        f"- date: {_now()}; ferrolm {__version__}; Python {platform.python_version()}; torch {_torch_version()}; device {device}",
         f"- data: {r.data.source}: {r.data.train_docs:,} training documents ({_fmt_bytes(r.data.train_bytes)}), "
         f"{r.data.val_docs:,} validation documents ({_fmt_bytes(r.data.val_bytes)})",
         f"- tokenizer: byte-level BPE, vocab_size {r.vocab_size}: {r.tokenizer_dir}",
@@ -714,15 +761,6 @@ def _summary_text(r: DemoResult) -> str:
         "  ferrolm download tinystories && ferrolm demo --data data/TinyStoriesV2-GPT4-train.txt   (another corpus)",
     ]
     return "\n".join(lines)
-
-
-def _version() -> str:
-    try:
-        import ferrolm
-
-        return ferrolm.__version__
-    except Exception:  # pragma: no cover
-        return "?"
 
 
 def _torch_version() -> str:

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import re
+
 GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 CL100K = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
@@ -30,11 +34,50 @@ NAMED = {
 }
 
 
+# The Unicode version of the character classes (\p{L}, \p{N}, \s, ...) the pre-tokenizer
+# uses; tokenizer records keep it, so a folder saved under other classes is noticed.
+UNICODE_VERSION = "17.0.0"
+
+
+def unicode_version() -> str:
+    """The Unicode version of the compiled pre-tokenizer's character classes."""
+    try:
+        from ferrolm import _core
+    except ImportError:  # the pure-Python reference alone
+        return UNICODE_VERSION
+    fn = getattr(_core, "unicode_version", None)
+    return fn() if fn is not None else UNICODE_VERSION
+
+
 def resolve(pattern: str) -> str:
-    """The regex source for a pattern name ("gpt2", "cl100k", "o200k") or a custom regex."""
+    """The regex source for a pattern name ("gpt2", "cl100k", "o200k") or a custom regex
+    (Python ``regex`` syntax; ValueError, with the regex module's reason, when it is not one)."""
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str (a name or a regex), got {type(pattern).__name__}")
-    return NAMED.get(pattern, pattern)
+    if pattern in NAMED:
+        return NAMED[pattern]
+    if not pattern:
+        raise ValueError("the pattern is empty: give a name (gpt2, cl100k, o200k) or a regex")
+    if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", pattern):
+        # A bare word would split text into nothing but itself: surely a misspelt name.
+        raise ValueError(f"unknown pattern name {pattern!r}{_suggest(pattern)}; the names are gpt2, cl100k and o200k")
+    _check_regex(pattern)
+    return pattern
+
+
+@functools.lru_cache(maxsize=64)
+def _check_regex(source: str) -> None:
+    import regex  # the documented syntax; imported only for custom patterns
+
+    try:
+        regex.compile(source)
+    except regex.error as e:
+        raise ValueError(f"invalid pre-tokenization pattern {source!r}: {e}") from None
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, ["gpt2", "cl100k", "o200k"], n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def name_of(pattern: str) -> str:

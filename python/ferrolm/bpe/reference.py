@@ -2,7 +2,7 @@
 
 This module is the ground truth the Rust core is tested against and the baseline its
 benchmarks are measured against, so it is written to be read. The semantics are those of
-DESIGN.md:
+docs/DESIGN.md:
 
 * Ids 0-255 are the single bytes, each merge adds the next id, special tokens come last.
 * Special tokens split the text first and are hard boundaries: no pre-token and no merge
@@ -39,7 +39,6 @@ import codecs
 import heapq
 import operator
 import os
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import Union
 
 import regex
 
+from ferrolm._util import check_special_tokens, fix_surrogates
 from ferrolm.bpe import files as tokenizer_files
 from ferrolm.bpe import patterns
 
@@ -63,38 +63,10 @@ _HOLD_PRETOKENS = 2
 # Entries in the pre-token -> ids cache before it is cleared (bounds streaming memory).
 _CACHE_MAX = 1 << 17
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
 
 # --------------------------------------------------------------------------------------
 # Text preparation shared by the trainer and the Tokenizer
 # --------------------------------------------------------------------------------------
-
-
-def _fix_surrogates(text: str) -> str:
-    """Map lone surrogates to U+FFFD and join surrogate pairs, as tiktoken does."""
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
-    if special_tokens is None:
-        return []
-    if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(
-            f"special_tokens must be a list of str, not a single {type(special_tokens).__name__} ({special_tokens!r})"
-        )
-    specials = list(special_tokens)
-    for s in specials:
-        if not isinstance(s, str):
-            raise TypeError(f"special tokens must be str, got {type(s).__name__} ({s!r})")
-        if not s:
-            raise ValueError("a special token must not be the empty string")
-    duplicates = sorted({s for s in specials if specials.count(s) > 1})
-    if duplicates:
-        raise ValueError(f"special token(s) listed twice: {duplicates}")
-    return specials
 
 
 def _special_regex(specials: Sequence[str]):
@@ -154,7 +126,7 @@ class _PreTokenStream:
         if not final and buf and "\ud800" <= buf[-1] <= "\udbff":
             # A high surrogate at the end may pair with a low one in the next chunk.
             buf, raw_tail = buf[:-1], buf[-1]
-        text = _fix_surrogates(buf)
+        text = fix_surrogates(buf)
         # `hold`: where the longest suffix that may still grow into a special token starts.
         # No special token found before it can change; everything from it on must wait.
         hold = len(text)
@@ -263,7 +235,7 @@ def _input_texts(input_path) -> Iterator[Iterable[str]]:
 
 def count_pretokens(input_path, special_tokens: Sequence[str] = (), pattern: str = "gpt2") -> Counter:
     """How often each pre-token (a str) occurs in the input; special tokens are not counted."""
-    specials = _check_special_tokens(special_tokens)
+    specials = check_special_tokens(special_tokens)
     counts: Counter = Counter()
     for chunks in _input_texts(input_path):
         stream = _PreTokenStream(pattern, specials)
@@ -298,7 +270,7 @@ def train_bpe(
     the special tokens. merges lists the merged pairs in order. Training stops when the vocab
     reaches ``vocab_size`` or no pair is left.
     """
-    specials = _check_special_tokens(special_tokens)
+    specials = check_special_tokens(special_tokens)
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
     minimum = 256 + len(specials)
@@ -468,7 +440,7 @@ class Tokenizer:
             self._merges.append(merge)
             self._rank.setdefault(merge, n)
 
-        self._special_tokens = _check_special_tokens(special_tokens)
+        self._special_tokens = check_special_tokens(special_tokens)
         self._special_ids: dict[str, int] = {}
         for s in self._special_tokens:
             b = s.encode("utf-8")
@@ -502,7 +474,7 @@ class Tokenizer:
         Same signature as the Rust-backed ``ferrolm.Tokenizer.train``; the reference runs in
         one thread and prints no progress, so `num_threads` and `progress` are ignored.
         """
-        specials = _check_special_tokens(special_tokens)
+        specials = check_special_tokens(special_tokens)
         vocab, merges = train_bpe(input, vocab_size, specials, pattern)
         return cls(vocab, merges, specials, pattern)
 
@@ -515,19 +487,22 @@ class Tokenizer:
         pattern: str = "gpt2",
     ) -> Tokenizer:
         """Load GPT-2-style vocab.json and merges.txt (byte-to-unicode form)."""
-        specials = _check_special_tokens(special_tokens)
+        specials = check_special_tokens(special_tokens)
         vocab = tokenizer_files.read_vocab(vocab_path, specials)
         merges = tokenizer_files.read_merges(merges_path)
         return cls(vocab, merges, specials, pattern)
 
     def save(self, directory: PathInput) -> Path:
-        """Write vocab.json, merges.txt and tokenizer.json into `directory`."""
+        """Write the tokenizer directory (the same files as ``ferrolm.Tokenizer.save``)."""
         return tokenizer_files.save_dir(directory, self._vocab, self._merges, self._special_tokens, self._pattern)
 
     @classmethod
     def load(cls, directory: PathInput) -> Tokenizer:
-        vocab, merges, specials, pattern = tokenizer_files.load_dir(directory)
-        return cls(vocab, merges, specials, pattern)
+        loaded = tokenizer_files.load_dir(directory)
+        tok = cls(loaded.vocab, loaded.merges, loaded.special_tokens, loaded.pattern)
+        fp = tokenizer_files.fingerprint(tok._vocab, tok._merges, tok._special_tokens, tok._pattern)
+        tokenizer_files.check_fingerprint(loaded, fp)
+        return tok
 
     # ---- properties -------------------------------------------------------------------
 
@@ -562,7 +537,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
-        text = _fix_surrogates(text)
+        text = fix_surrogates(text)
         ids: list[int] = []
         pos = 0
         if self._special_re is not None:

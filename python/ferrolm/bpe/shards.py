@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ferrolm import _core
+from ferrolm._util import atomic_open
 from ferrolm.bpe import patterns
 
 PathInput = Union[str, "os.PathLike[str]"]
@@ -299,32 +300,12 @@ def encode(
 
 
 def _finalize(partial: Path, bin_path: Path, json_path: Path, sidecar: dict) -> None:
-    """Sidecar to a temporary name (fsynced), data to its final name, then the sidecar:
-    a failure before the renames leaves nothing new at the final names."""
-    data = (json.dumps(sidecar, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    tmp = json_path.with_name(f".{json_path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    """Data to its final name, then the sidecar (written beside it, fsynced, renamed): a
+    failure before the sidecar's rename leaves no sidecar, so no shard that claims to be whole."""
+    with atomic_open(json_path) as f:
+        f.write((json.dumps(sidecar, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
         if partial != bin_path:
             os.replace(partial, bin_path)
-        os.replace(tmp, json_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:
-        fd = os.open(bin_path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
     try:
         os.unlink(_journal_path(bin_path))
     except FileNotFoundError:
@@ -334,14 +315,23 @@ def _finalize(partial: Path, bin_path: Path, json_path: Path, sidecar: dict) -> 
 # --------------------------------------------------------------------------- list / validate
 
 
-def _read_sidecar(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
+    """The JSON object in a sidecar or manifest file; ShardError when it is not one."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"shard sidecar not found: {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{path}: not valid JSON: {e}") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
+    if not isinstance(record, dict):
+        raise ShardError(f"{path}: expected a JSON object")
+    return record
+
+
+def read_sidecar(path: Path) -> dict:
+    """A shard's sidecar record; ShardError when the file is not one."""
+    record = read_json_object(path)
+    if record.get("format") != FORMAT:
         raise ShardError(f'{path}: not a ferrolm shard sidecar (missing "format": "{FORMAT}")')
     return record
 
@@ -367,11 +357,8 @@ def resolve_shards(src: PathInput | Sequence[PathInput]) -> list[Path]:
     if s.endswith(".bin"):
         return [Path(s[:-4] + ".json")]
     if s.endswith(".json") and p.exists():
-        try:
-            record = json.loads(p.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ShardError(f"{p}: not valid JSON: {e}") from None
-        if isinstance(record, dict) and record.get("format") == MANIFEST_FORMAT:
+        record = read_json_object(p)
+        if record.get("format") == MANIFEST_FORMAT:
             parts = record.get("parts")
             if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
                 raise ShardError(f'{p}: a manifest needs "parts": [relative prefixes]')
@@ -404,7 +391,7 @@ def list_shards(src: PathInput | Sequence[PathInput]) -> list[dict]:
     """The sidecars of ``src`` (each with ``"json_path"`` and ``"bin_path"`` added), in order."""
     out = []
     for j in resolve_shards(src):
-        record = _read_sidecar(j)
+        record = read_sidecar(j)
         record["json_path"] = str(j)
         record["bin_path"] = str(j.with_suffix(".bin"))
         out.append(record)
@@ -438,6 +425,10 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
         dt = r.get("dtype")
         if dt not in _ITEMSIZE:
             problems.append(f"{name}: unknown dtype {dt!r}")
+            continue
+        bad = [k for k in ("num_tokens", "num_documents", "vocab_size") if not _is_count(r.get(k, 0))]
+        if bad:
+            problems += [f"{name}: {k} must be a non-negative integer, got {r.get(k)!r}" for k in bad]
             continue
         bin_path = Path(r["bin_path"])
         if not bin_path.exists():
@@ -500,6 +491,15 @@ def validate_shards(src: PathInput | Sequence[PathInput], tokenizer: Any = None,
     return problems
 
 
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _count(v) -> str:
+    """A sidecar count for the listing: with thousands separators, or as it is when not a count."""
+    return f"{v:,}" if _is_count(v) else repr(v)
+
+
 def format_listing(records: Iterable[dict]) -> str:
     """A table of shards for ``ferrolm shards``."""
     rows = [("shard", "part", "dtype", "tokens", "documents", "vocab", "eos", "tokenizer", "input bytes")]
@@ -515,16 +515,16 @@ def format_listing(records: Iterable[dict]) -> str:
                 Path(r["bin_path"]).name,
                 part,
                 r.get("dtype", "?"),
-                f"{r.get('num_tokens', 0):,}",
-                f"{r.get('num_documents', 0):,}",
+                _count(r.get("num_tokens", 0)),
+                _count(r.get("num_documents", 0)),
                 str(r.get("vocab_size")),
                 str(r.get("eos_id")),
                 str(r.get("tokenizer_fingerprint", ""))[:12],
-                f"{in_bytes:,}",
+                _count(in_bytes),
             )
         )
-        tok_total += r.get("num_tokens", 0)
-        doc_total += r.get("num_documents", 0)
+        tok_total += r.get("num_tokens", 0) if _is_count(r.get("num_tokens", 0)) else 0
+        doc_total += r.get("num_documents", 0) if _is_count(r.get("num_documents", 0)) else 0
     if len(rows) > 2:
         rows.append(("total", "", "", f"{tok_total:,}", f"{doc_total:,}", "", "", "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -1,6 +1,6 @@
 """ferrolm's Tokenizer: byte-level BPE backed by the Rust core (``ferrolm._core.Encoder``).
 
-Semantics are those of DESIGN.md and of ``ferrolm.bpe.reference.Tokenizer`` (the pure-Python
+Semantics are those of docs/DESIGN.md and of ``ferrolm.bpe.reference.Tokenizer`` (the pure-Python
 ground truth); with GPT-2's vocab and merges the ids equal tiktoken's.
 
     tok = Tokenizer.from_files("vocab.json", "merges.txt", special_tokens=["<|endoftext|>"])
@@ -10,13 +10,13 @@ ground truth); with GPT-2's vocab and merges the ids equal tiktoken's.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from ferrolm import _core
+from ferrolm._util import atomic_write_bytes, check_special_tokens, fix_surrogates, is_high_surrogate
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import patterns
 
@@ -25,17 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PathInput = Union[str, "os.PathLike[str]"]
 
-EOT = "<|endoftext|>"
-
-
-def _repair(text: str) -> str:
-    """What tiktoken does to a str that is not valid Unicode: join surrogate pairs and
-    replace lone surrogates by U+FFFD."""
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _is_high_surrogate(c: str) -> bool:
-    return "\ud800" <= c <= "\udbff"
+EOT = tf.EOT
 
 
 # encode_iterable feeds the core at most this many chars at a time, so that the ids of one
@@ -49,29 +39,10 @@ def _split_chunk(chunk: str) -> Iterator[str]:
     start, n = 0, len(chunk)
     while start < n:
         end = min(start + _FEED_MAX, n)
-        if end < n and _is_high_surrogate(chunk[end - 1]):
+        if end < n and is_high_surrogate(chunk[end - 1]):
             end += 1
         yield chunk[start:end]
         start = end
-
-
-def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
-    if special_tokens is None:
-        return []
-    if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(
-            f"special_tokens must be a list of str, not a single {type(special_tokens).__name__} ({special_tokens!r})"
-        )
-    specials = list(special_tokens)
-    for s in specials:
-        if not isinstance(s, str):
-            raise TypeError(f"special tokens must be str, got {type(s).__name__} ({s!r})")
-        if not s:
-            raise ValueError("a special token must not be the empty string")
-    duplicates = sorted({s for s in specials if specials.count(s) > 1})
-    if duplicates:
-        raise ValueError(f"special token(s) listed twice: {duplicates}")
-    return specials
 
 
 def _numpy():
@@ -101,7 +72,7 @@ class Tokenizer:
         if isinstance(merges, (str, bytes, dict)):
             raise TypeError(f"merges must be a list of (bytes, bytes) tuples, got {type(merges).__name__}")
         merges = list(merges)
-        specials = _check_special_tokens(special_tokens)
+        specials = check_special_tokens(special_tokens)
         source = patterns.resolve(pattern)
         self._core = _core.Encoder(vocab, merges, specials, source)
         # The vocab and merges are not kept in Python (GPT-2's take ~20 MB as Python
@@ -137,19 +108,49 @@ class Tokenizer:
         pattern: str = "gpt2",
     ) -> Tokenizer:
         """Load GPT-2-style vocab.json and merges.txt (byte-to-unicode form)."""
-        specials = _check_special_tokens(special_tokens)
+        specials = check_special_tokens(special_tokens)
         vocab = tf.read_vocab(vocab_path, specials, fast=True)
         merges = tf.read_merges(merges_path, fast=True)
         return cls(vocab, merges, specials, pattern)
 
-    def save(self, directory: PathInput) -> Path:
-        """Write vocab.json, merges.txt and tokenizer.json into ``directory`` (created if needed)."""
-        return tf.save_dir(directory, self._vocab, self._merges, self._special_tokens, self._pattern, self.fingerprint)
+    def save(self, directory: PathInput, *, model_max_length: int | None = None) -> Path:
+        """Write the tokenizer directory (vocab.json, merges.txt, the HF files and ferrolm's
+        record) whole or not at all. ``model_max_length``: what transformers records as the
+        longest input (default 1024; an exported model gives its context length)."""
+        return tf.save_dir(
+            directory,
+            self._vocab,
+            self._merges,
+            self._special_tokens,
+            self._pattern,
+            self.fingerprint,
+            special_ids=self._special_id_pairs(),
+            model_max_length=model_max_length,
+        )
+
+    def _special_id_pairs(self) -> list[tuple[str, int]]:
+        return [(s, self._special_ids[s]) for s in self._special_tokens]
 
     @classmethod
     def load(cls, directory: PathInput) -> Tokenizer:
-        """Load a directory written by :meth:`save` (or a bare GPT-2 vocab.json + merges.txt)."""
-        vocab, merges, specials, pattern = tf.load_dir(directory, fast=True)
+        """Load a directory written by :meth:`save` (or by ferrolm 0.1.0), checking its
+        checksums and fingerprint; a folder holding only an HF tokenizer.json, or the path
+        of such a file, loads as :meth:`from_hf` does."""
+        if Path(directory).is_file():  # an HF tokenizer.json given by its path
+            return cls.from_hf(directory)
+        loaded = tf.load_dir(directory, fast=True)
+        tok = cls(loaded.vocab, loaded.merges, loaded.special_tokens, loaded.pattern)
+        tf.check_fingerprint(loaded, tok.fingerprint)
+        return tok
+
+    @classmethod
+    def from_hf(cls, path: PathInput, *, assume_normalized: bool = False) -> Tokenizer:
+        """Load a byte-level BPE HF ``tokenizer.json`` (a file, or a folder holding one):
+        GPT-2's, or the Split-regex + ByteLevel kind of Llama-3 and Qwen2, with their added
+        tokens as special tokens. What ferrolm does not model (Unigram, WordPiece,
+        normalizers, ...) raises a TokenizerFileError that names it; ``assume_normalized=True``
+        accepts a normalizer (Qwen2's NFC) for text that is already normalized."""
+        vocab, merges, specials, pattern = tf.read_hf_tokenizer(path, assume_normalized=assume_normalized)
         return cls(vocab, merges, specials, pattern)
 
     @classmethod
@@ -170,7 +171,7 @@ class Tokenizer:
         """
         from ferrolm.bpe import trainer as bpe_trainer
 
-        specials = _check_special_tokens(special_tokens)
+        specials = check_special_tokens(special_tokens)
         vocab, merges = bpe_trainer.train(
             input, vocab_size, specials, pattern=pattern, num_threads=num_threads, progress=progress
         )
@@ -275,14 +276,14 @@ class Tokenizer:
         try:
             return self._core.encode(text, True)
         except UnicodeEncodeError:
-            return self._core.encode(_repair(text), True)
+            return self._core.encode(fix_surrogates(text), True)
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Token ids of ``text`` with special tokens treated as ordinary text."""
         try:
             return self._core.encode(text, False)
         except UnicodeEncodeError:
-            return self._core.encode(_repair(text), False)
+            return self._core.encode(fix_surrogates(text), False)
 
     def encode_batch(self, texts: Iterable[str], num_threads: int | None = None) -> list[list[int]]:
         """Encode each text, in parallel over texts (all cores by default, the GIL released)."""
@@ -294,7 +295,9 @@ class Tokenizer:
         try:
             return self._core.encode_batch(texts, True, threads)
         except UnicodeEncodeError:
-            return self._core.encode_batch([_repair(t) if isinstance(t, str) else t for t in texts], True, threads)
+            return self._core.encode_batch(
+                [fix_surrogates(t) if isinstance(t, str) else t for t in texts], True, threads
+            )
 
     def encode_batch_to_numpy(
         self, texts: Iterable[str], dtype: Any = None, num_threads: int | None = None
@@ -311,7 +314,7 @@ class Tokenizer:
         try:
             return self._core.encode_batch_to_arrays(texts, True, itemsize, threads)
         except UnicodeEncodeError:
-            fixed = [_repair(t) if isinstance(t, str) else t for t in texts]
+            fixed = [fix_surrogates(t) if isinstance(t, str) else t for t in texts]
             return self._core.encode_batch_to_arrays(fixed, True, itemsize, threads)
 
     def encode_to_numpy(self, text: str, dtype: Any = None, num_threads: int | None = None) -> np.ndarray:
@@ -326,7 +329,7 @@ class Tokenizer:
         try:
             return self._core.encode_to_array(text, True, itemsize, num_threads)
         except UnicodeEncodeError:
-            return self._core.encode_to_array(_repair(text), True, itemsize, num_threads)
+            return self._core.encode_to_array(fix_surrogates(text), True, itemsize, num_threads)
 
     def encode_file(self, path: PathInput, dtype: Any = None, num_threads: int | None = None) -> np.ndarray:
         """Encode a whole UTF-8 text file (invalid bytes read as U+FFFD) into a numpy array,
@@ -339,8 +342,10 @@ class Tokenizer:
         crash). Appending to it is harmless: text added after the call began is not read."""
         itemsize = self._itemsize(dtype)
         path = os.fspath(path)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise FileNotFoundError(f"no such file: {path}")
+        if not os.path.isfile(path):
+            raise ValueError(f"{path} is not a regular file (encode_file maps or reads a file of known size)")
         return self._core.encode_file(path, True, itemsize, _check_threads(num_threads))
 
     def _itemsize(self, dtype: Any) -> int:
@@ -375,16 +380,16 @@ class Tokenizer:
                 if not isinstance(chunk, str):
                     raise TypeError(f"encode_iterable() expects str chunks, got {type(chunk).__name__}")
                 chunk, carry = carry + chunk, ""
-            if chunk and isinstance(chunk, str) and _is_high_surrogate(chunk[-1]):
+            if chunk and isinstance(chunk, str) and is_high_surrogate(chunk[-1]):
                 chunk, carry = chunk[:-1], chunk[-1]
             for part in _split_chunk(chunk) if isinstance(chunk, str) and len(chunk) > _FEED_MAX else (chunk,):
                 try:
                     ids = stream.feed(part)
                 except UnicodeEncodeError:
-                    ids = stream.feed(_repair(part))
+                    ids = stream.feed(fix_surrogates(part))
                 yield from ids
         if carry:
-            yield from stream.feed(_repair(carry))
+            yield from stream.feed(fix_surrogates(carry))
         yield from stream.finish()
 
     # ---- decoding -----------------------------------------------------------------
@@ -451,7 +456,7 @@ class Tokenizer:
         if isinstance(special_tokens, dict):
             specials = dict(special_tokens)
         else:
-            names = _check_special_tokens(special_tokens)
+            names = check_special_tokens(special_tokens)
             top = max(ranks.values(), default=-1)
             specials = {s: top + 1 + k for k, s in enumerate(names)}
         return cls._from_ranks(ranks, specials, pattern)
@@ -509,19 +514,21 @@ class Tokenizer:
 
     def to_hf_json(self) -> dict:
         """The HF tokenizers ``tokenizer.json`` content (a dict) of this tokenizer."""
-        specials = [(s, self._special_ids[s]) for s in self._special_tokens]
-        return tf.hf_tokenizer_json(self._vocab, self._merges, specials, self._pattern)
+        return tf.hf_tokenizer_json(self._vocab, self._merges, self._special_id_pairs(), self._pattern)
 
-    def save_hf(self, path: PathInput) -> Path:
+    def save_hf(self, path: PathInput, *, model_max_length: int | None = None) -> Path:
         """Write an HF ``tokenizer.json`` (ByteLevel BPE) that ``tokenizers.Tokenizer.from_file``
         loads and that encodes like this tokenizer. ``path`` is a file, or a directory to
-        write ``tokenizer.json`` into."""
+        write it into with tokenizer_config.json and special_tokens_map.json (what
+        ``AutoTokenizer.from_pretrained`` reads): the same bytes :meth:`save` writes."""
         path = Path(path)
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        data = json.dumps(self.to_hf_json(), ensure_ascii=False, indent=None)
-        tf.atomic_write_bytes(path, data.encode("utf-8"))
-        return path
+        files = tf.hf_files(self._vocab, self._merges, self._special_id_pairs(), self._pattern, model_max_length)
+        if not path.is_dir():
+            atomic_write_bytes(path, files[tf.HF_FILE])
+            return path
+        for name, data in files.items():
+            atomic_write_bytes(path / name, data)
+        return path / tf.HF_FILE
 
 
 def _check_threads(num_threads: int | None) -> int | None:

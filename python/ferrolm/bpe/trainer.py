@@ -2,7 +2,7 @@
 
 ``train`` reads files in chunks (never a whole file at once), pre-tokenizes and counts
 in parallel, then learns the merges; it returns ``(vocab, merges)`` with ids as
-DESIGN.md fixes them: 0-255 the single bytes, then one id per merge in merge order,
+docs/DESIGN.md fixes them: 0-255 the single bytes, then one id per merge in merge order,
 then the special tokens. Among pairs of equal count the lexicographically greatest
 ``(bytes, bytes)`` is merged first. The result does not depend on ``num_threads``.
 
@@ -13,15 +13,20 @@ KeyboardInterrupt within a fraction of a second.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from typing import Callable, Union
 
 from ferrolm import _core
+from ferrolm._util import check_special_tokens, fix_surrogates, is_high_surrogate
+from ferrolm.bpe import patterns
 
 __all__ = ["train", "train_bpe"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+# The largest vocab_size: ids are 32-bit and 2**32 - 1 is not an id. A request above what
+# the corpus allows is not an error: training stops when no pair is left.
+MAX_VOCAB_SIZE = 2**32 - 1
 
 # Bytes the core reads from a file at a time (None: the core's default, 8 MiB). Tests
 # set it small to exercise chunk boundaries.
@@ -29,15 +34,6 @@ _CHUNK_SIZE: int | None = None
 
 # Strings from an iterable are handed to the core in batches of about this many characters.
 _TEXT_BATCH_CHARS = 4 << 20
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _fix_surrogates(text: str) -> str:
-    """Lone surrogates become U+FFFD and surrogate pairs their character (as tiktoken does)."""
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _feed_texts(trainer, texts: Iterable[str], report) -> None:
@@ -49,13 +45,13 @@ def _feed_texts(trainer, texts: Iterable[str], report) -> None:
         nonlocal batch, size
         text = "".join(batch)
         carry = ""
-        if not final and text and "\ud800" <= text[-1] <= "\udbff":
+        if not final and text and is_high_surrogate(text[-1]):
             # A high surrogate may pair with a low one at the start of the next string.
             text, carry = text[:-1], text[-1]
         try:
             trainer.feed_text(text, report)
         except UnicodeEncodeError:
-            trainer.feed_text(_fix_surrogates(text), report)
+            trainer.feed_text(fix_surrogates(text), report)
         batch, size = ([carry], len(carry)) if carry else ([], 0)
 
     for text in texts:
@@ -67,23 +63,6 @@ def _feed_texts(trainer, texts: Iterable[str], report) -> None:
             flush(final=False)
     flush(final=True)
     trainer.finish_text(report)
-
-
-def _check_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
-    if special_tokens is None:
-        return []
-    if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(f"special_tokens must be a list of strings, not a single {type(special_tokens).__name__}")
-    out = list(special_tokens)
-    for s in out:
-        if not isinstance(s, str):
-            raise TypeError(f"special tokens must be str, got {type(s).__name__}: {s!r}")
-        if not s:
-            raise ValueError("a special token must not be the empty string")
-    duplicates = sorted({s for s in out if out.count(s) > 1})
-    if duplicates:
-        raise ValueError(f"special token(s) listed twice: {duplicates}")
-    return out
 
 
 def _as_paths(input) -> list[str] | None:
@@ -156,8 +135,9 @@ def train(
         ``iter(documents)``). Each file is its own text (no pre-token spans two files);
         the strings of an iterable are one continuous text, as if concatenated (separate
         documents with a special token). A list of str is read as paths.
-    vocab_size: total size, 256 bytes + merges + special tokens. Training stops early
-        if no pair is left to merge.
+    vocab_size: total size, 256 bytes + merges + special tokens, at most 2**32 - 1.
+        Training stops early if no pair is left to merge (memory is sized by what the
+        corpus allows, not by the request).
     special_tokens: split the text and are never merged across; added after the merges.
     pattern: "gpt2" (default), "cl100k", "o200k" or a custom regex (Python `regex` syntax).
     num_threads: worker threads (default: all cores); the result does not depend on it.
@@ -168,10 +148,15 @@ def train(
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
-    specials = _check_special_tokens(special_tokens)
+    specials = check_special_tokens(special_tokens)
     if vocab_size < 256 + len(specials):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: it must be at least {256 + len(specials)} (256 bytes + {len(specials)} special tokens)"
+        )
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too large: token ids are 32-bit, so it can be at most {MAX_VOCAB_SIZE} "
+            "(any smaller request is fine: training stops when the corpus has no pair left to merge)"
         )
     if num_threads is not None and (
         isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
@@ -181,6 +166,7 @@ def train(
         raise ValueError(f'errors must be "strict" or "replace", got {errors!r}')
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+    patterns.resolve(pattern)  # a clear error for an empty, misspelt or invalid pattern
 
     paths = _as_paths(input)
     if paths is not None and not paths:

@@ -4,7 +4,8 @@ A checkpoint is a ``torch.save`` of a dict with plain contents (tensors, numbers
 lists, dicts), so ``torch.load(..., weights_only=True)`` reads it: RNG states are stored as
 tensors and tuples of ints, never numpy objects. Writes to a path are atomic: the data goes
 to a temporary file in the same directory, is fsynced, then renamed over the target, so a
-crash or a full disk leaves the previous checkpoint intact.
+crash or a full disk leaves the previous checkpoint intact. A sha256 over the contents is
+stored with them and checked on load, so a flipped bit is an error, not a silent resume.
 
     save_checkpoint(model, optimizer, iteration, "ckpt.pt", config=cfg_dict)
     iteration = load_checkpoint("ckpt.pt", model, optimizer)
@@ -12,15 +13,17 @@ crash or a full disk leaves the previous checkpoint intact.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Union
 
 import numpy as np
 import torch
+
+from ferrolm._util import atomic_open
 
 __all__ = [
     "save_checkpoint",
@@ -31,6 +34,7 @@ __all__ = [
     "get_rng_state",
     "set_rng_state",
     "unwrap_model",
+    "content_checksum",
 ]
 
 FORMAT = "ferrolm-checkpoint"
@@ -104,37 +108,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
 def save_checkpoint(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, iteration: int, out: Target, **extra: Any
 ) -> None:
@@ -144,7 +117,7 @@ def save_checkpoint(
     ``tokenizer_fingerprint=...``); they must be plain values or tensors. A path is written
     atomically: on any failure (e.g. a full disk) the file at `out` is left as it was.
     """
-    reserved = {"format", "format_version", "model", "optimizer", "iteration"} & set(extra)
+    reserved = {"format", "format_version", "model", "optimizer", "iteration", "checksum"} & set(extra)
     if reserved:
         raise ValueError(f"save_checkpoint: {sorted(reserved)} are reserved checkpoint keys")
     obj = {
@@ -155,8 +128,11 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         **extra,
     }
+    obj["checksum"] = content_checksum(obj)
     if isinstance(out, (str, os.PathLike)):
-        _atomic_torch_save(obj, Path(out))
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(out) as f:
+            torch.save(obj, f)
     else:
         torch.save(obj, out)
 
@@ -189,7 +165,37 @@ def read_checkpoint(src: Target, map_location: str | torch.device = "cpu") -> di
         )
     if not isinstance(obj.get("model"), dict) or not isinstance(obj.get("iteration"), int):
         raise CheckpointError(f"{name}: checkpoint lacks model weights or iteration")
+    if "checksum" in obj and obj["checksum"] != content_checksum(obj):  # older checkpoints have none
+        raise CheckpointError(
+            f"checkpoint {name} is corrupt: its contents do not match the checksum recorded when it was saved"
+        )
     return obj
+
+
+def content_checksum(obj: dict[str, Any]) -> str:
+    """sha256 over a checkpoint's entries but "checksum": every tensor's dtype, shape and
+    bytes and every plain value, in the dict's order (which torch.save keeps)."""
+    h = hashlib.sha256()
+    _hash_value(h, {k: v for k, v in obj.items() if k != "checksum"})
+    return h.hexdigest()
+
+
+def _hash_value(h, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"tensor {t.dtype} {tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        h.update(f"dict {len(value)}\n".encode())
+        for k, v in value.items():
+            _hash_value(h, k)
+            _hash_value(h, v)
+    elif isinstance(value, (list, tuple)):
+        h.update(f"list {len(value)}\n".encode())
+        for v in value:
+            _hash_value(h, v)
+    else:
+        h.update(f"{type(value).__name__} {value!r}\n".encode())
 
 
 def _describe_mismatch(saved: dict, expected: dict) -> str:

@@ -11,7 +11,6 @@ until a window is drawn.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -21,19 +20,15 @@ from typing import Union
 import numpy as np
 import torch
 
+from ferrolm.bpe.shards import FORMAT, MANIFEST_FORMAT, ShardError, read_json_object
+
 __all__ = ["get_batch", "TokenShards", "ShardError", "tokenizer_fingerprint"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-SHARD_FORMAT = "ferrolm-shard"
-MANIFEST_FORMAT = "ferrolm-shards-manifest"
 SUPPORTED_FORMAT_VERSION = 1
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)$")
-
-
-class ShardError(ValueError):
-    """Shard files are missing, malformed or inconsistent; the message names the file."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -126,11 +121,20 @@ def get_batch(
 # ---------------------------------------------------------------------------------------
 
 
+def _is_legacy_record(path: Path) -> bool:
+    """Whether ``path`` is a ferrolm 0.1.0 folder's record (not an HF tokenizer.json)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return '"ferrolm-tokenizer"' in f.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """The fingerprint string of `tokenizer`.
 
-    Accepts a fingerprint string, a tokenizer directory (its tokenizer.json is read), a path
-    to a tokenizer.json, or an object with a ``fingerprint`` attribute or method.
+    Accepts a fingerprint string, a tokenizer directory (its record is read), a path
+    to a record, or an object with a ``fingerprint`` attribute or method.
     """
     if isinstance(tokenizer, (str, os.PathLike)):
         s = os.fspath(tokenizer)
@@ -138,7 +142,13 @@ def tokenizer_fingerprint(tokenizer) -> str:
             return s.lower()
         p = Path(s)
         if p.is_dir():
-            p = p / "tokenizer.json"
+            from ferrolm.bpe import files
+
+            if not (p / files.RECORD_FILE).is_file() and not _is_legacy_record(p / files.LEGACY_RECORD_FILE):
+                from ferrolm.bpe.tokenizer import Tokenizer
+
+                return Tokenizer.load(p).fingerprint  # a folder of an HF tokenizer.json
+            p = p / (files.RECORD_FILE if (p / files.RECORD_FILE).is_file() else files.LEGACY_RECORD_FILE)
         if p.is_file():
             from ferrolm.bpe.files import read_config
 
@@ -177,25 +187,13 @@ def _strip_suffix(path: Path) -> Path:
     return path
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"shard sidecar not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardError(f"{path}: not valid JSON: {e}") from None
-    if not isinstance(record, dict):
-        raise ShardError(f"{path}: expected a JSON object")
-    return record
-
-
 def _open_part(prefix: Path, meta: dict | None = None) -> _Part:
     json_path = prefix.with_name(prefix.name + ".json")
     bin_path = prefix.with_name(prefix.name + ".bin")
     if meta is None:
-        meta = _read_json(json_path)
-    if meta.get("format") != SHARD_FORMAT:
-        raise ShardError(f'{json_path}: not a ferrolm shard sidecar (missing "format": "{SHARD_FORMAT}")')
+        meta = read_json_object(json_path)
+    if meta.get("format") != FORMAT:
+        raise ShardError(f'{json_path}: not a ferrolm shard sidecar (missing "format": "{FORMAT}")')
     version = meta.get("format_version")
     if not isinstance(version, int) or version > SUPPORTED_FORMAT_VERSION:
         raise ShardError(
@@ -275,7 +273,7 @@ def _resolve(src) -> list[_Part]:
         raise TypeError(f"shard source must be a path or a list of paths, got {type(src).__name__}")
     path = Path(src)
     if path.suffix == ".json" and path.is_file():
-        record = _read_json(path)
+        record = read_json_object(path)
         if record.get("format") == MANIFEST_FORMAT:
             parts = record.get("parts")
             if not isinstance(parts, list) or not parts or not all(isinstance(p, str) for p in parts):
@@ -387,11 +385,25 @@ class TokenShards:
 
     def _windows(self, starts: np.ndarray, width: int) -> np.ndarray:
         if len(self._parts) == 1:
-            return _gather_windows(self._parts[0].tokens, starts, width)
-        return (
-            np.stack([self._range(int(s), int(s) + width) for s in starts])
-            if len(starts)
-            else np.zeros((0, width), np.int64)
+            windows = _gather_windows(self._parts[0].tokens, starts, width)
+        elif len(starts):
+            windows = np.stack([self._range(int(s), int(s) + width) for s in starts])
+        else:
+            windows = np.zeros((0, width), np.int64)
+        # A corrupt shard would otherwise fail deep in the model (an IndexError on the CPU,
+        # a device-side assert on CUDA); one max over the batch costs microseconds.
+        if windows.size and windows.max() >= self.vocab_size:
+            self._bad_id(starts, windows)
+        return windows
+
+    def _bad_id(self, starts: np.ndarray, windows: np.ndarray):
+        row, col = np.unravel_index(int(np.argmax(windows)), windows.shape)
+        pos = int(starts[row]) + int(col)
+        p = int(np.searchsorted(self._offsets, pos, side="right")) - 1
+        raise ShardError(
+            f"{self._parts[p].prefix}.bin holds token id {int(windows[row, col])} at token {pos - int(self._offsets[p]):,}, "
+            f"not below the vocab_size {self.vocab_size} of its sidecar: the shard is corrupt "
+            f"(`ferrolm shards --deep` lists such ids)"
         )
 
     # -- sampling -------------------------------------------------------------------------

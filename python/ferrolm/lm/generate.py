@@ -57,11 +57,15 @@ import codecs
 import math
 import operator
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
+
+from ferrolm.lm.device import resolve_device
 
 __all__ = [
     "top_k_mask",
@@ -74,6 +78,8 @@ __all__ = [
     "iter_text",
     "resolve_device",
     "load_model",
+    "find_tokenizer",
+    "read_any_checkpoint",
 ]
 
 TOP_P_SLACK = 1e-6  # mass within this of p counts as reaching p (float32 rounding)
@@ -472,24 +478,6 @@ def iter_text(ids: Iterable[int], token_bytes: Callable[[int], bytes]) -> Iterat
         yield tail
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    """``"auto"``: CUDA when available, then Apple MPS, else the CPU; otherwise torch's name."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"invalid device {name!r}: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
-    return device
-
-
 def _model_config_from_checkpoint(ckpt: dict, name: str) -> dict:
     cfg = ckpt.get("config")
     if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict):
@@ -500,19 +488,26 @@ def _model_config_from_checkpoint(ckpt: dict, name: str) -> dict:
 
 
 def load_model(
-    checkpoint: Union[str, os.PathLike[str]], device: Union[str, torch.device] = "cpu", tokenizer: Any = None
+    checkpoint: Union[str, os.PathLike[str]],
+    device: Union[str, torch.device] = "cpu",
+    tokenizer: Any = None,
+    *,
+    ckpt: Optional[dict] = None,
 ):
-    """Build a TransformerLM from a ``ferrolm train`` checkpoint: (model in eval mode, checkpoint dict).
+    """Build a TransformerLM from a ``ferrolm train`` checkpoint (or a safetensors file from
+    ``ferrolm export --format safetensors``): (model in eval mode, checkpoint dict).
 
     The model's shape comes from the checkpoint's config. With ``tokenizer`` given, its
     fingerprint must equal the one the checkpoint was trained with (when it recorded
-    one), and its ids must fit the model's vocabulary.
+    one), and its ids must fit the model's vocabulary. ``ckpt``: the checkpoint dict when
+    the caller has read it already (it is not read again).
     """
-    from ferrolm.lm.checkpoint import CheckpointError, apply_checkpoint, read_checkpoint
+    from ferrolm.lm.checkpoint import CheckpointError, apply_checkpoint
     from ferrolm.lm.model import TransformerLM
 
     name = os.fspath(checkpoint)
-    ckpt = read_checkpoint(checkpoint)
+    if ckpt is None:
+        ckpt = read_any_checkpoint(checkpoint)
     if tokenizer is not None:
         want = ckpt.get("tokenizer_fingerprint")
         have = getattr(tokenizer, "fingerprint", None)
@@ -539,3 +534,93 @@ def load_model(
     model.to(resolve_device(device) if isinstance(device, str) else device)
     model.eval()
     return model, ckpt
+
+
+def read_any_checkpoint(checkpoint: Union[str, os.PathLike[str]]) -> dict:
+    """A checkpoint dict from a ``.pt`` checkpoint or a ferrolm ``.safetensors`` weights file."""
+    from ferrolm.lm.checkpoint import read_checkpoint
+
+    if not os.fspath(checkpoint).endswith(".safetensors"):
+        return read_checkpoint(checkpoint)
+    import json
+
+    from safetensors import safe_open
+
+    if not os.path.isfile(checkpoint):
+        raise FileNotFoundError(f"checkpoint not found: {os.fspath(checkpoint)}")
+    with safe_open(os.fspath(checkpoint), framework="pt") as f:
+        meta = f.metadata() or {}
+        sd = {k: f.get_tensor(k) for k in f.keys()}
+    if "ferrolm_model_config" not in meta:
+        raise ValueError(f"{os.fspath(checkpoint)}: not a ferrolm weights file (no ferrolm_model_config metadata)")
+    cfg = json.loads(meta["ferrolm_model_config"])
+    if cfg.get("tie_embeddings") and "lm_head.weight" not in sd:
+        sd["lm_head.weight"] = sd["token_embeddings.weight"]
+    return {
+        "config": {"model": cfg},
+        "model": sd,
+        "iteration": 0,
+        "tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
+    }
+
+
+def _run_dir(checkpoint: Union[str, os.PathLike[str]]) -> Path:
+    """The run directory of RUN/best.pt or RUN/checkpoints/step_N.pt."""
+    parent = Path(checkpoint).parent
+    return parent.parent if parent.name == "checkpoints" else parent
+
+
+def find_tokenizer(ckpt: dict, checkpoint: Union[str, os.PathLike[str]], tokenizer: Any = None) -> Any:
+    """The tokenizer for a checkpoint: ``tokenizer`` (a Tokenizer, or its folder) when given,
+    else the folder the run's config names (``data.tokenizer``, as written or relative to
+    the run directory); None when the config names no folder."""
+    from ferrolm.bpe.tokenizer import Tokenizer
+
+    if tokenizer is not None:
+        return Tokenizer.load(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    cfg = ckpt.get("config")
+    data = cfg.get("data") if isinstance(cfg, dict) else None
+    name = data.get("tokenizer") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name or re.fullmatch(r"[0-9a-fA-F]{64}", name):
+        return None
+    path = Path(name)
+    if not path.is_absolute() and not path.exists() and (_run_dir(checkpoint) / path).exists():
+        path = _run_dir(checkpoint) / path
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{os.fspath(checkpoint)}: the tokenizer folder its run names (data.tokenizer = {name}) is not there; give --tokenizer"
+        )
+    return Tokenizer.load(path)
+
+
+class StopText:
+    """Cuts streamed text before the first of ``stops``: ``feed`` returns the part of a
+    piece that is safe to show, holding back an end that may be the start of a stop string;
+    ``done`` is set once a stop string appeared (it and what follows are never shown)."""
+
+    def __init__(self, stops: Sequence[str] = ()):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.done = False
+
+    def feed(self, piece: str) -> str:
+        if self.done:
+            return ""
+        buf = self.pending + piece
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.done, self.pending = True, ""
+            return buf[: min(hits)]
+        keep = max(
+            (k for s in self.stops for k in range(min(len(s) - 1, len(buf)), 0, -1) if buf.endswith(s[:k])), default=0
+        )
+        self.pending = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        out, self.pending = ("" if self.done else self.pending), ""
+        return out
+
+    def cut(self, text: str) -> str:
+        """``text`` cut before its first stop string (the whole text at once)."""
+        return self.feed(text) + self.flush()

@@ -235,8 +235,10 @@ class SwiGLU(nn.Module):
         self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        # W1 x and W3 x as one GEMM against the stacked weights (as for Q, K, V);
         # F.silu is torch's fused x * sigmoid(x) (== functional.silu, tested).
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = F.linear(x, torch.cat((self.w1.weight, self.w3.weight))).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class SiLUFFN(nn.Module):
@@ -402,9 +404,11 @@ class CausalSelfAttention(nn.Module):
         def split_heads(t: Tensor) -> Tensor:  # (batch, seq, d_model) -> (batch, heads, seq, d_head)
             return t.view(batch, seq, heads, d_head).transpose(1, 2)
 
-        q = split_heads(self.q_proj(x))
-        k = split_heads(self.k_proj(x))
-        v = split_heads(self.v_proj(x))
+        # Q, K, V = x W_Q^T, x W_K^T, x W_V^T as one GEMM against the stacked weights:
+        # a wider matrix runs closer to peak than three narrow ones (the weights and their
+        # checkpoint keys stay separate; the concatenation is 3 d^2 floats per call).
+        qkv = F.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
+        q, k, v = (split_heads(t) for t in qkv.split(self.d_model, dim=-1))
 
         if self.rope is not None:  # positions default to start_pos, ..., start_pos + seq - 1
             q = self.rope(q, token_positions, offset=start_pos)
@@ -707,32 +711,24 @@ def flops_per_token(cfg: ModelConfig, seq_len: Optional[int] = None) -> int:
 def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
     """The weights of ``model`` under HF ``LlamaForCausalLM``'s names, for a LlamaConfig with
     hidden_size = d_model, intermediate_size = d_ff, num_key_value_heads = num_heads,
-    rms_norm_eps = norm_eps, rope theta = rope_theta, no biases, untied embeddings.
+    rms_norm_eps = norm_eps, rope theta = rope_theta, no biases, and tie_word_embeddings =
+    tie_embeddings (a tied model has no ``lm_head.weight``: HF ties it to the embedding).
 
-    Only the default architecture maps (RMSNorm, pre-norm, RoPE, SwiGLU, untied). HF rotates
+    Only the architecture Llama has maps (RMSNorm, pre-norm, RoPE, SwiGLU). HF rotates
     halves of each head (x[i], x[i + d_head/2]) where ferrolm rotates pairs (x[2i], x[2i+1]),
     so each head's rows of W_Q and W_K are permuted, evens then odds: the logits are equal.
     Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary buffers are not weights).
     """
     cfg = model.config
-    if (cfg.norm, cfg.norm_position, cfg.positions, cfg.ffn, cfg.tie_embeddings) != (
-        "rms",
-        "pre",
-        "rope",
-        "swiglu",
-        False,
-    ):
-        raise ValueError("only the default architecture (rms, pre-norm, rope, swiglu, untied) maps onto HF Llama")
+    check_llama_compatible(cfg)
     dh = cfg.d_head
     perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
     rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
     sd = model.state_dict()
     rows = rows.to(sd["lm_head.weight"].device)
-    out = {
-        "model.embed_tokens.weight": sd["token_embeddings.weight"],
-        "model.norm.weight": sd["ln_final.weight"],
-        "lm_head.weight": sd["lm_head.weight"],
-    }
+    out = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["lm_head.weight"]
     names = {
         "self_attn.v_proj": "attn.v_proj",
         "self_attn.o_proj": "attn.output_proj",
@@ -749,3 +745,13 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
         for hf_name, name in names.items():
             out[theirs + hf_name + ".weight"] = sd[ours + name + ".weight"]
     return out
+
+
+def check_llama_compatible(cfg: ModelConfig) -> None:
+    """Raise ValueError naming each ablation that HF Llama cannot express."""
+    wanted = {"norm": "rms", "norm_position": "pre", "positions": "rope", "ffn": "swiglu"}
+    bad = [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)}: HF Llama has only RMSNorm, pre-norm, RoPE and SwiGLU, so this model cannot be exported"
+        )

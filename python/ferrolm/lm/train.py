@@ -20,6 +20,11 @@ exactly: model, optimizer, step, config, RNG states, each process's sampler stat
 elapsed time and the tokenizer fingerprint. SIGINT/SIGTERM finish the current step, save,
 and return. Under ``torchrun`` each process trains on its own sampler stream; rank 0 logs
 and saves.
+
+The file reads top to bottom: `train` and its loop `_train`, then the setup it calls
+(`setup_run`: device, resume, data, model, optimizer), then what one step does, then
+evaluation, logging and saving. What changes from step to step is one `RunState`; what is
+built once is one `Run`.
 """
 
 from __future__ import annotations
@@ -39,7 +44,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
 
+from ferrolm import __version__
+from ferrolm._util import atomic_write_bytes, stale_temporaries
+from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
@@ -64,6 +75,11 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     to_toml,
 )
 from ferrolm.lm.data import ShardError, TokenShards, sample_starts
+from ferrolm.lm.device import resolve_device
+from ferrolm.lm.evaluate import token_byte_lengths
+from ferrolm.lm.functional import cross_entropy
+from ferrolm.lm.model import TransformerLM, flops_per_token
+from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
 
 __all__ = [
     "TrainConfig",
@@ -76,7 +92,6 @@ __all__ = [
     "load_config",
     "train",
     "TrainSummary",
-    "plot_run",
     "read_metrics",
     "latest_checkpoint",
     "PEAK_FLOPS_BF16",
@@ -109,31 +124,22 @@ class TrainSummary:
     records: list = field(default_factory=list)  # the JSONL records this call wrote (rank 0)
 
 
-# ---------------------------------------------------------------------------------------
-# Devices, distributed setup, precision
-# ---------------------------------------------------------------------------------------
+@dataclass
+class RunState:
+    """What changes from step to step; a checkpoint carries all of it."""
 
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """ "auto" -> cuda (this process's GPU) > mps > cpu; anything else is checked and returned."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"run.device: unknown device {name!r} (use auto, cpu, cuda, cuda:N or mps)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"run.device is {name!r} but CUDA is not available here")
-        if dev.index is None:
-            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError(f"run.device is {name!r} but MPS is not available here")
-    return dev
+    step: int = 0
+    time_s: float = 0.0  # the training clock: the sum of step times, over resumes
+    wall_s: float = 0.0  # wall time since the run began, over resumes
+    best_val: Optional[float] = None
+    final_val: Optional[float] = None  # the last validation loss of this call
+    last_ckpt: Optional[Path] = None
+    # The running train-loss sum since the last log record (a float64 tensor on the device),
+    # its count, and where that record was: resumed logs match uninterrupted ones.
+    loss_sum: Any = None
+    loss_count: int = 0
+    last_log_step: int = 0
+    last_log_time: float = 0.0
 
 
 @dataclass
@@ -152,12 +158,201 @@ class _Dist:
         return self.rank == 0
 
 
-def _setup_distributed(device_name: str) -> _Dist:
+@dataclass
+class Run:
+    """What a training run is built from, once, before the first step."""
+
+    cfg: TrainConfig
+    dist: _Dist
+    device: torch.device
+    bf16: bool
+    run_dir: Path
+    model: torch.nn.Module  # what the step runs: compiled and/or DDP-wrapped
+    eval_model: torch.nn.Module  # the same without DDP hooks
+    raw_model: torch.nn.Module  # the plain module checkpoints save
+    optimizer: torch.optim.Optimizer
+    params: list
+    train_data: TokenShards
+    val_data: TokenShards
+    val_starts: torch.Tensor  # fixed validation windows, this process's slice
+    sampler: torch.Generator  # this process's batch stream
+    accum: int  # micro-batches per optimizer step
+    tokens_per_step: int
+    flops_per_tok: Optional[float]
+    peak: Optional[float]
+    loggers: _Loggers
+    bar: Any  # tqdm bar on rank 0 when run.progress, else None
+    val_bytes_per_token: Optional[float] = None  # for bits per byte; None without a tokenizer folder
+
+
+# ---------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: str | os.PathLike | None = None,
+    on_step: Callable[[int, Optional[dict]], None] | None = None,
+) -> TrainSummary:
+    """Train per `cfg`; with `resume` (a run directory or checkpoint) continue that run exactly.
+
+    `on_step(step, record)` is called after every optimizer step (record is the JSONL record
+    on log steps, else None), on every process. Returns a TrainSummary.
+    """
+    cfg.validate()
+    dist_ = setup_distributed(cfg.run.device)
+    try:
+        return _train(cfg, dist_, resume, on_step)
+    finally:
+        if dist_.initialized_here:
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
+    run, state = setup_run(cfg, dist_, resume)
+    sched = cfg.schedule
+    records: list[dict] = []
+    status, message = "done", ""
+    wall_start, wall_base = time.perf_counter(), state.wall_s
+    with _StopFlag() as stop:
+        try:
+            if state.step == 0 and cfg.run.eval_at_start:
+                records.append(log_start(run, state))
+            time_sync = state.time_s  # the training clock every process agrees on (the slowest one's)
+            while state.step < sched.max_steps:
+                t0 = time.perf_counter()
+                lr = lr_at(cfg, state.step, time_sync)
+                for group in run.optimizer.param_groups:
+                    group["lr"] = lr
+                loss_sum = forward_backward(run)
+                grad_norm = _clip(run.params, cfg.optimizer.grad_clip)
+                bad, stop_req, time_sync = agree(run, state, loss_sum, grad_norm, stop, t0)
+                if bad:
+                    run.optimizer.zero_grad(set_to_none=True)
+                    status, message = "nan", nan_message(run, state, loss_sum)
+                    say(run, message)
+                    break
+                run.optimizer.step()
+                run.optimizer.zero_grad(set_to_none=True)
+                state.step += 1
+                state.time_s += time.perf_counter() - t0
+                state.wall_s = wall_base + (time.perf_counter() - wall_start)
+                state.loss_sum += loss_sum.double() / run.accum
+                state.loss_count += 1
+
+                out_of_time = sched.max_time_s > 0 and time_sync >= sched.max_time_s
+                last = state.step >= sched.max_steps or out_of_time or bool(stop_req)
+                rec = log_step(run, state, lr, float(grad_norm), last=last, stopping=bool(stop_req))
+                if rec is not None:
+                    records.append(rec)
+                advance_bar(run, time_sync)
+                if last or (cfg.run.checkpoint_every and state.step % cfg.run.checkpoint_every == 0):
+                    save(run, state, final=last)
+                if on_step is not None:
+                    on_step(state.step, rec)
+                if stop_req or out_of_time:
+                    status, message = stop_reason(run, state, bool(stop_req), stop.signum)
+                    say(run, message)
+                    break
+        finally:
+            if run.bar is not None:
+                run.bar.close()
+            run.loggers.close()
+    return TrainSummary(
+        status=status,
+        step=state.step,
+        run_dir=run.run_dir,
+        last_checkpoint=state.last_ckpt,
+        best_val_loss=state.best_val,
+        final_val_loss=state.final_val,
+        message=message,
+        records=records,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Setup: device, resume, data, model, optimizer
+# ---------------------------------------------------------------------------------------
+
+
+def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
+    """Everything before the first step, in an order that keeps resumed runs bit-exact."""
+    main = dist_.is_main
+    device, bf16 = setup_device(cfg, dist_.local_rank)
+    ckpt, ckpt_path = find_checkpoint(resume, cfg, main)
+    run_dir = choose_run_dir(cfg, resume, have_checkpoint=ckpt is not None, main=main)
+
+    torch.manual_seed(cfg.run.seed)
+    train_data, val_data = _open_data(cfg, cfg.model.vocab_size)
+    model = build_model(cfg.model).to(device)
+    optimizer = build_optimizer(model, cfg.optimizer)
+    params = [p for p in model.parameters() if p.requires_grad]
+    accum, tokens_per_step = micro_batches(cfg, dist_)
+    sampler = torch.Generator()
+    sampler.manual_seed(_sampler_seed(cfg.run.seed, dist_.rank))
+    state = RunState()
+    if ckpt is not None:
+        state = resume_state(ckpt, ckpt_path, cfg, dist_, model, optimizer, sampler, train_data)
+        del ckpt  # free the loaded tensors
+    state.loss_sum = torch.tensor(float(state.loss_sum or 0.0), dtype=torch.float64, device=device)
+
+    flops_per_tok = training_flops_per_token(model)
+    peak = peak_flops(device, bf16)
+    step_model, eval_model = wrap_model(model, cfg, dist_, device)
+    val_starts = validation_starts(cfg, val_data, dist_)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)
+        atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
+    loggers = _Loggers(run_dir, cfg, main, state.step if resume is not None else None)
+    state.last_ckpt = latest_checkpoint(run_dir) if resume is not None else None
+    bar = progress_bar(cfg, state) if main and cfg.run.progress else None
+    run = Run(
+        cfg=cfg,
+        dist=dist_,
+        device=device,
+        bf16=bf16,
+        run_dir=run_dir,
+        model=step_model,
+        eval_model=eval_model,
+        raw_model=unwrap_model(step_model),
+        optimizer=optimizer,
+        params=params,
+        train_data=train_data,
+        val_data=val_data,
+        val_starts=val_starts,
+        sampler=sampler,
+        accum=accum,
+        tokens_per_step=tokens_per_step,
+        flops_per_tok=flops_per_tok,
+        peak=peak,
+        loggers=loggers,
+        bar=bar,
+        val_bytes_per_token=val_bytes_per_token(cfg, val_data, val_starts, device, dist_),
+    )
+    return run, state
+
+
+def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device, dist_: _Dist) -> Optional[float]:
+    """UTF-8 bytes per predicted token of the validation windows (all processes), when
+    data.tokenizer names a folder: bits per byte = val loss / ln 2 / this."""
+    if not cfg.data.tokenizer or not Path(cfg.data.tokenizer).is_dir():
+        return None
+    lengths = token_byte_lengths(Tokenizer.load(cfg.data.tokenizer), cfg.model.vocab_size)
+    _, y = val_data.windows_at(starts, cfg.model.context_length, "cpu")
+    total = torch.tensor([float(lengths[y].sum()), float(y.numel())], dtype=torch.float64, device=device)
+    if dist_.enabled:
+        dist.all_reduce(total)
+    return float(total[0] / total[1]) if total[0] > 0 else None
+
+
+def setup_distributed(device_name: str) -> _Dist:
+    """Join the process group torchrun describes in the environment (a no-op alone)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return _Dist()
-    import torch.distributed as dist
-
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     initialized_here = False
     if not dist.is_initialized():
@@ -172,10 +367,183 @@ def _setup_distributed(device_name: str) -> _Dist:
     )
 
 
-def _autocast(device: torch.device, enabled: bool):
-    if enabled and device.type in ("cuda", "cpu"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]:
+    """This process's device, with threads and TF32 set; and whether bf16 autocast is on."""
+    if cfg.run.num_threads > 0:
+        torch.set_num_threads(cfg.run.num_threads)
+    try:
+        device = resolve_device(cfg.run.device, local_rank)
+    except ValueError as e:
+        raise ConfigError(f"run.device: {e}") from None
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if cfg.run.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+    bf16 = cfg.run.autocast_bf16 and device.type in ("cuda", "cpu")
+    if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        bf16 = False
+    return device, bf16
+
+
+def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict], Optional[Path]]:
+    """The checkpoint to resume from (a file, or a run directory's newest readable one) and its path."""
+    if resume is None:
+        return None, None
+    path = Path(resume)
+    ckpt = read_checkpoint(path) if not path.is_dir() else None
+    if path.is_dir():
+        candidates = [p for _, p in reversed(_step_checkpoints(path))]
+        if not candidates:
+            raise FileNotFoundError(f"--resume {path}: no checkpoints in {path / CHECKPOINT_DIR}")
+        for i, path in enumerate(candidates):
+            try:
+                ckpt = read_checkpoint(path)
+                break
+            except CheckpointError as e:
+                if i == len(candidates) - 1:
+                    raise
+                if main:
+                    warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=5)
+    saved_model = (ckpt.get("config") or {}).get("model")
+    now = cfg.to_dict()["model"]
+    if saved_model and saved_model != now:
+        diff = {k: (saved_model.get(k), v) for k, v in now.items() if saved_model.get(k) != v}
+        raise CheckpointError(f"{path} was saved with a different model config (checkpoint vs now: {diff})")
+    return ckpt, path
+
+
+def choose_run_dir(cfg: TrainConfig, resume, *, have_checkpoint: bool, main: bool) -> Path:
+    """run.out_dir, or the directory being resumed; a fresh run never lands on an old one."""
+    run_dir = Path(cfg.run.out_dir)
+    if resume is not None and Path(resume).is_dir() and Path(resume).resolve() != run_dir.resolve():
+        run_dir = Path(resume)
+        cfg.run.out_dir = str(resume)
+    if not have_checkpoint and main and _step_checkpoints(run_dir):
+        raise FileExistsError(
+            f"run.out_dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another run.out_dir"
+        )
+    return run_dir
+
+
+def _open_data(cfg: TrainConfig, model_vocab: int) -> tuple[TokenShards, TokenShards]:
+    cfg.require_data()
+    tok = cfg.data.tokenizer or None
+    train_data = TokenShards(cfg.data.train, tokenizer=tok)
+    val_data = TokenShards(cfg.data.val, tokenizer=tok)
+    if train_data.fingerprint != val_data.fingerprint:
+        raise ShardError(
+            f"train and val shards come from different tokenizers ({train_data.fingerprint[:16]}... vs {val_data.fingerprint[:16]}...)"
+        )
+    for name, d in (("train", train_data), ("val", val_data)):
+        if d.vocab_size > model_vocab:
+            raise ConfigError(
+                f"data.{name} was encoded with a {d.vocab_size}-token vocabulary but model.vocab_size is {model_vocab}; "
+                f"set --set model.vocab_size={d.vocab_size}"
+            )
+        if len(d) < cfg.model.context_length + 1:
+            raise ShardError(
+                f"data.{name} has {len(d)} tokens, fewer than one window of context_length + 1 = {cfg.model.context_length + 1}"
+            )
+    return train_data, val_data
+
+
+def build_model(cfg: ModelSection) -> torch.nn.Module:
+    return TransformerLM(
+        cfg.vocab_size,
+        cfg.context_length,
+        cfg.d_model,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.d_ff,
+        cfg.rope_theta,
+        tie_embeddings=cfg.tie_embeddings,
+    )
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
+    groups = param_groups_for_decay(model, cfg.weight_decay)
+    return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def micro_batches(cfg: TrainConfig, dist_: _Dist) -> tuple[int, int]:
+    """(micro-batches per optimizer step, tokens per optimizer step over all processes)."""
+    micro_tokens = cfg.schedule.batch_size * cfg.model.context_length * dist_.world
+    accum = 1
+    if cfg.schedule.tokens_per_step:
+        accum = max(1, round(cfg.schedule.tokens_per_step / micro_tokens))
+        if accum * micro_tokens != cfg.schedule.tokens_per_step and dist_.is_main:
+            warnings.warn(
+                f"schedule.tokens_per_step {cfg.schedule.tokens_per_step} is not a multiple of batch_size x context x processes "
+                f"= {micro_tokens}; using {accum} micro-batches = {accum * micro_tokens} tokens per step",
+                stacklevel=5,
+            )
+    return accum, accum * micro_tokens
+
+
+def _sampler_seed(seed: int, rank: int) -> int:
+    return (seed * 1_000_003 + 7919 * (rank + 1)) % (2**63)
+
+
+def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, model, optimizer, sampler, train_data):
+    """Load `ckpt` into the model, optimizer, RNGs and sampler; return the run state it saved."""
+    if ckpt.get("tokenizer_fingerprint") not in (None, train_data.fingerprint):
+        raise CheckpointError(
+            f"{ckpt_path} was trained on shards of another tokenizer than data.train {train_data.paths[0]}"
+        )
+    step = apply_checkpoint(ckpt, model, optimizer, name=str(ckpt_path))
+    time_s = float(ckpt.get("time_s", 0.0))
+    log_state = ckpt.get("log_state") or {}
+    if "rng" in ckpt:
+        set_rng_state(ckpt["rng"])
+    states = ckpt.get("sampler_states") or []
+    if len(states) == dist_.world:
+        sampler.set_state(states[dist_.rank])
+    else:
+        sampler.manual_seed(_sampler_seed(cfg.run.seed + step, dist_.rank))
+        if dist_.is_main:
+            warnings.warn(
+                f"checkpoint has sampler states for {len(states)} process(es), now {dist_.world}: batches are reseeded, not replayed",
+                stacklevel=5,
+            )
+    if dist_.is_main:
+        print(f"resuming from {ckpt_path} at step {step}", file=sys.stderr)
+    return RunState(
+        step=step,
+        time_s=time_s,
+        wall_s=float(ckpt.get("wall_s", 0.0)),
+        best_val=ckpt.get("best_val_loss"),
+        loss_sum=float(log_state.get("loss_sum", 0.0)),
+        loss_count=int(log_state.get("count", 0)),
+        last_log_step=int(log_state.get("last_step", step)),
+        last_log_time=float(log_state.get("last_time", time_s)),
+    )
+
+
+def wrap_model(model, cfg: TrainConfig, dist_: _Dist, device: torch.device):
+    """(the model the step runs: compiled and/or DDP-wrapped, the model evaluation runs)."""
+    if cfg.run.compile:
+        model = torch.compile(model)
+    if not dist_.enabled:
+        return model, model
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return ddp, ddp.module  # evaluation needs no DDP hooks, but keeps the compiled model
+
+
+def validation_starts(cfg: TrainConfig, val_data: TokenShards, dist_: _Dist) -> torch.Tensor:
+    """Fixed validation windows, drawn once from their own seed; each process takes a slice."""
+    val_gen = torch.Generator()
+    val_gen.manual_seed(cfg.run.seed + 999_983)
+    starts = sample_starts(
+        len(val_data), cfg.run.eval_batches * cfg.schedule.batch_size, cfg.model.context_length, val_gen
+    )
+    return starts[dist_.rank :: dist_.world]
+
+
+def training_flops_per_token(model: torch.nn.Module) -> Optional[float]:
+    """Forward + backward FLOPs per token (3 x the forward) when the model exposes its config."""
+    cfg = getattr(unwrap_model(model), "config", None)
+    return None if cfg is None else 3.0 * flops_per_token(cfg)
 
 
 def peak_flops(device: torch.device, bf16: bool) -> Optional[float]:
@@ -190,41 +558,12 @@ def peak_flops(device: torch.device, bf16: bool) -> Optional[float]:
 
 
 # ---------------------------------------------------------------------------------------
-# Model, optimizer
+# One step
 # ---------------------------------------------------------------------------------------
-
-
-def build_model(cfg: ModelSection) -> torch.nn.Module:
-    from ferrolm.lm.model import TransformerLM
-
-    return TransformerLM(
-        cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.d_ff, cfg.rope_theta
-    )
-
-
-def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
-    from ferrolm.lm.optim import AdamW, param_groups_for_decay
-
-    groups = param_groups_for_decay(model, cfg.weight_decay)
-    return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
-
-
-def training_flops_per_token(model: torch.nn.Module) -> Optional[float]:
-    """Forward + backward FLOPs per token (3 x the forward) when the model exposes its config."""
-    cfg = getattr(unwrap_model(model), "config", None)
-    if cfg is None:
-        return None
-    try:
-        from ferrolm.lm.model import flops_per_token
-    except ImportError:  # pragma: no cover
-        return None
-    return 3.0 * flops_per_token(cfg)
 
 
 def lr_at(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
     """The learning rate of optimizer step `step` (0-based)."""
-    from ferrolm.lm.optim import cosine_lr
-
     s, o = cfg.schedule, cfg.optimizer
     it: float = step
     if s.schedule_by == "time":
@@ -232,15 +571,33 @@ def lr_at(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
     return cosine_lr(it, o.lr, o.min_lr, s.warmup_steps, s.cosine_steps or s.max_steps)
 
 
-def _loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    from ferrolm.lm.functional import cross_entropy
+def _autocast(device: torch.device, enabled: bool):
+    if enabled and device.type in ("cuda", "cpu"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
+
+def _loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
-def _clip(params, max_norm: float) -> torch.Tensor:
-    from ferrolm.lm.optim import clip_grad_norm
+def forward_backward(run: Run) -> torch.Tensor:
+    """Accumulate the gradients of `run.accum` micro-batches; return the sum of their losses."""
+    B, T = run.cfg.schedule.batch_size, run.cfg.model.context_length
+    loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
+    for micro in range(run.accum):
+        x, y = run.train_data.get_batch(B, T, run.device, generator=run.sampler)
+        sync = not run.dist.enabled or micro == run.accum - 1  # DDP all-reduces on the last one only
+        with contextlib.nullcontext() if sync else run.model.no_sync():
+            with _autocast(run.device, run.bf16):
+                logits = run.model(x)
+            loss = _loss_fn(logits, y)
+            (loss / run.accum).backward()
+        loss_sum += loss.detach().float()
+    return loss_sum
 
+
+def _clip(params, max_norm: float) -> torch.Tensor:
     if max_norm > 0:
         return clip_grad_norm(params, max_norm)
     grads = [p.grad for p in params if p.grad is not None]
@@ -249,9 +606,341 @@ def _clip(params, max_norm: float) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
 
 
+def agree(run: Run, state: RunState, loss_sum, grad_norm, stop: _StopFlag, t0: float) -> tuple[float, float, float]:
+    """One host sync per step, the max over processes of: NaN seen, stop requested, the clock."""
+    device = run.device
+    flags = torch.stack(
+        [
+            (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm.to(device).float())).double(),
+            torch.tensor(float(stop.signum is not None), device=device, dtype=torch.float64),
+            torch.tensor(state.time_s + time.perf_counter() - t0, device=device, dtype=torch.float64),
+        ]
+    )
+    if run.dist.enabled:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    bad, stop_req, time_sync = flags.tolist()
+    return bad, stop_req, time_sync
+
+
+def nan_message(run: Run, state: RunState, loss_sum) -> str:
+    where = f"the last good checkpoint is {state.last_ckpt}" if state.last_ckpt else "no checkpoint was saved yet"
+    return (
+        f"loss or gradient became NaN/inf at step {state.step + 1} (loss {float(loss_sum) / run.accum:.4g}); stopped "
+        f"without updating the weights; {where}. Try a lower optimizer.lr, a warmup, or grad clipping."
+    )
+
+
+def stop_reason(run: Run, state: RunState, stop_req: bool, signum: Optional[int]) -> tuple[str, str]:
+    """(status, message) of a run stopped early: by a signal (here or in another process) or by the clock."""
+    if stop_req:
+        name = signal.Signals(signum).name if signum else "a stop request"
+        where = f"checkpoint {state.last_ckpt}; continue with --resume {run.run_dir}"
+        return "interrupted", f"stopped by {name} after step {state.step}; {where}"
+    return "time", f"reached schedule.max_time_s = {run.cfg.schedule.max_time_s:g} s after step {state.step}"
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; a second SIGINT interrupts at once."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation and logging
+# ---------------------------------------------------------------------------------------
+
+
+def evaluate(run: Run) -> float:
+    """Mean loss over the fixed validation windows (all processes together)."""
+    B, T = run.cfg.schedule.batch_size, run.cfg.model.context_length
+    run.model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=run.device)
+    with torch.no_grad():
+        for i in range(0, len(run.val_starts), B):
+            x, y = run.val_data.windows_at(run.val_starts[i : i + B], T, run.device)
+            with _autocast(run.device, run.bf16):
+                logits = run.eval_model(x)
+            loss = _loss_fn(logits, y)
+            total[0] += loss.double() * x.shape[0]
+            total[1] += x.shape[0]
+    if run.dist.enabled:
+        dist.all_reduce(total)
+    run.model.train()
+    return float(total[0] / total[1])
+
+
+def log_start(run: Run, state: RunState) -> dict:
+    """The step-0 record: validation loss before training."""
+    val_loss = evaluate(run)
+    rec = make_record(run, state, lr_at(run.cfg, 0, 0.0), None, val_loss)
+    run.loggers.log(rec)
+    if state.best_val is None:
+        state.best_val = val_loss
+    return rec
+
+
+def log_step(run: Run, state: RunState, lr: float, grad_norm: float, *, last: bool, stopping: bool) -> Optional[dict]:
+    """On log and eval steps: evaluate if due, write the record, keep best.pt; the record or None."""
+    r, step = run.cfg.run, state.step
+    do_eval = bool(r.eval_every and step % r.eval_every == 0) or (last and not stopping)
+    if not do_eval and step % r.log_every:
+        return None
+    val_loss = evaluate(run) if do_eval else None
+    rec = make_record(run, state, lr, grad_norm, val_loss)
+    run.loggers.log(rec)
+    if val_loss is not None:
+        state.final_val = val_loss
+        say(run, f"step {step}: val loss {val_loss:.4f} (ppl {rec['val_ppl']:.2f}), {rec['time_s']:.0f} s")
+        if state.best_val is None or val_loss < state.best_val:
+            state.best_val = val_loss
+            if r.keep_best and step > 0:
+                save_best(run, state)
+    show_progress(run, rec, lr)
+    return rec
+
+
+def make_record(run: Run, state: RunState, lr: float, grad_norm: Optional[float], val_loss: Optional[float]) -> dict:
+    """The JSONL record of this step; restarts the running train-loss average."""
+    train_loss = None
+    if state.loss_count:
+        t = state.loss_sum / state.loss_count
+        if run.dist.enabled:
+            dist.all_reduce(t)
+            t = t / run.dist.world
+        train_loss = float(t)
+    steps_done = state.step - state.last_log_step
+    dt = state.time_s - state.last_log_time
+    tps = steps_done * run.tokens_per_step / dt if dt > 0 and steps_done else None
+    mfu = run.flops_per_tok * tps / (run.peak * run.dist.world) if (run.peak and run.flops_per_tok and tps) else None
+    rec = {
+        "step": state.step,
+        "tokens": state.step * run.tokens_per_step,
+        "time_s": round(state.time_s, 3),
+        "wall_s": round(state.wall_s, 3),
+        "lr": lr,
+        "train_loss": train_loss,
+        "val_loss": val_loss,
+        "val_ppl": math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
+        "val_bpb": val_loss / math.log(2) / run.val_bytes_per_token
+        if val_loss is not None and run.val_bytes_per_token
+        else None,
+        "grad_norm": grad_norm,
+        "tokens_per_s": tps,
+        "mfu": mfu,
+    }
+    state.last_log_step, state.last_log_time = state.step, state.time_s
+    state.loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
+    state.loss_count = 0
+    return rec
+
+
+def say(run: Run, msg: str) -> None:
+    """A line on stderr from rank 0 (above the progress bar when there is one)."""
+    if not run.dist.is_main:
+        return
+    if run.bar is not None:
+        run.bar.write(msg, file=sys.stderr)
+    else:
+        print(msg, file=sys.stderr)
+
+
+def _bar_by_time(cfg: TrainConfig) -> bool:
+    # A time-budgeted run usually ends at max_time_s long before max_steps: its bar counts
+    # seconds of the training clock, so that its ETA is the real one.
+    return cfg.schedule.schedule_by == "time" and cfg.schedule.max_time_s > 0
+
+
+def progress_bar(cfg: TrainConfig, state: RunState):
+    common = dict(desc="train", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+    if not _bar_by_time(cfg):
+        return tqdm(total=cfg.schedule.max_steps, initial=state.step, unit="step", **common)
+    total = float(cfg.schedule.max_time_s)
+    return tqdm(
+        total=total,
+        initial=min(state.time_s, total),
+        unit="s",
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of training [{elapsed}<{remaining}{postfix}]",
+        **common,
+    )
+
+
+def show_progress(run: Run, rec: dict, lr: float) -> None:
+    if run.bar is None:
+        return
+    post = {"step": rec["step"]} if _bar_by_time(run.cfg) else {}
+    post["loss"] = f"{rec['train_loss']:.3f}" if rec["train_loss"] is not None else "-"
+    post["lr"] = f"{lr:.2e}"
+    if rec["tokens_per_s"]:
+        post["tok/s"] = f"{rec['tokens_per_s']:,.0f}"
+    run.bar.set_postfix(post, refresh=False)
+
+
+def advance_bar(run: Run, time_sync: float) -> None:
+    if run.bar is not None:
+        bar = run.bar
+        bar.update(max(0.0, min(time_sync, bar.total) - bar.n) if _bar_by_time(run.cfg) else 1)
+
+
+class _Loggers:
+    """metrics.jsonl (always) plus wandb / TensorBoard when asked for and installed."""
+
+    def __init__(self, run_dir: Path, cfg: TrainConfig, enabled: bool, resume_step: Optional[int]):
+        self.enabled = enabled
+        self.file = None
+        self.wandb = None
+        self.tb = None
+        if not enabled:
+            return
+        path = run_dir / METRICS_FILE
+        # Resumed: drop the records written after the checkpoint. Fresh: the directory holds
+        # no checkpoint, so any records are those of a run killed before its first one.
+        _truncate_metrics(path, resume_step if resume_step is not None else -1)
+        self.file = open(path, "a", encoding="utf-8")
+        if cfg.run.wandb:
+            self.wandb = _open_wandb(cfg, run_dir)
+        if cfg.run.tensorboard:
+            self.tb = _open_tensorboard(run_dir)
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        scalars = {
+            k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=record["step"])
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, record["step"])
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _open_wandb(cfg: TrainConfig, run_dir: Path):
+    try:
+        import wandb  # optional: imported only when asked for
+    except ImportError:
+        warnings.warn("run.wandb is set but wandb is not installed; logging to metrics.jsonl only", stacklevel=6)
+        return None
+    return wandb.init(project=cfg.run.wandb, config=cfg.to_dict(), dir=str(run_dir), resume="allow")
+
+
+def _open_tensorboard(run_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # optional: needs the tensorboard package
+    except ImportError:
+        warnings.warn(
+            "run.tensorboard is set but tensorboard is not installed; logging to metrics.jsonl only", stacklevel=6
+        )
+        return None
+    return SummaryWriter(str(run_dir / "tb"))
+
+
 # ---------------------------------------------------------------------------------------
 # Run directory: checkpoints and metrics
 # ---------------------------------------------------------------------------------------
+
+
+def checkpoint_payload(run: Run, state: RunState) -> dict:
+    """What a checkpoint carries beside the weights (a collective: every process calls it)."""
+    acc = state.loss_sum.clone()
+    if run.dist.enabled:  # every process resumes from the mean of the running sums
+        dist.all_reduce(acc)
+        acc /= run.dist.world
+    log_state = {"loss_sum": float(acc), "count": state.loss_count}
+    log_state.update(last_step=state.last_log_step, last_time=state.last_log_time)
+    return dict(
+        config=run.cfg.to_dict(),
+        rng=get_rng_state(),
+        sampler_states=_gather_states(run.sampler, run.dist, run.device),
+        world_size=run.dist.world,
+        tokenizer_fingerprint=run.train_data.fingerprint,
+        time_s=state.time_s,
+        wall_s=state.wall_s,
+        tokens=state.step * run.tokens_per_step,
+        best_val_loss=state.best_val,
+        log_state=log_state,
+        ferrolm_version=__version__,
+    )
+
+
+def _gather_states(g: torch.Generator, dist_: _Dist, device: torch.device) -> list[torch.Tensor]:
+    state = g.get_state()
+    if not dist_.enabled:
+        return [state]
+    t = state.to(device)
+    out = [torch.empty_like(t) for _ in range(dist_.world)]
+    dist.all_gather(out, t)
+    return [o.cpu() for o in out]
+
+
+def save(run: Run, state: RunState, *, final: bool) -> None:
+    """A step checkpoint (rank 0 writes, older ones past keep_last go); a failed final save raises."""
+    payload = checkpoint_payload(run, state)
+    if run.dist.is_main:
+        path = run.run_dir / CHECKPOINT_DIR / f"step_{state.step:08d}.pt"
+        try:
+            save_checkpoint(run.raw_model, run.optimizer, state.step, path, **payload)
+        except OSError as e:
+            prev = f"; the previous checkpoint {state.last_ckpt} is intact" if state.last_ckpt else ""
+            msg = f"could not save checkpoint {path}: {e}{prev}"
+            if final:
+                raise OSError(msg) from e
+            say(run, msg + " (training continues)")
+        else:
+            state.last_ckpt = path
+            if run.cfg.run.keep_last:
+                for _, old in _step_checkpoints(run.run_dir)[: -run.cfg.run.keep_last]:
+                    old.unlink(missing_ok=True)
+    _barrier(run.dist)
+
+
+def save_best(run: Run, state: RunState) -> None:
+    payload = checkpoint_payload(run, state)
+    if run.dist.is_main:
+        path = run.run_dir / BEST_FILE
+        try:
+            save_checkpoint(run.raw_model, run.optimizer, state.step, path, **payload)
+        except OSError as e:
+            say(run, f"could not save {path}: {e} (the previous best is intact; training continues)")
+    _barrier(run.dist)
+
+
+def _barrier(dist_: _Dist) -> None:
+    if dist_.enabled:
+        dist.barrier()
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Delete what saves killed mid-write left (checkpoint, best.pt and config temporaries)."""
+    for path in stale_temporaries(run_dir) + stale_temporaries(run_dir / CHECKPOINT_DIR):
+        path.unlink(missing_ok=True)
 
 
 def _step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -298,639 +987,5 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
     """Drop records past `last_step` (written after the checkpoint we resume from)."""
     if not path.is_file():
         return
-    from ferrolm.bpe.files import atomic_write_bytes
-
     kept = [json.dumps(r) for r in read_metrics(path) if r["step"] <= last_step]
     atomic_write_bytes(path, ("\n".join(kept) + "\n" if kept else "").encode("utf-8"))
-
-
-class _Loggers:
-    """metrics.jsonl (always) plus wandb / TensorBoard when asked for and installed."""
-
-    def __init__(self, run_dir: Path, cfg: TrainConfig, enabled: bool, resume_step: Optional[int]):
-        self.enabled = enabled
-        self.file = None
-        self.wandb = None
-        self.tb = None
-        if not enabled:
-            return
-        path = run_dir / METRICS_FILE
-        if resume_step is not None:
-            _truncate_metrics(path, resume_step)
-        self.file = open(path, "a", encoding="utf-8")
-        if cfg.run.wandb:
-            try:
-                import wandb  # type: ignore
-
-                self.wandb = wandb.init(project=cfg.run.wandb, config=cfg.to_dict(), dir=str(run_dir), resume="allow")
-            except ImportError:
-                warnings.warn(
-                    "run.wandb is set but wandb is not installed; logging to metrics.jsonl only", stacklevel=2
-                )
-        if cfg.run.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(run_dir / "tb"))
-            except ImportError:
-                warnings.warn(
-                    "run.tensorboard is set but tensorboard is not installed; logging to metrics.jsonl only",
-                    stacklevel=2,
-                )
-
-    def log(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        scalars = {
-            k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
-        }
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=record["step"])
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, record["step"])
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        if self.tb is not None:
-            self.tb.close()
-
-
-# ---------------------------------------------------------------------------------------
-# Signals: finish the step, save, stop
-# ---------------------------------------------------------------------------------------
-
-
-class _StopFlag:
-    """Set by SIGINT/SIGTERM; a second SIGINT interrupts at once."""
-
-    def __init__(self):
-        self.signum: Optional[int] = None
-        self._old: dict[int, Any] = {}
-
-    def _handler(self, signum, frame):
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        return False
-
-
-# ---------------------------------------------------------------------------------------
-# The loop
-# ---------------------------------------------------------------------------------------
-
-
-def _open_data(cfg: TrainConfig, model_vocab: int) -> tuple[TokenShards, TokenShards]:
-    cfg.require_data()
-    tok = cfg.data.tokenizer or None
-    train_data = TokenShards(cfg.data.train, tokenizer=tok)
-    val_data = TokenShards(cfg.data.val, tokenizer=tok)
-    if train_data.fingerprint != val_data.fingerprint:
-        raise ShardError(
-            f"train and val shards come from different tokenizers ({train_data.fingerprint[:16]}... vs {val_data.fingerprint[:16]}...)"
-        )
-    for name, d in (("train", train_data), ("val", val_data)):
-        if d.vocab_size > model_vocab:
-            raise ConfigError(
-                f"data.{name} was encoded with a {d.vocab_size}-token vocabulary but model.vocab_size is {model_vocab}; "
-                f"set --set model.vocab_size={d.vocab_size}"
-            )
-        if len(d) < cfg.model.context_length + 1:
-            raise ShardError(
-                f"data.{name} has {len(d)} tokens, fewer than one window of context_length + 1 = {cfg.model.context_length + 1}"
-            )
-    return train_data, val_data
-
-
-def _sampler_seed(seed: int, rank: int) -> int:
-    return (seed * 1_000_003 + 7919 * (rank + 1)) % (2**63)
-
-
-def _gather_states(g: torch.Generator, dist_: _Dist, device: torch.device) -> list[torch.Tensor]:
-    state = g.get_state()
-    if not dist_.enabled:
-        return [state]
-    import torch.distributed as dist
-
-    t = state.to(device)
-    out = [torch.empty_like(t) for _ in range(dist_.world)]
-    dist.all_gather(out, t)
-    return [o.cpu() for o in out]
-
-
-def train(
-    cfg: TrainConfig,
-    *,
-    resume: str | os.PathLike | None = None,
-    on_step: Callable[[int, Optional[dict]], None] | None = None,
-) -> TrainSummary:
-    """Train per `cfg`; with `resume` (a run directory or checkpoint) continue that run exactly.
-
-    `on_step(step, record)` is called after every optimizer step (record is the JSONL record
-    on log steps, else None), on every process. Returns a TrainSummary.
-    """
-    cfg.validate()
-    dist_ = _setup_distributed(cfg.run.device)
-    try:
-        return _train(cfg, dist_, resume, on_step)
-    finally:
-        if dist_.initialized_here:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
-def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
-    main = dist_.is_main
-    if cfg.run.num_threads > 0:
-        torch.set_num_threads(cfg.run.num_threads)
-    device = resolve_device(cfg.run.device, dist_.local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        if cfg.run.tf32:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-    bf16 = cfg.run.autocast_bf16 and device.type in ("cuda", "cpu")
-    if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        bf16 = False
-
-    # -- resume: find the checkpoint, take the run's config from it ------------------------
-    ckpt = None
-    ckpt_path: Optional[Path] = None
-    if resume is not None:
-        resume = Path(resume)
-        if resume.is_dir():
-            candidates = [p for _, p in reversed(_step_checkpoints(resume))]
-            if not candidates:
-                raise FileNotFoundError(f"--resume {resume}: no checkpoints in {resume / CHECKPOINT_DIR}")
-            for i, ckpt_path in enumerate(candidates):
-                try:
-                    ckpt = read_checkpoint(ckpt_path)
-                    break
-                except CheckpointError as e:
-                    if i == len(candidates) - 1:
-                        raise
-                    if main:
-                        warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=2)
-        else:
-            ckpt_path = resume
-            ckpt = read_checkpoint(ckpt_path)
-        saved_model = (ckpt.get("config") or {}).get("model")
-        if saved_model and saved_model != cfg.to_dict()["model"]:
-            diff = {k: (saved_model.get(k), v) for k, v in cfg.to_dict()["model"].items() if saved_model.get(k) != v}
-            raise CheckpointError(f"{ckpt_path} was saved with a different model config (checkpoint vs now: {diff})")
-    run_dir = Path(cfg.run.out_dir)
-    if resume is not None and resume.is_dir() and resume.resolve() != run_dir.resolve():
-        run_dir = resume
-        cfg.run.out_dir = str(resume)
-    if ckpt is None and main and _step_checkpoints(run_dir):
-        raise FileExistsError(
-            f"run.out_dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another run.out_dir"
-        )
-
-    # -- data, model, optimizer -------------------------------------------------------------
-    torch.manual_seed(cfg.run.seed)
-    train_data, val_data = _open_data(cfg, cfg.model.vocab_size)
-    model = build_model(cfg.model).to(device)
-    optimizer = build_optimizer(model, cfg.optimizer)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    B, T = cfg.schedule.batch_size, cfg.model.context_length
-    micro_tokens = B * T * dist_.world
-    accum = 1
-    if cfg.schedule.tokens_per_step:
-        accum = max(1, round(cfg.schedule.tokens_per_step / micro_tokens))
-        if accum * micro_tokens != cfg.schedule.tokens_per_step and main:
-            warnings.warn(
-                f"schedule.tokens_per_step {cfg.schedule.tokens_per_step} is not a multiple of batch_size x context x processes "
-                f"= {micro_tokens}; using {accum} micro-batches = {accum * micro_tokens} tokens per step",
-                stacklevel=2,
-            )
-    tokens_per_step = accum * micro_tokens
-
-    sampler = torch.Generator()
-    sampler.manual_seed(_sampler_seed(cfg.run.seed, dist_.rank))
-    start_step, time_s, wall_s = 0, 0.0, 0.0
-    best_val: Optional[float] = None
-    log_state: dict = {}
-    if ckpt is not None:
-        if ckpt.get("tokenizer_fingerprint") not in (None, train_data.fingerprint):
-            raise CheckpointError(
-                f"{ckpt_path} was trained on shards of another tokenizer than data.train {train_data.paths[0]}"
-            )
-        start_step = apply_checkpoint(ckpt, model, optimizer, name=str(ckpt_path))
-        time_s = float(ckpt.get("time_s", 0.0))
-        wall_s = float(ckpt.get("wall_s", 0.0))
-        best_val = ckpt.get("best_val_loss")
-        log_state = ckpt.get("log_state") or {}
-        if "rng" in ckpt:
-            set_rng_state(ckpt["rng"])
-        states = ckpt.get("sampler_states") or []
-        if len(states) == dist_.world:
-            sampler.set_state(states[dist_.rank])
-        else:
-            sampler.manual_seed(_sampler_seed(cfg.run.seed + start_step, dist_.rank))
-            if main:
-                warnings.warn(
-                    f"checkpoint has sampler states for {len(states)} process(es), now {dist_.world}: batches are reseeded, not replayed",
-                    stacklevel=2,
-                )
-        if main:
-            print(f"resuming from {ckpt_path} at step {start_step}", file=sys.stderr)
-    ckpt = None  # free the loaded tensors
-
-    flops_per_tok = training_flops_per_token(model)
-    peak = peak_flops(device, bf16)
-    if cfg.run.compile:
-        model = torch.compile(model)
-    if dist_.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    raw_model = unwrap_model(model)  # what checkpoints save
-    eval_model = model.module if dist_.enabled else model  # no DDP hooks, but compiled when compile is on
-
-    # Fixed validation windows, drawn once from their own seed; each process takes a slice.
-    val_gen = torch.Generator()
-    val_gen.manual_seed(cfg.run.seed + 999_983)
-    val_starts = sample_starts(len(val_data), cfg.run.eval_batches * B, T, val_gen)[dist_.rank :: dist_.world]
-
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        from ferrolm.bpe.files import atomic_write_bytes
-
-        atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
-    loggers = _Loggers(run_dir, cfg, main, start_step if resume is not None else None)
-
-    def evaluate() -> float:
-        model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=device)
-        with torch.no_grad():
-            for i in range(0, len(val_starts), B):
-                x, y = val_data.windows_at(val_starts[i : i + B], T, device)
-                with _autocast(device, bf16):
-                    logits = eval_model(x)
-                loss = _loss_fn(logits, y)
-                total[0] += loss.double() * x.shape[0]
-                total[1] += x.shape[0]
-        if dist_.enabled:
-            import torch.distributed as dist
-
-            dist.all_reduce(total)
-        model.train()
-        return float(total[0] / total[1])
-
-    def checkpoint_payload(step: int) -> dict:
-        acc = train_loss_acc.clone()
-        if dist_.enabled:  # every process resumes from the mean of the running sums
-            import torch.distributed as dist
-
-            dist.all_reduce(acc)
-            acc /= dist_.world
-        return dict(
-            config=cfg.to_dict(),
-            rng=get_rng_state(),
-            sampler_states=_gather_states(sampler, dist_, device),
-            world_size=dist_.world,
-            tokenizer_fingerprint=train_data.fingerprint,
-            time_s=time_s,
-            wall_s=wall_s,
-            tokens=step * tokens_per_step,
-            best_val_loss=best_val,
-            # the running train-loss average since the last log record, so resumed logs match
-            log_state={"loss_sum": float(acc), "count": loss_count, "last_step": last_log[0], "last_time": last_log[1]},
-            ferrolm_version=_version(),
-        )
-
-    last_ckpt: list[Optional[Path]] = [latest_checkpoint(run_dir) if resume is not None else None]
-
-    def save(step: int, *, final: bool) -> None:
-        payload = checkpoint_payload(step)  # a collective: every process takes part
-        if main:
-            path = run_dir / CHECKPOINT_DIR / f"step_{step:08d}.pt"
-            try:
-                save_checkpoint(raw_model, optimizer, step, path, **payload)
-            except OSError as e:
-                prev = f"; the previous checkpoint {last_ckpt[0]} is intact" if last_ckpt[0] else ""
-                msg = f"could not save checkpoint {path}: {e}{prev}"
-                if final:
-                    raise OSError(msg) from e
-                _say(msg + " (training continues)")
-            else:
-                last_ckpt[0] = path
-                if cfg.run.keep_last:
-                    for _, old in _step_checkpoints(run_dir)[: -cfg.run.keep_last]:
-                        old.unlink(missing_ok=True)
-        _barrier(dist_)
-
-    def save_best(step: int) -> None:
-        payload = checkpoint_payload(step)
-        if main:
-            try:
-                save_checkpoint(raw_model, optimizer, step, run_dir / BEST_FILE, **payload)
-            except OSError as e:
-                _say(f"could not save {run_dir / BEST_FILE}: {e} (the previous best is intact; training continues)")
-        _barrier(dist_)
-
-    def _say(msg: str) -> None:
-        if main:
-            if bar is not None:
-                bar.write(msg, file=sys.stderr)
-            else:
-                print(msg, file=sys.stderr)
-
-    bar = None
-    # A time-budgeted run usually ends at max_time_s long before max_steps: its bar counts
-    # seconds of the training clock, so that its ETA is the real one.
-    bar_by_time = cfg.schedule.schedule_by == "time" and cfg.schedule.max_time_s > 0
-    if main and cfg.run.progress:
-        from tqdm.auto import tqdm
-
-        if bar_by_time:
-            total = float(cfg.schedule.max_time_s)
-            bar = tqdm(
-                total=total,
-                initial=min(time_s, total),
-                desc="train",
-                unit="s",
-                dynamic_ncols=True,
-                file=sys.stderr,
-                mininterval=1.0,
-                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of training [{elapsed}<{remaining}{postfix}]",
-            )
-        else:
-            bar = tqdm(
-                total=cfg.schedule.max_steps,
-                initial=start_step,
-                desc="train",
-                unit="step",
-                dynamic_ncols=True,
-                file=sys.stderr,
-                mininterval=1.0,
-            )
-
-    records: list[dict] = []
-    status, message = "done", ""
-    step = start_step
-    final_val: Optional[float] = None
-    last_log = (int(log_state.get("last_step", step)), float(log_state.get("last_time", time_s)))
-    train_loss_acc = torch.tensor(float(log_state.get("loss_sum", 0.0)), dtype=torch.float64, device=device)
-    loss_count = int(log_state.get("count", 0))
-    max_time = cfg.schedule.max_time_s
-
-    def log_record(step: int, lr: float, grad_norm: float, val_loss: Optional[float]) -> dict:
-        nonlocal last_log, train_loss_acc, loss_count
-        train_loss = None
-        if loss_count:
-            t = train_loss_acc / loss_count
-            if dist_.enabled:
-                import torch.distributed as dist
-
-                dist.all_reduce(t)
-                t = t / dist_.world
-            train_loss = float(t)
-        steps_done = step - last_log[0]
-        dt = time_s - last_log[1]
-        tps = steps_done * tokens_per_step / dt if dt > 0 and steps_done else None
-        rec = {
-            "step": step,
-            "tokens": step * tokens_per_step,
-            "time_s": round(time_s, 3),
-            "wall_s": round(wall_s, 3),
-            "lr": lr,
-            "train_loss": train_loss,
-            "val_loss": val_loss,
-            "val_ppl": math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
-            "grad_norm": grad_norm,
-            "tokens_per_s": tps,
-            "mfu": (flops_per_tok * tps / (peak * dist_.world)) if (peak and flops_per_tok and tps) else None,
-        }
-        last_log = (step, time_s)
-        train_loss_acc = torch.zeros((), dtype=torch.float64, device=device)
-        loss_count = 0
-        return rec
-
-    wall_start = time.perf_counter()
-    wall_base = wall_s
-    with _StopFlag() as stop:
-        try:
-            if step == 0 and cfg.run.eval_at_start:
-                v = evaluate()
-                rec = log_record(0, lr_at(cfg, 0, 0.0), float("nan"), v)
-                rec["grad_norm"] = None
-                loggers.log(rec)
-                records.append(rec)
-                best_val = v if best_val is None else best_val
-            time_sync = time_s  # the training clock every process agrees on (the slowest one's)
-            while step < cfg.schedule.max_steps:
-                t0 = time.perf_counter()
-                lr = lr_at(cfg, step, time_sync)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-                for micro in range(accum):
-                    x, y = train_data.get_batch(B, T, device, generator=sampler)
-                    sync = not dist_.enabled or micro == accum - 1
-                    with contextlib.nullcontext() if sync else model.no_sync():
-                        with _autocast(device, bf16):
-                            logits = model(x)
-                        loss = _loss_fn(logits, y)
-                        (loss / accum).backward()
-                    loss_sum += loss.detach().float()
-                grad_norm = _clip(params, cfg.optimizer.grad_clip)
-                # One host sync per step: NaN check, stop requests and the shared clock.
-                flags = torch.stack(
-                    [
-                        (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm.to(device).float())).double(),
-                        torch.tensor(float(stop.signum is not None), device=device, dtype=torch.float64),
-                        torch.tensor(time_s + time.perf_counter() - t0, device=device, dtype=torch.float64),
-                    ]
-                )
-                if dist_.enabled:
-                    import torch.distributed as dist
-
-                    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-                bad, stop_req, time_sync = flags.tolist()
-                if bad:
-                    optimizer.zero_grad(set_to_none=True)
-                    status = "nan"
-                    where = (
-                        f"the last good checkpoint is {last_ckpt[0]}" if last_ckpt[0] else "no checkpoint was saved yet"
-                    )
-                    message = (
-                        f"loss or gradient became NaN/inf at step {step + 1} (loss {float(loss_sum) / accum:.4g}); stopped "
-                        f"without updating the weights; {where}. Try a lower optimizer.lr, a warmup, or grad clipping."
-                    )
-                    _say(message)
-                    break
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                dt = time.perf_counter() - t0
-                time_s += dt
-                wall_s = wall_base + (time.perf_counter() - wall_start)
-                train_loss_acc += loss_sum.double() / accum
-                loss_count += 1
-                grad_norm_f = float(grad_norm)
-
-                out_of_time = max_time > 0 and time_sync >= max_time
-                last = step >= cfg.schedule.max_steps or out_of_time or bool(stop_req)
-                do_eval = (cfg.run.eval_every and step % cfg.run.eval_every == 0) or (last and not stop_req)
-                rec = None
-                if do_eval or step % cfg.run.log_every == 0 or (last and not stop_req):
-                    val_loss = evaluate() if do_eval else None
-                    rec = log_record(step, lr, grad_norm_f, val_loss)
-                    loggers.log(rec)
-                    records.append(rec)
-                    if val_loss is not None:
-                        final_val = val_loss
-                        _say(f"step {step}: val loss {val_loss:.4f} (ppl {rec['val_ppl']:.2f}), {rec['time_s']:.0f} s")
-                        if best_val is None or val_loss < best_val:
-                            best_val = val_loss
-                            if cfg.run.keep_best and step > 0:
-                                save_best(step)
-                    if bar is not None:
-                        post = {"step": step} if bar_by_time else {}
-                        post.update(
-                            {
-                                "loss": f"{rec['train_loss']:.3f}" if rec["train_loss"] is not None else "-",
-                                "lr": f"{lr:.2e}",
-                            }
-                        )
-                        if rec["tokens_per_s"]:
-                            post["tok/s"] = f"{rec['tokens_per_s']:,.0f}"
-                        bar.set_postfix(post, refresh=False)
-                if bar is not None:
-                    bar.update(max(0.0, min(time_sync, bar.total) - bar.n) if bar_by_time else 1)
-                if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-                    save(step, final=last)
-                if on_step is not None:
-                    on_step(step, rec)
-                if stop_req:
-                    status = "interrupted"
-                    name = signal.Signals(stop.signum).name if stop.signum else "a stop request"
-                    message = f"stopped by {name} after step {step}; checkpoint {last_ckpt[0]}; continue with --resume {run_dir}"
-                    _say(message)
-                    break
-                if out_of_time:
-                    status = "time"
-                    message = f"reached schedule.max_time_s = {max_time:g} s after step {step}"
-                    _say(message)
-                    break
-        finally:
-            if bar is not None:
-                bar.close()
-            loggers.close()
-    return TrainSummary(
-        status=status,
-        step=step,
-        run_dir=run_dir,
-        last_checkpoint=last_ckpt[0],
-        best_val_loss=best_val,
-        final_val_loss=final_val,
-        message=message,
-        records=records,
-    )
-
-
-def _barrier(dist_: _Dist) -> None:
-    if dist_.enabled:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
-def _version() -> str:
-    try:
-        import ferrolm
-
-        return ferrolm.__version__
-    except Exception:  # pragma: no cover
-        return "unknown"
-
-
-# ---------------------------------------------------------------------------------------
-# Plots
-# ---------------------------------------------------------------------------------------
-
-_X_KEYS = {"step": ("step", "step"), "time": ("time_s", "training time (s)"), "tokens": ("tokens", "tokens")}
-
-
-def plot_run(
-    run_dirs,
-    x: str = "step",
-    out: str | os.PathLike | None = None,
-    labels: Optional[list[str]] = None,
-    title: Optional[str] = None,
-) -> Path:
-    """Plot train and validation loss of one or more runs against step, time or tokens; return the PNG path.
-
-    `run_dirs` is a run directory (or metrics.jsonl) or a list of them, overlaid in one figure.
-    The PNG goes to `out`, by default ``<first run>/loss_<x>.png``.
-    """
-    if x not in _X_KEYS:
-        raise ValueError(f"x must be one of {', '.join(_X_KEYS)}, got {x!r}")
-    if isinstance(run_dirs, (str, os.PathLike)):
-        run_dirs = [run_dirs]
-    run_dirs = [Path(r) for r in run_dirs]
-    if not run_dirs:
-        raise ValueError("plot_run needs at least one run directory")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    key, xlabel = _X_KEYS[x]
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, run in enumerate(run_dirs):
-        records = read_metrics(run)
-        label = labels[i] if labels and i < len(labels) else (run.parent.name if run.name == METRICS_FILE else run.name)
-        color = colors[i % len(colors)]
-        tr = [(r[key], r["train_loss"]) for r in records if r.get("train_loss") is not None and r.get(key) is not None]
-        va = [(r[key], r["val_loss"]) for r in records if r.get("val_loss") is not None and r.get(key) is not None]
-        if tr:
-            ax.plot(*zip(*tr), color=color, alpha=0.35, linewidth=1, label=f"{label} train")
-        if va:
-            ax.plot(*zip(*va), color=color, marker="o", markersize=3, linewidth=1.8, label=f"{label} val")
-            best = min(v for _, v in va)
-            ax.axhline(best, color=color, linestyle=":", linewidth=0.8)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title(title or "loss")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    all_losses = [
-        r[k] for run in run_dirs for r in read_metrics(run) for k in ("train_loss", "val_loss") if r.get(k) is not None
-    ]
-    if all_losses:
-        finite = sorted(v for v in all_losses if math.isfinite(v))
-        if finite:
-            # Zoom past the first steps' huge losses so the interesting part is readable.
-            hi = finite[int(len(finite) * 0.98)] if len(finite) > 10 else finite[-1]
-            ax.set_ylim(max(0.0, finite[0] - 0.1), hi + 0.1)
-    out_path = (
-        Path(out)
-        if out is not None
-        else (run_dirs[0] if run_dirs[0].is_dir() else run_dirs[0].parent) / f"loss_{x}.png"
-    )
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out_path)
-    plt.close(fig)
-    return out_path

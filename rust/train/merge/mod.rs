@@ -189,13 +189,17 @@ fn rebuild_heap(pairs: &Pairs, tokens: &Tokens) -> PairHeap {
 }
 
 /// Learn up to `num_merges` merges from `words`. Returns the merges as byte pairs, in order.
-/// Stops early when no pair is left.
+/// Stops early when no pair is left. Memory is sized by the merges the words allow
+/// (`Words::max_merges`), not by the request, which may be any number.
 pub fn learn_merges(
     words: Words,
     num_merges: usize,
     ctl: &Control,
     times: &mut MergeTimes,
 ) -> Result<Merges, TrainError> {
+    crate::fault::check(crate::fault::Site::TrainMerge);
+    let num_merges = num_merges.min(words.max_merges());
+    ctl.set_total(num_merges as u64);
     learn_merges_with(words, num_merges, ctl, times, PARALLEL_LIST, PRUNING)
 }
 

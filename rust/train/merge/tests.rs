@@ -186,6 +186,26 @@ fn vector_rewrites_match_the_scalar_one() {
 }
 
 #[test]
+fn any_number_of_merges_asked_learns_what_the_words_allow() {
+    // "abcd" x 3 and "ab": at most 3 + 1 merges; memory sized by the request would
+    // not be there for usize::MAX.
+    let corpus = |words: &mut Words| {
+        words.push(b"abcd", 3).unwrap();
+        words.push(b"ab", 1).unwrap();
+    };
+    let mut words = Words::default();
+    corpus(&mut words);
+    assert_eq!(words.max_merges(), 4);
+    let ctl = Control::default();
+    let got = learn_merges(words, usize::MAX, &ctl, &mut MergeTimes::default()).unwrap().to_vecs();
+    assert_eq!(got.len(), 3, "{got:?}"); // "ab", "cd", then "abcd": the words are whole
+    assert_eq!(ctl.progress().1, 4, "the progress total is what the words allow");
+    let mut words = Words::default();
+    corpus(&mut words);
+    assert_eq!(learn_merges(words, 2, &ctl, &mut MergeTimes::default()).unwrap().len(), 2);
+}
+
+#[test]
 fn parallel_rewriting_changes_nothing() {
     // A corpus with many words per pair, so lists are long and rewritten in parallel.
     let mut text = Vec::new();

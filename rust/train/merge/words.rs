@@ -118,6 +118,12 @@ impl Words {
         self.ids.is_empty()
     }
 
+    /// The most merges these words allow: each merge joins at least one pair of symbols
+    /// in some word, which leaves it one symbol shorter, and a word stops at one.
+    pub fn max_merges(&self) -> usize {
+        self.ids.iter().map(|&w| self.data[w as usize] as usize - 1).sum()
+    }
+
     /// Ids of all words, in order (taken: the merge loop keeps them).
     pub(super) fn take_ids(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.ids)

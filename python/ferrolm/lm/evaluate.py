@@ -1,0 +1,119 @@
+"""Score a checkpoint on token shards: mean loss, perplexity, bits per byte, tokens/s.
+
+The shards are read as one token stream cut into consecutive windows of the model's
+context length; every token after the first is predicted once, from the tokens before
+it in its window. Bits per byte do not depend on the tokenizer, so models with different
+vocabularies compare:
+
+    bits_per_byte = total nats / ln 2 / total UTF-8 bytes of the predicted tokens
+
+where a special token (the document separator) counts 0 bytes: the bytes are those of
+the text itself.
+
+    evaluate("runs/x/best.pt", "shards/val")   # {"loss": ..., "perplexity": ..., ...}
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Optional, Union
+
+import torch
+
+from ferrolm.lm.functional import cross_entropy
+
+__all__ = ["evaluate", "token_byte_lengths"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def token_byte_lengths(tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """UTF-8 bytes of each id's token, 0 for special tokens and ids the tokenizer lacks (float64)."""
+    lengths = torch.zeros(vocab_size, dtype=torch.float64)
+    special = set(tokenizer.special_token_ids.values())
+    for i, b in tokenizer.vocab.items():
+        if i < vocab_size and i not in special:
+            lengths[i] = len(b)
+    return lengths
+
+
+def _windows(n: int, context: int) -> list[tuple[int, int]]:
+    """(start, length) of consecutive windows over a stream of n tokens; a window of
+    length L predicts tokens start+1 .. start+L."""
+    return [(s, min(context, n - 1 - s)) for s in range(0, n - 1, context)]
+
+
+@torch.inference_mode()
+def _score(model, tokens, windows, batch_size, device, lengths):
+    """(total nats, total bytes) over ``windows`` of the numpy ``tokens`` (batches of equal widths)."""
+    nats = torch.zeros((), dtype=torch.float64)
+    nbytes = torch.zeros((), dtype=torch.float64)
+    full = [w for w in windows if w[1] == windows[0][1]]
+    groups = [full[i : i + batch_size] for i in range(0, len(full), batch_size)] + [[w] for w in windows[len(full) :]]
+    for group in groups:
+        width = group[0][1]
+        rows = torch.stack([torch.from_numpy(tokens[s : s + width + 1].astype("int64")) for s, _ in group])
+        x, y = rows[:, :-1].to(device), rows[:, 1:].to(device)
+        logits = model(x).float()
+        loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        nats += loss.double().cpu() * y.numel()
+        if lengths is not None:
+            nbytes += lengths[y.cpu()].sum()
+    return float(nats), float(nbytes)
+
+
+def evaluate(
+    checkpoint: PathLike,
+    data: Any,
+    tokenizer: Any = None,
+    *,
+    batch_size: int = 8,
+    max_tokens: Optional[int] = None,
+    device: str = "cpu",
+) -> dict:
+    """Score ``checkpoint`` on the shards ``data`` (a prefix, a list, ... as for training).
+
+    ``tokenizer`` (a Tokenizer or its folder; default the run config's data.tokenizer) is
+    needed for bits per byte only (None without one). ``max_tokens``: score only the first
+    that many tokens. Returns loss (mean nats per token), perplexity, bits_per_byte,
+    tokens, bytes, seconds and tokens_per_s.
+    """
+    from ferrolm.lm.data import ShardError, TokenShards
+    from ferrolm.lm.generate import find_tokenizer, load_model, read_any_checkpoint, resolve_device
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    dev = resolve_device(device)
+    ckpt = read_any_checkpoint(checkpoint)
+    tok = find_tokenizer(ckpt, checkpoint, tokenizer)
+    model, ckpt = load_model(checkpoint, dev, tokenizer=tok, ckpt=ckpt)
+    shards = TokenShards(data)
+    want = ckpt.get("tokenizer_fingerprint")
+    if want and shards.fingerprint != want:
+        raise ShardError(
+            f"{shards.paths[0]} was encoded with another tokenizer than {os.fspath(checkpoint)} was trained on"
+        )
+    n = len(shards) if max_tokens is None else min(len(shards), max_tokens)
+    if n < 2:
+        raise ValueError(f"{shards.paths[0]}: needs at least 2 tokens to score, has {n}")
+    tokens = shards[:n]
+    windows = _windows(n, model.config.context_length)
+    lengths = token_byte_lengths(tok, model.config.vocab_size) if tok is not None else None
+    t0 = time.perf_counter()
+    nats, nbytes = _score(model, tokens, windows, batch_size, dev, lengths)
+    seconds = time.perf_counter() - t0
+    scored = n - 1
+    loss = nats / scored
+    return {
+        "checkpoint": os.fspath(checkpoint),
+        "data": shards.paths,
+        "tokens": scored,
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "bits_per_byte": nats / math.log(2) / nbytes if nbytes else None,
+        "bytes": int(nbytes) if lengths is not None else None,
+        "seconds": seconds,
+        "tokens_per_s": scored / seconds if seconds > 0 else None,
+    }

@@ -1,0 +1,616 @@
+//! The chunk reader: the inputs of one part, in order, cut into chunks at document
+//! boundaries (see `input.rs` for where a cut may fall), hashed on the way.
+//!
+//! Two hashes. The sidecar's sha256 of each input is over its raw bytes (what
+//! `sha256sum` prints). The resume digest is over what was handed out, in logical units
+//! (decompressed bytes, or documents with their lengths), chained over the inputs: each
+//! chunk carries the digest of everything read up to its end, the journal records the
+//! last written chunk's, and a resumed run recomputes it while it skips the inputs'
+//! consumed prefix, so an input edited in place (same size and time) is noticed instead
+//! of resumed into a shard that mixes old and new text. For plain files the two hashes
+//! are one (their raw bytes are their logical bytes), so hashing costs one pass.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use super::docs::{DocBatch, DocSource};
+use super::input::{last_cut, Compression, Format};
+use super::{EncodeJob, ShardError};
+use crate::buffers::BufferPool;
+
+/// A chunk of one input, cut at a document boundary.
+pub(crate) struct Chunk {
+    pub file: usize,
+    /// Logical offset of `data` in the file (bytes; documents for `Format::Docs`).
+    pub start: u64,
+    /// A pooled buffer: the chunk is `data[..len]` (bytes after `len` are stale).
+    pub data: Vec<u8>,
+    pub len: usize,
+    /// `Format::Docs`: where each document of `data[..len]` ends.
+    pub ends: Vec<usize>,
+    /// The chunk ends at the end of the file (not merely at the end of this part's range).
+    pub at_file_end: bool,
+    /// Newlines before `start` in the file (JSON Lines error messages).
+    pub first_line: u64,
+    /// Input position right after this chunk, for the progress journal.
+    pub next_pos: (usize, u64),
+    /// Raw bytes of this part's range consumed once this chunk was read.
+    pub raw_done: u64,
+    /// Resume digest of everything read up to the end of this chunk.
+    pub digest: Option<String>,
+}
+
+/// sha256 (when asked) and byte count of everything read through it.
+struct RawReader {
+    inner: io::Take<File>,
+    hasher: Option<Sha256>,
+    count: u64,
+}
+
+impl Read for RawReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(h) = &mut self.hasher {
+            h.update(&buf[..n]);
+        }
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+const RAW_BUFFER: usize = 1 << 20;
+
+enum Src {
+    Plain(RawReader),
+    Gzip(Box<flate2::bufread::MultiGzDecoder<BufReader<RawReader>>>),
+    Zstd(zstd::stream::read::Decoder<'static, BufReader<RawReader>>),
+    /// Documents from the caller: the current batch and the next document in it.
+    Docs {
+        batch: DocBatch,
+        next: usize,
+        total: Option<u64>,
+    },
+}
+
+impl Src {
+    fn raw_count(&self) -> u64 {
+        match self {
+            Src::Plain(r) => r.count,
+            Src::Gzip(d) => d.get_ref().get_ref().count,
+            Src::Zstd(d) => d.get_ref().get_ref().count,
+            Src::Docs { .. } => 0,
+        }
+    }
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Src::Plain(r) => r.read(buf),
+            Src::Gzip(d) => d.read(buf),
+            Src::Zstd(d) => d.read(buf),
+            Src::Docs { .. } => Ok(0),
+        }
+    }
+    /// Read what the decoder left of the raw file (so the hash covers every byte).
+    fn into_raw(self) -> io::Result<Option<RawReader>> {
+        let mut raw = match self {
+            Src::Plain(r) => return Ok(Some(r)),
+            Src::Gzip(d) => d.into_inner().into_inner(),
+            Src::Zstd(d) => d.finish().into_inner(),
+            Src::Docs { .. } => return Ok(None),
+        };
+        io::copy(&mut raw, &mut io::sink())?;
+        Ok(Some(raw))
+    }
+}
+
+struct OpenFile {
+    idx: usize,
+    src: Src,
+    /// Logical offset of the first byte (document) not yet handed out in a chunk.
+    emitted: u64,
+    /// Where the logical stream of this part's range starts.
+    logical_start: u64,
+    /// Newlines in the bytes handed out so far (JSON Lines only).
+    lines: u64,
+    /// Raw range of the file this part reads.
+    range: (u64, u64),
+    eof: bool,
+    /// Hash of the logical bytes handed out or skipped (see the module docs).
+    logical: Option<Sha256>,
+}
+
+impl OpenFile {
+    fn hash_bytes(&mut self, bytes: &[u8]) {
+        if let Some(h) = &mut self.logical {
+            h.update(bytes);
+        }
+    }
+}
+
+/// Add documents `from..to` of `batch` to a logical hash (each with its length, so that
+/// the boundaries count too).
+fn hash_docs(logical: &mut Option<Sha256>, batch: &DocBatch, from: usize, to: usize) {
+    if let Some(h) = logical {
+        for i in from..to {
+            let doc = &batch.data[batch.start(i)..batch.ends[i]];
+            h.update((doc.len() as u64).to_le_bytes());
+            h.update(doc);
+        }
+    }
+}
+
+/// Where the reader stands after a chunk (see `Chunk`).
+struct After {
+    next_pos: (usize, u64),
+    raw_done: u64,
+    digest: Option<String>,
+}
+
+/// What the shard records about one input.
+#[derive(Debug, Clone)]
+pub(crate) struct FileSummary {
+    pub path: PathBuf,
+    pub size: u64,
+    pub sha256: Option<String>,
+    pub range: (u64, u64),
+    pub uncompressed: Option<u64>,
+}
+
+pub(crate) struct ChunkReader<'a> {
+    job: &'a EncodeJob,
+    sizes: &'a [u64],
+    source: Option<&'a mut (dyn DocSource + 'static)>,
+    /// (file index, raw range) of the files this part reads, in order.
+    plan: Vec<(usize, (u64, u64))>,
+    plan_idx: usize,
+    cur: Option<OpenFile>,
+    carry: Vec<u8>,
+    records: Vec<FileSummary>,
+    /// Logical hashes of the files already finished (the resume digest chains them).
+    done_digests: Vec<[u8; 32]>,
+    /// Raw bytes of this part's range in the files already finished.
+    raw_before: u64,
+    /// Raw bytes in this part's range.
+    raw_total: u64,
+    /// Near the end, chunks shrink to about (bytes left) / `tail_split` so that the last
+    /// chunks spread over all threads instead of leaving some idle.
+    tail_split: u64,
+}
+
+/// Chunks never shrink below this for tail balancing.
+const MIN_TAIL_CHUNK: usize = 256 << 10;
+
+fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl<'a> ChunkReader<'a> {
+    pub fn new(
+        job: &'a EncodeJob,
+        sizes: &'a [u64],
+        byte_range: (u64, u64),
+        source: Option<&'a mut (dyn DocSource + 'static)>,
+    ) -> Self {
+        ChunkReader {
+            job,
+            sizes,
+            source,
+            plan: plan(job, sizes, byte_range),
+            plan_idx: 0,
+            cur: None,
+            carry: Vec::new(),
+            records: Vec::new(),
+            done_digests: Vec::new(),
+            raw_before: 0,
+            raw_total: byte_range.1 - byte_range.0,
+            tail_split: 1,
+        }
+    }
+
+    /// Balance the last chunks over `threads` encoding threads.
+    pub fn balance_tail(&mut self, threads: usize) {
+        self.tail_split = 2 * threads.max(1) as u64;
+    }
+
+    /// What was read of each input (complete once the reader is exhausted).
+    pub fn records(&self) -> Vec<super::InputRecord> {
+        self.records.iter().cloned().map(Into::into).collect()
+    }
+
+    /// Give the caller's document reader back (to start over with a new reader).
+    pub fn into_source(self) -> Option<&'a mut (dyn DocSource + 'static)> {
+        self.source
+    }
+
+    /// Read, hash and drop everything before `pos` (where an interrupted run stopped);
+    /// returns the resume digest there, to compare with the journal's.
+    pub fn skip_to(&mut self, pos: (usize, u64)) -> Result<Option<String>, ShardError> {
+        while let Some(&(idx, range)) = self.plan.get(self.plan_idx) {
+            if idx > pos.0 {
+                break;
+            }
+            let mut f = self.open(idx, range)?;
+            if idx < pos.0 {
+                self.skip_in(&mut f, None)?;
+                self.finish(f)?;
+                self.plan_idx += 1;
+                continue;
+            }
+            self.skip_in(&mut f, Some(pos.1))?;
+            self.cur = Some(f);
+            break;
+        }
+        Ok(self.digest(self.cur.as_ref()))
+    }
+
+    /// The resume digest with `cur` read up to its `emitted` position.
+    fn digest(&self, cur: Option<&OpenFile>) -> Option<String> {
+        if !self.job.hash {
+            return None;
+        }
+        let mut h = Sha256::new();
+        for d in &self.done_digests {
+            h.update(d);
+        }
+        if let Some(f) = cur.filter(|f| f.emitted > f.logical_start) {
+            h.update(f.logical.clone()?.finalize());
+        }
+        Some(hex(&h.finalize()))
+    }
+
+    fn open(&mut self, idx: usize, range: (u64, u64)) -> Result<OpenFile, ShardError> {
+        let spec = &self.job.inputs[idx];
+        let hash = self.job.hash;
+        let logical_start = spec.logical_start(range);
+        let open = |src| OpenFile {
+            idx,
+            src,
+            emitted: logical_start,
+            logical_start,
+            lines: 0,
+            range,
+            eof: false,
+            logical: hash.then(Sha256::new),
+        };
+        if spec.format == Format::Docs {
+            let source = self.source.as_mut().ok_or_else(|| no_source(&spec.path))?;
+            let total = source.open(idx)?;
+            return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total }));
+        }
+        let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
+        if range.0 > 0 {
+            file.seek(SeekFrom::Start(range.0)).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
+        }
+        // Plain files are hashed once, as their logical bytes (see the module docs).
+        let raw_hash = hash && spec.compression != Compression::None;
+        let raw = RawReader { inner: file.take(range.1 - range.0), hasher: raw_hash.then(Sha256::new), count: 0 };
+        let src = match spec.compression {
+            Compression::None => Src::Plain(raw),
+            Compression::Gzip => {
+                Src::Gzip(Box::new(flate2::bufread::MultiGzDecoder::new(BufReader::with_capacity(RAW_BUFFER, raw))))
+            }
+            Compression::Zstd => Src::Zstd(
+                zstd::stream::read::Decoder::with_buffer(BufReader::with_capacity(RAW_BUFFER, raw))
+                    .map_err(|e| ShardError::io(&spec.path, "opening zstd stream of", e))?,
+            ),
+        };
+        Ok(open(src))
+    }
+
+    fn read_err(&self, f: &OpenFile, e: io::Error) -> ShardError {
+        let spec = &self.job.inputs[f.idx];
+        match spec.compression {
+            Compression::None => ShardError::io(&spec.path, "reading input", e),
+            c => ShardError::Corrupt {
+                path: spec.path.clone(),
+                format: c.name(),
+                raw_offset: f.src.raw_count(),
+                source: e,
+            },
+        }
+    }
+
+    /// Read into `buf[*filled..target]` until `*filled == target` or the file ends. `buf`'s
+    /// length is only ever grown (pooled buffers stay initialized, so nothing is re-zeroed).
+    fn fill(&self, f: &mut OpenFile, buf: &mut Vec<u8>, filled: &mut usize, target: usize) -> Result<(), ShardError> {
+        if buf.len() < target {
+            buf.resize(target, 0);
+        }
+        while *filled < target {
+            match f.src.read(&mut buf[*filled..target]) {
+                Ok(0) => {
+                    f.eof = true;
+                    break;
+                }
+                Ok(n) => *filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.read_err(f, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Close the current file: finish its hashes, check its size, record it.
+    fn finish(&mut self, f: OpenFile) -> Result<(), ShardError> {
+        let spec = &self.job.inputs[f.idx];
+        let corrupt = |e| ShardError::Corrupt {
+            path: spec.path.clone(),
+            format: spec.compression.name(),
+            raw_offset: 0,
+            source: e,
+        };
+        let logical = f.logical.map(|h| <[u8; 32]>::from(h.finalize()));
+        let expected = f.range.1 - f.range.0;
+        let raw_sha = match f.src.into_raw().map_err(corrupt)? {
+            Some(raw) => {
+                if raw.count != expected {
+                    return Err(ShardError::Changed { path: spec.path.clone(), expected, got: raw.count });
+                }
+                raw.hasher.map(|h| <[u8; 32]>::from(h.finalize()))
+            }
+            None if self.job.hash && !spec.path.as_os_str().is_empty() => Some(hash_file(spec)?),
+            None => None,
+        };
+        // A plain file's raw bytes are its logical bytes; documents without a file are
+        // identified by their logical hash.
+        let sha256 = raw_sha.or(logical).map(|d| hex(&d));
+        self.records.push(FileSummary {
+            path: spec.path.clone(),
+            size: self.sizes[f.idx],
+            sha256,
+            range: f.range,
+            uncompressed: (spec.compression != Compression::None).then_some(f.emitted),
+        });
+        if let Some(d) = logical {
+            self.done_digests.push(d);
+        }
+        self.raw_before += expected;
+        Ok(())
+    }
+
+    /// Read and hash, without handing out, the logical stream up to `target` (its end if
+    /// `None`).
+    fn skip_in(&mut self, f: &mut OpenFile, target: Option<u64>) -> Result<(), ShardError> {
+        if matches!(f.src, Src::Docs { .. }) {
+            return self.skip_docs(f, target);
+        }
+        let mut scratch = vec![0u8; RAW_BUFFER];
+        let jsonl = self.job.inputs[f.idx].format == Format::Jsonl;
+        loop {
+            let want = match target {
+                Some(t) => (t.saturating_sub(f.emitted)).min(scratch.len() as u64) as usize,
+                None => scratch.len(),
+            };
+            if want == 0 {
+                return Ok(());
+            }
+            match f.src.read(&mut scratch[..want]) {
+                Ok(0) => {
+                    f.eof = true;
+                    return match target {
+                        Some(t) if t != f.emitted => Err(self.changed(f, t)),
+                        _ => Ok(()),
+                    };
+                }
+                Ok(n) => {
+                    if jsonl {
+                        f.lines += memchr::memchr_iter(b'\n', &scratch[..n]).count() as u64;
+                    }
+                    f.hash_bytes(&scratch[..n]);
+                    f.emitted += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.read_err(f, e)),
+            }
+        }
+    }
+
+    fn changed(&self, f: &OpenFile, expected: u64) -> ShardError {
+        ShardError::Changed { path: self.job.inputs[f.idx].path.clone(), expected, got: f.emitted }
+    }
+
+    fn skip_docs(&mut self, f: &mut OpenFile, target: Option<u64>) -> Result<(), ShardError> {
+        while target.is_none_or(|t| f.emitted < t) {
+            if !self.fill_batch(f)? {
+                return match target {
+                    Some(t) => Err(self.changed(f, t)),
+                    None => Ok(()),
+                };
+            }
+            let OpenFile { src: Src::Docs { batch, next, .. }, logical, emitted, .. } = f else { unreachable!() };
+            let left = (batch.len() - *next) as u64;
+            let take = target.map_or(left, |t| left.min(t - *emitted)) as usize;
+            hash_docs(logical, batch, *next, *next + take);
+            *next += take;
+            *emitted += take as u64;
+        }
+        Ok(())
+    }
+
+    /// Make sure the current batch has a document left; `false` at the end of the input.
+    fn fill_batch(&mut self, f: &mut OpenFile) -> Result<bool, ShardError> {
+        let Src::Docs { batch, next, .. } = &mut f.src else { unreachable!() };
+        while *next >= batch.len() {
+            if f.eof {
+                return Ok(false);
+            }
+            let source = self.source.as_mut().expect("a Docs input was opened with a source");
+            if source.next_batch(batch)? {
+                *next = 0;
+            } else {
+                f.eof = true;
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next chunk in input order, `None` when this part's inputs are exhausted.
+    pub fn next_chunk(&mut self, pool: &BufferPool) -> Result<Option<Chunk>, ShardError> {
+        loop {
+            if self.cur.is_none() {
+                let Some(&(idx, range)) = self.plan.get(self.plan_idx) else {
+                    return Ok(None);
+                };
+                self.carry.clear();
+                self.cur = Some(self.open(idx, range)?);
+            }
+            let f = self.cur.take().unwrap();
+            let chunk =
+                if matches!(f.src, Src::Docs { .. }) { self.docs_chunk(f, pool)? } else { self.bytes_chunk(f, pool)? };
+            if chunk.is_some() {
+                return Ok(chunk);
+            }
+        }
+    }
+
+    /// Position and progress after a chunk of `f`; finishes `f` when it is done.
+    fn advance(&mut self, f: OpenFile, done_with_file: bool) -> Result<After, ShardError> {
+        if done_with_file {
+            self.finish(f)?;
+            self.plan_idx += 1;
+            let next = self
+                .plan
+                .get(self.plan_idx)
+                .map_or((self.job.inputs.len(), 0), |&(i, r)| (i, self.job.inputs[i].logical_start(r)));
+            return Ok(After { next_pos: next, raw_done: self.raw_before, digest: self.digest(None) });
+        }
+        let pos = (f.idx, f.emitted);
+        let raw = self.raw_before
+            + match &f.src {
+                Src::Docs { total: Some(n), .. } if *n > 0 => self.sizes[f.idx] * f.emitted.min(*n) / n,
+                src => src.raw_count(),
+            };
+        let digest = self.digest(Some(&f));
+        self.cur = Some(f);
+        Ok(After { next_pos: pos, raw_done: raw, digest })
+    }
+
+    /// A chunk of documents from the current batch (never spanning two batches).
+    fn docs_chunk(&mut self, mut f: OpenFile, pool: &BufferPool) -> Result<Option<Chunk>, ShardError> {
+        if let Err(e) = self.fill_batch(&mut f) {
+            self.cur = Some(f);
+            return Err(e);
+        }
+        let OpenFile { src: Src::Docs { batch, next, .. }, logical, .. } = &mut f else { unreachable!() };
+        if *next >= batch.len() {
+            self.advance(f, true)?;
+            return Ok(None);
+        }
+        let (from, base) = (*next, batch.start(*next));
+        let mut to = from + 1;
+        while to < batch.len() && batch.ends[to - 1] - base < self.job.chunk_size {
+            to += 1;
+        }
+        let len = batch.ends[to - 1] - base;
+        let mut data = pool.take();
+        if data.len() < len {
+            data.resize(len, 0);
+        }
+        data[..len].copy_from_slice(&batch.data[base..base + len]);
+        let ends = batch.ends[from..to].iter().map(|e| e - base).collect();
+        hash_docs(logical, batch, from, to);
+        *next = to;
+        let (file, start) = (f.idx, f.emitted);
+        f.emitted += (to - from) as u64;
+        let After { next_pos, raw_done, digest } = self.advance(f, false)?;
+        Ok(Some(Chunk { file, start, data, len, ends, at_file_end: false, first_line: 0, next_pos, raw_done, digest }))
+    }
+
+    /// A chunk of bytes cut at the last document boundary that the read found.
+    fn bytes_chunk(&mut self, mut f: OpenFile, pool: &BufferPool) -> Result<Option<Chunk>, ShardError> {
+        let spec = &self.job.inputs[f.idx];
+        let sep = self.job.eos.as_ref().map(|(s, _)| s.as_bytes());
+        let mut buf = pool.take();
+        let mut filled = self.carry.len();
+        if buf.len() < filled {
+            buf.resize(filled, 0);
+        }
+        buf[..filled].copy_from_slice(&self.carry);
+        self.carry.clear();
+        let left = self.raw_total.saturating_sub(self.raw_before + f.src.raw_count()) + filled as u64;
+        let balanced = ((left / self.tail_split) as usize).max(MIN_TAIL_CHUNK);
+        let mut target = self.job.chunk_size.min(balanced).max(filled + 1);
+        let cut = loop {
+            if let Err(e) = self.fill(&mut f, &mut buf, &mut filled, target) {
+                self.cur = Some(f);
+                return Err(e);
+            }
+            if f.eof {
+                break filled;
+            }
+            if let Some(c) = last_cut(&buf[..filled], spec.format, sep, self.job.newline_cuts) {
+                break c;
+            }
+            target = filled.saturating_mul(2);
+        };
+        self.carry.extend_from_slice(&buf[cut..filled]);
+        let (file, start, first_line) = (f.idx, f.emitted, f.lines);
+        if spec.format == Format::Jsonl {
+            f.lines += memchr::memchr_iter(b'\n', &buf[..cut]).count() as u64;
+        }
+        f.hash_bytes(&buf[..cut]);
+        f.emitted += cut as u64;
+        let done_with_file = f.eof && self.carry.is_empty();
+        let at_file_end = done_with_file && f.range.1 == self.sizes[f.idx];
+        let After { next_pos, raw_done, digest } = self.advance(f, done_with_file)?;
+        Ok(Some(Chunk {
+            file,
+            start,
+            data: buf,
+            len: cut,
+            ends: Vec::new(),
+            at_file_end,
+            first_line,
+            next_pos,
+            raw_done,
+            digest,
+        }))
+    }
+}
+
+/// (file index, raw range) of the inputs that the part `byte_range` reads, in order.
+fn plan(job: &EncodeJob, sizes: &[u64], byte_range: (u64, u64)) -> Vec<(usize, (u64, u64))> {
+    let total: u64 = sizes.iter().sum();
+    let (c0, c1) = byte_range;
+    let mut plan = Vec::new();
+    let mut fs = 0u64;
+    for (f, spec) in job.inputs.iter().enumerate() {
+        let fe = fs + sizes[f];
+        if fs == fe {
+            // Empty file (or documents without a file): in the part where it sits (the
+            // last part for those at the end).
+            if (c0 <= fs && fs < c1) || (fs == total && c1 == total) {
+                plan.push((f, (0, 0)));
+            }
+        } else if !spec.splittable() {
+            if c0 <= fs && fs < c1 {
+                plan.push((f, (0, fe - fs)));
+            }
+        } else {
+            let (a, b) = (c0.max(fs), c1.min(fe));
+            if a < b {
+                plan.push((f, (a - fs, b - fs)));
+            }
+        }
+        fs = fe;
+    }
+    plan
+}
+
+fn no_source(path: &std::path::Path) -> ShardError {
+    ShardError::Invalid(format!(
+        "{}: a Parquet file; Parquet is read through pyarrow (pip install 'ferrolm[parquet]')",
+        path.display()
+    ))
+}
+
+/// sha256 of a whole file (inputs whose documents the caller decoded).
+fn hash_file(spec: &super::InputSpec) -> Result<[u8; 32], ShardError> {
+    let err = |e| ShardError::io(&spec.path, "hashing input", e);
+    let mut file = File::open(&spec.path).map_err(err)?;
+    let mut h = Sha256::new();
+    io::copy(&mut file, &mut h).map_err(err)?;
+    Ok(h.finalize().into())
+}

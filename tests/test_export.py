@@ -1,0 +1,100 @@
+"""ferrolm.lm.export: an exported folder runs in transformers with no ferrolm code, with
+ferrolm's logits and greedy tokens; the safetensors weights file loads back in ferrolm."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from shard_util import trained_run
+
+from ferrolm.lm.config import load_config
+from ferrolm.lm.export import export_hf
+from ferrolm.lm.generate import generate, load_model
+
+torch.set_num_threads(1)
+CPU_SMALL = {k: v for k, v in vars(load_config("cpu-small").model).items() if k != "vocab_size"}
+TINY_TIED = dict(
+    context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64, rope_theta=5000.0, tie_embeddings=True
+)
+
+
+@pytest.fixture(scope="module", params=["cpu-small", "tiny-tied"])
+def run(request, tmp_path_factory):
+    model = CPU_SMALL if request.param == "cpu-small" else TINY_TIED
+    return trained_run(tmp_path_factory.mktemp(request.param), model, steps=3)
+
+
+def test_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    run_dir, tok, _ = run
+    ckpt = run_dir / "best.pt"
+    out = export_hf(ckpt, tmp_path / "hf")  # the tokenizer comes from the run's config
+    ours, _ = load_model(ckpt)
+    cfg = ours.config
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.tie_word_embeddings == cfg.tie_embeddings
+    assert hf.config.rope_parameters["rope_theta"] == cfg.rope_theta
+    assert hf_tok.model_max_length == cfg.context_length and hf_tok.eos_token_id == tok.eos_id
+    text = "Once upon a time, there was a little girl named Lily. She liked to play"
+    ids = tok.encode(text)
+    assert hf_tok(text)["input_ids"] == ids
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        assert (ours(x) - hf(x).logits).abs().max().item() < 1e-5
+        n = cfg.context_length - len(ids)
+        want = list(generate(ours, ids, n, temperature=0.0, eos_id=tok.eos_id))
+        got = hf.generate(x, max_new_tokens=n, do_sample=False, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id)
+    assert got[0, len(ids) :].tolist() == want
+    from ferrolm.app.cli import main
+
+    capsys.readouterr()
+    argv = ["generate", "--checkpoint", str(ckpt), "--prompt", text, "--temperature", "0", "--max-new-tokens", str(n)]
+    assert main(argv + ["--seed", "0", "--device", "cpu"]) == 0  # no --tokenizer: the run's config names it
+    printed = capsys.readouterr().out
+    assert printed == text + tok.decode([t for t in want if t != tok.eos_id]) + "\n"
+    cfg_json = json.loads((out / "config.json").read_text())
+    assert cfg_json["architectures"] == ["LlamaForCausalLM"]
+    assert cfg_json["max_position_embeddings"] == cfg.context_length
+
+
+def test_export_refuses_what_llama_cannot_express(tmp_path):
+    from ferrolm.lm.checkpoint import save_checkpoint
+    from ferrolm.lm.model import TransformerLM
+
+    model = TransformerLM(300, 16, 32, 1, 4, 64, norm_position="post")
+    save_checkpoint(model, None, 0, tmp_path / "post.pt", config={"model": model.config.to_dict()})
+    from ferrolm import Tokenizer
+
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    with pytest.raises(ValueError, match="model.norm_position = 'post'"):
+        export_hf(tmp_path / "post.pt", tmp_path / "out", tok)
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_cli_and_safetensors_roundtrip(run, tmp_path):
+    from ferrolm.app.cli import main
+
+    run_dir, tok, _ = run
+    ckpt = run_dir / "best.pt"
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
+    names = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert names == sorted(
+        ["config.json", "generation_config.json", "model.safetensors", "merges.txt", "vocab.json", "tokenizer.json"]
+        + ["tokenizer_config.json", "special_tokens_map.json", "ferrolm_tokenizer.json"]
+    )
+    assert (
+        main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "w.safetensors"), "--format", "safetensors"])
+        == 0
+    )
+    a, _ = load_model(ckpt)
+    b, _ = load_model(tmp_path / "w.safetensors", tokenizer=tok)
+    ids = torch.tensor([tok.encode("The cat sat.")])
+    with torch.no_grad():
+        assert torch.equal(a(ids), b(ids))
+    # an existing folder with other files is never replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "mine")]) == 2
