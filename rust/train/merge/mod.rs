@@ -33,7 +33,6 @@
 //! bytes and the learned merges), `heap`, `deltas` (one merge's count changes),
 //! `rewrite` and `vector` (the word rewrites), and here the merge loop and its pruning.
 
-use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 
@@ -46,16 +45,15 @@ mod rewrite;
 mod symbols;
 #[cfg(test)]
 mod tests;
+mod tracked;
 #[cfg(target_arch = "x86_64")]
 mod vector;
 mod words;
 
-use deltas::Deltas;
-use heap::PairHeap;
-use pairs::{PairStats, Pairs, WordList};
-use rewrite::{rewrite_share, SharedWords};
+use rewrite::Rewriter;
 pub use symbols::Merges;
 use symbols::Tokens;
+use tracked::Tracked;
 pub use words::Words;
 
 type FxMap<K, V> = HashMap<K, V, FxBuildHasher>;
@@ -120,74 +118,6 @@ fn predict_last_count(history: &[i64], total: usize) -> f64 {
     c_hi * (total as f64 / k as f64).powf(-alpha.max(0.0))
 }
 
-/// Count all pairs of `words` afresh and track those of count `floor` or more, where
-/// `floor` is `want`, lowered to the greatest count if need be (so that the best pair is
-/// always tracked and the merge loop makes progress). Returns the floor used.
-fn recount(words: &Words, ids: &[u32], tokens: &Tokens, want: i64, bytes_only: bool) -> (Pairs, PairHeap, i64) {
-    let mut pairs = Pairs::build(words, ids, rayon::current_num_threads(), bytes_only);
-    let max = pairs.shards.iter().flat_map(|m| m.values().map(|p| p.count)).max().unwrap_or(0);
-    let floor = want.min(max).max(1);
-    prune(&mut pairs, floor);
-    let heap = rebuild_heap(&pairs, tokens);
-    (pairs, heap, floor)
-}
-
-/// After a merge into `x` whose bytes an earlier merge already made: pairs with `x` may
-/// have had untracked occurrences before this merge, which its deltas do not show. Count
-/// every pair with `x` exactly from the words and track those of count `floor` or more
-/// (replacing what is tracked of them). Pairs without `x` only lost occurrences.
-fn rescan_symbol(
-    words: &Words,
-    ids: &[u32],
-    x: u32,
-    floor: i64,
-    pairs: &mut Pairs,
-    heap: &mut PairHeap,
-    tokens: &Tokens,
-) {
-    let mut found: FxMap<u64, PairStats> = FxMap::default();
-    for &w in ids {
-        let s = words.symbols(w);
-        if !s.contains(&x) {
-            continue;
-        }
-        let c = words.count(w);
-        for i in 0..s.len() - 1 {
-            if s[i] == x || s[i + 1] == x {
-                let e =
-                    found.entry(pack(s[i], s[i + 1])).or_insert_with(|| PairStats { count: 0, words: WordList::new() });
-                e.count += c;
-                if e.words.last() != Some(&w) {
-                    e.words.push(w);
-                }
-            }
-        }
-    }
-    for (key, st) in found {
-        if st.count >= floor {
-            heap.push(tokens, (st.count, key));
-            pairs.shard(key).insert(key, st);
-        } else {
-            pairs.shard(key).remove(&key);
-        }
-    }
-}
-
-/// Forget the pairs whose count is below `floor`.
-fn prune(pairs: &mut Pairs, floor: i64) {
-    if floor > 1 {
-        for m in pairs.shards.iter_mut() {
-            m.retain(|_, p| p.count >= floor);
-        }
-    }
-}
-
-fn rebuild_heap(pairs: &Pairs, tokens: &Tokens) -> PairHeap {
-    let mut heap = PairHeap { v: pairs.shards.iter().flat_map(|m| m.iter().map(|(&k, p)| (p.count, k))).collect() };
-    heap.heapify(tokens);
-    heap
-}
-
 /// Learn up to `num_merges` merges from `words`. Returns the merges as byte pairs, in order.
 /// Stops early when no pair is left. Memory is sized by the merges the words allow
 /// (`Words::max_merges`), not by the request, which may be any number.
@@ -222,150 +152,63 @@ fn learn_merges_with(
     let mut merged: Vec<(u32, u32)> = Vec::with_capacity(num_merges);
     let mut made: Vec<u32> = Vec::with_capacity(num_merges);
 
-    // Pair counts and the pair -> words index.
+    // 1. Pair counts and the pair -> words index, of every pair at first.
     let ids = words.take_ids();
-    // Pairs of a smaller count are not tracked (see "Pruning" above).
-    let (mut pairs, mut heap, mut floor) = recount(&words, &ids, &tokens, 1, true);
-    times.floor = floor;
+    let mut tracked = Tracked::recount(&words, &ids, &tokens, 1, true);
+    times.floor = tracked.floor;
     let mut history: Vec<i64> = Vec::with_capacity(num_merges);
     times.build_s = t0.elapsed().as_secs_f64();
     let t1 = std::time::Instant::now();
 
-    let workers = rayon::current_num_threads().max(1);
-    let mut deltas: Vec<Deltas> = (0..workers).map(|_| Deltas::default()).collect();
-    // Word-id ranges of the workers: equal shares of the words array.
-    let total = words.data.len() as u64;
-    let bounds: Vec<u32> = (0..=workers).map(|t| (total * t as u64 / workers as u64) as u32).collect();
+    let mut rewriter = Rewriter::new(&words, parallel_list);
     while merged.len() < num_merges {
         if ctl.is_cancelled() {
             return Err(TrainError::Cancelled);
         }
-        // The best pair: the top entry once it matches the pair's current count. A top
-        // entry whose pair has fewer occurrences now takes that count and sinks; one whose
-        // pair is gone (or has a newer entry with a higher count) is dropped.
+        // 2. The best pair; when no tracked pair is left but untracked ones may be,
+        //    recount them all under a lower floor (the last stretch of merges under none).
         let best = loop {
-            match heap.peek() {
-                Some((cnt, key)) => match pairs.get(key) {
-                    Some(p) if p.count == cnt => {
-                        debug_assert!(cnt >= floor);
-                        heap.pop(&tokens);
-                        break Some(key);
-                    }
-                    Some(p) if p.count < cnt => heap.lower_top(&tokens, p.count),
-                    _ => {
-                        heap.pop(&tokens);
-                    }
-                },
-                None if floor > 1 => {
-                    // No tracked pair is left, but untracked ones may be: recount them all
-                    // under a lower floor (the last stretch of merges under none).
-                    let want = if num_merges - merged.len() < pruning.after {
-                        1
-                    } else {
-                        (*history.last().unwrap_or(&0) as f64 / (2.0 * pruning.margin)) as i64
-                    };
-                    (pairs, heap, floor) = recount(&words, &ids, &tokens, want, false);
-                    times.recounts += 1;
-                }
-                None => break None,
+            if let Some(key) = tracked.pop_best(&tokens) {
+                break Some(key);
             }
+            if tracked.floor <= 1 {
+                break None;
+            }
+            let want = if num_merges - merged.len() < pruning.after {
+                1
+            } else {
+                (*history.last().unwrap_or(&0) as f64 / (2.0 * pruning.margin)) as i64
+            };
+            tracked = Tracked::recount(&words, &ids, &tokens, want, false);
+            times.recounts += 1;
         };
         let Some(best) = best else { break };
         let (a, b) = unpack(best);
-        let stats = pairs.shard(best).remove(&best).expect("popped pair is present");
+        let stats = tracked.pairs.shard(best).remove(&best).expect("popped pair is present");
         history.push(stats.count);
-
         merged.push((a, b));
         let (x, known_bytes) = tokens.join(a, b);
         made.push(x);
 
-        // Rewrite each affected word in one pass, recording count changes.
-        for d in deltas.iter_mut() {
-            d.begin(a, b, x, tokens.bytes.len());
-        }
-        let shared = SharedWords { ptr: words.data.as_mut_ptr(), len: words.data.len() };
-        let list = &stats.words;
-        if workers > 1 && list.len() >= parallel_list {
-            let bounds = &bounds;
-            rayon::scope(|scope| {
-                for (t, d) in deltas.iter_mut().enumerate() {
-                    scope.spawn(move |_| {
-                        // SAFETY: the word-id ranges of the workers are disjoint, and a
-                        // worker's first record starts after the last record of the one
-                        // before ends.
-                        unsafe { rewrite_share(shared, list, bounds[t], bounds[t + 1], a, b, x, d) };
-                    });
-                }
-            });
-            let (first, rest) = deltas.split_at_mut(1);
-            for d in rest {
-                first[0].absorb(d);
-            }
-        } else {
-            // SAFETY: this thread alone touches the words.
-            unsafe { rewrite_share(shared, list, 0, NONE, a, b, x, &mut deltas[0]) };
-        }
+        // 3. Rewrite each word of the pair in one pass, recording count changes; 4. apply them.
+        let deltas = rewriter.rewrite(&mut words, &stats.words, a, b, x, tokens.bytes.len());
         drop(stats);
+        tracked.apply(deltas, &tokens, x, known_bytes);
 
-        // Apply the changes; pairs whose count rose get a fresh heap entry.
-        let d0 = &mut deltas[0];
-        for &(key, ref d) in d0.entries.iter() {
-            let (ka, kb) = unpack(key);
-            if !known_bytes && (ka == x || kb == x) {
-                // A pair of a new symbol is new: no lookup needed, and below the floor it
-                // is not tracked at all.
-                debug_assert!(pairs.get(key).is_none());
-                if d.count >= floor.max(1) {
-                    let mut list = WordList::with_capacity(d.n as usize);
-                    list.extend(d0.words(d.head));
-                    pairs.shard(key).insert(key, PairStats { count: d.count, words: list });
-                    heap.push(&tokens, (d.count, key));
-                }
-                continue;
-            }
-            match pairs.shard(key).entry(key) {
-                Entry::Occupied(mut e) => {
-                    let p = e.get_mut();
-                    p.count += d.count;
-                    debug_assert!(p.count >= 0);
-                    if p.count <= 0 || (p.count < floor && d.count <= 0) {
-                        e.remove();
-                    } else {
-                        p.words.reserve(d.n as usize);
-                        p.words.extend(d0.words(d.head));
-                        if d.count > 0 {
-                            heap.push(&tokens, (p.count, key));
-                        }
-                    }
-                }
-                Entry::Vacant(v) => {
-                    debug_assert!(d.count >= 0 || floor > 1);
-                    if d.count >= floor.max(1) {
-                        let mut list = WordList::with_capacity(d.n as usize);
-                        list.extend(d0.words(d.head));
-                        v.insert(PairStats { count: d.count, words: list });
-                        heap.push(&tokens, (d.count, key));
-                    }
-                }
-            }
-        }
-        d0.clear();
-        if (known_bytes || pruning.rescan_all) && floor > 1 {
-            // An untracked pair with `x` may have gained occurrences: count them exactly.
-            rescan_symbol(&words, &ids, x, floor, &mut pairs, &mut heap, &tokens);
+        // 5. Pruning: an exact rescan after a merge into known bytes, and the first floor.
+        if (known_bytes || pruning.rescan_all) && tracked.floor > 1 {
+            tracked.rescan_symbol(&words, &ids, x, &tokens);
             times.rescans += 1;
         }
         if merged.len() == pruning.after && num_merges >= 4 * pruning.after {
-            floor = ((predict_last_count(&history, num_merges) / pruning.margin) as i64).max(1);
-            prune(&mut pairs, floor);
-            heap = rebuild_heap(&pairs, &tokens);
-            times.floor = floor;
+            tracked.raise_floor(((predict_last_count(&history, num_merges) / pruning.margin) as i64).max(1), &tokens);
+            times.floor = tracked.floor;
         }
         ctl.set_done(merged.len() as u64);
     }
     times.merge_s = t1.elapsed().as_secs_f64();
     // Freeing the pair index (a list per pair) and the words takes ~10 ms for 74 MB of
     // text, more for larger corpora: the caller need not wait for it.
-    crate::threads::drop_in_background((words, pairs, heap, tokens.by_bytes));
+    crate::threads::drop_in_background((words, tracked, tokens.by_bytes));
     Ok(Merges { symbols: tokens.bytes, pairs: merged, made })
 }

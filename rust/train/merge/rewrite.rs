@@ -4,7 +4,7 @@
 use super::deltas::Deltas;
 #[cfg(target_arch = "x86_64")]
 use super::vector::{self, VECTOR_READ, VECTOR_SYMBOLS};
-use super::words::HEADER;
+use super::words::{Words, HEADER};
 use super::NONE;
 
 /// How many words ahead of the one being rewritten to prefetch.
@@ -210,4 +210,65 @@ pub(super) fn prefetch(p: *const u32) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// Rewrites the words of each merge, on this thread or, for word lists of at least
+/// `parallel_list` entries, on all the workers of the current rayon pool, each on an
+/// equal share of the words array.
+pub(super) struct Rewriter {
+    /// One per worker; the first holds a merge's changes once `rewrite` returns.
+    deltas: Vec<Deltas>,
+    /// Word-id ranges of the workers: worker t has the ids in `bounds[t]..bounds[t + 1]`.
+    bounds: Vec<u32>,
+    parallel_list: usize,
+}
+
+impl Rewriter {
+    pub(super) fn new(words: &Words, parallel_list: usize) -> Rewriter {
+        let workers = rayon::current_num_threads().max(1);
+        let total = words.data.len() as u64;
+        let bounds = (0..=workers).map(|t| (total * t as u64 / workers as u64) as u32).collect();
+        Rewriter { deltas: (0..workers).map(|_| Deltas::default()).collect(), bounds, parallel_list }
+    }
+
+    /// Rewrite the words of `list` merging (a, b) into x (with `symbols` symbols in all),
+    /// and return the count changes of the other pairs (cleared by the next call).
+    #[allow(clippy::too_many_arguments)] // the merge's symbols, passed in registers
+    pub(super) fn rewrite(
+        &mut self,
+        words: &mut Words,
+        list: &[u32],
+        a: u32,
+        b: u32,
+        x: u32,
+        symbols: usize,
+    ) -> &Deltas {
+        // The other workers' deltas were emptied by `absorb`.
+        self.deltas[0].clear();
+        for d in self.deltas.iter_mut() {
+            d.begin(a, b, x, symbols);
+        }
+        let shared = SharedWords { ptr: words.data.as_mut_ptr(), len: words.data.len() };
+        if self.deltas.len() > 1 && list.len() >= self.parallel_list {
+            let bounds = &self.bounds;
+            rayon::scope(|scope| {
+                for (t, d) in self.deltas.iter_mut().enumerate() {
+                    scope.spawn(move |_| {
+                        // SAFETY: the word-id ranges of the workers are disjoint, and a
+                        // worker's first record starts after the last record of the one
+                        // before ends.
+                        unsafe { rewrite_share(shared, list, bounds[t], bounds[t + 1], a, b, x, d) };
+                    });
+                }
+            });
+            let (first, rest) = self.deltas.split_at_mut(1);
+            for d in rest {
+                first[0].absorb(d);
+            }
+        } else {
+            // SAFETY: this thread alone touches the words.
+            unsafe { rewrite_share(shared, list, 0, NONE, a, b, x, &mut self.deltas[0]) };
+        }
+        &self.deltas[0]
+    }
 }

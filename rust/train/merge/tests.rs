@@ -1,3 +1,4 @@
+use super::deltas::Deltas;
 use super::rewrite::rewrite_word;
 #[cfg(target_arch = "x86_64")]
 use super::vector::{self, VECTOR_READ, VECTOR_SYMBOLS};
