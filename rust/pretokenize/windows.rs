@@ -12,6 +12,7 @@
 //!     last window, where the padding spaces extend a final run as the end would);
 //!   - an apostrophe at a piece start followed by s, d, m, t, ll, ve or re is a piece of
 //!     its own (those are rare; the scalar `contraction` decides each one).
+//!
 //! So a start at k depends only on bytes k-4..=k+1: the starts before the last ASCII
 //! byte but one are certain. The pieces between them are reported and the next window
 //! begins at the last certain start; where no piece completes (a non-ASCII char, a
