@@ -73,7 +73,7 @@ const _: () = {
     }
 };
 
-/// The class of a code point, as the `regex` module classifies it.
+/// The class of a code point (the regex engine's, see `unicode_tables.rs`).
 #[inline(always)]
 pub(super) fn class_of_cp(cp: u32) -> u8 {
     debug_assert!(cp < 0x110000);
@@ -99,7 +99,7 @@ pub fn char_class(c: char) -> u8 {
 
 /// Bit flags of a `char`'s memberships in the classes the built-in patterns use:
 /// 1 `\p{L}`, 2 `\p{N}`, 4 `\s`, 8 `\p{M}`, 16 `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`,
-/// 32 `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`. For exhaustive tests against the `regex` module.
+/// 32 `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`. For exhaustive tests of the tables.
 pub fn char_class_flags(c: char) -> u8 {
     let k = char_class(c);
     (in_set(k, SET_L) as u8)

@@ -15,8 +15,9 @@
 //! matches at every position (each code point is a letter, a number, whitespace or
 //! "other", and each of those classes has an alternative that accepts it), so the
 //! pieces tile the text and no position is ever skipped. Code points are classified
-//! with a table generated from the `regex` module itself (`unicode_tables.rs`); ASCII
-//! uses a 128-entry table (`classes.rs`).
+//! with a table generated from the regex engine's own Unicode classes
+//! (`unicode_tables.rs`, from regex-syntax, the crate behind fancy-regex and tiktoken);
+//! ASCII uses a 128-entry table (`classes.rs`).
 //!
 //! On x86_64, ASCII text goes 64 bytes at a time instead: a window starts at a piece
 //! start, vector compares give bit masks of byte classes (SSE2 on every x86_64 CPU, AVX2
@@ -33,8 +34,9 @@
 //! generator checks it).
 //!
 //! Tests: unit tests in `tests.rs` (hand-picked cases, a random differential test
-//! against fancy-regex, linear time on long runs); tests/test_pretokenize.py compares
-//! with Python's `regex` module itself (every code point's class, hypothesis, corpora).
+//! against fancy-regex, linear time on long runs, the tables against the regex engine's
+//! classes); tests/test_pretokenize.py and tests/test_unicode.py compare with the
+//! pure-Python reference (Python `regex` given the same classes) and with tiktoken.
 
 use std::fmt;
 
@@ -105,6 +107,11 @@ pub const O200K_PATTERN: &str = concat!(
     "|",
     r"\s+"
 );
+
+/// The Unicode version of the built-in patterns' classes (`unicode_tables.rs`).
+pub fn unicode_version() -> &'static str {
+    crate::unicode_tables::UNICODE_VERSION
+}
 
 /// Resolve a pattern name to its regex source; other strings are returned as given.
 pub fn resolve_pattern(name_or_regex: &str) -> &str {

@@ -367,45 +367,33 @@ fn batches_give_the_pieces_of_for_each_piece_range() {
     assert!(batched_ranges(&pretoks[0], "").is_empty());
 }
 
-/// fancy-regex follows Python `regex` on the built-in patterns wherever both agree
-/// on the Unicode classes; check the tables against fancy-regex's own (Unicode 16)
-/// classes on all code points, allowing differences only for code points the newer
-/// Unicode of the `regex` module assigns (Cn for the regex crate) and for known
-/// category changes. (tests/test_pretokenize.py checks the tables against `regex`.)
+/// The scanners' tables equal the regex engine's classes (regex-syntax, as pinned in
+/// Cargo.lock) on every code point: the Unicode version of the built-in patterns is
+/// that of the engine that runs custom patterns (and tiktoken's).
 #[test]
-fn tables_agree_with_regex_crate_up_to_new_assignments() {
-    let all: String = (0..0xd800u32).chain(0xe000..0x110000).map(|cp| char::from_u32(cp).unwrap()).collect();
-    let members = |pattern: &str| {
-        let re = fancy_regex::Regex::new(pattern).unwrap();
-        let mut set = std::collections::HashSet::new();
-        for m in re.find_iter(&all) {
-            let m = m.unwrap();
-            set.extend(m.as_str().chars());
-        }
-        set
-    };
-    let unassigned = members(r"\p{Cn}+");
-    let classes = [
-        (r"\p{L}+", SET_L),
-        (r"\p{N}+", SET_N),
-        (r"\s+", SET_WS),
-        (r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+", SET_U),
-        (r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]+", SET_W),
-    ];
-    let mut differ = std::collections::HashSet::new();
-    for (pattern, set) in classes {
-        let theirs = members(pattern);
-        for ch in all.chars() {
-            if theirs.contains(&ch) != in_set(char_class(ch), set) && !unassigned.contains(&ch) {
-                differ.insert(ch as u32);
-            }
-        }
-    }
-    let mut differ: Vec<u32> = differ.into_iter().collect();
-    differ.sort();
-    // U+0295 (LATIN LETTER PHARYNGEAL VOICED FRICATIVE) moved from Ll to Lo in
-    // Unicode 17, which the `regex` module follows.
-    assert_eq!(differ, vec![0x295], "code points classified unlike the regex crate");
+fn tables_equal_the_regex_engine_classes() {
+    use crate::unicode_classes::{engine_classes, engine_unicode_version};
+    use crate::unicode_tables::{REGEX_SYNTAX_VERSION, UNICODE_VERSION};
+    // Fine class (unicode_classes::FINE_CLASSES) -> the scanners' class.
+    const TABLE: [u8; 9] = [OTHER, WS, NUM, MARK, UPPER, UPPER, LOWER, OLET, OLET];
+    let fine = engine_classes();
+    let differ: Vec<u32> = (0..0x110000u32)
+        .filter_map(char::from_u32)
+        .filter(|&c| char_class(c) != TABLE[fine[c as usize] as usize])
+        .map(|c| c as u32)
+        .collect();
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock")).unwrap_or_default();
+    let locked = lock.split("name = \"regex-syntax\"\nversion = \"").nth(1).and_then(|s| s.split('"').next());
+    assert!(
+        differ.is_empty(),
+        "{} code points (U+{:04X}...) classified unlike the regex engine: the tables are Unicode {UNICODE_VERSION} \
+         (regex-syntax {REGEX_SYNTAX_VERSION}), the engine is Unicode {} (regex-syntax {}); \
+         run tools/gen_unicode_tables.py",
+        differ.len(),
+        differ[0],
+        engine_unicode_version(),
+        locked.unwrap_or("?")
+    );
 }
 
 #[test]
