@@ -423,7 +423,7 @@ class TokenShards:
             windows = np.zeros((0, width), np.int64)
         # A corrupt shard would otherwise fail deep in the model (an IndexError on the CPU,
         # a device-side assert on CUDA); one max over the batch costs microseconds.
-        if windows.size and windows.max() >= self.vocab_size:
+        if windows.size and self.vocab_size is not None and windows.max() >= self.vocab_size:
             self._bad_id(starts, windows)
         return windows
 

@@ -442,7 +442,9 @@ def _open_data(cfg: TrainConfig) -> tuple[TokenShards, TokenShards]:
             f"train and val shards come from different tokenizers ({train_data.fingerprint[:16]}... vs {val_data.fingerprint[:16]}...)"
         )
     for name, d in (("train", train_data), ("val", val_data)):
-        if d.vocab_size is not None and d.vocab_size > model_vocab:
+        if d.vocab_size is None:
+            d.vocab_size = model_vocab  # a raw token file: its ids are checked against the model's
+        if d.vocab_size > model_vocab:
             raise ConfigError(
                 f"data.{name} was encoded with a {d.vocab_size}-token vocabulary but model.vocab_size is {model_vocab}; "
                 f"set --set model.vocab_size={d.vocab_size}"
