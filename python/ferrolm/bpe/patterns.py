@@ -72,7 +72,7 @@ def _check_regex(source: str) -> None:
     try:
         regex.compile(source)
     except regex.error as e:
-        raise ValueError(f"invalid pattern {source!r}: {e}") from None
+        raise ValueError(f"invalid pre-tokenization pattern {source!r}: {e}") from None
 
 
 def _suggest(name: str) -> str:
