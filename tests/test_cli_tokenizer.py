@@ -156,7 +156,7 @@ def test_a_one_byte_special_token_is_refused_before_training(small, tmp_path):
         "--out",
         tmp_path / "t",
     )
-    assert_clear_error(r, "special token 'a' is a single byte")
+    assert_clear_error(r, "--special-token 'a' is a single byte")
     assert not (tmp_path / "t").exists()
 
 

@@ -333,9 +333,30 @@ def test_from_hf_refuses_what_it_does_not_model(tmp_path):
             tokenizers, tmp_path, "decoder", lambda d: d.update(decoder={"type": "WordPiece"})
         ): "decoder 'WordPiece'",
     }
+    (tmp_path / "tokenizer.model").write_bytes(b"\n\x0b\n\x05<unk>")
+    cases[tmp_path / "tokenizer.model"] = "SentencePiece"
     for path, message in cases.items():
         with pytest.raises(TokenizerFileError, match=message):
             Tokenizer.from_hf(path)
+    with pytest.raises(TokenizerFileError, match="SentencePiece"):
+        Tokenizer.from_hf(tmp_path)  # a folder with tokenizer.model and no tokenizer.json
+
+
+def test_from_hf_with_a_normalizer_for_normalized_text(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import normalizers
+
+    hf = _hf_gpt2(tokenizers)
+    hf.normalizer = normalizers.NFC()  # as Qwen2's
+    hf.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(TokenizerFileError, match="assume_normalized"):
+        Tokenizer.from_hf(tmp_path)
+    tok = Tokenizer.from_hf(tmp_path, assume_normalized=True)
+    text = shared_file("fixtures/german.txt").read_text(encoding="utf-8")
+    import unicodedata
+
+    assert unicodedata.is_normalized("NFC", text)
+    assert tok.encode(text) == hf.encode(text, add_special_tokens=False).ids
 
 
 def test_saved_folder_respects_the_umask(trained, tmp_path):

@@ -248,11 +248,13 @@ def _run_generate(args) -> int:
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     prompts = _prompts(args)
-    tok = find_tokenizer(read_any_checkpoint(args.checkpoint), args.checkpoint, args.tokenizer)
+    ckpt = read_any_checkpoint(args.checkpoint)
+    tok = find_tokenizer(ckpt, args.checkpoint, args.tokenizer)
     if tok is None:
         raise ValueError(f"{args.checkpoint}: its run's config names no tokenizer folder: give --tokenizer DIR")
     device = resolve_device(args.device)
-    model, _ = load_model(args.checkpoint, device, tokenizer=tok)
+    model, _ = load_model(args.checkpoint, device, tokenizer=tok, ckpt=ckpt)
+    del ckpt
     eos = tok.eos_id
     rows = [tok.encode(p) for p in prompts]
     if any(not ids for ids in rows) and eos is None:
@@ -348,7 +350,7 @@ def _add_train_tokenizer(sub) -> None:
         "train-tokenizer",
         help="train a byte-level BPE tokenizer on text files",
         description="Train a byte-level BPE tokenizer (Rust trainer, all cores) and save it as a tokenizer "
-        "directory (vocab.json, merges.txt, tokenizer.json). Prints a summary at the end: time, peak memory, "
+        "directory (vocab.json, merges.txt, the Hugging Face files, ferrolm_tokenizer.json). Prints a summary at the end: time, peak memory, "
         "number of merges, the longest tokens and the compression (bytes per token) on a sample of the input.",
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="training text files")
@@ -397,6 +399,11 @@ def _run_train_tokenizer(args) -> int:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     specials = args.special_tokens if args.special_tokens is not None else ["<|endoftext|>"]
+    for s in specials:  # refused by the save at the end: say so before the training
+        if len(s.encode("utf-8")) == 1:
+            raise ValueError(
+                f"--special-token {s!r} is a single byte: a tokenizer directory cannot hold it beside that byte's own token"
+            )
     t0 = time.perf_counter()
     tok = Tokenizer.train(
         args.input if len(args.input) > 1 else args.input[0],

@@ -751,7 +751,9 @@ def hf_files(
 _MODEL_HINTS = {"Unigram": " (SentencePiece Unigram)", "WordPiece": " (BERT-style WordPiece)", "WordLevel": ""}
 
 
-def read_hf_tokenizer(path: str | os.PathLike) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], list[str], str]:
+def read_hf_tokenizer(
+    path: str | os.PathLike, *, assume_normalized: bool = False
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], list[str], str]:
     """(vocab, merges, special tokens, pattern) of an HF ``tokenizer.json`` (or a folder
     holding one) for a byte-level BPE: GPT-2's ByteLevel pre-tokenizer, or a Split regex
     followed by a ByteLevel that only maps bytes (Llama-3, Qwen2 and others).
@@ -760,10 +762,18 @@ def read_hf_tokenizer(path: str | os.PathLike) -> tuple[dict[int, bytes], list[t
     ferrolm does not model is refused with a TokenizerFileError naming it: other models
     (Unigram, WordPiece, ...), normalizers, prefix spaces, added-token options. The
     post-processor is ignored: ferrolm's encode adds no BOS or template tokens.
+    ``assume_normalized``: accept a normalizer (Qwen2's NFC, say), on the promise that the
+    text is already normalized: ids then equal the original's for such text only.
     """
     path = Path(path)
     if path.is_dir():
+        if not (path / HF_FILE).exists() and (path / "tokenizer.model").exists():
+            raise TokenizerFileError(f"{path}: holds a SentencePiece tokenizer.model, which ferrolm does not read")
         path = path / HF_FILE
+    if path.suffix == ".model":
+        raise TokenizerFileError(
+            f"{path}: a SentencePiece model file: ferrolm reads byte-level BPE tokenizer.json files"
+        )
     try:
         data = json.loads(_read_text(path, "HF tokenizer.json"))
     except json.JSONDecodeError as e:
@@ -775,7 +785,8 @@ def read_hf_tokenizer(path: str | os.PathLike) -> tuple[dict[int, bytes], list[t
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise TokenizerFileError(f'{path}: not an HF tokenizers file (no "model" object)')
     _check_hf_model(path, data["model"])
-    _check_hf_normalizer(path, data.get("normalizer"))
+    if not assume_normalized:
+        _check_hf_normalizer(path, data.get("normalizer"))
     pattern = _hf_pattern(path, data.get("pre_tokenizer"))
     decoder = data.get("decoder")
     if decoder is not None and (not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel"):
@@ -813,7 +824,8 @@ def _check_hf_normalizer(path: Path, normalizer: Any) -> None:
     ):
         return
     raise TokenizerFileError(
-        f"{path}: normalizer {_describe(normalizer)} is not supported: ferrolm does not normalize text, so ids would differ"
+        f"{path}: normalizer {_describe(normalizer)} is not supported: ferrolm does not normalize text, so ids would "
+        "differ (for text already normalized, pass assume_normalized=True)"
     )
 
 

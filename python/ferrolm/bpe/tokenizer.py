@@ -144,12 +144,13 @@ class Tokenizer:
         return tok
 
     @classmethod
-    def from_hf(cls, path: PathInput) -> Tokenizer:
+    def from_hf(cls, path: PathInput, *, assume_normalized: bool = False) -> Tokenizer:
         """Load a byte-level BPE HF ``tokenizer.json`` (a file, or a folder holding one):
         GPT-2's, or the Split-regex + ByteLevel kind of Llama-3 and Qwen2, with their added
         tokens as special tokens. What ferrolm does not model (Unigram, WordPiece,
-        normalizers, ...) raises a TokenizerFileError that names it."""
-        vocab, merges, specials, pattern = tf.read_hf_tokenizer(path)
+        normalizers, ...) raises a TokenizerFileError that names it; ``assume_normalized=True``
+        accepts a normalizer (Qwen2's NFC) for text that is already normalized."""
+        vocab, merges, specials, pattern = tf.read_hf_tokenizer(path, assume_normalized=assume_normalized)
         return cls(vocab, merges, specials, pattern)
 
     @classmethod

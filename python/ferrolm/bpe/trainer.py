@@ -167,9 +167,6 @@ def train(
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
     patterns.resolve(pattern)  # a clear error for an empty, misspelt or invalid pattern
-    for s in specials:
-        if len(s.encode("utf-8")) == 1:
-            raise ValueError(f"special token {s!r} is a single byte, which has its own id already (0-255)")
 
     paths = _as_paths(input)
     if paths is not None and not paths:

@@ -184,72 +184,11 @@ class TrainConfig:
 
     # -- checks ----------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
-        m, s, o, r = self.model, self.schedule, self.optimizer, self.run
-        positive = {
-            "model.vocab_size": m.vocab_size,
-            "model.context_length": m.context_length,
-            "model.d_model": m.d_model,
-            "model.num_layers": m.num_layers,
-            "model.num_heads": m.num_heads,
-            "model.d_ff": m.d_ff,
-            "schedule.max_steps": s.max_steps,
-            "schedule.batch_size": s.batch_size,
-            "run.log_every": r.log_every,
-            "run.eval_batches": r.eval_batches,
-        }
-        for k, v in positive.items():
-            if v <= 0:
-                raise ConfigError(f"{k} must be positive, got {v}")
-        non_negative = {
-            "schedule.warmup_steps": s.warmup_steps,
-            "schedule.cosine_steps": s.cosine_steps,
-            "schedule.tokens_per_step": s.tokens_per_step,
-            "schedule.max_time_s": s.max_time_s,
-            "run.eval_every": r.eval_every,
-            "run.checkpoint_every": r.checkpoint_every,
-            "run.keep_last": r.keep_last,
-            "run.num_threads": r.num_threads,
-            "optimizer.weight_decay": o.weight_decay,
-            "optimizer.grad_clip": o.grad_clip,
-            "optimizer.min_lr": o.min_lr,
-        }
-        for k, v in non_negative.items():
-            if v < 0:
-                raise ConfigError(f"{k} must be >= 0, got {v}")
-        if m.d_model % m.num_heads:
-            raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})")
-        if (m.d_model // m.num_heads) % 2:
-            raise ConfigError(
-                f"RoPE needs an even head size: model.d_model / model.num_heads = {m.d_model // m.num_heads}"
-            )
-        positive_numbers = {"optimizer.lr": o.lr, "optimizer.eps": o.eps, "model.rope_theta": m.rope_theta}
-        for k, v in positive_numbers.items():
-            if not (v > 0 and math.isfinite(v)):
-                raise ConfigError(f"{k} must be a positive number, got {v}")
-        if o.min_lr > o.lr:
-            raise ConfigError(
-                f"optimizer.min_lr ({o.min_lr}) is above optimizer.lr ({o.lr}): the cosine decays to min_lr"
-            )
-        for k in ("beta1", "beta2"):
-            if not 0 <= getattr(o, k) < 1:
-                raise ConfigError(f"optimizer.{k} must be in [0, 1), got {getattr(o, k)}")
-        if s.schedule_by not in ("steps", "time"):
-            raise ConfigError(f"schedule.schedule_by must be 'steps' or 'time', got {s.schedule_by!r}")
-        if s.schedule_by == "time" and s.max_time_s <= 0:
-            raise ConfigError("schedule.schedule_by = 'time' needs schedule.max_time_s > 0")
-        micro = s.batch_size * m.context_length
-        if s.tokens_per_step % micro:
-            lo = max(micro, s.tokens_per_step // micro * micro)
-            raise ConfigError(
-                f"schedule.tokens_per_step ({s.tokens_per_step}) is not a multiple of schedule.batch_size x "
-                f"model.context_length = {micro}: use {lo} or {lo + micro} (or 0: one micro-batch per step)"
-            )
-        if s.warmup_steps > s.max_steps:
-            raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
-        if s.cosine_steps and s.cosine_steps < s.warmup_steps:
-            raise ConfigError(
-                f"schedule.cosine_steps ({s.cosine_steps}) is before the end of warmup ({s.warmup_steps})"
-            )
+        """Check every field and their relations; raise ConfigError naming the first bad one."""
+        _check_signs(self)
+        _check_model(self.model)
+        _check_optimizer(self.optimizer)
+        _check_schedule(self.schedule, self.model)
         for k in ("train", "val"):
             v = getattr(self.data, k)
             if isinstance(v, list) and not v:
@@ -260,6 +199,78 @@ class TrainConfig:
         for k in ("train", "val"):
             if not getattr(self.data, k):
                 raise ConfigError(f"data.{k} is not set: give the shard prefix, e.g. --set data.{k}=data/{k}")
+
+
+def _check_signs(cfg: TrainConfig) -> None:
+    m, s, o, r = cfg.model, cfg.schedule, cfg.optimizer, cfg.run
+    positive = {
+        "model.vocab_size": m.vocab_size,
+        "model.context_length": m.context_length,
+        "model.d_model": m.d_model,
+        "model.num_layers": m.num_layers,
+        "model.num_heads": m.num_heads,
+        "model.d_ff": m.d_ff,
+        "schedule.max_steps": s.max_steps,
+        "schedule.batch_size": s.batch_size,
+        "run.log_every": r.log_every,
+        "run.eval_batches": r.eval_batches,
+    }
+    for k, v in positive.items():
+        if v <= 0:
+            raise ConfigError(f"{k} must be positive, got {v}")
+    non_negative = {
+        "schedule.warmup_steps": s.warmup_steps,
+        "schedule.cosine_steps": s.cosine_steps,
+        "schedule.tokens_per_step": s.tokens_per_step,
+        "schedule.max_time_s": s.max_time_s,
+        "run.eval_every": r.eval_every,
+        "run.checkpoint_every": r.checkpoint_every,
+        "run.keep_last": r.keep_last,
+        "run.num_threads": r.num_threads,
+        "optimizer.weight_decay": o.weight_decay,
+        "optimizer.grad_clip": o.grad_clip,
+        "optimizer.min_lr": o.min_lr,
+    }
+    for k, v in non_negative.items():
+        if v < 0:
+            raise ConfigError(f"{k} must be >= 0, got {v}")
+    positive_numbers = {"optimizer.lr": o.lr, "optimizer.eps": o.eps, "model.rope_theta": m.rope_theta}
+    for k, v in positive_numbers.items():
+        if not (v > 0 and math.isfinite(v)):
+            raise ConfigError(f"{k} must be a positive number, got {v}")
+
+
+def _check_model(m: ModelSection) -> None:
+    if m.d_model % m.num_heads:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})")
+    if (m.d_model // m.num_heads) % 2:
+        raise ConfigError(f"RoPE needs an even head size: model.d_model / model.num_heads = {m.d_model // m.num_heads}")
+
+
+def _check_optimizer(o: OptimizerSection) -> None:
+    if o.min_lr > o.lr:
+        raise ConfigError(f"optimizer.min_lr ({o.min_lr}) is above optimizer.lr ({o.lr}): the cosine decays to min_lr")
+    for k in ("beta1", "beta2"):
+        if not 0 <= getattr(o, k) < 1:
+            raise ConfigError(f"optimizer.{k} must be in [0, 1), got {getattr(o, k)}")
+
+
+def _check_schedule(s: ScheduleSection, m: ModelSection) -> None:
+    if s.schedule_by not in ("steps", "time"):
+        raise ConfigError(f"schedule.schedule_by must be 'steps' or 'time', got {s.schedule_by!r}")
+    if s.schedule_by == "time" and s.max_time_s <= 0:
+        raise ConfigError("schedule.schedule_by = 'time' needs schedule.max_time_s > 0")
+    micro = s.batch_size * m.context_length
+    if s.tokens_per_step % micro:
+        lo = max(micro, s.tokens_per_step // micro * micro)
+        raise ConfigError(
+            f"schedule.tokens_per_step ({s.tokens_per_step}) is not a multiple of schedule.batch_size x "
+            f"model.context_length = {micro}: use {lo} or {lo + micro} (or 0: one micro-batch per step)"
+        )
+    if s.warmup_steps > s.max_steps:
+        raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
+    if s.cosine_steps and s.cosine_steps < s.warmup_steps:
+        raise ConfigError(f"schedule.cosine_steps ({s.cosine_steps}) is before the end of warmup ({s.warmup_steps})")
 
 
 def name_in(name: str, section_cls) -> bool:

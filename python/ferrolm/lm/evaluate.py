@@ -86,8 +86,9 @@ def evaluate(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = resolve_device(device)
-    tok = find_tokenizer(read_any_checkpoint(checkpoint), checkpoint, tokenizer)
-    model, ckpt = load_model(checkpoint, dev, tokenizer=tok)
+    ckpt = read_any_checkpoint(checkpoint)
+    tok = find_tokenizer(ckpt, checkpoint, tokenizer)
+    model, ckpt = load_model(checkpoint, dev, tokenizer=tok, ckpt=ckpt)
     shards = TokenShards(data)
     want = ckpt.get("tokenizer_fingerprint")
     if want and shards.fingerprint != want:

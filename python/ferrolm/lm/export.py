@@ -69,7 +69,8 @@ def llama_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> di
         "attention_dropout": 0.0,
         "mlp_bias": False,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": dtype,
+        "torch_dtype": dtype,  # transformers 4; 5 reads "dtype"
+        "dtype": dtype,
         "use_cache": True,
         **_special_ids(tokenizer),
     }
@@ -86,12 +87,13 @@ def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str
 def _load(checkpoint: PathLike, tokenizer: Any):
     from ferrolm.lm.generate import find_tokenizer, load_model, read_any_checkpoint
 
-    tok = find_tokenizer(read_any_checkpoint(checkpoint), checkpoint, tokenizer)
+    ckpt = read_any_checkpoint(checkpoint)
+    tok = find_tokenizer(ckpt, checkpoint, tokenizer)
     if tok is None:
         raise ValueError(
             f"{checkpoint}: its run's config names no tokenizer folder (data.tokenizer): give the tokenizer"
         )
-    model, ckpt = load_model(checkpoint, "cpu", tokenizer=tok)
+    model, ckpt = load_model(checkpoint, "cpu", tokenizer=tok, ckpt=ckpt)
     return model, ckpt, tok
 
 
@@ -108,7 +110,7 @@ def export_hf(checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dty
     weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_llama_state_dict(model).items()}
     files = {
         "config.json": _json(llama_config(cfg, tok, dtype)),
-        "generation_config.json": _json({**_special_ids(tok), "do_sample": True, "temperature": 1.0}),
+        "generation_config.json": _json({**_special_ids(tok), "do_sample": True, "temperature": 1.0, "top_k": 0}),
         "model.safetensors": _safetensors_bytes(weights, {}),
     }
     special_ids = [(s, tok.special_token_ids[s]) for s in tok.special_tokens]

@@ -488,20 +488,26 @@ def _model_config_from_checkpoint(ckpt: dict, name: str) -> dict:
 
 
 def load_model(
-    checkpoint: Union[str, os.PathLike[str]], device: Union[str, torch.device] = "cpu", tokenizer: Any = None
+    checkpoint: Union[str, os.PathLike[str]],
+    device: Union[str, torch.device] = "cpu",
+    tokenizer: Any = None,
+    *,
+    ckpt: Optional[dict] = None,
 ):
     """Build a TransformerLM from a ``ferrolm train`` checkpoint (or a safetensors file from
     ``ferrolm export --format safetensors``): (model in eval mode, checkpoint dict).
 
     The model's shape comes from the checkpoint's config. With ``tokenizer`` given, its
     fingerprint must equal the one the checkpoint was trained with (when it recorded
-    one), and its ids must fit the model's vocabulary.
+    one), and its ids must fit the model's vocabulary. ``ckpt``: the checkpoint dict when
+    the caller has read it already (it is not read again).
     """
     from ferrolm.lm.checkpoint import CheckpointError, apply_checkpoint
     from ferrolm.lm.model import TransformerLM
 
     name = os.fspath(checkpoint)
-    ckpt = read_any_checkpoint(checkpoint)
+    if ckpt is None:
+        ckpt = read_any_checkpoint(checkpoint)
     if tokenizer is not None:
         want = ckpt.get("tokenizer_fingerprint")
         have = getattr(tokenizer, "fingerprint", None)

@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 
 from ferrolm import __version__
 from ferrolm._util import atomic_write_bytes, stale_temporaries
+from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
@@ -75,6 +76,7 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
 )
 from ferrolm.lm.data import ShardError, TokenShards, sample_starts
 from ferrolm.lm.device import resolve_device
+from ferrolm.lm.evaluate import token_byte_lengths
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
@@ -338,9 +340,6 @@ def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device,
     data.tokenizer names a folder: bits per byte = val loss / ln 2 / this."""
     if not cfg.data.tokenizer or not Path(cfg.data.tokenizer).is_dir():
         return None
-    from ferrolm.bpe.tokenizer import Tokenizer
-    from ferrolm.lm.evaluate import token_byte_lengths
-
     lengths = token_byte_lengths(Tokenizer.load(cfg.data.tokenizer), cfg.model.vocab_size)
     _, y = val_data.windows_at(starts, cfg.model.context_length, "cpu")
     total = torch.tensor([float(lengths[y].sum()), float(y.numel())], dtype=torch.float64, device=device)
