@@ -20,6 +20,7 @@
 
 mod bpe;
 mod cache;
+pub mod cancel;
 mod hugebuf;
 mod pairs;
 mod parallel;
@@ -403,7 +404,6 @@ impl Encoder {
         out: &mut Vec<u32>,
         flush: &mut impl FnMut(&mut Vec<u32>),
     ) {
-        crate::fault::check(crate::fault::Site::Encode);
         if allow_special && !self.specials.is_empty() {
             let mut pos = 0;
             for (s, e, id) in self.specials.find_iter(text) {
@@ -425,11 +425,13 @@ impl Encoder {
         out: &mut Vec<u32>,
         flush: &mut impl FnMut(&mut Vec<u32>),
     ) {
+        crate::fault::check(crate::fault::Site::Encode);
         if text.is_empty() {
             return;
         }
         let bytes = text.as_bytes();
         self.pretok.for_each_piece_batch(text, |bounds| {
+            cancel::check();
             self.encode_bounds(bytes, bounds, self.current(held), out);
             flush(out);
         });

@@ -12,7 +12,7 @@ pub enum Site {
     TrainCount = 1,
     /// The trainer's merge stage (on a worker of the trainer's pool).
     TrainMerge = 2,
-    /// One encode call (of any kind: a text, a part of a text, a document of a batch).
+    /// Encoding a span of text between special tokens (in any kind of encode call).
     Encode = 4,
     /// The shard writer's calling thread, after writing a chunk.
     ShardWrite = 8,

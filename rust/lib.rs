@@ -10,6 +10,7 @@ pub mod pretokenize;
 pub mod shards;
 pub mod threads;
 pub mod train;
+pub mod unicode_classes;
 mod unicode_tables;
 mod utf8;
 pub mod vocab_files;

@@ -15,8 +15,8 @@
 //! every position (each code point is a letter, a number, whitespace or "other", and
 //! each of those classes has an alternative that accepts it), so the pieces tile the
 //! text and no position is ever skipped. Code points are classified with a table
-//! generated from the `regex` module itself (`unicode_tables.rs`); ASCII uses a
-//! 128-entry table.
+//! generated from the regex engine's own Unicode classes (`unicode_tables.rs`, from
+//! regex-syntax, the crate behind fancy-regex and tiktoken); ASCII uses a 128-entry table.
 //!
 //! On x86_64, ASCII text goes 64 bytes at a time instead: a window starts at a piece
 //! start, vector compares give bit masks of byte classes (SSE2 on every x86_64 CPU, AVX2
@@ -33,8 +33,9 @@
 //! generator checks it).
 //!
 //! Tests: unit tests here (hand-picked cases, a random differential test against
-//! fancy-regex, linear time on long runs); tests/test_pretokenize.py compares with
-//! Python's `regex` module itself (every code point's class, hypothesis, corpora).
+//! fancy-regex, linear time on long runs, the tables against the regex engine's classes);
+//! tests/test_pretokenize.py and tests/test_unicode.py compare with the pure-Python
+//! reference (Python `regex` given the same classes) and with tiktoken.
 
 use std::fmt;
 
@@ -96,6 +97,11 @@ pub const O200K_PATTERN: &str = concat!(
     "|",
     r"\s+"
 );
+
+/// The Unicode version of the built-in patterns' classes (`unicode_tables.rs`).
+pub fn unicode_version() -> &'static str {
+    crate::unicode_tables::UNICODE_VERSION
+}
 
 /// Resolve a pattern name to its regex source; other strings are returned as given.
 pub fn resolve_pattern(name_or_regex: &str) -> &str {
@@ -462,7 +468,7 @@ const _: () = {
     }
 };
 
-/// The class of a code point, as the `regex` module classifies it.
+/// The class of a code point (the regex engine's, see `unicode_tables.rs`).
 #[inline(always)]
 fn class_of_cp(cp: u32) -> u8 {
     debug_assert!(cp < 0x110000);
@@ -488,7 +494,7 @@ pub fn char_class(c: char) -> u8 {
 
 /// Bit flags of a `char`'s memberships in the classes the built-in patterns use:
 /// 1 `\p{L}`, 2 `\p{N}`, 4 `\s`, 8 `\p{M}`, 16 `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`,
-/// 32 `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`. For exhaustive tests against the `regex` module.
+/// 32 `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`. For exhaustive tests of the tables.
 pub fn char_class_flags(c: char) -> u8 {
     let k = char_class(c);
     (in_set(k, SET_L) as u8)
@@ -2063,45 +2069,33 @@ mod tests {
         assert!(batched_ranges(&pretoks[0], "").is_empty());
     }
 
-    /// fancy-regex follows Python `regex` on the built-in patterns wherever both agree
-    /// on the Unicode classes; check the tables against fancy-regex's own (Unicode 16)
-    /// classes on all code points, allowing differences only for code points the newer
-    /// Unicode of the `regex` module assigns (Cn for the regex crate) and for known
-    /// category changes. (tests/test_pretokenize.py checks the tables against `regex`.)
+    /// The scanners' tables equal the regex engine's classes (regex-syntax, as pinned in
+    /// Cargo.lock) on every code point: the Unicode version of the built-in patterns is
+    /// that of the engine that runs custom patterns (and tiktoken's).
     #[test]
-    fn tables_agree_with_regex_crate_up_to_new_assignments() {
-        let all: String = (0..0xd800u32).chain(0xe000..0x110000).map(|cp| char::from_u32(cp).unwrap()).collect();
-        let members = |pattern: &str| {
-            let re = fancy_regex::Regex::new(pattern).unwrap();
-            let mut set = std::collections::HashSet::new();
-            for m in re.find_iter(&all) {
-                let m = m.unwrap();
-                set.extend(m.as_str().chars());
-            }
-            set
-        };
-        let unassigned = members(r"\p{Cn}+");
-        let classes = [
-            (r"\p{L}+", SET_L),
-            (r"\p{N}+", SET_N),
-            (r"\s+", SET_WS),
-            (r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+", SET_U),
-            (r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]+", SET_W),
-        ];
-        let mut differ = std::collections::HashSet::new();
-        for (pattern, set) in classes {
-            let theirs = members(pattern);
-            for ch in all.chars() {
-                if theirs.contains(&ch) != in_set(char_class(ch), set) && !unassigned.contains(&ch) {
-                    differ.insert(ch as u32);
-                }
-            }
-        }
-        let mut differ: Vec<u32> = differ.into_iter().collect();
-        differ.sort();
-        // U+0295 (LATIN LETTER PHARYNGEAL VOICED FRICATIVE) moved from Ll to Lo in
-        // Unicode 17, which the `regex` module follows.
-        assert_eq!(differ, vec![0x295], "code points classified unlike the regex crate");
+    fn tables_equal_the_regex_engine_classes() {
+        use crate::unicode_classes::{engine_classes, engine_unicode_version};
+        use crate::unicode_tables::{REGEX_SYNTAX_VERSION, UNICODE_VERSION};
+        // Fine class (unicode_classes::FINE_CLASSES) -> the scanners' class.
+        const TABLE: [u8; 9] = [OTHER, WS, NUM, MARK, UPPER, UPPER, LOWER, OLET, OLET];
+        let fine = engine_classes();
+        let differ: Vec<u32> = (0..0x110000u32)
+            .filter_map(char::from_u32)
+            .filter(|&c| char_class(c) != TABLE[fine[c as usize] as usize])
+            .map(|c| c as u32)
+            .collect();
+        let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock")).unwrap_or_default();
+        let locked = lock.split("name = \"regex-syntax\"\nversion = \"").nth(1).and_then(|s| s.split('"').next());
+        assert!(
+            differ.is_empty(),
+            "{} code points (U+{:04X}...) classified unlike the regex engine: the tables are Unicode {UNICODE_VERSION} \
+             (regex-syntax {REGEX_SYNTAX_VERSION}), the engine is Unicode {} (regex-syntax {}); \
+             run tools/gen_unicode_tables.py",
+            differ.len(),
+            differ[0],
+            engine_unicode_version(),
+            locked.unwrap_or("?")
+        );
     }
 
     #[test]

@@ -744,6 +744,7 @@ impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
     /// Append one encoded chunk and commit the journal when it is due.
     fn write(&mut self, enc: &Encoded) -> Result<(), ShardError> {
         self.out.write(&enc.bytes)?;
+        crate::fault::check(crate::fault::Site::ShardWrite);
         let j = &mut self.journal;
         j.tokens += enc.tokens;
         j.documents += enc.documents;
@@ -843,7 +844,8 @@ fn spawn_encode<'s, E: TextEncoder + ?Sized>(
     });
 }
 
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+/// The message a panic was given (its payload, when it is a string).
+pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {

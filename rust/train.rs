@@ -326,6 +326,27 @@ impl Trainer {
         Ok(())
     }
 
+    /// Count a batch of documents, document `i` being `data[ends[i - 1]..ends[i]]`
+    /// (`ends[-1]` = 0). Each document is a text of its own: no pre-token spans two, as if
+    /// they were separated by a special token (special tokens inside one still split it).
+    pub fn feed_documents(&mut self, data: &[u8], ends: &[usize], ctl: &Control) -> Result<(), TrainError> {
+        self.counter()?;
+        let t = Instant::now();
+        let mut segments = Vec::new();
+        let mut start = 0;
+        for &end in ends {
+            if end < start || end > data.len() {
+                return Err(TrainError::InvalidInput("document offsets are not increasing within the data".into()));
+            }
+            self.splitter.segments(&data[start..end], start, &mut segments);
+            start = end;
+        }
+        let r = self.count_buffer(&data[..start], segments, self.stats.bytes, "documents", ctl);
+        self.stats.count_s += t.elapsed().as_secs_f64();
+        self.stats.bytes += start as u64;
+        r
+    }
+
     /// End the text stream: count what is left of it.
     pub fn finish_text(&mut self, ctl: &Control) -> Result<(), TrainError> {
         self.counter()?;

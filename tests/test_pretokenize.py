@@ -1,10 +1,11 @@
-"""The Rust pre-tokenizer against Python's `regex` module, the ground truth.
+"""The Rust pre-tokenizer against the pure-Python reference (Python's `regex` module
+given the core's Unicode classes), the ground truth.
 
 The built-in patterns run on hand-written scanners in rust/pretokenize.rs; these tests
-check they give exactly `regex.findall(pattern, text)`: on every code point's class,
-on random text biased towards the characters the patterns treat specially, on the
-fixtures and on slices of every corpus (set FERROLM_FULL_CORPUS=1 to compare whole
-corpus files).
+check they give exactly the reference's pieces (`regex.findall` of the pattern with the
+core's classes): on random text biased towards the characters the patterns treat
+specially, on the fixtures and on slices of every corpus (set FERROLM_FULL_CORPUS=1 to
+compare whole corpus files). tests/test_unicode.py checks every code point, and tiktoken.
 """
 
 from __future__ import annotations
@@ -14,20 +15,20 @@ import sys
 
 import pytest
 
-regex = pytest.importorskip("regex")
+pytest.importorskip("regex")
 from conftest import corpus_files, shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ferrolm import _core
-from ferrolm.bpe import patterns
+from ferrolm.bpe import patterns, reference
 
 NAMES = ["gpt2", "cl100k", "o200k"]
-COMPILED = {name: regex.compile(patterns.NAMED[name]) for name in NAMES}
+SPLIT = {name: reference._compile_pattern(name)[1] for name in NAMES}
 
 
 def expected(name: str, text: str) -> list[str]:
-    return COMPILED[name].findall(text)
+    return SPLIT[name](text)
 
 
 def check(name: str, text: str) -> None:
@@ -37,7 +38,7 @@ def check(name: str, text: str) -> None:
         # Report the first difference, not two huge lists.
         i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         pytest.fail(
-            f"{name}: piece {i} differs: rust {got[i : i + 3]!r} vs regex {want[i : i + 3]!r} "
+            f"{name}: piece {i} differs: rust {got[i : i + 3]!r} vs reference {want[i : i + 3]!r} "
             f"(after {''.join(want[max(0, i - 3) : i])!r})"
         )
 
@@ -62,40 +63,13 @@ def test_builtin_source_given_as_regex_gives_same_pieces():
         assert _core.pretokenize(text, patterns.NAMED[name]) == _core.pretokenize(text, name)
 
 
-# Flag bits of _core._char_classes, and the regex class each one stands for.
-CLASS_FLAGS = [
-    (1, r"\p{L}"),
-    (2, r"\p{N}"),
-    (4, r"\s"),
-    (8, r"\p{M}"),
-    (16, r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"),
-    (32, r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"),
-]
-
-
-def test_char_classes_equal_regex_module_on_every_code_point():
-    """Every code point except surrogates: the scanners' class table vs `regex`."""
-    cps = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
-    text = "".join(map(chr, cps))
-    got = _core._char_classes(text)
-    assert len(got) == len(cps)
-    want = bytearray(len(cps))
-    for flag, cls in CLASS_FLAGS:
-        for m in regex.finditer(cls + "+", text):
-            for k in range(m.start(), m.end()):
-                want[k] |= flag
-    if bytes(got) != bytes(want):
-        bad = [(hex(cps[k]), got[k], want[k]) for k in range(len(cps)) if got[k] != want[k]]
-        pytest.fail(f"{len(bad)} code points classified unlike regex {regex.__version__}: {bad[:20]}")
-
-
 def test_char_class_flags_are_consistent():
     # Sanity of the expectation itself: a few known chars.
     assert list(_core._char_classes("aA\u01c5\u02b0\u4e2d\u0301\u0663 \x1c")) == [33, 17, 17, 49, 49, 56, 2, 4, 0]
 
 
 # ---------------------------------------------------------------------------------
-# Hand-picked cases (each checked against regex too, so a wrong expectation fails)
+# Hand-picked cases (each checked against the reference too, so a wrong expectation fails)
 
 CASES = [
     "",

@@ -69,7 +69,7 @@ pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync, T: IdElem>(
     allow_special: bool,
     threads: ThreadCount,
 ) -> Vec<BatchIds<T>> {
-    let encode_group = |group: &[S]| {
+    let encode_group = super::cancel::carried(|group: &[S]| {
         let bytes: usize = group.iter().map(|t| t.as_ref().len()).sum();
         let mut out = BatchIds { ids: Vec::with_capacity(bytes / 4 + 16), ends: Vec::with_capacity(group.len()) };
         let mut scratch = Vec::new();
@@ -78,7 +78,7 @@ pub(super) fn encode_batch_grouped<S: AsRef<str> + Sync, T: IdElem>(
             out.ends.push(out.ids.len());
         }
         out
-    };
+    });
     let n = threads::resolve(threads);
     if n <= 1 || texts.len() <= 1 {
         return vec![encode_group(texts)];
@@ -119,11 +119,11 @@ pub(super) fn encode_parallel_parts<T: IdElem>(
     allow_special: bool,
     threads: ThreadCount,
 ) -> Vec<Vec<T>> {
-    let encode_part = |part: &str| {
+    let encode_part = super::cancel::carried(|part: &str| {
         let mut out = Vec::with_capacity(part.len() / 4 + 4);
         T::encode_onto(enc, part, allow_special, &mut Vec::new(), &mut out);
         out
-    };
+    });
     let n = threads::resolve(threads);
     if n <= 1 || text.len() < (1 << 20) {
         return vec![encode_part(text)];

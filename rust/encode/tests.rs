@@ -698,3 +698,24 @@ fn piece_table_shared_by_threads() {
     let ((slots, side), (max_slots, max_side)) = last.usage();
     assert!(slots <= max_slots && side <= max_side);
 }
+
+#[test]
+fn a_set_flag_stops_encoding_and_the_encoder_goes_on() {
+    use std::sync::atomic::AtomicBool;
+    let e = toy();
+    let text = "hello world aaaa!! ".repeat(200_000);
+    let want = e.encode(&text, true);
+    let stop = Arc::new(AtomicBool::new(true));
+    let threads = Some(2);
+    assert_eq!(cancel::under(stop.clone(), || e.encode(&text, true)), Err(cancel::Cancelled));
+    let parts = cancel::under(stop.clone(), || e.encode_parallel_parts::<u32>(&text, true, threads));
+    assert_eq!(parts, Err(cancel::Cancelled));
+    let batch = cancel::under(stop.clone(), || e.encode_batch(&[&text[..], &text[..]], true, threads));
+    assert_eq!(batch, Err(cancel::Cancelled));
+    let huge = "a".repeat(100_000);
+    assert_eq!(cancel::under(stop, || e.encode(&huge, true)), Err(cancel::Cancelled));
+    // Unset, or outside `under`: the ids as before.
+    let go = Arc::new(AtomicBool::new(false));
+    assert_eq!(cancel::under(go, || e.encode_parallel(&text, true, threads)), Ok(want.clone()));
+    assert_eq!(e.encode(&text, true), want);
+}

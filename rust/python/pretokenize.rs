@@ -1,5 +1,5 @@
-//! The pre-tokenizer on its own, for differential and exhaustive tests against Python's
-//! `regex` module.
+//! The pre-tokenizer on its own, for differential and exhaustive tests against the
+//! reference and tiktoken, and the Unicode version of its classes.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -31,7 +31,15 @@ fn _char_classes(text: &str) -> Vec<u8> {
     text.chars().map(crate::pretokenize::char_class_flags).collect()
 }
 
+/// The Unicode version of the built-in patterns' character classes (fixed per release,
+/// whatever Python packages are installed); tokenizer records keep it.
+#[pyfunction]
+fn unicode_version() -> &'static str {
+    crate::pretokenize::unicode_version()
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(unicode_version, m)?)?;
     m.add_function(wrap_pyfunction!(pretokenize, m)?)?;
     m.add_function(wrap_pyfunction!(pattern_source, m)?)?;
     m.add_function(wrap_pyfunction!(_char_classes, m)?)?;

@@ -88,6 +88,15 @@ fn run_detached<T: pyo3::marker::Ungil>(py: Python<'_>, n: usize, f: impl FnOnce
     }
 }
 
+/// `run_detached` for an encode that Ctrl-C may stop half way (see `watch::interruptible`).
+fn run_encode<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> PyResult<T> {
+    if n < DETACH_MIN {
+        Ok(f())
+    } else {
+        super::watch::interruptible(py, n, f)
+    }
+}
+
 fn bytes_of(obj: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyResult<Vec<u8>> {
     match obj.cast::<PyBytes>() {
         Ok(b) => Ok(b.as_bytes().to_vec()),
@@ -314,7 +323,7 @@ impl PyEncoder {
                 to_list(py, &self.ints, ids)
             });
         }
-        let ids = py.detach(|| self.inner.encode(&s, allow_special));
+        let ids = super::watch::interruptible(py, s.len(), || self.inner.encode(&s, allow_special))?;
         to_list(py, &self.ints, &ids)
     }
 
@@ -330,6 +339,7 @@ impl PyEncoder {
         num_threads: Option<usize>,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.check_itemsize(itemsize)?;
+        super::watch::numpy_ready(py)?;
         let s = text_of(text, || "encode_to_numpy()".into())?;
         if s.len() < DETACH_MIN {
             return with_scratch(|ids| {
@@ -339,8 +349,9 @@ impl PyEncoder {
         }
         ready_pool(num_threads)?;
         let enc = &self.inner;
-        let parts =
-            py.detach(|| parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&s, allow_special, num_threads)));
+        let parts = super::watch::interruptible(py, s.len(), || {
+            parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&s, allow_special, num_threads))
+        })?;
         parts.into_array(py, num_threads)
     }
 
@@ -357,12 +368,14 @@ impl PyEncoder {
         num_threads: Option<usize>,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.check_itemsize(itemsize)?;
+        super::watch::numpy_ready(py)?;
         ready_pool(num_threads)?;
         let enc = &self.inner;
-        let parts = py.detach(|| -> std::io::Result<Parts> {
+        // Watched whatever its size (files are large as a rule).
+        let parts = super::watch::interruptible(py, usize::MAX, || -> std::io::Result<Parts> {
             let text = crate::encode::map_text_file(&path, num_threads)?;
             Ok(parts_for_itemsize!(itemsize, enc.encode_parallel_parts(&text, allow_special, num_threads)))
-        })?;
+        })??;
         parts.into_array(py, num_threads)
     }
 
@@ -378,7 +391,7 @@ impl PyEncoder {
         ready_pool(num_threads)?;
         let objs = batch_items(texts)?;
         let (strs, total) = batch_texts(&objs)?;
-        let groups = run_detached(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads));
+        let groups = run_encode(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads))?;
         let mut lists: Vec<Bound<'py, PyList>> = Vec::with_capacity(strs.len());
         for ids in groups.iter().flat_map(BatchIds::texts) {
             lists.push(to_list(py, &self.ints, ids)?);
@@ -399,11 +412,12 @@ impl PyEncoder {
         num_threads: Option<usize>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyArray1<i64>>)> {
         self.check_itemsize(itemsize)?;
+        super::watch::numpy_ready(py)?;
         ready_pool(num_threads)?;
         let objs = batch_items(texts)?;
         let (strs, total) = batch_texts(&objs)?;
         let enc = &self.inner;
-        let (parts, offsets) = run_detached(py, total, || {
+        let (parts, offsets) = run_encode(py, total, || {
             let mut offsets = Vec::with_capacity(strs.len() + 1);
             offsets.push(0i64);
             let parts = parts_for_itemsize!(
@@ -411,7 +425,7 @@ impl PyEncoder {
                 split_groups(enc.encode_batch_grouped(&strs, allow_special, num_threads), &mut offsets)
             );
             (parts, offsets)
-        });
+        })?;
         let ids = parts.into_array(py, num_threads)?;
         Ok((ids, PyArray1::from_vec(py, offsets)))
     }
@@ -477,6 +491,7 @@ pub struct PyStreamEncoder {
 impl PyStreamEncoder {
     fn feed<'py>(&self, py: Python<'py>, chunk: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
         let s = text_of(chunk, || "encode_iterable()".into())?;
+        // Not stopped by Ctrl-C half way: the stream's state would be lost with it.
         let ids = run_detached(py, s.len(), || {
             let mut out = Vec::new();
             self.state.lock().unwrap_or_else(|e| e.into_inner()).push(&self.enc, &s, &mut out);

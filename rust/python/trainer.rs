@@ -122,6 +122,20 @@ impl PyBpeTrainer {
         self.run(py, progress, move |t, ctl| t.feed_text(&text, ctl))
     }
 
+    /// Count a batch of documents, each a text of its own: `data` a uint8 array of UTF-8,
+    /// `offsets` an int64 array of n + 1 positions in it.
+    #[pyo3(signature = (data, offsets, progress = None))]
+    fn feed_documents(
+        &mut self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let batch = super::doc_batches::extract_batch(data, offsets)?;
+        self.run(py, progress, move |t, ctl| t.feed_documents(&batch.data, &batch.ends, ctl))
+    }
+
     /// End the text stream (count what is buffered).
     #[pyo3(signature = (progress = None))]
     fn finish_text(&mut self, py: Python<'_>, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {

@@ -7,6 +7,12 @@ import difflib
 import functools
 import re
 
+# The Unicode version of the built-in patterns' classes (\p{L}, \p{N}, \s, ...), in the Rust
+# core (ferrolm._core.unicode_version()) and the reference alike: fixed per release, that of
+# the regex engine the core uses (regex-syntax) and of tiktoken. Tokenizer records keep it,
+# so a folder saved under other classes is noticed.
+from ferrolm.bpe.unicode_classes import UNICODE_VERSION as UNICODE_VERSION
+
 GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 CL100K = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
@@ -32,11 +38,6 @@ NAMED = {
     "o200k": O200K,
     "o200k_base": O200K,
 }
-
-
-# The Unicode version of the character classes (\p{L}, \p{N}, \s, ...) the pre-tokenizer
-# uses; tokenizer records keep it, so a folder saved under other classes is noticed.
-UNICODE_VERSION = "17.0.0"
 
 
 def unicode_version() -> str:

@@ -8,6 +8,9 @@ docs/DESIGN.md:
 * Special tokens split the text first and are hard boundaries: no pre-token and no merge
   crosses them. The remaining text is cut into pre-tokens by a regex pattern (GPT-2's by
   default; "cl100k", "o200k" or any custom regex), matched by Python's ``regex`` module.
+  The built-in patterns use the Rust core's Unicode classes (``core_classes``), so the
+  pieces do not depend on the installed ``regex``'s Unicode version; custom patterns use
+  ``regex``'s own tables.
 * Training repeatedly merges the most frequent adjacent pair, ties broken by the
   lexicographically greatest pair of byte strings.
 * Encoding matches special tokens longest first, then applies merges by rank inside each
@@ -19,7 +22,8 @@ Details this module settles (the Rust side follows them):
   iterable of str (e.g. ``iter(documents)``). A list of str is read as *paths*; to train on
   in-memory strings pass an iterator. Files are read as UTF-8 (invalid UTF-8 is an error that
   names the file and byte offset). Each file is its own text: no pre-token spans two files.
-  The chunks of an iterable of str are one continuous text (nothing is inserted between them).
+  Each item of an iterable of str is a document of its own: no pre-token spans two (as if
+  they were separated by a special token).
 * Lone surrogates (possible in a Python str, not in UTF-8): like tiktoken, the text is first
   passed through UTF-16 with ``surrogatepass`` / ``replace``, so a valid surrogate pair
   becomes its character and a lone surrogate becomes U+FFFD.
@@ -49,6 +53,7 @@ import regex
 from ferrolm._util import check_special_tokens, fix_surrogates
 from ferrolm.bpe import files as tokenizer_files
 from ferrolm.bpe import patterns
+from ferrolm.bpe.core_classes import with_core_classes
 
 __all__ = ["train_bpe", "Tokenizer"]
 
@@ -79,6 +84,9 @@ def _special_regex(specials: Sequence[str]):
 
 def _compile_pattern(pattern: str):
     source = patterns.resolve(pattern)
+    if patterns.name_of(source) != source:
+        # A built-in: with the core's Unicode classes, not the installed regex's own.
+        source = with_core_classes(source)
     try:
         compiled = regex.compile(source)
     except regex.error as e:
@@ -220,12 +228,13 @@ def _input_texts(input_path) -> Iterator[Iterable[str]]:
             yield _read_file_chunks(item)
         return
     try:
-        chunks = iter(input_path)
+        docs = iter(input_path)
     except TypeError:
         raise TypeError(
             f"input must be a path, a list of paths, or an iterable of str; got {type(input_path).__name__}"
         ) from None
-    yield chunks
+    for doc in docs:
+        yield (doc,)
 
 
 # --------------------------------------------------------------------------------------
