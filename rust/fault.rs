@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Where a panic can be injected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Site {
     /// A trainer worker, counting pre-tokens.
     TrainCount = 1,

@@ -31,8 +31,8 @@ use std::time::Instant;
 
 use crate::pretokenize::{PatternError, PreTokenizer};
 
+pub use crate::utf8::Utf8Errors;
 pub use count::PieceCounts;
-pub use count::Utf8Errors;
 use count::{Counter, Segment};
 pub use merge::Merges;
 use merge::{learn_merges, MergeTimes, Words};
@@ -324,6 +324,27 @@ impl Trainer {
             self.count_stream(cut, ctl)?;
         }
         Ok(())
+    }
+
+    /// Count a batch of documents, document `i` being `data[ends[i - 1]..ends[i]]`
+    /// (`ends[-1]` = 0). Each document is a text of its own: no pre-token spans two, as if
+    /// they were separated by a special token (special tokens inside one still split it).
+    pub fn feed_documents(&mut self, data: &[u8], ends: &[usize], ctl: &Control) -> Result<(), TrainError> {
+        self.counter()?;
+        let t = Instant::now();
+        let mut segments = Vec::new();
+        let mut start = 0;
+        for &end in ends {
+            if end < start || end > data.len() {
+                return Err(TrainError::InvalidInput("document offsets are not increasing within the data".into()));
+            }
+            self.splitter.segments(&data[start..end], start, &mut segments);
+            start = end;
+        }
+        let r = self.count_buffer(&data[..start], segments, self.stats.bytes, "documents", ctl);
+        self.stats.count_s += t.elapsed().as_secs_f64();
+        self.stats.bytes += start as u64;
+        r
     }
 
     /// End the text stream: count what is left of it.

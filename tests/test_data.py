@@ -225,3 +225,20 @@ def test_prefetcher_hands_out_get_batch_s_batches_and_the_state_to_replay_them()
     resumed.set_state(state)
     x, y = get_batch(tokens, 4, 16, generator=resumed)
     assert torch.equal(x, expected[3][0]) and torch.equal(y, expected[3][1])
+
+
+def test_a_bin_without_sidecar_opens_with_its_dtype(tmp_path):
+    ids = np.arange(1000, dtype="<u2") * 37
+    ids.tofile(tmp_path / "train.bin")
+    with pytest.raises(ShardError, match="dtype='uint16'"):
+        TokenShards(tmp_path / "train.bin")
+    ds = TokenShards(tmp_path / "train.bin", dtype="uint16")
+    assert len(ds) == 1000 and ds[5] == 185 and ds.vocab_size is None and ds.fingerprint is None
+    assert TokenShards(tmp_path / "train", dtype="uint32")[:2].tolist() == [37 << 16, (111 << 16) | 74]
+    ds.check_tokenizer("ab" * 32)  # no fingerprint to check
+    (tmp_path / "odd.bin").write_bytes(b"abc")
+    with pytest.raises(ShardError, match="whole number"):
+        TokenShards(tmp_path / "odd.bin", dtype="uint16")
+    write_shard(tmp_path / "s", [1, 2, 3])
+    with pytest.raises(ShardError, match="uint32"):
+        TokenShards(tmp_path / "s", dtype="uint32")

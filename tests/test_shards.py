@@ -473,3 +473,203 @@ def test_decode_cli_prints_a_slice(tmp_path, gpt2_dir, gpt2_tok, cli):
     assert r.stdout == text + "\n"
     r = cli("decode", "--tokenizer", gpt2_dir, "--input", tmp_path / "o.bin", "--offset", len(ids) + 1)
     assert r.returncode == 2 and "outside" in r.stderr
+
+
+# ------------------------------------------------------------------ parquet, iterables, globs, formats
+
+
+def _parquet(path, docs, row_group_size=500, **extra_columns):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(
+        pa.table({"id": list(range(len(docs))), "text": docs, **extra_columns}), path, row_group_size=row_group_size
+    )
+    return path
+
+
+def _docs(text: str) -> list[str]:
+    """The documents of a text whose documents each end with EOT (what a reader of it sees)."""
+    docs = text.split(EOT)
+    assert not docs[-1].strip()
+    return docs[:-1]
+
+
+@pytest.fixture(scope="module")
+def small_tok(tmp_path_factory):
+    tok = Tokenizer.train(iter(_docs(docs_text(300, seed=5))), 400, [EOT], progress=False)
+    d = tmp_path_factory.mktemp("tok") / "small"
+    tok.save(d)
+    return tok, d
+
+
+def test_parquet_encodes_to_the_shard_of_the_same_documents_in_a_text_file(tmp_path, small_tok):
+    tok, _ = small_tok
+    docs = _docs(docs_text(1500, seed=6))
+    (tmp_path / "d.txt").write_text(EOT.join(docs) + EOT, encoding="utf-8")
+    ref = shards.encode(tok, tmp_path / "d.txt", tmp_path / "ref", progress=False)
+    _parquet(tmp_path / "d.parquet", docs, row_group_size=211)
+    for threads, chunk in ((1, None), (2, 4096)):
+        side = shards.encode(
+            tok, tmp_path / "d.parquet", tmp_path / f"p{threads}", threads=threads, chunk_size=chunk, progress=False
+        )
+        assert (tmp_path / f"p{threads}.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+        assert side["num_documents"] == ref["num_documents"] == len(docs)
+    rec = side["inputs"][0]
+    assert rec["sha256"] == hashlib.sha256((tmp_path / "d.parquet").read_bytes()).hexdigest()
+    # Another column, nulls (no document) and a column that is not text.
+    _parquet(tmp_path / "b.parquet", docs[:3] + [None], body=["x", "y", "z", "w"])
+    side = shards.encode(tok, tmp_path / "b.parquet", tmp_path / "b", progress=False)
+    assert side["num_documents"] == 3
+    side = shards.encode(tok, tmp_path / "b.parquet", tmp_path / "c", column="body", progress=False)
+    assert read_bin(tmp_path / "c").tolist() == sum((tok.encode(x) + [tok.eos_id] for x in "xyzw"), [])
+    with pytest.raises(ValueError, match="not a string column"):
+        shards.encode(tok, tmp_path / "b.parquet", tmp_path / "e", column="id", progress=False)
+    with pytest.raises(ValueError, match="no column 'story'.*id, text, body"):
+        shards.encode(tok, tmp_path / "b.parquet", tmp_path / "e", column="story", progress=False)
+
+
+def test_parquet_resumes_after_kill_9(tmp_path, small_tok, cli):
+    tok, tok_dir = small_tok
+    docs = _docs(docs_text(40_000, seed=7))
+    _parquet(tmp_path / "d.parquet", docs, row_group_size=3000)
+    shards.encode(tok, tmp_path / "d.parquet", tmp_path / "ref", progress=False)
+    args = ["encode", "--tokenizer", tok_dir, "--input", tmp_path / "d.parquet", "--out", tmp_path / "o"]
+    args += ["--no-progress", "--chunk-size", "0.02", "--commit-interval", "0", "--threads", "1"]
+    rc, err = _start_and_kill(args, tmp_path / "o.progress.json", min_tokens=1)
+    if rc != 0:  # else it finished before the kill landed; the final check still holds
+        assert rc == -signal.SIGKILL, err
+        assert (tmp_path / "o.bin.partial").exists() and not (tmp_path / "o.bin").exists()
+    r = cli(*args[:-4], "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert rc != 0 and "resumed after" in r.stderr
+    assert (tmp_path / "o.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+
+
+def test_encode_texts_writes_the_shard_the_cli_writes(tmp_path, small_tok, cli):
+    tok, tok_dir = small_tok
+    docs = _docs(docs_text(800, seed=8)) + ["", "the last one"]
+    with open(tmp_path / "d.jsonl", "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n")
+    r = cli(
+        "encode", "--tokenizer", tok_dir, "--input", tmp_path / "d.jsonl", "--out", tmp_path / "cli", "--no-progress"
+    )
+    assert r.returncode == 0, r.stderr
+    side = shards.encode_texts(tok, (d for d in docs), tmp_path / "api", progress=False)
+    assert (tmp_path / "api.bin").read_bytes() == (tmp_path / "cli.bin").read_bytes()
+    cli_side = json.loads((tmp_path / "cli.json").read_text())
+    assert set(side) >= set(cli_side) - {"total_input_bytes"}
+    assert side["num_documents"] == cli_side["num_documents"] == len(docs)
+    assert side["inputs"][0]["path"] is None and side["inputs"][0]["documents"] == len(docs)
+    assert shards.validate_shards(tmp_path / "api", tokenizer=tok) == []
+    with pytest.raises(TypeError, match="iterable of documents"):
+        shards.encode_texts(tok, "d.txt", tmp_path / "x")
+    # A lone surrogate is U+FFFD, as Tokenizer.encode has it.
+    shards.encode_texts(tok, ["a \ud800 b"], tmp_path / "s", progress=False)
+    assert read_bin(tmp_path / "s").tolist() == tok.encode("a \ufffd b") + [tok.eos_id]
+
+
+def test_globs_and_folders_are_expanded_sorted_and_recorded(tmp_path, small_tok):
+    tok, _ = small_tok
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    texts = {
+        "in/b.txt": docs_text(5, 1),
+        "in/a.txt": docs_text(5, 2),
+        "in/sub/c.txt": docs_text(5, 3),
+        "in/.hidden": "x",
+    }
+    for name, t in texts.items():
+        (tmp_path / name).write_text(t, encoding="utf-8")
+    ordered = [tmp_path / "in/a.txt", tmp_path / "in/b.txt", tmp_path / "in/sub/c.txt"]
+    ref = shards.encode(tok, ordered, tmp_path / "ref", progress=False)
+    side = shards.encode(tok, str(tmp_path / "in" / "**" / "*.txt"), tmp_path / "g", progress=False)
+    assert [i["path"] for i in side["inputs"]] == [str(p) for p in ordered]
+    assert side["input_patterns"] == [str(tmp_path / "in" / "**" / "*.txt")]
+    assert (tmp_path / "g.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    side = shards.encode(tok, tmp_path / "in", tmp_path / "f", progress=False)
+    assert [i["path"] for i in side["inputs"]] == [str(p) for p in ordered]
+    assert side["num_tokens"] == ref["num_tokens"]
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        shards.encode(tok, str(tmp_path / "*.parquet"), tmp_path / "n", progress=False)
+
+
+def test_formats_by_content_and_unsupported_ones_by_name(tmp_path, small_tok, cli):
+    import lzma
+
+    tok, tok_dir = small_tok
+    docs = ["first document", "second\n\nplus"]
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in docs)
+    (tmp_path / "d.json").write_text(lines, encoding="utf-8")  # what datasets' to_json writes
+    side = shards.encode(tok, tmp_path / "d.json", tmp_path / "j", progress=False)
+    assert side["num_documents"] == 2
+    assert read_bin(tmp_path / "j").tolist() == sum((tok.encode(d) + [tok.eos_id] for d in docs), [])
+    (tmp_path / "d.txt.xz").write_bytes(lzma.compress(b"hello"))
+    _parquet(tmp_path / "renamed.bin", docs)
+    enc = ["encode", "--tokenizer", tok_dir, "--no-progress", "--out", tmp_path / "x", "--input"]
+    r = cli(*enc, tmp_path / "d.txt.xz")
+    assert r.returncode == 2 and "xz-compressed" in r.stderr and "UTF-8" not in r.stderr, r.stderr
+    # Parquet is recognised by its content, whatever the name or --format.
+    r = cli(*enc, tmp_path / "renamed.bin", "--format", "jsonl")
+    assert r.returncode == 0, r.stderr
+    assert read_bin(tmp_path / "x").tolist() == read_bin(tmp_path / "j").tolist()
+
+
+def test_an_output_that_would_replace_an_input_is_refused(tmp_path, small_tok, cli):
+    _, tok_dir = small_tok
+    victim = tmp_path / "victim.bin"
+    victim.write_text(docs_text(20), encoding="utf-8")
+    before = victim.read_bytes()
+    os.link(victim, tmp_path / "hard.txt")
+    os.symlink(victim, tmp_path / "soft.json")
+    enc = ["encode", "--tokenizer", tok_dir, "--no-progress"]
+    for inp, out in (
+        (victim, tmp_path / "victim"),
+        (tmp_path / "hard.txt", tmp_path / "victim"),
+        (victim, tmp_path / "soft"),
+    ):
+        r = cli(*enc, "--input", inp, "--out", out)
+        assert r.returncode == 2 and "would replace the input" in r.stderr, r.stderr
+    assert victim.read_bytes() == before
+
+
+def test_an_input_edited_in_place_with_its_time_restored_is_not_resumed(tmp_path, small_tok):
+    tok, _ = small_tok
+    src = tmp_path / "d.txt"
+    text = docs_text(4000, seed=9)
+    src.write_text(text, encoding="utf-8")
+    ref_edit = text.replace("the", "THE", 50)
+    (tmp_path / "edited.txt").write_text(ref_edit, encoding="utf-8")
+    shards.encode(tok, tmp_path / "edited.txt", tmp_path / "ref", progress=False)
+    calls = []
+
+    def stop_soon(*a):
+        calls.append(a)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    bar = shards._Progress
+    shards._Progress = lambda *a, **k: type("P", (), {"__call__": staticmethod(stop_soon), "close": lambda s: None})()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shards.encode(tok, src, tmp_path / "o", chunk_size=4096, commit_interval=0, threads=1)
+    finally:
+        shards._Progress = bar
+    st = src.stat()
+    with open(src, "r+", encoding="utf-8") as f:  # same size, same modification time
+        f.write(ref_edit)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    side = shards.encode(tok, src, tmp_path / "o", progress=False)
+    assert side["resumed_tokens"] == 0 and side["restart_reason"]
+    assert (tmp_path / "o.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    assert side["inputs"][0]["sha256"] == hashlib.sha256(ref_edit.encode()).hexdigest()
+
+
+def test_parquet_without_pyarrow_says_what_to_install(tmp_path, small_tok, cli, monkeypatch):
+    _, tok_dir = small_tok
+    _parquet(tmp_path / "d.parquet", ["a document"])
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    r = cli(
+        "encode", "--tokenizer", tok_dir, "--input", tmp_path / "d.parquet", "--out", tmp_path / "o", "--no-progress"
+    )
+    assert r.returncode == 2 and "ferrolm[parquet]" in r.stderr, r.stderr

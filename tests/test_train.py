@@ -77,8 +77,9 @@ def test_presets_load_and_have_the_documented_shapes():
     assert {"cpu-small", "tinystories", "owt"} <= set(preset_names())
     ts = load_config("tinystories")
     m = ts.model
+    # vocab_size 0: the model takes the shards' vocabulary.
     assert (m.vocab_size, m.context_length, m.d_model, m.num_layers, m.num_heads, m.d_ff, m.rope_theta) == (
-        10000,
+        0,
         256,
         512,
         4,
@@ -87,9 +88,9 @@ def test_presets_load_and_have_the_documented_shapes():
         10000.0,
     )
     owt = load_config("owt")
-    assert (owt.model.vocab_size, owt.model.context_length) == (32000, 512)
+    assert (owt.model.vocab_size, owt.model.context_length) == (0, 512)
     small = load_config("cpu-small")
-    assert small.run.device == "cpu" and small.model.vocab_size == 10000
+    assert small.run.device == "cpu" and small.model.vocab_size == 0
 
 
 def test_typo_in_a_config_file_names_the_field(tmp_path):
@@ -148,6 +149,41 @@ def test_tiny_model_overfits_one_batch(tmp_path):
     first, last = summary.records[0]["val_loss"], summary.final_val_loss
     assert first > 3.5  # ~ln 64 at init
     assert last < 0.05, f"val loss on the memorized window is {last}"
+
+
+def test_vocab_size_defaults_to_the_shards(tmp_path):
+    corpus = synthetic_corpus(3000, vocab_size=40, seed=1)
+    write_shard(tmp_path / "t", corpus, vocab_size=40)
+    cfg = tiny_config(tmp_path, tmp_path / "run")
+    cfg.update(
+        {
+            "model": {"vocab_size": 0},
+            "data": {"train": str(tmp_path / "t"), "val": str(tmp_path / "t")},
+            "schedule": {"max_steps": 2, "warmup_steps": 0},
+            "run": {"eval_every": 0, "checkpoint_every": 0},
+        }
+    )
+    summary = train(cfg.validate())
+    assert summary.status == "done"
+    assert read_checkpoint(summary.last_checkpoint)["model"]["token_embeddings.weight"].shape[0] == 40
+    assert "vocab_size = 40" in (summary.run_dir / "config.toml").read_text()
+
+
+def test_a_sidecar_less_nanogpt_bin_trains_with_its_dtype(tmp_path):
+    corpus = synthetic_corpus(3000, vocab_size=64, seed=2)
+    np.asarray(corpus, dtype="<u2").tofile(tmp_path / "train.bin")
+    cfg = tiny_config(tmp_path, tmp_path / "run")
+    cfg.update(
+        {
+            "data": {"train": str(tmp_path / "train.bin"), "val": str(tmp_path / "train.bin"), "dtype": "uint16"},
+            "schedule": {"max_steps": 2, "warmup_steps": 0},
+            "run": {"eval_every": 0, "checkpoint_every": 0},
+        }
+    )
+    assert train(cfg.validate()).status == "done"
+    cfg.update({"model": {"vocab_size": 0}, "run": {"out_dir": str(tmp_path / "run2")}})
+    with pytest.raises(ConfigError, match="model.vocab_size is not set"):
+        train(cfg.validate())
 
 
 def test_resume_after_sigterm_is_exact(shards, tmp_path):

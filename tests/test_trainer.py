@@ -127,7 +127,7 @@ def test_random_corpora_equal_reference(tmp_path, parts, specials, extra_merges,
         with pytest.raises(ValueError, match="empty"):
             quiet(iter([text]), vocab_size, specials, num_threads=threads)
         return
-    assert quiet(iter(parts), vocab_size, specials, num_threads=threads) == want
+    assert quiet(iter([text]), vocab_size, specials, num_threads=threads) == want
     path = write(tmp_path / "h.txt", text)
     assert quiet(path, vocab_size, specials, num_threads=threads) == want
 
@@ -155,7 +155,6 @@ def test_small_chunks_change_nothing(tmp_path, monkeypatch, parts, specials, chu
     assert want == reference.train_bpe(path, vocab_size, specials)
     monkeypatch.setattr(bpe_trainer, "_CHUNK_SIZE", chunk)
     assert quiet(path, vocab_size, specials) == want
-    assert quiet(iter(parts), vocab_size, specials) == want
 
 
 def test_small_chunks_on_real_text(tmp_path, monkeypatch):
@@ -204,15 +203,30 @@ def test_one_file_equals_same_text_split_over_files(tmp_path):
     want = quiet(whole, 2_000)
     assert quiet(parts, 2_000) == want
     assert quiet(tuple(str(p) for p in parts), 2_000) == want
-    # An iterable of str is one continuous text, however it is cut.
-    assert quiet(iter(text[i : i + 7777] for i in range(0, len(text), 7777)), 2_000) == want
+    # Each item of an iterable is a document: the same documents separated by EOT in a file.
+    assert quiet(iter(docs), 2_000) == want
+    assert quiet(iter(docs), 2_000) == reference.train_bpe(iter(docs), 2_000, [EOT])
+
+
+def test_items_of_an_iterable_are_documents_apart(tmp_path):
+    docs = ["x\n", "\ny"] * 50
+    vocab, merges = quiet(iter(docs), 256 + 4, [])
+    assert (b"\n", b"\n") not in merges  # "\n\n" would be a pre-token only across two items
+    assert (vocab, merges) == reference.train_bpe(iter(docs), 256 + 4, [])
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    pq.write_table(pa.table({"text": docs}), tmp_path / "d.parquet", row_group_size=7)
+    assert quiet(tmp_path / "d.parquet", 256 + 4, []) == (vocab, merges)
+    assert quiet(str(tmp_path / "*.parquet"), 256 + 4, []) == (vocab, merges)
 
 
 def test_each_file_is_its_own_text(tmp_path):
     a = write(tmp_path / "a.txt", "hello wor")
     b = write(tmp_path / "b.txt", "ld hello world")
     assert quiet([a, b], 300, []) == reference.train_bpe([a, b], 300, [])
-    assert quiet([a, b], 300, []) != quiet(iter(["hello wor", "ld hello world"]), 300, [])
+    # The same two texts as items of an iterable: two documents, the same merges.
+    assert quiet([a, b], 300, []) == quiet(iter(["hello wor", "ld hello world"]), 300, [])
+    assert quiet([a, b], 300, []) != quiet(iter(["hello world hello world"]), 300, [])
 
 
 def test_stops_when_no_pair_is_left():
@@ -224,10 +238,10 @@ def test_stops_when_no_pair_is_left():
 def test_lone_surrogates_become_replacement_chars():
     text = "ab\ud800cd \udc00x \ud83d\ude00\ud83d\ude00"
     assert quiet(iter([text]), 300, []) == reference.train_bpe(iter([text]), 300, [])
-    # A surrogate pair split between two strings is still one character.
-    assert quiet(iter(["ab \ud83d", "\ude00\ud83d\ude00"]), 300, []) == reference.train_bpe(
-        iter(["ab \ud83d\ude00\ud83d\ude00"]), 300, []
-    )
+    # Items are documents: a surrogate pair split between two is two lone surrogates.
+    split = ["ab \ud83d", "\ude00\ud83d\ude00"]
+    assert quiet(iter(split), 300, []) == reference.train_bpe(iter(split), 300, [])
+    assert quiet(iter(split), 300, []) == quiet(iter(["ab \ufffd", "\ufffd\ud83d\ude00"]), 300, [])
 
 
 def test_stats_report_stages():
@@ -352,7 +366,8 @@ def test_vocab_size_above_what_the_corpus_allows_trains_it_whole(tmp_path):
 def test_bad_inputs(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         quiet(tmp_path / "nope.txt", 300)
-    with pytest.raises(IsADirectoryError):
+    # A folder is its files; an empty one is an error.
+    with pytest.raises(FileNotFoundError, match="holds no files"):
         quiet(tmp_path, 300)
     with pytest.raises(FileNotFoundError, match="iter"):
         quiet(["the first document", "the second"], 300)

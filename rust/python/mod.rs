@@ -20,6 +20,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 mod arrays;
+mod doc_batches;
 mod pretokenize;
 mod shards;
 mod tokenizer;

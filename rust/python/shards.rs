@@ -9,6 +9,7 @@ use pyo3::exceptions::{PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyRu
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use super::doc_batches::PyDocSource;
 use super::run_watched;
 use super::tokenizer::PyEncoder;
 use crate::shards::{self, Dtype, EncodeJob, Format, InputSpec, Progress, ShardError, Utf8Errors};
@@ -41,7 +42,7 @@ fn shard_err(e: ShardError) -> PyErr {
     encoder, inputs, out_bin, *, dtype, eos = None, jsonl_field = "text", input_format = None,
     errors = "strict", chunk_size = 1 << 20, threads = 0, window = 0, part = None,
     newline_cuts = true, params = String::new(), commit_interval = 5.0, progress = None,
-    progress_interval = 0.1, hash = true
+    progress_interval = 0.1, hash = true, docs = None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn encode_shard<'py>(
@@ -64,6 +65,7 @@ fn encode_shard<'py>(
     progress: Option<Py<PyAny>>,
     progress_interval: f64,
     hash: bool,
+    docs: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let dtype = Dtype::parse(dtype)
         .ok_or_else(|| PyValueError::new_err(format!("dtype must be uint16 or uint32, got {dtype:?}")))?;
@@ -75,16 +77,16 @@ fn encode_shard<'py>(
             return Err(PyValueError::new_err(format!("input format must be auto, text or jsonl, got {other:?}")))
         }
     };
-    let errors = match errors {
-        "strict" => Utf8Errors::Strict,
-        "replace" => Utf8Errors::Replace,
-        other => return Err(PyValueError::new_err(format!("errors must be strict or replace, got {other:?}"))),
-    };
+    let errors: Utf8Errors = errors.parse().map_err(PyValueError::new_err)?;
     if !(commit_interval >= 0.0 && commit_interval.is_finite()) {
         return Err(PyValueError::new_err("commit_interval must be a non-negative number of seconds"));
     }
     let job = EncodeJob {
-        inputs: inputs.into_iter().map(|p| InputSpec::detect(p, format)).collect(),
+        // An empty path: the documents of `docs`, with no file behind them.
+        inputs: inputs
+            .into_iter()
+            .map(|p| if p.as_os_str().is_empty() { InputSpec::documents() } else { InputSpec::detect(p, format) })
+            .collect(),
         out_bin,
         dtype,
         eos,
@@ -103,17 +105,23 @@ fn encode_shard<'py>(
     let stop = AtomicBool::new(false);
     let latest: Mutex<Option<Progress>> = Mutex::new(None);
     let report = progress_reporter(progress, progress_interval, &latest);
+    let mut source = docs.map(|obj| PyDocSource { obj, error: None });
     let result = run_watched(
         py,
         || stop.store(true, Ordering::Relaxed),
         report,
         || {
-            shards::encode_to_shard(&job, &*enc, |p| {
+            let src = source.as_mut().map(|s| s as &mut dyn shards::DocSource);
+            shards::encode_to_shard_with(&job, &*enc, src, |p| {
                 *latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(*p);
                 !stop.load(Ordering::Relaxed)
             })
         },
     )?;
+    // An exception from the document reader stopped the job: raise it.
+    if let (Err(ShardError::Interrupted), Some(e)) = (&result, source.and_then(|s| s.error)) {
+        return Err(e);
+    }
     let summary = result.map_err(shard_err)?;
     let d = PyDict::new(py);
     d.set_item("num_tokens", summary.num_tokens)?;

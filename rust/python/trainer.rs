@@ -91,13 +91,7 @@ impl PyBpeTrainer {
         errors: &str,
         chunk_size: Option<usize>,
     ) -> PyResult<Self> {
-        let errors = match errors {
-            "strict" => Utf8Errors::Strict,
-            "replace" => Utf8Errors::Replace,
-            other => {
-                return Err(PyValueError::new_err(format!("errors must be \"strict\" or \"replace\", got {other:?}")))
-            }
-        };
+        let errors: Utf8Errors = errors.parse().map_err(PyValueError::new_err)?;
         let t = Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
             .map_err(to_pyerr)?;
         Ok(PyBpeTrainer { inner: Some(t), ctl: Control::default() })
@@ -120,6 +114,20 @@ impl PyBpeTrainer {
     #[pyo3(signature = (text, progress = None))]
     fn feed_text(&mut self, py: Python<'_>, text: String, progress: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         self.run(py, progress, move |t, ctl| t.feed_text(&text, ctl))
+    }
+
+    /// Count a batch of documents, each a text of its own: `data` a uint8 array of UTF-8,
+    /// `offsets` an int64 array of n + 1 positions in it.
+    #[pyo3(signature = (data, offsets, progress = None))]
+    fn feed_documents(
+        &mut self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let batch = super::doc_batches::extract_batch(data, offsets)?;
+        self.run(py, progress, move |t, ctl| t.feed_documents(&batch.data, &batch.ends, ctl))
     }
 
     /// End the text stream (count what is buffered).

@@ -27,20 +27,24 @@ impl DocBatch {
             self.ends[i - 1]
         }
     }
-    /// A batch from `offsets` (Arrow's layout: n + 1 monotone positions into `data`).
-    pub fn from_offsets(data: Vec<u8>, offsets: &[i64]) -> Result<DocBatch, String> {
+    /// A batch copied from `offsets` (Arrow's layout: n + 1 increasing positions into
+    /// `data`) and the bytes they cover.
+    pub fn from_offsets(data: &[u8], offsets: &[i64]) -> Result<DocBatch, String> {
+        let bad = || "document offsets are not increasing within the data".to_string();
         let base = *offsets.first().unwrap_or(&0);
+        if base < 0 {
+            return Err(bad());
+        }
         let mut ends = Vec::with_capacity(offsets.len().saturating_sub(1));
         let mut prev = base;
         for &o in offsets.iter().skip(1) {
-            if o < prev || (o - base) as u64 > data.len() as u64 {
-                return Err("document offsets are not increasing within the data".into());
+            if o < prev || o as u64 > data.len() as u64 {
+                return Err(bad());
             }
             ends.push((o - base) as usize);
             prev = o;
         }
-        let data = if base > 0 { data[base as usize..].to_vec() } else { data };
-        Ok(DocBatch { data, ends })
+        Ok(DocBatch { data: data[base as usize..prev as usize].to_vec(), ends })
     }
 }
 

@@ -8,7 +8,9 @@
 //! last written chunk's, and a resumed run recomputes it while it skips the inputs'
 //! consumed prefix, so an input edited in place (same size and time) is noticed instead
 //! of resumed into a shard that mixes old and new text. For plain files the two hashes
-//! are one (their raw bytes are their logical bytes), so hashing costs one pass.
+//! are one (their raw bytes are their logical bytes), and a file whose documents the
+//! caller decodes (Parquet) is hashed whole when it is opened, which stands for both:
+//! hashing costs one pass either way.
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
@@ -119,9 +121,17 @@ struct OpenFile {
     eof: bool,
     /// Hash of the logical bytes handed out or skipped (see the module docs).
     logical: Option<Sha256>,
+    /// A file whose documents the caller decodes: the sha256 of the whole file, taken
+    /// when it is opened, stands for both hashes (one pass over the smaller, raw bytes).
+    whole: Option<[u8; 32]>,
 }
 
 impl OpenFile {
+    /// The logical hash so far (the whole file's for a decoded file).
+    fn prefix_digest(&self) -> Option<[u8; 32]> {
+        self.whole.or_else(|| self.logical.clone().map(|h| h.finalize().into()))
+    }
+
     fn hash_bytes(&mut self, bytes: &[u8]) {
         if let Some(h) = &mut self.logical {
             h.update(bytes);
@@ -255,7 +265,7 @@ impl<'a> ChunkReader<'a> {
             h.update(d);
         }
         if let Some(f) = cur.filter(|f| f.emitted > f.logical_start) {
-            h.update(f.logical.clone()?.finalize());
+            h.update(f.prefix_digest()?);
         }
         Some(hex(&h.finalize()))
     }
@@ -264,7 +274,7 @@ impl<'a> ChunkReader<'a> {
         let spec = &self.job.inputs[idx];
         let hash = self.job.hash;
         let logical_start = spec.logical_start(range);
-        let open = |src| OpenFile {
+        let open = |src, whole: Option<[u8; 32]>| OpenFile {
             idx,
             src,
             emitted: logical_start,
@@ -272,12 +282,14 @@ impl<'a> ChunkReader<'a> {
             lines: 0,
             range,
             eof: false,
-            logical: hash.then(Sha256::new),
+            logical: (hash && whole.is_none()).then(Sha256::new),
+            whole,
         };
         if spec.format == Format::Docs {
+            let whole = if hash && !spec.path.as_os_str().is_empty() { Some(hash_file(spec)?) } else { None };
             let source = self.source.as_mut().ok_or_else(|| no_source(&spec.path))?;
             let total = source.open(idx)?;
-            return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total }));
+            return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total }, whole));
         }
         let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
         if range.0 > 0 {
@@ -296,7 +308,7 @@ impl<'a> ChunkReader<'a> {
                     .map_err(|e| ShardError::io(&spec.path, "opening zstd stream of", e))?,
             ),
         };
-        Ok(open(src))
+        Ok(open(src, None))
     }
 
     fn read_err(&self, f: &OpenFile, e: io::Error) -> ShardError {
@@ -341,7 +353,7 @@ impl<'a> ChunkReader<'a> {
             raw_offset: 0,
             source: e,
         };
-        let logical = f.logical.map(|h| <[u8; 32]>::from(h.finalize()));
+        let logical = f.prefix_digest();
         let expected = f.range.1 - f.range.0;
         let raw_sha = match f.src.into_raw().map_err(corrupt)? {
             Some(raw) => {
@@ -350,8 +362,7 @@ impl<'a> ChunkReader<'a> {
                 }
                 raw.hasher.map(|h| <[u8; 32]>::from(h.finalize()))
             }
-            None if self.job.hash && !spec.path.as_os_str().is_empty() => Some(hash_file(spec)?),
-            None => None,
+            None => f.whole,
         };
         // A plain file's raw bytes are its logical bytes; documents without a file are
         // identified by their logical hash.

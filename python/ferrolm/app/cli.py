@@ -329,8 +329,13 @@ def _peak_rss_mb() -> float | None:
         return None
 
 
-def _read_sample(path: str, limit: int) -> str:
-    """Up to `limit` bytes of text from the start of a (possibly .gz/.zst) file."""
+def _read_sample(path: str, limit: int, column: str = "text") -> str:
+    """Up to `limit` bytes of text from the start of a (possibly .gz/.zst or Parquet) file."""
+    from ferrolm.bpe import inputs
+
+    if inputs.is_parquet(path):
+        data, offsets = next(inputs.parquet_batches(path, column), (b"", [0]))
+        return bytes(data[: min(limit, int(offsets[-1]))]).decode("utf-8", errors="ignore")
     if path.endswith(".gz"):
         import gzip
 
@@ -353,7 +358,14 @@ def _add_train_tokenizer(sub) -> None:
         "directory (vocab.json, merges.txt, the Hugging Face files, ferrolm_tokenizer.json). Prints a summary at the end: time, peak memory, "
         "number of merges, the longest tokens and the compression (bytes per token) on a sample of the input.",
     )
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="training text files")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="training files: text or Parquet; globs ('data/*.parquet') and folders are expanded, sorted",
+    )
+    p.add_argument("--column", default="text", metavar="NAME", help="text column of Parquet inputs (default: text)")
     p.add_argument(
         "--vocab-size",
         type=int,
@@ -389,8 +401,10 @@ def _run_train_tokenizer(args) -> int:
     import os
     import time
 
+    from ferrolm.bpe import inputs
     from ferrolm.bpe.tokenizer import Tokenizer
 
+    args.input = inputs.expand(args.input)
     for path in args.input:
         if os.path.isdir(path):
             raise ValueError(f"--input {path} is a directory: give the text files in it")
@@ -412,11 +426,12 @@ def _run_train_tokenizer(args) -> int:
         pattern=args.pattern,
         num_threads=args.threads,
         progress=not args.no_progress,
+        column=args.column,
     )
     elapsed = time.perf_counter() - t0
     out = tok.save(args.out)
     peak = _peak_rss_mb()
-    sample = _read_sample(args.input[0], args.sample_bytes)
+    sample = _read_sample(args.input[0], args.sample_bytes, args.column)
     n_ids = len(tok.encode(sample)) if sample else 0
     longest = sorted(
         (b for i, b in tok.vocab.items() if b.decode("utf-8", "replace") not in specials), key=lambda b: (-len(b), b)
@@ -442,14 +457,21 @@ def _add_encode(sub) -> None:
         description="Encode a corpus into a flat little-endian token file PREFIX.bin (uint16, or uint32 when the "
         "vocab does not fit) and its sidecar PREFIX.json (counts, vocab size, eos id, tokenizer fingerprint, "
         "inputs with sizes and sha256). Inputs: plain text whose documents are separated by <|endoftext|>, "
-        ".gz and .zst compressed text, JSON Lines (*.jsonl; one document per line). Uses all cores; the output is "
+        ".gz and .zst compressed text, JSON Lines (*.jsonl, or a .json of one object per line), Parquet (the "
+        "--column of each row; needs pyarrow); globs and folders are expanded, sorted. Uses all cores; the output is "
         "byte-identical for any --threads. Resumable: if the run is killed (Ctrl-C, kill -9), rerun the same "
         "command and it continues from the last completed chunk. The final names appear only when complete.",
     )
     p.add_argument(
         "--tokenizer", required=True, metavar="DIR", help="tokenizer directory (from train-tokenizer or Tokenizer.save)"
     )
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="input files, encoded in this order")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="input files, globs ('data/*.parquet') or folders, encoded in this order (each glob and folder sorted)",
+    )
     p.add_argument("--out", required=True, metavar="PREFIX", help="output prefix: writes PREFIX.bin and PREFIX.json")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="encoding threads (default: all cores)")
     p.add_argument(
@@ -466,14 +488,19 @@ def _add_encode(sub) -> None:
         "into PREFIX.part-I-of-N.bin/.json (for N machines or jobs; `ferrolm shards PREFIX` checks the set)",
     )
     p.add_argument(
-        "--jsonl-field", default="text", metavar="NAME", help="JSON Lines field holding the text (default: text)"
+        "--column",
+        "--jsonl-field",
+        default="text",
+        dest="column",
+        metavar="NAME",
+        help="Parquet column or JSON Lines field holding the text (default: text)",
     )
     p.add_argument(
         "--format",
         default="auto",
         choices=["auto", "text", "jsonl"],
         dest="input_format",
-        help="input format (default: auto: *.jsonl/*.ndjson[.gz|.zst] are JSON Lines, others text)",
+        help="input format (default: auto: by name and content; Parquet is always recognised)",
     )
     p.add_argument(
         "--errors",
@@ -528,7 +555,7 @@ def _run_encode(args) -> int:
             threads=args.threads,
             dtype=args.dtype,
             part=args.part,
-            jsonl_field=args.jsonl_field,
+            column=args.column,
             input_format=args.input_format,
             errors=args.errors,
             chunk_size=int(args.chunk_size * 1_000_000) if args.chunk_size else None,
@@ -899,7 +926,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError, OSError) as e:
+    except (FileNotFoundError, ValueError, OSError, ImportError) as e:
         print(f"ferrolm {args.command}: error: {e}", file=sys.stderr)
         return 2
 

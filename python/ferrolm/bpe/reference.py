@@ -22,7 +22,8 @@ Details this module settles (the Rust side follows them):
   iterable of str (e.g. ``iter(documents)``). A list of str is read as *paths*; to train on
   in-memory strings pass an iterator. Files are read as UTF-8 (invalid UTF-8 is an error that
   names the file and byte offset). Each file is its own text: no pre-token spans two files.
-  The chunks of an iterable of str are one continuous text (nothing is inserted between them).
+  Each item of an iterable of str is a document of its own: no pre-token spans two (as if
+  they were separated by a special token).
 * Lone surrogates (possible in a Python str, not in UTF-8): like tiktoken, the text is first
   passed through UTF-16 with ``surrogatepass`` / ``replace``, so a valid surrogate pair
   becomes its character and a lone surrogate becomes U+FFFD.
@@ -227,12 +228,13 @@ def _input_texts(input_path) -> Iterator[Iterable[str]]:
             yield _read_file_chunks(item)
         return
     try:
-        chunks = iter(input_path)
+        docs = iter(input_path)
     except TypeError:
         raise TypeError(
             f"input must be a path, a list of paths, or an iterable of str; got {type(input_path).__name__}"
         ) from None
-    yield chunks
+    for doc in docs:
+        yield (doc,)
 
 
 # --------------------------------------------------------------------------------------

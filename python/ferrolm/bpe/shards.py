@@ -30,6 +30,7 @@ from typing import Any, Union
 
 from ferrolm import _core
 from ferrolm._util import atomic_open
+from ferrolm.bpe import inputs as _inputs
 from ferrolm.bpe import patterns
 
 PathInput = Union[str, "os.PathLike[str]"]
@@ -166,7 +167,8 @@ def encode(
     threads: int | None = None,
     dtype: str = "auto",
     part: str | Sequence[int] | None = None,
-    jsonl_field: str = "text",
+    column: str = "text",
+    jsonl_field: str | None = None,
     input_format: str = "auto",
     errors: str = "strict",
     chunk_size: int | None = None,
@@ -176,16 +178,22 @@ def encode(
 ) -> dict:
     """Encode ``inputs`` into the shard ``out`` (``out.bin`` + ``out.json``); return the sidecar.
 
-    * ``inputs``: plain text whose documents are separated by the tokenizer's ``<|endoftext|>``
-      (as TinyStories and the CS336 OpenWebText files), ``.gz``/``.zst`` compressed text, and
-      JSON Lines (``*.jsonl``/``*.ndjson``, or ``input_format="jsonl"``) whose ``jsonl_field``
-      holds each document. Plain text is encoded exactly as ``tokenizer.encode(whole_text)``
-      (special tokens allowed), plus an eos after a last document that lacks one; JSON Lines
-      documents are encoded as ordinary text, each followed by the eos id.
+    * ``inputs``: files, globs (``"data/*.parquet"``) and folders (every file below, sorted):
+      plain text whose documents are separated by the tokenizer's ``<|endoftext|>``
+      (as TinyStories and the CS336 OpenWebText files), ``.gz``/``.zst`` compressed text,
+      JSON Lines (``*.jsonl``/``*.ndjson``, or any file whose first line is a JSON object,
+      ``.json`` included) and Parquet (read with pyarrow, a batch of rows at a time), whose
+      ``column`` holds each document. Plain text is encoded exactly as
+      ``tokenizer.encode(whole_text)`` (special tokens allowed), plus an eos after a last
+      document that lacks one; JSON Lines and Parquet documents are encoded as ordinary
+      text, each followed by the eos id. Formats ferrolm does not read (xz, bzip2, zip, ...)
+      are refused by name.
+    * ``column``: the field of a JSON Lines record, or the column of a Parquet file, that
+      holds the text (``jsonl_field`` is the older name of the same option).
     * ``dtype``: ``auto`` (uint16 when the vocab fits), ``uint16`` or ``uint32``.
     * ``part``: ``"I/N"`` encodes only the I-th (0-based) of N byte ranges of the inputs,
       cut at document boundaries, into ``out.part-I-of-N.bin``; the N parts concatenated
-      equal the whole.
+      equal the whole (a compressed or Parquet file goes whole to one part).
     * ``errors``: ``strict`` (invalid UTF-8 is an error naming file and byte offset) or
       ``replace`` (U+FFFD).
     * ``hash_inputs``: record the sha256 of each input in the sidecar (computed while reading;
@@ -193,110 +201,226 @@ def encode(
 
     The output is byte-identical for any ``threads`` and ``chunk_size``. A run that is killed
     (Ctrl-C or kill -9) leaves ``out.bin.partial`` and ``out.progress.json``; calling again
-    with the same tokenizer, inputs and options continues from the last committed chunk.
-    The final names appear only once the data is complete and fsynced.
+    with the same tokenizer, inputs and options continues from the last committed chunk
+    (an input edited since is noticed, and the run starts over). The final names appear
+    only once the data is complete and fsynced. An output that would replace an input is
+    refused.
     """
     tok = _load_tokenizer(tokenizer)
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    inputs = [os.fspath(p) for p in inputs]
-    if not inputs:
+    patterns_given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
+    paths = _input_files(patterns_given)
+    field = jsonl_field or column
+    _check_options(input_format, errors, threads)
+    job = _Job(tok, out, parse_part(part), dtype, field, errors)
+    _check_outputs_apart(paths, job.outputs())
+    params = job.params(inputs=[_input_identity(p) for p in paths], input_format=input_format, hash=bool(hash_inputs))
+    reader = _inputs.DocReader(paths, field) if any(_inputs.is_parquet(p) for p in paths) else None
+    result = job.run(
+        paths,
+        params,
+        reader,
+        progress=progress,
+        input_format=None if input_format == "auto" else input_format,
+        chunk_size=chunk_size,
+        threads=threads,
+        commit_interval=commit_interval,
+        hash=bool(hash_inputs),
+    )
+    total = sum(os.path.getsize(p) for p in paths)
+    extra = {"input_patterns": patterns_given} if patterns_given != paths else {}
+    return job.finish(result, total, extra)
+
+
+def encode_texts(
+    tokenizer: Any,
+    texts: Iterable[str],
+    out: PathInput,
+    *,
+    threads: int | None = None,
+    dtype: str = "auto",
+    errors: str = "strict",
+    chunk_size: int | None = None,
+    progress: bool | None = True,
+    hash_inputs: bool = True,
+) -> dict:
+    """Encode an iterable of documents (an HF ``datasets`` column, a generator, a list of
+    str) into the shard ``out``; return the sidecar.
+
+    Each item is one document, encoded as ordinary text and followed by the eos id: the
+    ``.bin`` equals what ``encode`` writes for the same documents in a JSON Lines or Parquet
+    file, or in a text file separated by ``<|endoftext|>``. The sidecar records the
+    documents' count, bytes and sha256 in place of an input file. An interrupted run
+    starts over (an iterable cannot be replayed); the final names appear only once the
+    data is complete.
+    """
+    if isinstance(texts, (str, bytes, os.PathLike)):
+        raise TypeError("encode_texts takes an iterable of documents (str); to encode files use encode()")
+    tok = _load_tokenizer(tokenizer)
+    _check_options("auto", errors, threads)
+    job = _Job(tok, out, None, dtype, "text", errors)
+    # Each call is a run of its own: a journal left by another never matches.
+    params = job.params(inputs=[["iterable", os.urandom(8).hex()]], input_format="auto", hash=bool(hash_inputs))
+    result = job.run(
+        [""],
+        params,
+        _inputs.DocReader([""], "text", texts),
+        progress=progress,
+        input_format=None,
+        chunk_size=chunk_size,
+        threads=threads,
+        commit_interval=DEFAULT_COMMIT_INTERVAL,
+        hash=bool(hash_inputs),
+    )
+    return job.finish(result, 0, {})
+
+
+def _input_files(specs: list[str]) -> list[str]:
+    """The files that ``specs`` (paths, globs, folders) name, each checked to exist."""
+    if not specs:
         raise ValueError("no input files given")
-    for p in inputs:
+    paths = _inputs.expand(specs)
+    for p in paths:
         if not os.path.exists(p):
             raise FileNotFoundError(f"input file not found: {p}")
-        if os.path.isdir(p):
-            raise ValueError(f"input {p} is a directory, not a file")
+    return paths
+
+
+def _check_options(input_format: str, errors: str, threads: int | None) -> None:
     if input_format not in ("auto", "text", "jsonl"):
         raise ValueError(f"input format must be auto, text or jsonl, got {input_format!r}")
     if errors not in ("strict", "replace"):
         raise ValueError(f"errors must be strict or replace, got {errors!r}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    part_t = parse_part(part)
-    dt = pick_dtype(dtype, tok.vocab_size)
-    bin_path, json_path = output_paths(out, part_t)
-    bin_path.parent.mkdir(parents=True, exist_ok=True)
 
-    eos_id = tok.eos_id
-    eos = (EOT, int(eos_id)) if eos_id is not None else None
-    if eos is None:
-        print(
-            f"ferrolm encode: warning: the tokenizer has no {EOT} token; documents will not be separated",
-            file=sys.stderr,
+
+def _input_identity(path: str) -> list:
+    """What a resumed run must find unchanged: path, size, modification and change times
+    (the change time moves on any write, even one that restores the modification time)."""
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _check_outputs_apart(inputs: list[str], outputs: list[Path]) -> None:
+    """Refuse an output that is one of the inputs (the same file, through links too)."""
+    ids = {}
+    for p in inputs:
+        st = os.stat(p)
+        ids[(st.st_dev, st.st_ino)] = p
+    for out in outputs:
+        try:
+            st = os.stat(out)
+        except FileNotFoundError:
+            continue
+        victim = ids.get((st.st_dev, st.st_ino))
+        if victim is not None:
+            raise ValueError(f"the output {out} would replace the input {victim}; choose another --out")
+
+
+class _Job:
+    """One encode job's fixed parts: tokenizer, output names, dtype, eos, field."""
+
+    def __init__(self, tok, out: PathInput, part: tuple[int, int] | None, dtype: str, field: str, errors: str):
+        self.tok = tok
+        self.part = part
+        self.dtype = pick_dtype(dtype, tok.vocab_size)
+        self.field = field
+        self.errors = errors
+        self.bin_path, self.json_path = output_paths(out, part)
+        eos_id = tok.eos_id
+        self.eos = (EOT, int(eos_id)) if eos_id is not None else None
+        # Newline cuts inside long documents are exact only for the built-in patterns.
+        self.newline_cuts = patterns.name_of(tok.pattern) in _BUILTIN_PATTERNS and not any(
+            "\n" in s for s in tok.special_tokens
         )
-    # Newline cuts inside long documents are exact only for the built-in patterns.
-    newline_cuts = patterns.name_of(tok.pattern) in _BUILTIN_PATTERNS and not any("\n" in s for s in tok.special_tokens)
 
-    fp = tok.fingerprint
-    stats = [os.stat(p) for p in inputs]
-    params = json.dumps(
-        {
-            "tokenizer_fingerprint": fp,
-            "inputs": [[os.path.abspath(p), st.st_size, st.st_mtime_ns] for p, st in zip(inputs, stats)],
-            "dtype": dt,
-            "eos": list(eos) if eos else None,
-            "part": list(part_t) if part_t else None,
-            "jsonl_field": jsonl_field,
-            "input_format": input_format,
-            "errors": errors,
-            "newline_cuts": newline_cuts,
-            "hash": bool(hash_inputs),
-        },
-        sort_keys=True,
-    )
-    bar = _Progress(progress, desc=f"encode {bin_path.name}")
-    try:
-        result = _core.encode_shard(
-            tok._core,
-            inputs,
-            os.fspath(bin_path),
-            dtype=dt,
-            eos=eos,
-            jsonl_field=jsonl_field,
-            input_format=None if input_format == "auto" else input_format,
-            errors=errors,
-            chunk_size=int(chunk_size or DEFAULT_CHUNK_SIZE),
-            threads=int(threads or 0),
-            part=part_t,
-            newline_cuts=newline_cuts,
-            params=params,
-            commit_interval=float(commit_interval),
-            progress=bar,
-            hash=bool(hash_inputs),
+    def outputs(self) -> list[Path]:
+        b = self.bin_path
+        return [b, self.json_path, Path(f"{b}.partial"), _journal_path(b)]
+
+    def params(self, **inputs) -> str:
+        """The job's identity: a journal is resumed only by a job with the same."""
+        return json.dumps(
+            {
+                "tokenizer_fingerprint": self.tok.fingerprint,
+                "dtype": self.dtype,
+                "eos": list(self.eos) if self.eos else None,
+                "part": list(self.part) if self.part else None,
+                "jsonl_field": self.field,
+                "errors": self.errors,
+                "newline_cuts": self.newline_cuts,
+                **inputs,
+            },
+            sort_keys=True,
         )
-    finally:
-        bar.close()
 
-    total = sum(st.st_size for st in stats)
-    records = []
-    for r in result["inputs"]:
-        rec = {"path": os.fspath(r["path"]), "bytes": r["bytes"], "sha256": r["sha256"]}
-        if part_t is not None:
+    def run(self, paths, params, reader, *, progress, input_format, chunk_size, threads, commit_interval, hash):
+        """The core's encode into ``P.bin.partial``; returns its summary."""
+        if self.eos is None:
+            print(
+                f"ferrolm encode: warning: the tokenizer has no {EOT} token; documents will not be separated",
+                file=sys.stderr,
+            )
+        self.bin_path.parent.mkdir(parents=True, exist_ok=True)
+        bar = _Progress(progress, desc=f"encode {self.bin_path.name}")
+        try:
+            return _core.encode_shard(
+                self.tok._core,
+                paths,
+                os.fspath(self.bin_path),
+                dtype=self.dtype,
+                eos=self.eos,
+                jsonl_field=self.field,
+                input_format=input_format,
+                errors=self.errors,
+                chunk_size=int(chunk_size or DEFAULT_CHUNK_SIZE),
+                threads=int(threads or 0),
+                part=self.part,
+                newline_cuts=self.newline_cuts,
+                params=params,
+                commit_interval=float(commit_interval),
+                progress=bar,
+                hash=hash,
+                docs=reader,
+            )
+        finally:
+            bar.close()
+
+    def finish(self, result: dict, total_input_bytes: int, extra: dict) -> dict:
+        """Write the sidecar, move the data to its final name; the sidecar (with how the
+        run started) is returned."""
+        sidecar = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "dtype": self.dtype,
+            "num_tokens": result["num_tokens"],
+            "num_documents": result["num_documents"],
+            "vocab_size": self.tok.vocab_size,
+            "eos_id": self.tok.eos_id,
+            "tokenizer_fingerprint": self.tok.fingerprint,
+            "inputs": [self._record(r, result) for r in result["inputs"]],
+            "part": list(self.part) if self.part else None,
+            "byte_range": list(result["byte_range"]) if self.part else None,
+            "total_input_bytes": total_input_bytes,
+            **extra,
+            "ferrolm_version": _core.version(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        _finalize(Path(result["partial_path"]), self.bin_path, self.json_path, sidecar)
+        sidecar["resumed_tokens"] = result["resumed_tokens"]
+        sidecar["restart_reason"] = result["restart_reason"]
+        return sidecar
+
+    def _record(self, r: dict, result: dict) -> dict:
+        path = os.fspath(r["path"])
+        if path in ("", "."):  # documents from an iterable
+            return {"path": None, "documents": result["num_documents"], "sha256": r["sha256"]}
+        rec = {"path": path, "bytes": r["bytes"], "sha256": r["sha256"]}
+        if self.part is not None:
             rec["range"] = list(r["range"])
         if r["uncompressed_bytes"] is not None:
             rec["uncompressed_bytes"] = r["uncompressed_bytes"]
-        records.append(rec)
-    sidecar = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "dtype": dt,
-        "num_tokens": result["num_tokens"],
-        "num_documents": result["num_documents"],
-        "vocab_size": tok.vocab_size,
-        "eos_id": eos_id,
-        "tokenizer_fingerprint": fp,
-        "inputs": records,
-        "part": list(part_t) if part_t else None,
-        "byte_range": list(result["byte_range"]) if part_t else None,
-        "total_input_bytes": total,
-        "ferrolm_version": _core.version(),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    _finalize(Path(result["partial_path"]), bin_path, json_path, sidecar)
-    sidecar["resumed_tokens"] = result["resumed_tokens"]
-    sidecar["restart_reason"] = result["restart_reason"]
-    return sidecar
+        return rec
 
 
 def _finalize(partial: Path, bin_path: Path, json_path: Path, sidecar: dict) -> None:

@@ -163,17 +163,19 @@ class Tokenizer:
         pattern: str = "gpt2",
         num_threads: int | None = None,
         progress: bool = True,
+        column: str = "text",
     ) -> Tokenizer:
         """Train a byte-level BPE tokenizer with ferrolm's Rust trainer.
 
-        ``input`` is a path, a list of paths, or an iterable of str; ``vocab_size`` counts the
-        256 bytes, the merges and the special tokens.
+        ``input`` is a path, glob or folder, a list of them, or an iterable of str (each item
+        a document); ``vocab_size`` counts the 256 bytes, the merges and the special tokens.
+        Parquet inputs give the documents of their ``column``.
         """
         from ferrolm.bpe import trainer as bpe_trainer
 
         specials = check_special_tokens(special_tokens)
         vocab, merges = bpe_trainer.train(
-            input, vocab_size, specials, pattern=pattern, num_threads=num_threads, progress=progress
+            input, vocab_size, specials, pattern=pattern, num_threads=num_threads, progress=progress, column=column
         )
         return cls(vocab, merges, specials, pattern)
 

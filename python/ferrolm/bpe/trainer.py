@@ -17,7 +17,8 @@ from collections.abc import Iterable, Sequence
 from typing import Callable, Union
 
 from ferrolm import _core
-from ferrolm._util import check_special_tokens, fix_surrogates, is_high_surrogate
+from ferrolm._util import check_special_tokens
+from ferrolm.bpe import inputs as _inputs
 from ferrolm.bpe import patterns
 
 __all__ = ["train", "train_bpe"]
@@ -32,47 +33,21 @@ MAX_VOCAB_SIZE = 2**32 - 1
 # set it small to exercise chunk boundaries.
 _CHUNK_SIZE: int | None = None
 
-# Strings from an iterable are handed to the core in batches of about this many characters.
-_TEXT_BATCH_CHARS = 4 << 20
 
-
-def _feed_texts(trainer, texts: Iterable[str], report) -> None:
-    """Feed an iterable of str to the core's text stream, in batches (one continuous text)."""
-    batch: list[str] = []
-    size = 0
-
-    def flush(final: bool) -> None:
-        nonlocal batch, size
-        text = "".join(batch)
-        carry = ""
-        if not final and text and is_high_surrogate(text[-1]):
-            # A high surrogate may pair with a low one at the start of the next string.
-            text, carry = text[:-1], text[-1]
-        try:
-            trainer.feed_text(text, report)
-        except UnicodeEncodeError:
-            trainer.feed_text(fix_surrogates(text), report)
-        batch, size = ([carry], len(carry)) if carry else ([], 0)
-
-    for text in texts:
-        if not isinstance(text, str):
-            raise TypeError(f"an iterable input must yield str, got {type(text).__name__}")
-        batch.append(text)
-        size += len(text)
-        if size >= _TEXT_BATCH_CHARS:
-            flush(final=False)
-    flush(final=True)
-    trainer.finish_text(report)
+def _feed_documents(trainer, batches, report) -> None:
+    """Feed ``(data, offsets)`` batches of documents to the core, each document a text of its own."""
+    for data, offsets in batches:
+        trainer.feed_documents(data, offsets, report)
 
 
 def _as_paths(input) -> list[str] | None:
     """The list of file paths `input` names, or None when it is an iterable of texts.
 
-    A str or os.PathLike is one path; a list or tuple is a list of paths; any other
-    iterable (a generator, an iterator, ...) yields the text itself, in pieces.
+    A str or os.PathLike is one path, glob or folder; a list or tuple is a list of them;
+    any other iterable (a generator, an iterator, ...) yields the documents themselves.
     """
     if isinstance(input, (str, os.PathLike)):
-        return [os.fspath(input)]
+        return _inputs.expand([os.fspath(input)])
     if isinstance(input, (bytes, bytearray)):
         raise TypeError("input must be a path, a list of paths or an iterable of str, not bytes")
     if isinstance(input, (list, tuple)):
@@ -81,7 +56,7 @@ def _as_paths(input) -> list[str] | None:
             if not isinstance(p, (str, os.PathLike)):
                 raise TypeError(f"a list input must hold file paths (str or os.PathLike), got {type(p).__name__}")
             paths.append(os.fspath(p))
-        return paths
+        return _inputs.expand(paths) if paths else paths
     if not hasattr(input, "__iter__"):
         raise TypeError(f"input must be a path, a list of paths or an iterable of str, got {type(input).__name__}")
     return None
@@ -128,13 +103,15 @@ def train(
     progress: bool = True,
     errors: str = "strict",
     stats: dict | None = None,
+    column: str = "text",
 ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Train byte-level BPE on `input` and return ``(vocab, merges)``.
 
-    input: a path, a list (or tuple) of paths, or any other iterable of str (e.g.
-        ``iter(documents)``). Each file is its own text (no pre-token spans two files);
-        the strings of an iterable are one continuous text, as if concatenated (separate
-        documents with a special token). A list of str is read as paths.
+    input: a path, glob or folder, a list (or tuple) of them, or any other iterable of
+        str (e.g. ``iter(documents)``, a ``datasets`` column). Each file is its own text
+        (no pre-token spans two files); each item of an iterable is a document of its own,
+        as if the items were separated by a special token. A list of str is read as paths.
+        Parquet files (pyarrow) give the documents of their ``column``.
     vocab_size: total size, 256 bytes + merges + special tokens, at most 2**32 - 1.
         Training stops early if no pair is left to merge (memory is sized by what the
         corpus allows, not by the request).
@@ -145,6 +122,7 @@ def train(
     errors: "strict" (invalid UTF-8 raises ValueError naming the file and byte offset)
         or "replace" (invalid bytes become U+FFFD, as bytes.decode(errors="replace")).
     stats: if a dict is given, it receives seconds per stage and sizes (for profiling).
+    column: the text column of Parquet inputs.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
@@ -175,14 +153,9 @@ def train(
     bars = _Progress(progress)
     try:
         if paths is not None:
-            try:
-                trainer.count_files(paths, bars.stage("counting", "B"))
-            except FileNotFoundError as e:
-                if isinstance(input, (list, tuple)):
-                    e.strerror = f"{e.strerror} (a list is read as file paths; to train on strings pass an iterator, e.g. iter(texts))"
-                raise
+            _count_files(trainer, paths, input, column, bars.stage("counting", "B"))
         else:
-            _feed_texts(trainer, input, bars.stage("counting", "B"))  # type: ignore[arg-type]
+            _feed_documents(trainer, _inputs.text_batches(input), bars.stage("counting", "B"))  # type: ignore[arg-type]
         num_merges = vocab_size - 256 - len(specials)
         merges, vocab = trainer.learn(num_merges, bars.stage("merging", "merge", num_merges))
     finally:
@@ -194,6 +167,25 @@ def train(
     for s in specials:
         vocab[len(vocab)] = s.encode("utf-8")
     return vocab, merges
+
+
+def _count_files(trainer, paths: list[str], input, column: str, report) -> None:
+    """Text files through the core's reader, Parquet files as batches of documents, in order."""
+    text: list[str] = []
+    for p in paths + [None]:
+        if p is not None and not _inputs.is_parquet(p):
+            text.append(p)
+            continue
+        if text:
+            try:
+                trainer.count_files(text, report)
+            except FileNotFoundError as e:
+                if isinstance(input, (list, tuple)):
+                    e.strerror = f"{e.strerror} (a list is read as file paths; to train on strings pass an iterator, e.g. iter(texts))"
+                raise
+            text = []
+        if p is not None:
+            _feed_documents(trainer, _inputs.parquet_batches(p, column), report)
 
 
 def train_bpe(

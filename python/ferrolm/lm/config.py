@@ -54,7 +54,7 @@ class ConfigError(ValueError):
 class ModelSection:
     """Arguments of ferrolm.lm.model.TransformerLM."""
 
-    vocab_size: int = 10_000
+    vocab_size: int = 0  # 0: the training shards' vocabulary size (their sidecar's)
     context_length: int = 256
     d_model: int = 512
     num_layers: int = 4
@@ -71,6 +71,7 @@ class DataSection:
     train: Any = ""  # str or list of str
     val: Any = ""  # str or list of str
     tokenizer: str = ""  # optional tokenizer dir / fingerprint the shards must match
+    dtype: str = ""  # uint16 / uint32 for .bin files without a sidecar (nanoGPT's train.bin)
 
 
 @dataclass
@@ -197,6 +198,10 @@ class TrainConfig:
             v = getattr(self.data, k)
             if isinstance(v, list) and not v:
                 raise ConfigError(f"data.{k} is an empty list")
+        if self.data.dtype not in ("", "uint16", "uint32"):
+            raise ConfigError(
+                f"data.dtype must be uint16 or uint32 (or empty: from the sidecar), got {self.data.dtype!r}"
+            )
         return self
 
     def require_data(self) -> None:
@@ -208,7 +213,6 @@ class TrainConfig:
 def _check_signs(cfg: TrainConfig) -> None:
     m, s, o, r = cfg.model, cfg.schedule, cfg.optimizer, cfg.run
     positive = {
-        "model.vocab_size": m.vocab_size,
         "model.context_length": m.context_length,
         "model.d_model": m.d_model,
         "model.num_layers": m.num_layers,
@@ -223,6 +227,7 @@ def _check_signs(cfg: TrainConfig) -> None:
         if v <= 0:
             raise ConfigError(f"{k} must be positive, got {v}")
     non_negative = {
+        "model.vocab_size": m.vocab_size,  # 0: from the shards
         "schedule.warmup_steps": s.warmup_steps,
         "schedule.cosine_steps": s.cosine_steps,
         "schedule.tokens_per_step": s.tokens_per_step,

@@ -262,13 +262,28 @@ def _find_parts(prefix: Path) -> list[Path]:
     return [parts[i] for i in range(n)]
 
 
-def _resolve(src) -> list[_Part]:
+def _open_raw(bin_path: Path, dtype: str) -> _Part:
+    """A token file without a sidecar (nanoGPT's train.bin): little-endian ids of `dtype`;
+    vocab size, eos and tokenizer are unknown (None)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be 'uint16' or 'uint32', got {dtype!r}")
+    itemsize = _DTYPES[dtype].itemsize
+    size = bin_path.stat().st_size
+    if size % itemsize:
+        raise ShardError(f"{bin_path}: {size} bytes is not a whole number of {dtype} tokens")
+    n = size // itemsize
+    tokens = np.memmap(bin_path, dtype=_DTYPES[dtype], mode="r", shape=(n,)) if n else np.zeros(0, _DTYPES[dtype])
+    meta = {"dtype": dtype, "num_tokens": n, "vocab_size": None, "eos_id": None, "tokenizer_fingerprint": None}
+    return _Part(bin_path.with_suffix(""), meta, tokens)
+
+
+def _resolve(src, dtype: str | None = None) -> list[_Part]:
     if isinstance(src, (list, tuple)):
         if not src:
             raise ShardError("an empty list of shards was given")
         out: list[_Part] = []
         for s in src:
-            out.extend(_resolve(s))
+            out.extend(_resolve(s, dtype))
         return out
     if not isinstance(src, (str, os.PathLike)):
         raise TypeError(f"shard source must be a path or a list of paths, got {type(src).__name__}")
@@ -283,10 +298,21 @@ def _resolve(src) -> list[_Part]:
         return [_open_part(path.with_suffix(""), record)]
     prefix = _strip_suffix(path)
     if prefix.with_name(prefix.name + ".json").is_file():
-        return [_open_part(prefix)]
+        part = _open_part(prefix)
+        if dtype is not None and part.meta["dtype"] != dtype:
+            raise ShardError(f"{prefix}.json says dtype {part.meta['dtype']}, not the {dtype} given")
+        return [part]
     parts = _find_parts(prefix)
     if parts:
         return [_open_part(p) for p in parts]
+    raw = prefix.with_name(prefix.name + ".bin")
+    if raw.is_file():
+        if dtype is None:
+            raise ShardError(
+                f"{raw} has no sidecar {raw.with_suffix('.json').name}; for a raw token file (as nanoGPT's "
+                "train.bin) give its dtype: TokenShards(path, dtype='uint16'), or data.dtype = \"uint16\" in the config"
+            )
+        return [_open_raw(raw, dtype)]
     raise FileNotFoundError(
         f"no shards found at {src}: expected {prefix.name}.bin + {prefix.name}.json, {prefix.name}.part-I-of-N.*, or a manifest .json"
     )
@@ -299,13 +325,15 @@ class TokenShards:
     P.json or P.bin, a manifest .json, or a list of these; parts are concatenated in order.
     If `tokenizer` (a Tokenizer, a tokenizer directory, or a fingerprint string) is given,
     its fingerprint must equal the shards'. The .bin files are memory-mapped, never loaded.
+    A .bin without a sidecar (nanoGPT's train.bin) opens when its `dtype` is given
+    ("uint16" or "uint32"); its vocab_size, eos_id and fingerprint are then None.
 
     ``len(shards)`` is the number of tokens; ``shards[i]`` an int and ``shards[a:b]`` an
     int64 numpy array (slices may cross part boundaries).
     """
 
-    def __init__(self, src, tokenizer=None):
-        self._parts = _resolve(src)
+    def __init__(self, src, tokenizer=None, dtype: str | None = None):
+        self._parts = _resolve(src, dtype or None)
         first = self._parts[0].meta
         where0 = self._parts[0].prefix
         for part in self._parts[1:]:
@@ -315,9 +343,9 @@ class TokenShards:
                         f"shards disagree on {key}: {where0}.json has {first.get(key)!r}, {part.prefix}.json has {part.meta.get(key)!r}"
                     )
         self.dtype: str = first["dtype"]
-        self.vocab_size: int = first["vocab_size"]
+        self.vocab_size: int | None = first["vocab_size"]
         self.eos_id: int | None = first.get("eos_id")
-        self.fingerprint: str = first["tokenizer_fingerprint"]
+        self.fingerprint: str | None = first["tokenizer_fingerprint"]
         self.num_documents: int = sum(int(p.meta.get("num_documents") or 0) for p in self._parts)
         sizes = np.array([len(p.tokens) for p in self._parts], dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(sizes)])
@@ -335,7 +363,10 @@ class TokenShards:
         return [dict(p.meta) for p in self._parts]
 
     def check_tokenizer(self, tokenizer) -> None:
-        """Raise ShardError unless `tokenizer`'s fingerprint equals the shards'."""
+        """Raise ShardError unless `tokenizer`'s fingerprint equals the shards' (raw token
+        files record none: nothing to check)."""
+        if self.fingerprint is None:
+            return
         fp = tokenizer_fingerprint(tokenizer)
         if fp != self.fingerprint:
             raise ShardError(
@@ -393,7 +424,7 @@ class TokenShards:
             windows = np.zeros((0, width), np.int64)
         # A corrupt shard would otherwise fail deep in the model (an IndexError on the CPU,
         # a device-side assert on CUDA); one max over the batch costs microseconds.
-        if windows.size and windows.max() >= self.vocab_size:
+        if windows.size and self.vocab_size is not None and windows.max() >= self.vocab_size:
             self._bad_id(starts, windows)
         return windows
 

@@ -292,7 +292,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     run_dir = choose_run_dir(cfg, resume, have_checkpoint=ckpt is not None, main=main)
 
     torch.manual_seed(cfg.run.seed)
-    train_data, val_data = _open_data(cfg, cfg.model.vocab_size)
+    train_data, val_data = _open_data(cfg)
     model = build_model(cfg.model).to(device)
     if _sharded(cfg, dist_):
         shard_model(model, device)  # in place, before the optimizer sees the parameters
@@ -435,16 +435,24 @@ def choose_run_dir(cfg: TrainConfig, resume, *, have_checkpoint: bool, main: boo
     return run_dir
 
 
-def _open_data(cfg: TrainConfig, model_vocab: int) -> tuple[TokenShards, TokenShards]:
+def _open_data(cfg: TrainConfig) -> tuple[TokenShards, TokenShards]:
+    """The train and val shards, checked against each other and the model; an unset
+    model.vocab_size becomes the shards' (or the data.tokenizer's, for raw token files)."""
     cfg.require_data()
     tok = cfg.data.tokenizer or None
-    train_data = TokenShards(cfg.data.train, tokenizer=tok)
-    val_data = TokenShards(cfg.data.val, tokenizer=tok)
+    dtype = cfg.data.dtype or None
+    train_data = TokenShards(cfg.data.train, tokenizer=tok, dtype=dtype)
+    val_data = TokenShards(cfg.data.val, tokenizer=tok, dtype=dtype)
+    if not cfg.model.vocab_size:
+        cfg.model.vocab_size = _data_vocab_size(train_data, val_data, tok)
+    model_vocab = cfg.model.vocab_size
     if train_data.fingerprint != val_data.fingerprint:
         raise ShardError(
             f"train and val shards come from different tokenizers ({train_data.fingerprint[:16]}... vs {val_data.fingerprint[:16]}...)"
         )
     for name, d in (("train", train_data), ("val", val_data)):
+        if d.vocab_size is None:
+            d.vocab_size = model_vocab  # a raw token file: its ids are checked against the model's
         if d.vocab_size > model_vocab:
             raise ConfigError(
                 f"data.{name} was encoded with a {d.vocab_size}-token vocabulary but model.vocab_size is {model_vocab}; "
@@ -455,6 +463,20 @@ def _open_data(cfg: TrainConfig, model_vocab: int) -> tuple[TokenShards, TokenSh
                 f"data.{name} has {len(d)} tokens, fewer than one window of context_length + 1 = {cfg.model.context_length + 1}"
             )
     return train_data, val_data
+
+
+def _data_vocab_size(train: TokenShards, val: TokenShards, tokenizer) -> int:
+    sizes = [d.vocab_size for d in (train, val) if d.vocab_size is not None]
+    if sizes:
+        return max(sizes)
+    if tokenizer and not re.fullmatch(r"[0-9a-f]{64}", tokenizer):
+        from ferrolm.bpe.tokenizer import Tokenizer
+
+        return Tokenizer.load(tokenizer).vocab_size
+    raise ConfigError(
+        "model.vocab_size is not set and the shards have no sidecar to take it from; "
+        "set --set model.vocab_size=N (50304 for GPT-2 token files) or data.tokenizer=DIR"
+    )
 
 
 def build_model(cfg: ModelSection) -> torch.nn.Module:
