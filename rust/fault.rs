@@ -19,7 +19,7 @@ pub enum Site {
     ShardWrite = 8,
     /// Reached by this module's own test only.
     #[cfg(test)]
-    Test = 1 << 31,
+    Test = 1 << 30,
 }
 
 const SITES: [(&str, Site); 4] = [
