@@ -7,8 +7,9 @@ than the text shows here as a ratio above 4 between sizes.
 Texts: "a" * n (one letter piece), "1" * n (digits: the gpt2 pattern keeps them as one
 piece), and pseudo-random lower-case letters (one piece, many distinct pairs). Times are
 the best of --reps runs of `Tokenizer.encode_to_numpy(text, num_threads=1)`, each with a
-fresh tokenizer so that no run finds the piece already cached. Build the core with
-`maturin build --release` before timing.
+fresh tokenizer so that no run finds the piece already cached, in CPU seconds of the
+process (steadier than wall time on a shared machine; the encode runs on one thread).
+Build the core with `maturin build --release` before timing.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ def seconds(make, text: str, reps: int) -> float:
     best = float("inf")
     for _ in range(reps):
         tok = make()
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         tok.encode_to_numpy(text, num_threads=1)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best
 
 

@@ -158,10 +158,11 @@ def build(impl: str, shape: dict, device: str):
     return model, loss, opt, torch.nn.utils.clip_grad_norm_
 
 
-def child(name: str, shape_name: str, dtype: str, device: str, runs: int, steps: int, threads: int) -> dict:
+def child(name: str, shape_name: str, dtype: str, args) -> dict:
     import torch
 
-    torch.set_num_threads(threads)
+    device, runs, steps = args.device, args.runs, args.steps
+    torch.set_num_threads(args.threads)
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -176,10 +177,10 @@ def child(name: str, shape_name: str, dtype: str, device: str, runs: int, steps:
         version = f"ferrolm {ferrolm.__version__}" if impl == "ferrolm" else f"torch {torch.__version__}"
     rss_after_import = vm_kib("VmRSS")
 
-    shape = SHAPES[shape_name]
+    shape = dict(SHAPES[shape_name], **({"batch": args.batch} if args.batch else {}))
     model, loss_of, opt, clip = build(impl, shape, device)
     if compiled:
-        loss_of = torch.compile(loss_of)
+        loss_of = torch.compile(loss_of, backend=args.compile_backend)
     n_params = sum(p.numel() for p in model.parameters())
     params = list(model.parameters())
 
@@ -240,12 +241,14 @@ def child(name: str, shape_name: str, dtype: str, device: str, runs: int, steps:
     )
     if device == "cuda":
         out["cuda_peak_alloc_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    out["tokens_per_step"] = B * T
     return out
 
 
 def run_child(name: str, shape: str, dtype: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", name, shape, dtype, "--device", args.device]
     cmd += ["--runs", str(args.runs), "--steps", str(args.steps), "--threads", str(args.threads)]
+    cmd += ["--batch", str(args.batch), "--compile-backend", args.compile_backend]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -334,7 +337,7 @@ def compare(args) -> tuple[list[dict], list[str]]:
     return results, lines
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="tinystories")
     ap.add_argument("--dtypes", default="fp32")
@@ -343,13 +346,20 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2, help="steps per timed run")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=0, help="sequences per step (default: the shape's)")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled rows")
     ap.add_argument("--peak-tflops", type=float, help="the device's matrix rate, for an MFU column")
     ap.add_argument("--json", help="also write all results to this JSON file")
     ap.add_argument("--child", nargs=3, metavar=("IMPL", "SHAPE", "DTYPE"), help=argparse.SUPPRESS)
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
 
     if args.child:
-        print(json.dumps(child(*args.child, args.device, args.runs, args.steps, args.threads)))
+        print(json.dumps(child(*args.child, args)))
         return
     unknown = set(args.impls.split(",")) - set(IMPLS)
     if unknown:

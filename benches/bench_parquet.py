@@ -23,6 +23,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--row-group", type=int, default=10_000, help="rows per Parquet row group")
-    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "ferrolm-bench-parquet")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ferrolm-bench-parquet")
     args = ap.parse_args()
     if args.child:
         return child(args)

@@ -19,6 +19,7 @@
 //! writer and the binding (`python/`) build on it.
 
 mod bpe;
+mod build;
 mod cache;
 pub mod cancel;
 mod hugebuf;
@@ -32,7 +33,7 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::pretokenize::{PatternError, PreTokenizer, MAX_BATCH};
 
@@ -150,174 +151,38 @@ impl Encoder {
         pattern: &str,
     ) -> Result<Encoder, EncodeError> {
         let pretok = PreTokenizer::new(pattern)?;
-        if vocab.is_empty() {
-            return Err(EncodeError::Vocab("the vocabulary is empty".into()));
-        }
-        let mut max_id = 0u64;
-        for (id, _) in &vocab {
-            if *id > u32::MAX as u64 - 1 {
-                return Err(EncodeError::Vocab(format!("id {id} does not fit in 32 bits (ids must be < 2^32 - 1)")));
-            }
-            max_id = max_id.max(*id);
-        }
-        let extra = specials.len() as u64;
-        if max_id + extra >= u32::MAX as u64 {
-            return Err(EncodeError::Vocab("more than 2^32 - 1 ids".into()));
-        }
-        if max_id + 1 > (vocab.len() as u64).saturating_mul(4) + MAX_SPARSE_SLACK {
-            return Err(EncodeError::Vocab(format!(
-                "ids are too sparse: {} tokens but the largest id is {max_id}",
-                vocab.len()
-            )));
-        }
-
-        // Dense decode table.
-        let size = (max_id + 1) as usize;
-        let mut start = vec![0u64; size];
-        let mut len = vec![u32::MAX; size];
-        let mut arena = Vec::with_capacity(vocab.iter().map(|(_, b)| b.len()).sum());
-        for (id, bytes) in &vocab {
-            let i = *id as usize;
-            if len[i] != u32::MAX {
-                return Err(EncodeError::Vocab(format!("id {id} appears twice")));
-            }
-            if bytes.is_empty() {
-                return Err(EncodeError::Vocab(format!("id {id} has empty bytes")));
-            }
-            if bytes.len() >= u32::MAX as usize {
-                return Err(EncodeError::Vocab(format!("id {id} is too long")));
-            }
-            start[i] = arena.len() as u64;
-            len[i] = bytes.len() as u32;
-            arena.extend_from_slice(bytes);
-        }
-        let mut byte_ids = [0u32; 256];
-        let mut pairs = pairs::PairTable::with_capacity(merges.len());
-        let mut whole_map = cache::PieceTable::with_capacity(vocab.len());
-
-        // Bytes -> id; when several ids carry the same bytes the smallest wins (as in
-        // the reference tokenizer).
-        let mut by_bytes: FxHashMap<&[u8], u32> = FxHashMap::default();
-        by_bytes.reserve(vocab.len());
-        for id in 0..size {
-            if len[id] != u32::MAX {
-                let s = start[id] as usize;
-                by_bytes.entry(&arena[s..s + len[id] as usize]).or_insert(id as u32);
-            }
-        }
-
-        // Special tokens: by their bytes, else appended after the largest id.
-        let mut special_ids: Vec<(String, u32)> = Vec::with_capacity(specials.len());
-        let mut next_id = size as u32;
-        let mut appended: Vec<(String, u32)> = Vec::new();
-        for s in &specials {
-            if s.is_empty() {
-                return Err(EncodeError::Specials("a special token is the empty string".into()));
-            }
-            if special_ids.iter().any(|(t, _)| t == s) {
-                return Err(EncodeError::Specials(format!("{s:?} is listed twice")));
-            }
-            let id = match by_bytes.get(s.as_bytes()) {
-                Some(&id) => id,
-                None => {
-                    let id = next_id;
-                    next_id += 1;
-                    appended.push((s.clone(), id));
-                    id
-                }
-            };
-            special_ids.push((s.clone(), id));
-        }
-
-        // Single bytes.
+        let size = build::table_size(&vocab, specials.len())?;
+        let mut decode = build::decode_table(&vocab, size)?;
+        let by_bytes = build::ids_by_bytes(&decode, vocab.len());
+        let (special_ids, appended) = build::special_ids(&specials, &by_bytes, size)?;
+        // The ids a byte or a merge makes (a special token among them is also a piece).
         let mut produced: FxHashSet<u32> = FxHashSet::default();
-        for b in 0..256usize {
-            match by_bytes.get(&[b as u8][..]) {
-                Some(&id) => {
-                    byte_ids[b] = id;
-                    produced.insert(id);
-                }
-                None => {
-                    return Err(EncodeError::Vocab(format!(
-                        "no token for the byte 0x{b:02x}: a byte-level vocab needs all 256 single bytes"
-                    )))
-                }
-            }
-        }
-
-        // Merges: (left id, right id) -> (rank, merged id); a repeated merge keeps its
-        // first rank.
-        if merges.len() >= u32::MAX as usize - 1 {
-            return Err(EncodeError::Merges("more than 2^32 merges".into()));
-        }
-        let mut joined = Vec::new();
-        let mut merge_ids = Vec::with_capacity(merges.len());
-        let mut in_effect = Vec::with_capacity(merges.len());
-        for (rank, (a, b)) in merges.iter().enumerate() {
-            let lookup = |t: &[u8], what: &str| -> Result<u32, EncodeError> {
-                by_bytes.get(t).copied().ok_or_else(|| {
-                    EncodeError::Merges(format!(
-                        "merge {rank} ({} {}): the {what} {} is not in the vocab",
-                        show(a),
-                        show(b),
-                        show(t)
-                    ))
-                })
-            };
-            let left = lookup(a, "left token")?;
-            let right = lookup(b, "right token")?;
-            joined.clear();
-            joined.extend_from_slice(a);
-            joined.extend_from_slice(b);
-            let merged = lookup(&joined, "merged token")?;
-            if pairs.insert_new(left, right, ((rank as u64) << 32) | merged as u64) {
-                in_effect.push((rank as u32, left, right, merged));
-            }
-            merge_ids.push((left, right));
-            produced.insert(merged);
-        }
-        pairs.index_bytes(&byte_ids);
-        // "The vocab is the cache": every token except the special tokens (unless a
-        // byte or a merge also produces them), as tiktoken looks a piece up among its
-        // mergeable ranks. For a trained vocab these are exactly the bytes and the
-        // merge results.
-        let special_only: FxHashSet<u32> =
-            special_ids.iter().map(|&(_, id)| id).filter(|id| !produced.contains(id)).collect();
-        for (bytes, &id) in &by_bytes {
-            if !special_only.contains(&id) {
-                whole_map.insert(bytes, id);
-            }
-        }
+        let byte_ids = build::byte_ids(&by_bytes, &mut produced)?;
+        let mut merges = build::merge_table(&merges, &by_bytes, &mut produced)?;
+        merges.pairs.index_bytes(&byte_ids);
+        let base = build::piece_table(&by_bytes, &special_ids, &produced, vocab.len());
         drop(by_bytes);
-
-        let merges_rise = bpe::merges_rise(&in_effect, size);
-        drop(in_effect);
-        let mut enc = Encoder {
-            live: ArcSwap::from_pointee(cache::SharedTable::from_base(
-                &whole_map,
-                cache::TableLimits::for_base(&whole_map),
-            )),
-            arena,
-            start,
-            len,
-            byte_ids,
-            pairs,
-            base: whole_map,
-            specials: Specials::default(),
-            pretok,
-            merge_ids,
-            merges_rise,
-        };
-
+        let merges_rise = bpe::merges_rise(&merges.in_effect, size);
         // Appended specials extend the decode table.
         for (s, id) in &appended {
-            debug_assert_eq!(*id as usize, enc.len.len());
-            enc.start.push(enc.arena.len() as u64);
-            enc.len.push(s.len() as u32);
-            enc.arena.extend_from_slice(s.as_bytes());
+            debug_assert_eq!(*id as usize, decode.len.len());
+            decode.start.push(decode.arena.len() as u64);
+            decode.len.push(s.len() as u32);
+            decode.arena.extend_from_slice(s.as_bytes());
         }
-        enc.specials = Specials::new(special_ids);
-        Ok(enc)
+        Ok(Encoder {
+            live: ArcSwap::from_pointee(cache::SharedTable::from_base(&base, cache::TableLimits::for_base(&base))),
+            arena: decode.arena,
+            start: decode.start,
+            len: decode.len,
+            byte_ids,
+            pairs: merges.pairs,
+            base,
+            specials: Specials::new(special_ids),
+            pretok,
+            merge_ids: merges.merge_ids,
+            merges_rise,
+        })
     }
 
     /// One more than the largest id (specials included).

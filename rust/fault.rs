@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Where a panic can be injected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Site {
     /// A trainer worker, counting pre-tokens.
     TrainCount = 1,
@@ -18,7 +19,7 @@ pub enum Site {
     ShardWrite = 8,
     /// Reached by this module's own test only.
     #[cfg(test)]
-    Test = 1 << 31,
+    Test = 1 << 30,
 }
 
 const SITES: [(&str, Site); 4] = [

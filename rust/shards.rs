@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use crate::buffers::BufferPool;
 
+pub use crate::utf8::Utf8Errors;
 pub use docs::{DocBatch, DocSource, VecSource};
 pub use input::{part_range, Compression, Format, InputSpec};
 use reader::{Chunk, ChunkReader, FileSummary};
@@ -99,15 +100,6 @@ impl Dtype {
             _ => None,
         }
     }
-}
-
-/// What to do with bytes that are not UTF-8.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Utf8Errors {
-    /// Stop with an error naming the file and the byte offset.
-    Strict,
-    /// Replace each invalid sequence by U+FFFD (as Python's `errors="replace"`).
-    Replace,
 }
 
 /// Everything that defines one encode job. Output paths are derived from `out_bin`

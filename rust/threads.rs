@@ -200,7 +200,7 @@ mod tests {
         let second = pool_of(&mut pools, 2).unwrap();
         pool_of(&mut pools, 9).unwrap();
         assert!(pools.iter().any(|(_, p)| Arc::ptr_eq(p, &second)));
-        let err = try_pool(Some(MAX_THREADS + 1)).err().expect("refused");
+        let err = try_pool(Some(MAX_THREADS + 1)).expect_err("refused");
         assert!(err.contains("over the limit"), "{err}");
         assert_eq!(checked(Some(MAX_THREADS)), Ok(MAX_THREADS));
         // A default that came from RAYON_NUM_THREADS says so.

@@ -31,8 +31,8 @@ use std::time::Instant;
 
 use crate::pretokenize::{PatternError, PreTokenizer};
 
+pub use crate::utf8::Utf8Errors;
 pub use count::PieceCounts;
-pub use count::Utf8Errors;
 use count::{Counter, Segment};
 pub use merge::Merges;
 use merge::{learn_merges, MergeTimes, Words};

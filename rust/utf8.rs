@@ -2,6 +2,29 @@
 //! time) for valid text, which is nearly all of it; the standard library's check for
 //! the details (the offset of the first bad byte) of text that is not valid.
 
+/// What to do with input bytes that are not UTF-8 (the trainer's and the shard writer's
+/// `errors` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Utf8Errors {
+    /// Stop with an error naming the file and the byte offset.
+    Strict,
+    /// Replace each invalid sequence by U+FFFD (as Python's `errors="replace"`).
+    Replace,
+}
+
+impl std::str::FromStr for Utf8Errors {
+    type Err = String;
+
+    /// "strict" or "replace"; anything else is an error that says so.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "strict" => Ok(Utf8Errors::Strict),
+            "replace" => Ok(Utf8Errors::Replace),
+            other => Err(format!("errors must be \"strict\" or \"replace\", got {other:?}")),
+        }
+    }
+}
+
 /// `bytes` as a `&str`, or the standard library's error.
 #[inline]
 pub(crate) fn to_str(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
@@ -13,7 +36,15 @@ pub(crate) fn to_str(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::to_str;
+    use super::{to_str, Utf8Errors};
+
+    #[test]
+    fn error_modes_parse() {
+        assert_eq!("strict".parse(), Ok(Utf8Errors::Strict));
+        assert_eq!("replace".parse(), Ok(Utf8Errors::Replace));
+        let err = "ignore".parse::<Utf8Errors>().unwrap_err();
+        assert_eq!(err, r#"errors must be "strict" or "replace", got "ignore""#);
+    }
 
     #[test]
     fn agrees_with_the_standard_library() {

@@ -207,6 +207,26 @@ def test_windows_at_fixed_positions(tmp_path):
         s.windows_at([192], 8)
 
 
+def test_prefetcher_hands_out_get_batch_s_batches_and_the_state_to_replay_them():
+    from ferrolm.lm.data import BatchPrefetcher
+
+    tokens = np.arange(5_000, dtype=np.uint16)
+    g_ref = torch.Generator().manual_seed(3)
+    expected = [get_batch(tokens, 4, 16, generator=g_ref) for _ in range(5)]
+    pre = BatchPrefetcher(tokens, 4, 16, "cpu", torch.Generator().manual_seed(3))
+    try:
+        got = [pre.next() for _ in range(3)]
+        state = pre.generator_state()  # before batch 3, although batch 3 is already drawn
+    finally:
+        pre.close()
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    resumed = torch.Generator()
+    resumed.set_state(state)
+    x, y = get_batch(tokens, 4, 16, generator=resumed)
+    assert torch.equal(x, expected[3][0]) and torch.equal(y, expected[3][1])
+
+
 def test_a_bin_without_sidecar_opens_with_its_dtype(tmp_path):
     ids = np.arange(1000, dtype="<u2") * 37
     ids.tofile(tmp_path / "train.bin")

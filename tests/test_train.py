@@ -22,7 +22,7 @@ from ferrolm.lm.checkpoint import CheckpointError, load_checkpoint, read_checkpo
 from ferrolm.lm.config import preset_names, to_toml
 from ferrolm.lm.data import ShardError
 from ferrolm.lm.model import TransformerLM
-from ferrolm.lm.train import ConfigError, TrainConfig, load_config, read_metrics, train
+from ferrolm.lm.train import ConfigError, TrainConfig, apply_overrides, load_config, read_metrics, train
 
 REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)  # tiny models: threads only add overhead (and contention on a busy machine)
@@ -50,6 +50,7 @@ def tiny_config(shards, out_dir, **sections) -> TrainConfig:
                 "out_dir": str(out_dir),
                 "device": "cpu",
                 "autocast_bf16": False,
+                "compile": False,
                 "eval_every": 5,
                 "eval_batches": 2,
                 "log_every": 5,
@@ -107,7 +108,7 @@ def test_overrides_types_and_errors():
         "cpu-small",
         ["optimizer.lr=3e-4", "schedule.max_steps=1e3", "run.compile=true", "data.train=['a', 'b']", "seed=5"],
     )
-    assert cfg.optimizer.lr == 3e-4 and cfg.schedule.max_steps == 1000 and cfg.run.compile is True
+    assert cfg.optimizer.lr == 3e-4 and cfg.schedule.max_steps == 1000 and cfg.run.compile == "true"
     assert cfg.data.train == ["a", "b"] and cfg.run.seed == 5
     with pytest.raises(ConfigError, match=r"unknown config field 'model.d_modle' \(did you mean 'model.d_model'\?\)"):
         load_config("cpu-small", ["model.d_modle=128"])
@@ -414,6 +415,49 @@ def test_ddp_two_cpu_processes(shards, tmp_path):
     assert load_checkpoint(tmp_path / "ddp" / "checkpoints" / "step_00000006.pt", model, None) == 6
 
 
+def _torchrun(*args, nproc: int = 2, timeout: int = 300):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_give_the_losses_of_one_on_the_same_global_batch(mode):
+    script = str(REPO / "tests" / "dist_step.py")
+    alone = subprocess.run([sys.executable, script, "single"], capture_output=True, text=True, check=True).stdout
+    together = _torchrun(script, mode)
+    losses = [float(v) for v in alone.split()], [float(v) for v in together.split()]
+    assert len(losses[0]) == len(losses[1]) == 6
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5), losses
+    assert losses[0][-1] < losses[0][0]
+
+
+def test_fsdp_run_saves_plain_checkpoints_and_resumes(shards, tmp_path):
+    cfg = tiny_config(
+        shards, tmp_path / "fsdp", schedule={"max_steps": 6}, run={"eval_every": 3, "log_every": 3, "parallel": "fsdp"}
+    )
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    _torchrun("-m", "ferrolm", "train", "--config", str(tmp_path / "c.toml"))
+    path = tmp_path / "fsdp" / "checkpoints" / "step_00000005.pt"
+    model = TransformerLM(**TINY_MODEL)
+    assert load_checkpoint(path, model, None) == 5  # full tensors under the usual keys
+    ckpt = read_checkpoint(path)
+    assert set(ckpt["optimizer"]["state"]) == set(range(len(list(model.parameters()))))
+    # continue from step 5 sharded again (the full state is loaded into the shards)...
+    cfg.run.out_dir = str(tmp_path / "again")
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    _torchrun("-m", "ferrolm", "train", "--config", str(tmp_path / "c.toml"), "--resume", str(path))
+    again = read_checkpoint(tmp_path / "again" / "checkpoints" / "step_00000006.pt")
+    assert again["iteration"] == 6 and all(torch.isfinite(v).all() for v in again["model"].values())
+    # ...and in one process: the checkpoint is an ordinary one
+    one = tiny_config(shards, tmp_path / "one", schedule={"max_steps": 6})
+    with pytest.warns(UserWarning, match="reseeded"):
+        summary = train(one, resume=path)
+    assert summary.step == 6 and summary.status == "done"
+
+
 # ------------------------------------------------------------------- schedule ----------
 
 
@@ -450,6 +494,63 @@ def test_lr_follows_steps_or_the_time_budget():
     assert lr_at(cfg, 0, elapsed_s=5000.0) == pytest.approx(1e-4)
     with pytest.raises(ConfigError, match="max_time_s > 0"):
         load_config("cpu-small", ["schedule.max_time_s=0"])
+
+
+# ------------------------------------------------------------------- speed paths ---------
+
+
+def test_compiled_training_equals_eager(shards, tmp_path, monkeypatch):
+    # run.compile=true compiles model + loss as one graph; aot_eager runs that very graph
+    # without generating C++, so the losses match eager's
+    import functools
+
+    import ferrolm.lm.train as T
+
+    eager = train(tiny_config(shards, tmp_path / "eager", schedule={"max_steps": 6}))
+    monkeypatch.setattr(T.torch, "compile", functools.partial(torch.compile, backend="aot_eager", fullgraph=True))
+    torch._dynamo.reset()
+    compiled = train(tiny_config(shards, tmp_path / "compiled", schedule={"max_steps": 6}, run={"compile": True}))
+    losses = [[r["train_loss"] for r in s.records if r["train_loss"] is not None] for s in (eager, compiled)]
+    assert len(losses[0]) >= 1
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_run_switches_resolve_per_device(monkeypatch):
+    import ferrolm.lm.device as D
+
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    monkeypatch.setattr(D, "cpu_has_native_bf16", lambda: False)
+    assert not D.use_bf16("auto", cpu) and D.use_bf16("true", cpu) and not D.use_bf16("false", cpu)
+    monkeypatch.setattr(D, "cpu_has_native_bf16", lambda: True)
+    assert D.use_bf16("auto", cpu) and not D.use_bf16(False, cpu) and not D.use_bf16("auto", meta)
+    monkeypatch.setattr(D.shutil, "which", lambda name: None)
+    assert not D.use_compile("auto", cpu) and D.use_compile(True, cpu) and not D.use_compile("auto", meta)
+    monkeypatch.setattr(D.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert D.use_compile("auto", cpu) and not D.use_compile("false", cpu)
+
+
+def test_run_switch_config_values():
+    cfg = apply_overrides(TrainConfig(), ["run.compile=true", "run.autocast_bf16=AUTO"])
+    assert cfg.run.compile == "true" and cfg.run.autocast_bf16 == "auto"
+    assert TrainConfig().run.compile == "auto"
+    with pytest.raises(ConfigError, match="run.compile"):
+        apply_overrides(TrainConfig(), ["run.compile=maybe"])
+
+
+def test_flags_are_read_every_step_on_cpu_and_only_when_due_elsewhere():
+    from types import SimpleNamespace
+
+    from ferrolm.lm.train import _flags_due
+
+    cfg = TrainConfig()
+    cfg.update({"schedule": {"max_steps": 100}, "run": {"log_every": 10, "eval_every": 25, "checkpoint_every": 0}})
+    gpu = SimpleNamespace(device=torch.device("cuda"), cfg=cfg)
+    due = [step + 1 for step in range(100) if _flags_due(gpu, SimpleNamespace(step=step))]
+    assert due == [10, 20, 25, 30, 40, 50, 60, 70, 75, 80, 90, 100]
+    cpu = SimpleNamespace(device=torch.device("cpu"), cfg=cfg)
+    assert all(_flags_due(cpu, SimpleNamespace(step=s)) for s in range(100))
+    cfg.schedule.max_time_s = 60.0  # the clock steers the run: every step everywhere
+    assert all(_flags_due(gpu, SimpleNamespace(step=s)) for s in range(100))
 
 
 # ------------------------------------------------------------------- bad input ---------

@@ -118,6 +118,7 @@ def encoders(gpt2_vocab_merges):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_code_point_in_context_pieces_equal_reference(name):
     text = context_text(CODE_POINTS)
@@ -128,6 +129,7 @@ def test_every_code_point_in_context_pieces_equal_reference(name):
         pytest.fail(f"{name}: piece {i}: core {got[i : i + 3]!r} vs reference {want[i : i + 3]!r}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_code_point_in_context_ids_equal_tiktoken(name, encoders):
     ours, theirs = encoders[name]
@@ -205,6 +207,7 @@ def random_texts(seed: int, count: int) -> list[str]:
 TEXTS = 200_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_random_texts_equal_tiktoken_and_reference(name, encoders):
     ours, theirs = encoders[name]

@@ -156,7 +156,7 @@ pub(super) fn merges_rise(merges: &[(u32, u32, u32, u32)], size: usize) -> bool 
 fn bpe_huge(enc: &Encoder, piece: &[u8], out: &mut Vec<u32>) {
     let mut b = Buckets::new(enc, piece);
     for rank in 0..enc.merge_ids.len() as u32 {
-        if rank % 1024 == 0 {
+        if rank.is_multiple_of(1024) {
             super::cancel::check();
         }
         let head = b.head(rank);

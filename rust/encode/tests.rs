@@ -42,7 +42,7 @@ fn naive(merges: &[(&str, &str)], piece: &str) -> Vec<Vec<u8>> {
             if let Some(r) =
                 merges.iter().position(|(a, b)| a.as_bytes() == &parts[i][..] && b.as_bytes() == &parts[i + 1][..])
             {
-                if best.map_or(true, |(br, _)| r < br) {
+                if best.is_none_or(|(br, _)| r < br) {
                     best = Some((r, i));
                 }
             }
@@ -247,7 +247,7 @@ fn parallel_cuts_never_split_a_special_token() {
     let matches: Vec<(usize, usize)> = e.specials.find_iter(&text).map(|(s, e, _)| (s, e)).collect();
     for &c in &cuts {
         let i = matches.partition_point(|&(_, e)| e <= c);
-        assert!(matches.get(i).map_or(true, |&(s, _)| s >= c), "cut {c} inside a special token");
+        assert!(matches.get(i).is_none_or(|&(s, _)| s >= c), "cut {c} inside a special token");
     }
     // Text with no space to cut before: cuts come from the special tokens alone.
     let dense = "漢字かな<|end of text|>".repeat(100_000);
@@ -362,7 +362,7 @@ fn drained_encoding_equals_encode_into() {
     assert_eq!(got, want);
     assert!(buf.is_empty());
     // Drains come at batch ends once the buffer holds DRAIN_IDS ids.
-    assert!(sizes[..sizes.len() - 1].iter().all(|&n| n >= DRAIN_IDS && n < DRAIN_IDS + 3 * MAX_BATCH + 64));
+    assert!(sizes[..sizes.len() - 1].iter().all(|&n| (DRAIN_IDS..DRAIN_IDS + 3 * MAX_BATCH + 64).contains(&n)));
     // The whole text as u16 parts, on several threads.
     let big = "hello world, aaaa! ".repeat(200_000);
     let parts = e.encode_parallel_parts::<u16>(&big, true, Some(2));

@@ -77,11 +77,7 @@ fn encode_shard<'py>(
             return Err(PyValueError::new_err(format!("input format must be auto, text or jsonl, got {other:?}")))
         }
     };
-    let errors = match errors {
-        "strict" => Utf8Errors::Strict,
-        "replace" => Utf8Errors::Replace,
-        other => return Err(PyValueError::new_err(format!("errors must be strict or replace, got {other:?}"))),
-    };
+    let errors: Utf8Errors = errors.parse().map_err(PyValueError::new_err)?;
     if !(commit_interval >= 0.0 && commit_interval.is_finite()) {
         return Err(PyValueError::new_err("commit_interval must be a non-negative number of seconds"));
     }

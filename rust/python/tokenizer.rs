@@ -451,7 +451,7 @@ impl PyEncoder {
 
     /// decode_bytes for ids given as little-endian uint32 bytes (from numpy).
     fn decode_bytes_u32le<'py>(&self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-        if data.len() % 4 != 0 {
+        if !data.len().is_multiple_of(4) {
             return Err(PyValueError::new_err("uint32 buffer length is not a multiple of 4"));
         }
         let ids: Vec<u32> = data.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();

@@ -91,13 +91,7 @@ impl PyBpeTrainer {
         errors: &str,
         chunk_size: Option<usize>,
     ) -> PyResult<Self> {
-        let errors = match errors {
-            "strict" => Utf8Errors::Strict,
-            "replace" => Utf8Errors::Replace,
-            other => {
-                return Err(PyValueError::new_err(format!("errors must be \"strict\" or \"replace\", got {other:?}")))
-            }
-        };
+        let errors: Utf8Errors = errors.parse().map_err(PyValueError::new_err)?;
         let t = Trainer::new(&special_tokens, pattern, num_threads, errors, chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE))
             .map_err(to_pyerr)?;
         Ok(PyBpeTrainer { inner: Some(t), ctl: Control::default() })

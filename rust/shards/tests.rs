@@ -201,7 +201,7 @@ fn output_equals_whole_text_encoding_for_any_chunk_size_and_threads() {
     let expected = whole(&enc, &text);
     assert_eq!(expected.iter().filter(|&&t| t == EOT_ID).count(), 300);
     for (chunk_size, threads, window) in [(64, 1, 0), (100, 2, 0), (4096, 3, 1), (1 << 20, 2, 0), (777, 4, 3)] {
-        let mut j = job(&dir, &[input.clone()], &format!("out-{chunk_size}-{threads}.bin"));
+        let mut j = job(&dir, std::slice::from_ref(&input), &format!("out-{chunk_size}-{threads}.bin"));
         j.chunk_size = chunk_size;
         j.threads = threads;
         j.window = window;
@@ -233,7 +233,7 @@ fn newline_cuts_are_exact_for_builtin_patterns() {
         let mut expected = whole(&enc, &text);
         expected.push(EOT_ID); // the unterminated last document gets its eos
         for chunk_size in [16, 200, 5000] {
-            let mut j = job(&dir, &[input.clone()], &format!("nl-{pattern}-{chunk_size}.bin"));
+            let mut j = job(&dir, std::slice::from_ref(&input), &format!("nl-{pattern}-{chunk_size}.bin"));
             j.chunk_size = chunk_size;
             let (_, ids) = run(&j, &enc).unwrap();
             assert_eq!(ids, expected, "pattern {pattern} chunk {chunk_size}");
@@ -300,7 +300,7 @@ fn gzip_and_zstd_inputs_give_the_plain_output_and_hash_the_compressed_bytes() {
     let (_, expected) = run(&job(&dir, &[plain], "plain.bin"), &enc).unwrap();
     for (path, raw) in [(gz_path, gz.clone()), (zst_path, zst.clone())] {
         let out = format!("{}.bin", path.file_name().unwrap().to_string_lossy());
-        let (s, ids) = run(&job(&dir, &[path.clone()], &out), &enc).unwrap();
+        let (s, ids) = run(&job(&dir, std::slice::from_ref(&path), &out), &enc).unwrap();
         assert_eq!(ids, expected, "{}", path.display());
         assert_eq!(s.inputs[0].sha256.as_deref().unwrap(), sha256_hex(&raw));
         assert_eq!(s.inputs[0].bytes, raw.len() as u64);
@@ -347,7 +347,7 @@ fn invalid_utf8_is_an_error_with_offset_or_replaced() {
     let bad_at = (bad_at..data.len()).find(|&i| data[i - 1].is_ascii() && data[i].is_ascii()).unwrap();
     data[bad_at] = 0xff;
     let p = dir.write("bad.txt", &data);
-    let mut j = job(&dir, &[p.clone()], "out.bin");
+    let mut j = job(&dir, std::slice::from_ref(&p), "out.bin");
     j.chunk_size = 256;
     let err = run(&j, &enc).unwrap_err();
     match &err {

@@ -18,12 +18,7 @@ use crate::pretokenize::PreTokenizer;
 use super::read::safe_text_cut;
 use super::{Control, TrainError};
 
-/// What to do with bytes that are not UTF-8.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Utf8Errors {
-    Strict,
-    Replace,
-}
+use crate::utf8::Utf8Errors;
 
 /// Pieces of up to this many bytes are keyed by a 128-bit integer (bytes + length).
 const SHORT: usize = 15;

@@ -538,6 +538,7 @@ def _train_config(d: _Demo, model_vocab: int, *, device: str, seed: int, minutes
         "run.eval_batches=4",
         "run.checkpoint_every=0",
         "run.keep_last=1",
+        "run.compile=false",  # minutes of training: compiling would cost more than it saves
     ]
     if not d.progress:
         base.append("run.progress=false")

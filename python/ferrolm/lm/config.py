@@ -102,8 +102,10 @@ class RunSection:
     seed: int = 1337
     device: str = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps
     num_threads: int = 0  # torch CPU threads (0: torch's default, one per core)
-    autocast_bf16: bool = True  # bf16 autocast for the forward pass (CUDA; CPU too when true)
-    compile: bool = False  # torch.compile the model
+    # "auto", "true" or "false" (TOML booleans work too); see ferrolm.lm.device for "auto":
+    autocast_bf16: str = "auto"  # bf16 autocast: auto = on CUDA, and on CPUs with native bf16 (AMX, AVX512-BF16)
+    parallel: str = "ddp"  # under torchrun: "ddp" (weights replicated) or "fsdp" (sharded, FSDP2)
+    compile: str = "auto"  # torch.compile model + loss: auto = on CUDA, and on CPU when a C++ compiler is found
     tf32: bool = True  # allow TF32 matmuls on CUDA
     eval_every: int = 200  # steps between validation evaluations (0: only at the end)
     eval_batches: int = 20  # fixed validation windows: eval_batches x batch_size of them
@@ -190,6 +192,8 @@ class TrainConfig:
         _check_model(self.model)
         _check_optimizer(self.optimizer)
         _check_schedule(self.schedule, self.model)
+        if self.run.parallel not in ("ddp", "fsdp"):
+            raise ConfigError(f"run.parallel must be 'ddp' or 'fsdp', got {self.run.parallel!r}")
         for k in ("train", "val"):
             v = getattr(self.data, k)
             if isinstance(v, list) and not v:
@@ -296,6 +300,9 @@ def _suggest_dotted(name: str) -> str:
     return ""
 
 
+_SWITCHES = ("run.compile", "run.autocast_bf16")  # "auto" | "true" | "false"
+
+
 def _coerce(name: str, value: Any, default: Any, source: str) -> Any:
     def bad(expected: str) -> ConfigError:
         return ConfigError(f"{source}: {name} must be {expected}, got {value!r}")
@@ -340,6 +347,12 @@ def _coerce(name: str, value: Any, default: Any, source: str) -> Any:
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return list(value)
         raise bad("a path or a list of paths")
+    if name in _SWITCHES:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, str) and value.lower() in ("auto", "true", "false"):
+            return value.lower()
+        raise bad('"auto", true or false')
     if isinstance(default, str):
         if isinstance(value, str):
             return value

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Union
 
@@ -22,7 +23,7 @@ import torch
 
 from ferrolm.bpe.shards import FORMAT, MANIFEST_FORMAT, ShardError, read_json_object
 
-__all__ = ["get_batch", "TokenShards", "ShardError", "tokenizer_fingerprint"]
+__all__ = ["get_batch", "TokenShards", "ShardError", "tokenizer_fingerprint", "BatchPrefetcher"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -457,3 +458,47 @@ class TokenShards:
         if len(starts) and (starts.min() < 0 or starts.max() + context_length + 1 > len(self)):
             raise IndexError(f"window start out of range for {len(self)} tokens and context {context_length}")
         return _to_device(self._windows(starts, context_length + 1), dev)
+
+
+# ---------------------------------------------------------------------------------------
+# Batches prepared ahead of the step
+# ---------------------------------------------------------------------------------------
+
+
+class BatchPrefetcher:
+    """The batches of ``get_batch(tokens, ..., generator=generator)``, in the same order, each
+    drawn and gathered on a background thread while the step before it runs.
+
+    On CUDA the windows are gathered into pinned host memory there too, so the step itself
+    only queues a non-blocking copy. One batch is drawn ahead, so ``generator_state()`` is
+    the generator's state *before* the next batch not yet handed out: what a checkpoint
+    saves for a resume that replays exactly the batches this run would have seen.
+    """
+
+    def __init__(self, tokens, batch_size: int, context_length: int, device, generator: torch.Generator):
+        self.tokens, self.batch_size, self.context_length = tokens, batch_size, context_length
+        self.device = _check_device(device)
+        self.generator = generator
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferrolm-batches")
+        self._next = self._pool.submit(self._load)
+
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        state = self.generator.get_state()
+        starts = sample_starts(len(self.tokens), self.batch_size, self.context_length, self.generator)
+        both = torch.from_numpy(_gather_windows(self.tokens, starts, self.context_length + 1))
+        x, y = both[:, :-1].contiguous(), both[:, 1:].contiguous()
+        if self.device.type == "cuda":
+            x, y = x.pin_memory(), y.pin_memory()
+        return state, x, y
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next (inputs, targets) on the device; starts preparing the one after."""
+        _, x, y = self._next.result()
+        self._next = self._pool.submit(self._load)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def generator_state(self) -> torch.Tensor:
+        return self._next.result()[0]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

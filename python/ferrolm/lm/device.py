@@ -1,10 +1,23 @@
-"""Which torch device a name means: ``resolve_device("auto")`` and friends."""
+"""Which torch device a name means (``resolve_device("auto")``), and what runs fastest on it:
+``use_compile`` and ``use_bf16`` decide the ``"auto"`` of ``run.compile`` and ``run.autocast_bf16``.
+
+What "auto" picks, by measurement (benches/bench_model.py, benches/results/lm_train.md):
+
+- CUDA: torch.compile (fewer, fused kernels) and bf16 autocast where the GPU supports it.
+- CPU: torch.compile when a C++ compiler is on PATH (inductor generates C++; the compiled
+  step ran 1.3x faster per CPU-second than eager on an AVX2 EPYC); bf16 autocast only when
+  the CPU has native bf16 matrix instructions (AMX or AVX512-BF16): without them torch
+  emulates bf16 GEMMs and the step runs ~12x slower than fp32.
+- Anything else (MPS): eager, fp32.
+"""
 
 from __future__ import annotations
 
+import shutil
+
 import torch
 
-__all__ = ["resolve_device"]
+__all__ = ["resolve_device", "use_compile", "use_bf16", "cpu_has_native_bf16"]
 
 
 def _mps_available() -> bool:
@@ -36,3 +49,48 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     if dev.type == "mps" and not _mps_available():
         raise ValueError(f"device {name!r} was asked for but MPS is not available here")
     return dev
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16)."""
+    capability = ""
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    if get is not None:
+        capability = get().upper()
+    if "AMX" in capability:
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return any(flag in flags for flag in ("amx_bf16", "avx512_bf16"))
+
+
+def _switch(setting: str | bool) -> str:
+    if isinstance(setting, bool):
+        return "true" if setting else "false"
+    return setting.lower()
+
+
+def use_compile(setting: str | bool, device: torch.device) -> bool:
+    """``run.compile``: "true"/"false" as given; "auto" as the module docstring says."""
+    setting = _switch(setting)
+    if setting != "auto":
+        return setting == "true"
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu":
+        return any(shutil.which(cc) for cc in ("c++", "g++", "clang++"))
+    return False
+
+
+def use_bf16(setting: str | bool, device: torch.device) -> bool:
+    """``run.autocast_bf16``: "true"/"false" as given (on CUDA and CPU; never on others); "auto"
+    as the module docstring says."""
+    setting = _switch(setting)
+    if device.type == "cuda":
+        return setting != "false" and torch.cuda.is_bf16_supported()
+    if device.type != "cpu" or setting == "false":
+        return False
+    return setting == "true" or cpu_has_native_bf16()

@@ -192,6 +192,8 @@ def clip_grad_norm(params: Iterable[Tensor] | Tensor, max_norm: float, eps: floa
         by_kind.setdefault((g.device, g.dtype), []).append(g)
     norms = [n.float().to(device) for group in by_kind.values() for n in torch._foreach_norm(group)]
     total = torch.linalg.vector_norm(torch.stack(norms))
+    if hasattr(total, "full_tensor"):  # sharded gradients (FSDP2): a partial norm, reduced on the device
+        total = total.full_tensor()
     scale = torch.clamp(max_norm / (total + eps), max=1.0)
     for (dev, dtype), group in by_kind.items():
         torch._foreach_mul_(group, scale.to(device=dev, dtype=dtype))

@@ -7,18 +7,21 @@
 One optimizer step:
     lr = warmup + cosine(step)             (or of the elapsed fraction of max_time_s)
     repeat accum times:                    gradient accumulation up to tokens_per_step
-        x, y = train_shards.get_batch(...) uniform random windows, seeded per process
-        loss = cross_entropy(model(x), y)  bf16 autocast when enabled
+        x, y = batches.next()              uniform random windows, seeded per process, drawn
+                                           one ahead on a background thread
+        loss = model_loss(model, x, y)     model + cross-entropy (compiled as one graph with
+                                           run.compile), bf16 autocast when enabled
         (loss / accum).backward()          DDP all-reduces gradients on the last micro-batch
+                                           (FSDP2 with run.parallel = "fsdp" reduce-scatters)
     norm = clip_grad_norm(...)             stop here, before the update, if loss/norm is NaN
-    optimizer.step()
+    optimizer.step()                       (on a GPU the NaN check runs when due: `_flags_due`)
 
 A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl`` (one JSON
 record per log step), ``checkpoints/step_XXXXXXXX.pt`` (the last ``keep_last``) and
 ``best.pt`` (lowest validation loss). Checkpoints carry everything needed to continue
 exactly: model, optimizer, step, config, RNG states, each process's sampler state, the
-elapsed time and the tokenizer fingerprint. SIGINT/SIGTERM finish the current step, save,
-and return. Under ``torchrun`` each process trains on its own sampler stream; rank 0 logs
+elapsed time and the tokenizer fingerprint. SIGINT/SIGTERM finish the current step (on a
+GPU: the next step that reads the flags), save, and return. Under ``torchrun`` each process trains on its own sampler stream; rank 0 logs
 and saves.
 
 The file reads top to bottom: `train` and its loop `_train`, then the setup it calls
@@ -74,12 +77,13 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     preset_names,
     to_toml,
 )
-from ferrolm.lm.data import ShardError, TokenShards, sample_starts
-from ferrolm.lm.device import resolve_device
+from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_starts
+from ferrolm.lm.device import resolve_device, use_bf16, use_compile
 from ferrolm.lm.evaluate import token_byte_lengths
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
+from ferrolm.lm.sharding import full_state_dicts, load_full_state_dicts, shard_model
 
 __all__ = [
     "TrainConfig",
@@ -167,8 +171,9 @@ class Run:
     device: torch.device
     bf16: bool
     run_dir: Path
-    model: torch.nn.Module  # what the step runs: compiled and/or DDP-wrapped
+    model: torch.nn.Module  # what the step runs: DDP-wrapped under torchrun
     eval_model: torch.nn.Module  # the same without DDP hooks
+    loss: Callable  # loss(model, x, y, bf16): model and loss, compiled as one graph when run.compile
     raw_model: torch.nn.Module  # the plain module checkpoints save
     optimizer: torch.optim.Optimizer
     params: list
@@ -176,6 +181,7 @@ class Run:
     val_data: TokenShards
     val_starts: torch.Tensor  # fixed validation windows, this process's slice
     sampler: torch.Generator  # this process's batch stream
+    batches: BatchPrefetcher  # draws from the sampler, one batch ahead, off the step's thread
     accum: int  # micro-batches per optimizer step
     tokens_per_step: int
     flops_per_tok: Optional[float]
@@ -244,7 +250,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
 
                 out_of_time = sched.max_time_s > 0 and time_sync >= sched.max_time_s
                 last = state.step >= sched.max_steps or out_of_time or bool(stop_req)
-                rec = log_step(run, state, lr, float(grad_norm), last=last, stopping=bool(stop_req))
+                rec = log_step(run, state, lr, grad_norm, last=last, stopping=bool(stop_req))
                 if rec is not None:
                     records.append(rec)
                 advance_bar(run, time_sync)
@@ -257,6 +263,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                     say(run, message)
                     break
         finally:
+            run.batches.close()
             if run.bar is not None:
                 run.bar.close()
             run.loggers.close()
@@ -287,6 +294,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     torch.manual_seed(cfg.run.seed)
     train_data, val_data = _open_data(cfg)
     model = build_model(cfg.model).to(device)
+    if _sharded(cfg, dist_):
+        shard_model(model, device)  # in place, before the optimizer sees the parameters
     optimizer = build_optimizer(model, cfg.optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
     accum, tokens_per_step = micro_batches(cfg, dist_)
@@ -300,7 +309,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
 
     flops_per_tok = training_flops_per_token(model)
     peak = peak_flops(device, bf16)
-    step_model, eval_model = wrap_model(model, cfg, dist_, device)
+    step_model, eval_model, loss = wrap_model(model, cfg, dist_, device)
+    batches = BatchPrefetcher(train_data, cfg.schedule.batch_size, cfg.model.context_length, device, sampler)
     val_starts = validation_starts(cfg, val_data, dist_)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -317,6 +327,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         run_dir=run_dir,
         model=step_model,
         eval_model=eval_model,
+        loss=loss,
         raw_model=unwrap_model(step_model),
         optimizer=optimizer,
         params=params,
@@ -324,6 +335,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         val_data=val_data,
         val_starts=val_starts,
         sampler=sampler,
+        batches=batches,
         accum=accum,
         tokens_per_step=tokens_per_step,
         flops_per_tok=flops_per_tok,
@@ -380,10 +392,7 @@ def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]
         if cfg.run.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-    bf16 = cfg.run.autocast_bf16 and device.type in ("cuda", "cpu")
-    if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        bf16 = False
-    return device, bf16
+    return device, use_bf16(cfg.run.autocast_bf16, device)
 
 
 def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict], Optional[Path]]:
@@ -513,7 +522,11 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, mo
         raise CheckpointError(
             f"{ckpt_path} was trained on shards of another tokenizer than data.train {train_data.paths[0]}"
         )
-    step = apply_checkpoint(ckpt, model, optimizer, name=str(ckpt_path))
+    if _sharded(cfg, dist_):
+        load_full_state_dicts(model, optimizer, ckpt["model"], ckpt["optimizer"])
+        step = int(ckpt["iteration"])
+    else:
+        step = apply_checkpoint(ckpt, model, optimizer, name=str(ckpt_path))
     time_s = float(ckpt.get("time_s", 0.0))
     log_state = ckpt.get("log_state") or {}
     if "rng" in ckpt:
@@ -543,13 +556,19 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, mo
 
 
 def wrap_model(model, cfg: TrainConfig, dist_: _Dist, device: torch.device):
-    """(the model the step runs: compiled and/or DDP-wrapped, the model evaluation runs)."""
-    if cfg.run.compile:
-        model = torch.compile(model)
-    if not dist_.enabled:
-        return model, model
+    """(the model the step runs: DDP-wrapped under torchrun unless already sharded, the model
+    evaluation runs, the step's loss function: model forward and cross-entropy, compiled as
+    one graph per run.compile)."""
+    loss = torch.compile(model_loss) if use_compile(cfg.run.compile, device) else model_loss
+    if not dist_.enabled or _sharded(cfg, dist_):
+        return model, model, loss
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return ddp, ddp.module  # evaluation needs no DDP hooks, but keeps the compiled model
+    return ddp, ddp.module, loss  # evaluation needs no DDP hooks
+
+
+def _sharded(cfg: TrainConfig, dist_: _Dist) -> bool:
+    """FSDP2 (run.parallel = "fsdp") under torchrun; one process never shards."""
+    return dist_.enabled and cfg.run.parallel == "fsdp"
 
 
 def validation_starts(cfg: TrainConfig, val_data: TokenShards, dist_: _Dist) -> torch.Tensor:
@@ -600,20 +619,27 @@ def _autocast(device: torch.device, enabled: bool):
 
 
 def _loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    # bf16 logits go in as they are: cross_entropy reduces them in float32 itself, and compiled
+    # it never writes a float32 copy of the (tokens, vocab) logits.
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def model_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The training loss of one micro-batch: what run.compile compiles, as one graph."""
+    with _autocast(x.device, bf16):
+        logits = model(x)
+    return _loss_fn(logits, y)
 
 
 def forward_backward(run: Run) -> torch.Tensor:
     """Accumulate the gradients of `run.accum` micro-batches; return the sum of their losses."""
-    B, T = run.cfg.schedule.batch_size, run.cfg.model.context_length
     loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
     for micro in range(run.accum):
-        x, y = run.train_data.get_batch(B, T, run.device, generator=run.sampler)
-        sync = not run.dist.enabled or micro == run.accum - 1  # DDP all-reduces on the last one only
-        with contextlib.nullcontext() if sync else run.model.no_sync():
-            with _autocast(run.device, run.bf16):
-                logits = run.model(x)
-            loss = _loss_fn(logits, y)
+        x, y = run.batches.next()
+        last = micro == run.accum - 1
+        accumulate = run.dist.enabled and not last and run.cfg.run.parallel == "ddp"
+        with run.model.no_sync() if accumulate else contextlib.nullcontext():  # DDP: all-reduce once per step
+            loss = run.loss(run.model, x, y, run.bf16)
             (loss / run.accum).backward()
         loss_sum += loss.detach().float()
     return loss_sum
@@ -629,8 +655,16 @@ def _clip(params, max_norm: float) -> torch.Tensor:
 
 
 def agree(run: Run, state: RunState, loss_sum, grad_norm, stop: _StopFlag, t0: float) -> tuple[float, float, float]:
-    """One host sync per step, the max over processes of: NaN seen, stop requested, the clock."""
+    """The max over processes of: NaN seen, stop requested, the clock; one host sync.
+
+    On a GPU the step is queued, not run, when this is reached: reading a flag waits for the
+    GPU to finish and leaves it idle while the next step is queued. So there the flags are
+    read only when due (see `_flags_due`); otherwise nothing is NaN yet as far as the loop
+    knows, the stop flag is this process's own and the clock is the host's.
+    """
     device = run.device
+    if not _flags_due(run, state):
+        return 0.0, float(stop.signum is not None and not run.dist.enabled), state.time_s + time.perf_counter() - t0
     flags = torch.stack(
         [
             (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm.to(device).float())).double(),
@@ -642,6 +676,17 @@ def agree(run: Run, state: RunState, loss_sum, grad_norm, stop: _StopFlag, t0: f
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     bad, stop_req, time_sync = flags.tolist()
     return bad, stop_req, time_sync
+
+
+def _flags_due(run: Run, state: RunState) -> bool:
+    """Every step on the CPU (reading is free there) and when the clock steers the run (all
+    processes must agree on it each step); else on log, eval and checkpoint steps and the
+    last. A NaN is then caught at the next of those, before any checkpoint is written."""
+    if run.device.type == "cpu" or run.cfg.schedule.max_time_s > 0:
+        return True
+    r, step = run.cfg.run, state.step + 1
+    every = [n for n in (r.log_every, r.eval_every, r.checkpoint_every) if n]
+    return step >= run.cfg.schedule.max_steps or any(step % n == 0 for n in every)
 
 
 def nan_message(run: Run, state: RunState, loss_sum) -> str:
@@ -719,14 +764,14 @@ def log_start(run: Run, state: RunState) -> dict:
     return rec
 
 
-def log_step(run: Run, state: RunState, lr: float, grad_norm: float, *, last: bool, stopping: bool) -> Optional[dict]:
+def log_step(run: Run, state: RunState, lr: float, grad_norm, *, last: bool, stopping: bool) -> Optional[dict]:
     """On log and eval steps: evaluate if due, write the record, keep best.pt; the record or None."""
     r, step = run.cfg.run, state.step
     do_eval = bool(r.eval_every and step % r.eval_every == 0) or (last and not stopping)
     if not do_eval and step % r.log_every:
         return None
     val_loss = evaluate(run) if do_eval else None
-    rec = make_record(run, state, lr, grad_norm, val_loss)
+    rec = make_record(run, state, lr, float(grad_norm), val_loss)  # the one read of the norm
     run.loggers.log(rec)
     if val_loss is not None:
         state.final_val = val_loss
@@ -900,7 +945,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
     return dict(
         config=run.cfg.to_dict(),
         rng=get_rng_state(),
-        sampler_states=_gather_states(run.sampler, run.dist, run.device),
+        sampler_states=_gather_states(run.batches.generator_state(), run.dist, run.device),
         world_size=run.dist.world,
         tokenizer_fingerprint=run.train_data.fingerprint,
         time_s=state.time_s,
@@ -912,8 +957,25 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
     )
 
 
-def _gather_states(g: torch.Generator, dist_: _Dist, device: torch.device) -> list[torch.Tensor]:
-    state = g.get_state()
+class _Saved:
+    """A state dict in the shape save_checkpoint reads (``.state_dict()``)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+
+def saved_state(run: Run):
+    """(model, optimizer) for save_checkpoint; a sharded run gathers full tensors (a collective)."""
+    if not _sharded(run.cfg, run.dist):
+        return run.raw_model, run.optimizer
+    model_sd, optim_sd = full_state_dicts(run.raw_model, run.optimizer)
+    return _Saved(model_sd), _Saved(optim_sd)
+
+
+def _gather_states(state: torch.Tensor, dist_: _Dist, device: torch.device) -> list[torch.Tensor]:
     if not dist_.enabled:
         return [state]
     t = state.to(device)
@@ -925,10 +987,11 @@ def _gather_states(g: torch.Generator, dist_: _Dist, device: torch.device) -> li
 def save(run: Run, state: RunState, *, final: bool) -> None:
     """A step checkpoint (rank 0 writes, older ones past keep_last go); a failed final save raises."""
     payload = checkpoint_payload(run, state)
+    model, optimizer = saved_state(run)
     if run.dist.is_main:
         path = run.run_dir / CHECKPOINT_DIR / f"step_{state.step:08d}.pt"
         try:
-            save_checkpoint(run.raw_model, run.optimizer, state.step, path, **payload)
+            save_checkpoint(model, optimizer, state.step, path, **payload)
         except OSError as e:
             prev = f"; the previous checkpoint {state.last_ckpt} is intact" if state.last_ckpt else ""
             msg = f"could not save checkpoint {path}: {e}{prev}"
@@ -945,10 +1008,11 @@ def save(run: Run, state: RunState, *, final: bool) -> None:
 
 def save_best(run: Run, state: RunState) -> None:
     payload = checkpoint_payload(run, state)
+    model, optimizer = saved_state(run)
     if run.dist.is_main:
         path = run.run_dir / BEST_FILE
         try:
-            save_checkpoint(run.raw_model, run.optimizer, state.step, path, **payload)
+            save_checkpoint(model, optimizer, state.step, path, **payload)
         except OSError as e:
             say(run, f"could not save {path}: {e} (the previous best is intact; training continues)")
     _barrier(run.dist)

@@ -1,0 +1,49 @@
+"""Six training steps on one fixed global batch per step, alone or as one of the processes of
+`torchrun --nproc_per_node N tests/dist_step.py ddp|fsdp` (each takes every N-th sequence).
+Prints the mean loss of each step, one per line (rank 0). Used by tests/test_train.py."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ferrolm.lm.functional import cross_entropy
+from ferrolm.lm.model import TransformerLM
+from ferrolm.lm.optim import AdamW, clip_grad_norm, param_groups_for_decay
+from ferrolm.lm.sharding import shard_model
+
+
+def main(mode: str) -> None:
+    torch.set_num_threads(1)
+    rank, world = 0, 1
+    if mode != "single":
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = TransformerLM(64, 16, 32, 2, 4, 48)
+    if mode == "fsdp":
+        shard_model(model, torch.device("cpu"))
+    step_model = DistributedDataParallel(model) if mode == "ddp" else model
+    opt = AdamW(param_groups_for_decay(model, 0.1), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    ids = torch.randint(0, 64, (6, 8, 17), generator=torch.Generator().manual_seed(5))
+    for step in range(6):
+        batch = ids[step, rank::world]
+        loss = cross_entropy(step_model(batch[:, :-1]), batch[:, 1:])
+        loss.backward()
+        clip_grad_norm(model.parameters(), 0.5)  # active: the norm is above 0.5 here
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mean = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(mean)
+        if rank == 0:
+            print(f"{float(mean) / world:.7f}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
