@@ -258,9 +258,8 @@ def test_train_input_forms_agree(tmp_path):
     expected = train_bpe(str(path), 320, [EOT])
     assert train_bpe(path, 320, [EOT]) == expected
     assert train_bpe([path], 320, [EOT]) == expected
-    assert train_bpe(iter(ragged(text, random.Random(1), 300)), 320, [EOT]) == expected
-    with open(path, encoding="utf-8") as f:  # an open text file is an iterable of lines
-        assert train_bpe(f, 320, [EOT]) == expected
+    # Each item of an iterable is a document: the file's documents give the file's merges.
+    assert train_bpe(iter(text.split(EOT)), 320, [EOT]) == expected
 
 
 def test_each_input_file_is_its_own_text(tmp_path):
@@ -268,8 +267,9 @@ def test_each_input_file_is_its_own_text(tmp_path):
     (tmp_path / "b.txt").write_text("\n b", encoding="utf-8")
     files = [tmp_path / "a.txt", tmp_path / "b.txt"]
     assert reference.count_pretokens(files) == Counter({"a": 1, "\n": 2, " b": 1})
-    # The chunks of an iterable of str are one text: "\n\n" is one pre-token.
-    assert reference.count_pretokens(iter(["a\n", "\n b"])) == Counter({"a": 1, "\n\n": 1, " b": 1})
+    # The items of an iterable of str are documents, apart like files; one item is one text.
+    assert reference.count_pretokens(iter(["a\n", "\n b"])) == Counter({"a": 1, "\n": 2, " b": 1})
+    assert reference.count_pretokens(iter(["a\n\n b"])) == Counter({"a": 1, "\n\n": 1, " b": 1})
 
 
 @pytest.mark.parametrize("name", ["gpt2", "cl100k", "o200k"])
@@ -278,7 +278,7 @@ def test_count_pretokens_follows_the_selected_pattern(name, corpus_samples):
     expected = Counter()
     for doc in text.split(EOT):
         expected.update(regex.findall(patterns.resolve(name), doc))
-    assert reference.count_pretokens(iter(ragged(text, random.Random(2), 4000)), [EOT], name) == expected
+    assert reference.count_pretokens(iter(text.split(EOT)), [EOT], name) == expected
 
 
 def test_custom_pattern_is_a_regex():

@@ -404,10 +404,8 @@ def _run_train_tokenizer(args) -> int:
     from ferrolm.bpe import inputs
     from ferrolm.bpe.tokenizer import Tokenizer
 
-    args.input = inputs.expand(args.input)
+    args.input = inputs.expand(args.input)  # folders and globs to their files
     for path in args.input:
-        if os.path.isdir(path):
-            raise ValueError(f"--input {path} is a directory: give the text files in it")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"input file not found: {path}")
     if args.threads is not None and args.threads < 1:
