@@ -25,7 +25,13 @@ from ferrolm import _core
 from ferrolm.bpe.tokenizer import Tokenizer
 
 TEXT = "The quick brown fox jumps over the lazy dog, 1234 times!\\n" * 50
-TOK = Tokenizer.train(iter([TEXT]), 400, progress=False)
+# Trained from a file: training from an iterable batches its items with numpy, and one
+# test needs numpy still unloaded here.
+import tempfile
+with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+    f.write(TEXT)
+TOK = Tokenizer.train(f.name, 400, progress=False)
+os.unlink(f.name)
 BIG = ("Once upon a time there was a little girl. She liked to play. " * 40 + "<|endoftext|>") * 200
 
 def failure(call):

@@ -13,10 +13,12 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterable, Iterator, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ferrolm._util import fix_surrogates
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PARQUET_MAGIC = b"PAR1"
 #: Text per batch read from a Parquet file: few large batches (pyarrow's cost per batch is
@@ -95,6 +97,8 @@ def arrow_text(column, where: str):
 def arrow_buffers(arr) -> tuple[np.ndarray, np.ndarray]:
     """``(data, offsets)``: a numpy view of a string array's UTF-8 data (no copy) and its
     offsets as int64."""
+    import numpy as np
+
     _, offsets, data = arr.buffers()
     width = np.int64 if arr.type.id == _pyarrow()[0].large_string().id else np.int32
     offs = np.frombuffer(offsets, dtype=width)[arr.offset : arr.offset + len(arr) + 1].astype(np.int64, copy=False)
@@ -193,6 +197,8 @@ def text_batches(texts: Iterable[str], batch_chars: int = TEXT_BATCH_CHARS) -> I
 
 
 def _join(docs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
+
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     np.cumsum([len(d) for d in docs], out=offsets[1:])
     return np.frombuffer(b"".join(docs), dtype=np.uint8), offsets
