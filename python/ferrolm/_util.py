@@ -1,4 +1,4 @@
-"""Helpers both halves of the package use: atomic file writes, special-token lists, surrogate repair.
+"""What both halves of the package use: atomic file writes, special-token lists, surrogate repair.
 
 Imports only the standard library (the tokenizer side must import without torch).
 """
