@@ -16,6 +16,7 @@ from ferrolm import Tokenizer
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import patterns
 from ferrolm.bpe.files import TokenizerFileError
+from ferrolm.bpe.hf import hf_special_roles
 
 REPO = Path(__file__).resolve().parent.parent
 EOT = "<|endoftext|>"
@@ -77,7 +78,7 @@ def test_save_hf_writes_what_save_writes(trained, tmp_path):
     # a folder of the HF files alone loads in ferrolm as the same tokenizer
     assert Tokenizer.load(out).fingerprint == tok.fingerprint
     # GPT-2's only special token is eos and pad both
-    assert tf.hf_special_roles([EOT]) == {"eos_token": EOT, "pad_token": EOT}
+    assert hf_special_roles([EOT]) == {"eos_token": EOT, "pad_token": EOT}
 
 
 def test_record_keeps_pattern_unicode_version_fingerprint(trained):
@@ -192,9 +193,9 @@ def test_unicode_version_change_warns(trained, tmp_path):
 KILL_DURING_SAVE = """
 import os, signal, sys
 from ferrolm import Tokenizer
-from ferrolm.bpe import files
+from ferrolm import _util
 tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|other|>"])
-files._before_rename = lambda: os.kill(os.getpid(), signal.SIGKILL)
+_util._before_dir_rename = lambda: os.kill(os.getpid(), signal.SIGKILL)
 tok.save(sys.argv[1])
 """
 

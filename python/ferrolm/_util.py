@@ -6,10 +6,14 @@ Imports only the standard library (the tokenizer side must import without torch)
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import secrets
-from collections.abc import Iterable, Iterator
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Union
 
@@ -86,6 +90,101 @@ def stale_temporaries(directory: PathInput) -> list[Path]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(Path(directory) / n for n in names if _TEMPORARY_RE.match(n))
+
+
+# ---------------------------------------------------------------------------------------
+# Atomic directories: a temporary sibling directory, fsync, then one swap
+# ---------------------------------------------------------------------------------------
+
+# Test-only: called after a directory's files are written and synced, before its rename.
+_before_dir_rename: Callable[[], None] | None = None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_replaceable(target: Path, owned: Iterable[str]) -> None:
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a directory")
+    others = sorted(set(os.listdir(target)) - set(owned))
+    if others:
+        raise FileExistsError(
+            f"{target} holds files this would delete ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}): "
+            "write into a new or empty directory"
+        )
+
+
+def _remove_stale(target: Path) -> None:
+    """Temporary siblings left by an earlier write into ``target`` that was killed."""
+    prefix = f".{target.name}."
+    for p in target.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False when unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Put ``tmp`` at ``target``; what was at ``target`` ends at ``tmp``'s name (or is gone)."""
+    if not target.exists():
+        os.rename(tmp, target)
+    elif not _exchange(tmp, target):
+        # Two renames: between them ``target`` is absent, never half-written.
+        old = tmp.with_name(tmp.name[: -len(".tmp")] + ".old.tmp")
+        os.rename(target, old)
+        os.rename(tmp, target)
+        os.rename(old, tmp)
+
+
+def atomic_write_dir(target: PathInput, files: dict[str, bytes], owned: Iterable[str]) -> Path:
+    """Write ``files`` ({name: content}) as the directory ``target``, whole or not at all.
+
+    The files go into a temporary sibling directory, are fsynced, and the directory is
+    renamed to ``target`` (swapped in when ``target`` exists). An existing ``target`` may
+    hold only names in ``owned`` (the files a previous write made), so nothing else is lost.
+    """
+    target = Path(target)
+    _check_replaceable(target, owned)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        for name, data in files.items():
+            _write_synced(tmp / name, data)
+        fsync_dir(tmp)
+        if _before_dir_rename is not None:
+            _before_dir_rename()
+        _swap_in(tmp, target)
+        fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 # ---------------------------------------------------------------------------------------

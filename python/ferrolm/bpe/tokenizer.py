@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Union
 from ferrolm import _core
 from ferrolm._util import atomic_write_bytes, check_special_tokens, fix_surrogates, is_high_surrogate
 from ferrolm.bpe import files as tf
-from ferrolm.bpe import patterns
+from ferrolm.bpe import hf, patterns
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -150,7 +150,7 @@ class Tokenizer:
         tokens as special tokens. What ferrolm does not model (Unigram, WordPiece,
         normalizers, ...) raises a TokenizerFileError that names it; ``assume_normalized=True``
         accepts a normalizer (Qwen2's NFC) for text that is already normalized."""
-        vocab, merges, specials, pattern = tf.read_hf_tokenizer(path, assume_normalized=assume_normalized)
+        vocab, merges, specials, pattern = hf.read_hf_tokenizer(path, assume_normalized=assume_normalized)
         return cls(vocab, merges, specials, pattern)
 
     @classmethod
@@ -516,7 +516,7 @@ class Tokenizer:
 
     def to_hf_json(self) -> dict:
         """The HF tokenizers ``tokenizer.json`` content (a dict) of this tokenizer."""
-        return tf.hf_tokenizer_json(self._vocab, self._merges, self._special_id_pairs(), self._pattern)
+        return hf.hf_tokenizer_json(self._vocab, self._merges, self._special_id_pairs(), self._pattern)
 
     def save_hf(self, path: PathInput, *, model_max_length: int | None = None) -> Path:
         """Write an HF ``tokenizer.json`` (ByteLevel BPE) that ``tokenizers.Tokenizer.from_file``
@@ -524,7 +524,7 @@ class Tokenizer:
         write it into with tokenizer_config.json and special_tokens_map.json (what
         ``AutoTokenizer.from_pretrained`` reads): the same bytes :meth:`save` writes."""
         path = Path(path)
-        files = tf.hf_files(self._vocab, self._merges, self._special_id_pairs(), self._pattern, model_max_length)
+        files = hf.hf_files(self._vocab, self._merges, self._special_id_pairs(), self._pattern, model_max_length)
         if not path.is_dir():
             atomic_write_bytes(path, files[tf.HF_FILE])
             return path

@@ -23,8 +23,9 @@ from typing import Any, Union
 
 import torch
 
-from ferrolm._util import atomic_write_bytes
+from ferrolm._util import atomic_write_bytes, atomic_write_dir
 from ferrolm.bpe import files as tf
+from ferrolm.bpe import hf
 from ferrolm.lm.model import ModelConfig, check_llama_compatible, to_hf_llama_state_dict
 
 __all__ = ["export_hf", "export_safetensors", "llama_config", "MODEL_FILES"]
@@ -41,7 +42,7 @@ def _json(obj: dict) -> bytes:
 
 def _special_ids(tokenizer: Any) -> dict[str, int | None]:
     """bos/eos/pad ids for HF: ferrolm starts a document after eos, so eos is the bos too."""
-    roles = tf.hf_special_roles(tokenizer.special_tokens)
+    roles = hf.hf_special_roles(tokenizer.special_tokens)
     ids = tokenizer.special_token_ids
     eos = ids.get(roles.get("eos_token", ""))
     return {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": ids.get(roles.get("pad_token", ""))}
@@ -117,7 +118,7 @@ def export_hf(checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dty
     files.update(
         tf.directory_files(tok.vocab, tok.merges, special_ids, tok.pattern, tok.fingerprint, cfg.context_length)
     )
-    return tf.write_dir(out, files, owned=MODEL_FILES + tf.TOKENIZER_FILES)
+    return atomic_write_dir(out, files, owned=MODEL_FILES + tf.TOKENIZER_FILES)
 
 
 def export_safetensors(checkpoint: PathLike, out: PathLike) -> Path:
