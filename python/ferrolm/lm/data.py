@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ferrolm.bpe.shards import FORMAT, MANIFEST_FORMAT, ShardError, read_json_object
+from ferrolm.lm.device import unavailable
 
 __all__ = ["get_batch", "TokenShards", "ShardError", "tokenizer_fingerprint", "BatchPrefetcher"]
 
@@ -39,16 +40,9 @@ _PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)$")
 
 def _check_device(device: str | torch.device) -> torch.device:
     dev = torch.device(device)  # raises RuntimeError on a malformed device string
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"device {str(device)!r} requested but CUDA is not available")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"device {str(device)!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
-    elif dev.type == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise RuntimeError(f"device {str(device)!r} requested but MPS is not available")
+    problem = unavailable(dev)
+    if problem:
+        raise RuntimeError(f"device {str(device)!r} requested but {problem}")
     return dev
 
 

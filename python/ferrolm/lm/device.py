@@ -17,7 +17,7 @@ import shutil
 
 import torch
 
-__all__ = ["resolve_device", "use_compile", "use_bf16", "cpu_has_native_bf16"]
+__all__ = ["resolve_device", "unavailable", "use_compile", "use_bf16", "cpu_has_native_bf16"]
 
 
 def _mps_available() -> bool:
@@ -39,16 +39,24 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
         dev = torch.device(name)
     except (RuntimeError, TypeError):
         raise ValueError(f"unknown device {name!r} (use auto, cpu, cuda, cuda:N or mps)") from None
+    problem = unavailable(dev)
+    if problem:
+        raise ValueError(f"device {name!r} was asked for but {problem}")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+    return dev
+
+
+def unavailable(dev: torch.device) -> str | None:
+    """Why `dev` cannot be used in this process (its backend or its index is missing), or None."""
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} was asked for but CUDA is not available here")
-        if dev.index is None:
-            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
-        elif dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {name!r} was asked for but there are {torch.cuda.device_count()} GPU(s)")
+            return "CUDA is not available here"
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return f"there are {torch.cuda.device_count()} GPU(s)"
     if dev.type == "mps" and not _mps_available():
-        raise ValueError(f"device {name!r} was asked for but MPS is not available here")
-    return dev
+        return "MPS is not available here"
+    return None
 
 
 def cpu_has_native_bf16() -> bool:
