@@ -13,7 +13,7 @@ from shard_util import trained_run
 
 from ferrolm.lm.evaluate import evaluate
 from ferrolm.lm.generate import load_model
-from ferrolm.lm.train import read_metrics
+from ferrolm.lm.metrics import read_metrics
 
 torch.set_num_threads(1)
 TINY = dict(context_length=16, d_model=32, num_layers=1, num_heads=2, d_ff=64)

@@ -21,8 +21,9 @@ from ferrolm.app.plot import plot_run
 from ferrolm.lm.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
 from ferrolm.lm.config import preset_names, to_toml
 from ferrolm.lm.data import ShardError
+from ferrolm.lm.metrics import read_metrics
 from ferrolm.lm.model import TransformerLM
-from ferrolm.lm.train import ConfigError, TrainConfig, apply_overrides, load_config, read_metrics, train
+from ferrolm.lm.train import ConfigError, TrainConfig, apply_overrides, load_config, train
 
 REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)  # tiny models: threads only add overhead (and contention on a busy machine)

@@ -14,7 +14,7 @@ from typing import Optional
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no backend switch, no window, no global figure list
 
-from ferrolm.lm.train import METRICS_FILE, read_metrics
+from ferrolm.lm.metrics import METRICS_FILE, read_metrics
 
 __all__ = ["plot_run"]
 

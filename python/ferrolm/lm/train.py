@@ -33,7 +33,6 @@ built once is one `Run`.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import re
@@ -81,6 +80,7 @@ from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_sta
 from ferrolm.lm.device import resolve_device, use_bf16, use_compile
 from ferrolm.lm.evaluate import token_byte_lengths
 from ferrolm.lm.functional import cross_entropy
+from ferrolm.lm.metrics import MetricsLog, read_metrics
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
 from ferrolm.lm.sharding import full_state_dicts, load_full_state_dicts, shard_model
@@ -101,7 +101,6 @@ __all__ = [
     "PEAK_FLOPS_BF16",
 ]
 
-METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 BEST_FILE = "best.pt"
 _CKPT_RE = re.compile(r"^step_(\d+)\.pt$")
@@ -186,7 +185,7 @@ class Run:
     tokens_per_step: int
     flops_per_tok: Optional[float]
     peak: Optional[float]
-    loggers: _Loggers
+    loggers: MetricsLog
     bar: Any  # tqdm bar on rank 0 when run.progress, else None
     val_bytes_per_token: Optional[float] = None  # for bits per byte; None without a tokenizer folder
 
@@ -316,7 +315,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(run_dir)
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
-    loggers = _Loggers(run_dir, cfg, main, state.step if resume is not None else None)
+    loggers = MetricsLog(run_dir, cfg, main, state.step if resume is not None else None)
     state.last_ckpt = latest_checkpoint(run_dir) if resume is not None else None
     bar = progress_bar(cfg, state) if main and cfg.run.progress else None
     run = Run(
@@ -866,71 +865,8 @@ def advance_bar(run: Run, time_sync: float) -> None:
         bar.update(max(0.0, min(time_sync, bar.total) - bar.n) if _bar_by_time(run.cfg) else 1)
 
 
-class _Loggers:
-    """metrics.jsonl (always) plus wandb / TensorBoard when asked for and installed."""
-
-    def __init__(self, run_dir: Path, cfg: TrainConfig, enabled: bool, resume_step: Optional[int]):
-        self.enabled = enabled
-        self.file = None
-        self.wandb = None
-        self.tb = None
-        if not enabled:
-            return
-        path = run_dir / METRICS_FILE
-        # Resumed: drop the records written after the checkpoint. Fresh: the directory holds
-        # no checkpoint, so any records are those of a run killed before its first one.
-        _truncate_metrics(path, resume_step if resume_step is not None else -1)
-        self.file = open(path, "a", encoding="utf-8")
-        if cfg.run.wandb:
-            self.wandb = _open_wandb(cfg, run_dir)
-        if cfg.run.tensorboard:
-            self.tb = _open_tensorboard(run_dir)
-
-    def log(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        scalars = {
-            k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
-        }
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=record["step"])
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, record["step"])
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        if self.tb is not None:
-            self.tb.close()
-
-
-def _open_wandb(cfg: TrainConfig, run_dir: Path):
-    try:
-        import wandb  # optional: imported only when asked for
-    except ImportError:
-        warnings.warn("run.wandb is set but wandb is not installed; logging to metrics.jsonl only", stacklevel=6)
-        return None
-    return wandb.init(project=cfg.run.wandb, config=cfg.to_dict(), dir=str(run_dir), resume="allow")
-
-
-def _open_tensorboard(run_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # optional: needs the tensorboard package
-    except ImportError:
-        warnings.warn(
-            "run.tensorboard is set but tensorboard is not installed; logging to metrics.jsonl only", stacklevel=6
-        )
-        return None
-    return SummaryWriter(str(run_dir / "tb"))
-
-
 # ---------------------------------------------------------------------------------------
-# Run directory: checkpoints and metrics
+# Run directory: checkpoints
 # ---------------------------------------------------------------------------------------
 
 
@@ -1045,33 +981,3 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Optional[Path]:
     """The newest step checkpoint of a run directory, or None."""
     ckpts = _step_checkpoints(Path(run_dir))
     return ckpts[-1][1] if ckpts else None
-
-
-def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The JSONL records of a run (a directory or a metrics.jsonl path); bad lines are skipped."""
-    path = Path(run_dir)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics log at {path}")
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # e.g. a line cut short by a kill
-            if isinstance(rec, dict) and "step" in rec:
-                records.append(rec)
-    return records
-
-
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop records past `last_step` (written after the checkpoint we resume from)."""
-    if not path.is_file():
-        return
-    kept = [json.dumps(r) for r in read_metrics(path) if r["step"] <= last_step]
-    atomic_write_bytes(path, ("\n".join(kept) + "\n" if kept else "").encode("utf-8"))
