@@ -14,9 +14,11 @@ One measured step is a whole training step, each library as its users write it:
 zero_grad, forward, cross-entropy, backward, global-norm clip to 1.0, AdamW
 (lr 1e-3, betas (0.9, 0.95), weight decay 0.1).
 
-- ferrolm: ferrolm.lm.functional.cross_entropy, ferrolm's clip_grad_norm and its
-  multi-tensor AdamW; "ferrolm compiled" is what `ferrolm train` runs by default
-  (`run.compile`, model and loss compiled as one graph).
+- ferrolm: the model called with targets (the LM head fused with the cross-entropy,
+  ferrolm.lm.functional.linear_cross_entropy), ferrolm's clip_grad_norm and AdamW (torch's
+  fused kernel), and on a CPU the allocator setting its training loop makes
+  (ferrolm.lm.device.reuse_freed_memory); "ferrolm compiled" is what `ferrolm train` runs
+  by default (`run.compile`, model and loss compiled as one graph).
 - HF: F.cross_entropy on float logits (what its loss function does),
   torch.nn.utils.clip_grad_norm_, torch.optim.AdamW with torch's defaults.
 - nanoGPT-style: F.cross_entropy, clip_grad_norm_, torch.optim.AdamW (fused on CUDA, as
@@ -115,7 +117,7 @@ def build(impl: str, shape: dict, device: str):
     import torch
     import torch.nn.functional as F
 
-    from ferrolm.lm import functional
+    from ferrolm.lm import device as _device
     from ferrolm.lm.model import TransformerLM
     from ferrolm.lm.optim import AdamW, clip_grad_norm, param_groups_for_decay
 
@@ -135,10 +137,12 @@ def build(impl: str, shape: dict, device: str):
     model.to(device).train()
     V = shape["vocab_size"]
     if impl == "ferrolm":
+        if device == "cpu":
+            _device.reuse_freed_memory()  # as ferrolm's training loop sets up a CPU run
         opt = AdamW(param_groups_for_decay(model, 0.1), weight_decay=0.1, **hyper)
 
         def loss(x, y):
-            return functional.cross_entropy(model(x), y)
+            return model(x, targets=y)  # the LM head fused with the loss, as ferrolm trains
 
         return model, loss, opt, clip_grad_norm
     decay = [p for p in model.parameters() if p.dim() >= 2]

@@ -134,6 +134,70 @@ def test_cross_entropy_rejects_mismatched_shapes():
         functional.cross_entropy(torch.zeros(2, 3, 5), torch.zeros(3, 2, dtype=torch.long))
 
 
+# --------------------------------------------------------- linear_cross_entropy --------
+
+
+def _head_problem(n=37, d=12, vocab=50, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g, dtype=dtype)
+    w = torch.randn(vocab, d, generator=g, dtype=dtype) * 0.5
+    t = torch.randint(0, vocab, (n,), generator=g)
+    return h, w, t
+
+
+def _loss_and_grads(fn, h, w, t):
+    h, w = h.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = fn(h, w, t)
+    (loss * 3.0).backward()  # an incoming gradient other than 1
+    return loss.detach(), h.grad, w.grad
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 8, 10, 37, 64, None])
+def test_linear_cross_entropy_equals_cross_entropy_of_the_logits(chunk_rows):
+    h, w, t = _head_problem()
+    want = _loss_and_grads(lambda h, w, t: F.cross_entropy(h @ w.T, t), h, w, t)
+    got = _loss_and_grads(lambda h, w, t: functional.linear_cross_entropy(h, w, t, chunk_rows=chunk_rows), h, w, t)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_linear_cross_entropy_gradcheck_float64():
+    h, w, t = _head_problem(n=9, d=4, vocab=7, dtype=torch.float64)
+    h.requires_grad_(), w.requires_grad_()
+    assert torch.autograd.gradcheck(lambda h, w: functional.linear_cross_entropy(h, w, t, chunk_rows=4), (h, w))
+
+
+def test_linear_cross_entropy_without_grad_and_with_batch_dims():
+    h, w, t = _head_problem(n=24)
+    want = F.cross_entropy(h @ w.T, t)
+    with torch.no_grad():
+        got = functional.linear_cross_entropy(h.reshape(2, 12, -1), w, t.reshape(2, 12), chunk_rows=5)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="targets"):
+        functional.linear_cross_entropy(h, w, t[:-1])
+    with pytest.raises(ValueError, match="weight"):
+        functional.linear_cross_entropy(h, w.T, t)
+
+
+def test_linear_cross_entropy_is_finite_for_huge_logits():
+    h = torch.tensor([[1e4, 0.0], [0.0, 1e4]], requires_grad=True)
+    w = torch.eye(2) * 1.0
+    loss = functional.linear_cross_entropy(h, w, torch.tensor([1, 1]))
+    assert loss.item() == pytest.approx(1e4 / 2, rel=1e-6)
+    loss.backward()
+    assert torch.isfinite(h.grad).all()
+
+
+def test_linear_cross_entropy_under_bf16_autocast_reduces_in_float32():
+    h, w, t = _head_problem(n=16, d=32, vocab=300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _loss_and_grads(lambda h, w, t: functional.linear_cross_entropy(h, w, t, chunk_rows=8), h, w, t)
+        want = _loss_and_grads(lambda h, w, t: functional.cross_entropy(h @ w.T, t), h, w, t)
+    assert got[0].dtype == torch.float32 and got[1].dtype == got[2].dtype == torch.float32
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
 # ------------------------------------------------------------------- attention --------
 
 

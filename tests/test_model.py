@@ -584,36 +584,56 @@ def test_hf_export_refuses_an_ablation_it_cannot_map():
     assert "lm_head.weight" not in tied  # HF ties it to model.embed_tokens.weight
 
 
+@pytest.mark.parametrize("ablation", [{}, dict(tie_embeddings=True)])
+def test_targets_give_the_cross_entropy_of_the_logits_and_its_gradients(ablation):
+    a, b = small_model(**ablation).train(), small_model(**ablation).train()
+    x, y = random_ids(3, 20), random_ids(3, 20, seed=2)
+    want = functional.cross_entropy(a(x), y)
+    want.backward()
+    got = b(x, targets=y)
+    got.backward()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-6, rtol=1e-5, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(b(x, targets=y), want.detach(), atol=1e-6, rtol=1e-6)
+
+
 # ------------------------------------------------------------- torch.compile ----------
 
 
-def _loss_of(model):
+def _loss_of(model, fused_head: bool = True):
+    """The training loss (LM head fused with the loss, as the loop runs it) or, with
+    ``fused_head=False``, the cross-entropy of the full logits."""
+
     def loss(x, y):
-        return functional.cross_entropy(model(x), y)
+        return model(x, targets=y) if fused_head else functional.cross_entropy(model(x), y)
 
     return loss
 
 
+@pytest.mark.parametrize("fused_head", [True, False])
 @pytest.mark.parametrize("ablation", [{}, dict(norm="none", positions="none", ffn="silu", tie_embeddings=True)])
-def test_model_and_loss_trace_as_one_graph(ablation):
+def test_model_and_loss_trace_as_one_graph(ablation, fused_head):
     # a graph break would split the step into several compiled pieces with Python between
     torch._dynamo.reset()
     model = small_model(**ablation).train()
     x, y = random_ids(2, 16), random_ids(2, 16, seed=2)
-    explanation = torch._dynamo.explain(_loss_of(model))(x, y)
+    explanation = torch._dynamo.explain(_loss_of(model, fused_head))(x, y)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
 
 
-def test_compiled_step_equals_eager_forward_and_backward():
+@pytest.mark.parametrize("fused_head", [True, False])
+def test_compiled_step_equals_eager_forward_and_backward(fused_head):
     # aot_eager traces exactly what inductor receives (the real-arithmetic RoPE, the
-    # custom cross-entropy's backward) without generating C++: the same numbers as eager
+    # custom losses' backward) without generating C++: the same numbers as eager
     torch._dynamo.reset()
     eager, compiled = small_model().train(), small_model().train()
     x, y = random_ids(3, 20), random_ids(3, 20, seed=2)
-    loss_eager = _loss_of(eager)(x, y)
+    loss_eager = _loss_of(eager, fused_head)(x, y)
     loss_eager.backward()
-    loss_compiled = torch.compile(_loss_of(compiled), backend="aot_eager", fullgraph=True)(x, y)
+    loss_compiled = torch.compile(_loss_of(compiled, fused_head), backend="aot_eager", fullgraph=True)(x, y)
     loss_compiled.backward()
     torch.testing.assert_close(loss_compiled, loss_eager, atol=1e-5, rtol=1e-5)
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):

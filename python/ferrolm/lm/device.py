@@ -9,15 +9,22 @@ What "auto" picks, by measurement (benches/bench_model.py, benches/results/lm_tr
   the CPU has native bf16 matrix instructions (AMX or AVX512-BF16): without them torch
   emulates bf16 GEMMs and the step runs ~12x slower than fp32.
 - Anything else (MPS): eager, fp32.
+
+``reuse_freed_memory()`` is what training on a CPU sets up besides: torch allocates every
+activation afresh each step, and glibc hands big blocks back to the kernel when they are
+freed, so each step page-faults its whole working set in again (about 6 % of a CPU step at
+the TinyStories shape, all of it kernel time). Keeping freed blocks for reuse removes that.
 """
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import sys
 
 import torch
 
-__all__ = ["resolve_device", "unavailable", "use_compile", "use_bf16", "cpu_has_native_bf16"]
+__all__ = ["resolve_device", "unavailable", "use_compile", "use_bf16", "cpu_has_native_bf16", "reuse_freed_memory"]
 
 
 def _mps_available() -> bool:
@@ -102,3 +109,21 @@ def use_bf16(setting: str | bool, device: torch.device) -> bool:
     if device.type != "cpu" or setting == "false":
         return False
     return setting == "true" or cpu_has_native_bf16()
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def reuse_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for the next allocation instead of returning
+    it to the kernel (no mmap per large block, no trimming of the heap). For a training
+    process this trades a resident size that stays at its peak for no page faults in the
+    step. Process-wide; a no-op (False) where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))

@@ -5,6 +5,7 @@ These are the literal definitions the model is checked against:
     softmax(x)_i   = exp(x_i - max x) / sum_j exp(x_j - max x)
     silu(x)        = x * sigmoid(x)
     cross_entropy  = mean over positions of  logsumexp(logits) - logits[target]
+    linear_cross_entropy(h, W, t) = cross_entropy(h W^T, t), without the logits tensor
     attention      = softmax(Q K^T / sqrt(d_k) + mask) V
 
 The model's default (fast) path uses torch's fused kernels for SiLU and attention,
@@ -19,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["softmax", "silu", "cross_entropy", "scaled_dot_product_attention"]
+__all__ = ["softmax", "silu", "cross_entropy", "linear_cross_entropy", "scaled_dot_product_attention"]
 
 
 def softmax(x: Tensor, dim: int) -> Tensor:
@@ -84,6 +85,99 @@ class _CrossEntropy(torch.autograd.Function):
         grad.scatter_add_(-1, targets.unsqueeze(-1), grad.new_full((n, 1), -1.0))  # - onehot(t)
         grad.mul_(grad_loss / n)
         return grad.to(logits.dtype), None
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_rows: int | None = None) -> Tensor:
+    """``cross_entropy(hidden @ weight.T, targets)`` without the (N, vocab) logits.
+
+    The LM head and the loss as one step: the positions are taken ``chunk_rows`` at a
+    time, and for each chunk the logits are computed, reduced to the loss and, when a
+    gradient is wanted, turned at once into the gradient (softmax - onehot) / N, which
+    gives this chunk's share of d hidden and d weight; then the chunk is dropped. The
+    arithmetic is that of ``cross_entropy`` on the full logits (tested equal); what
+    changes is that no vocab-sized tensor outlives a chunk, so the softmax passes run in
+    cache on a CPU and training memory drops by two (N, vocab) float32 tensors. The
+    gradients are computed in the forward pass (the loss is the end of the graph, so
+    the backward only scales them by the incoming gradient).
+
+    ``hidden`` (..., d), ``weight`` (vocab, d), ``targets`` (...) class ids. Under
+    autocast the GEMMs run in the autocast dtype and the softmax in float32. The default
+    ``chunk_rows`` keeps a chunk's float32 logits near 8 MiB on a CPU (a share of L3)
+    and near 256 MiB on a GPU (bounded memory, GEMMs still large).
+    """
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"linear_cross_entropy: hidden {tuple(hidden.shape)} must be targets {tuple(targets.shape)} plus a model dim"
+        )
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"linear_cross_entropy: weight {tuple(weight.shape)} must be (vocab, {hidden.shape[-1]})")
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = targets.reshape(-1).long()
+    if chunk_rows is None:
+        chunk_rows = _chunk_rows(weight.shape[0], h.device)
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(h, weight, t, chunk_rows)
+    total = h.new_zeros((), dtype=torch.float32)
+    for start in range(0, h.shape[0], chunk_rows):
+        logits = _head_logits(h[start : start + chunk_rows], weight)
+        total = total + _chunk_loss(logits, t[start : start + chunk_rows])
+    return total / max(t.numel(), 1)
+
+
+def _chunk_rows(vocab: int, device: torch.device) -> int:
+    budget = (8 << 20) if device.type == "cpu" else (256 << 20)  # bytes of float32 logits
+    rows = max(budget // (4 * vocab), 1)
+    return max(128, 1 << (rows.bit_length() - 1))  # a power of two: whole GEMM tiles
+
+
+def _head_logits(h: Tensor, weight: Tensor) -> Tensor:
+    """float32 logits of a chunk (the GEMM in the autocast dtype, if any)."""
+    logits = h @ weight.t()
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+def _chunk_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Sum over the chunk of logsumexp(o) - o[t]; leaves ``logits`` holding exp(o - max o)."""
+    top = logits.amax(dim=-1, keepdim=True)
+    target_logit = logits.gather(-1, targets.unsqueeze(-1))
+    exps = logits.sub_(top).exp_()
+    log_normalizer = exps.sum(dim=-1, keepdim=True).log_().add_(top)
+    return (log_normalizer - target_logit).sum()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """loss = mean_i CE(h_i W^T, t_i);  d loss/d logits_i = (softmax - onehot(t_i)) / N,
+    folded into d h = G W and d W = G^T h chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int) -> Tensor:
+        n = targets.numel()
+        total = h.new_zeros((), dtype=torch.float32)
+        grad_h = []
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, h.shape[0], chunk_rows):
+            hc, tc = h[start : start + chunk_rows], targets[start : start + chunk_rows]
+            logits = _head_logits(hc, weight)
+            total = total + _chunk_loss(logits, tc)
+            # exp(o - max) / sum = softmax; minus onehot(t): the gradient of the summed loss
+            grad = logits.div_(logits.sum(dim=-1, keepdim=True))
+            grad.scatter_add_(-1, tc.unsqueeze(-1), grad.new_full((grad.shape[0], 1), -1.0))
+            grad = grad.to(weight.dtype)  # a no-op in float32; under autocast the GEMMs cast
+            grad_h.append(grad @ weight)
+            if grad.dtype == hc.dtype == torch.float32 and not torch.is_autocast_enabled(hc.device.type):
+                grad_w.addmm_(grad.t(), hc)  # accumulated in place: no (vocab, d) temporary
+            else:
+                grad_w.add_(grad.t() @ hc)
+        ctx.n = n
+        ctx.save_for_backward(torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w)
+        ctx.weight_dtype = weight.dtype
+        return total / max(n, 1)
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_loss / max(ctx.n, 1)
+        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None, None
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:

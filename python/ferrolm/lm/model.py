@@ -558,8 +558,14 @@ class TransformerLM(nn.Module):
         start_pos: Optional[int] = None,
         attention_mask: Optional[Tensor] = None,
         token_positions: Optional[Tensor] = None,
+        targets: Optional[Tensor] = None,
     ) -> Tensor:
-        """Logits (batch, seq, vocab) for ``ids`` (batch, seq).
+        """Logits (batch, seq, vocab) for ``ids`` (batch, seq); with ``targets`` (batch, seq),
+        the mean cross-entropy loss instead.
+
+        - ``targets``: the LM head and the loss run together
+          (``functional.linear_cross_entropy``): the same loss as ``cross_entropy`` of the
+          logits, without ever holding the (batch, seq, vocab) logits; what training uses.
 
         - ``kv_cache`` (from ``make_kv_cache``): the new positions' keys and values are
           stored at [start_pos, start_pos + seq) and attention covers the cached prefix;
@@ -604,6 +610,8 @@ class TransformerLM(nn.Module):
             x = layer(x, token_positions, mask=mask, kv_cache=layer_cache, start_pos=start)
         if kv_cache is not None:
             kv_cache.length = end
+        if targets is not None:
+            return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets)
         return self.lm_head(self.ln_final(x))
 
     def make_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None, device=None, dtype=None) -> KVCache:

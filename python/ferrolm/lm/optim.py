@@ -31,10 +31,15 @@ class AdamW(torch.optim.Optimizer):
     ``self.state`` and therefore in ``state_dict()``, so a checkpoint restores it.
     Set ``group["lr"]`` before each step to follow a schedule (see ``cosine_lr``).
 
-    ``foreach=True`` (the default) applies each line of the update to a whole parameter
-    group at once with torch's multi-tensor ops (a handful of kernel launches per group
-    instead of six per parameter); ``foreach=False`` runs the same update as a readable
-    loop over parameters, the reference the tests hold it to. Both give the same numbers.
+    Three ways to compute the same update, all tested equal:
+
+    - ``fused`` (the default where torch has the kernel: CPU and CUDA tensors): torch's
+      fused AdamW kernel, one pass over each parameter reading p, g, m, v once. On a CPU
+      this is about 6x faster than the multi-tensor ops, which pass over memory once per
+      line of the algorithm.
+    - ``foreach``: each line of the update applied to a whole group at once with torch's
+      multi-tensor ops (used for sharded FSDP2 parameters, and with ``fused=False``).
+    - ``foreach=False``: the readable loop over parameters below, the reference.
     """
 
     def __init__(
@@ -46,6 +51,7 @@ class AdamW(torch.optim.Optimizer):
         weight_decay: float = 0.01,
         *,
         foreach: bool = True,
+        fused: bool | None = None,
     ):
         if lr < 0:
             raise ValueError(f"invalid learning rate: {lr}")
@@ -55,15 +61,19 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"invalid eps: {eps}")
         if weight_decay < 0:
             raise ValueError(f"invalid weight_decay: {weight_decay}")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=bool(foreach))
+        if fused and not foreach:
+            raise ValueError("fused=True and foreach=False ask for two different implementations")
+        defaults = dict(
+            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=bool(foreach), fused=fused
+        )
         super().__init__(params, defaults)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        # foreach is how to compute, not state: a checkpoint does not switch it
-        foreach = [group["foreach"] for group in self.param_groups]
+        # foreach and fused are how to compute, not state: a checkpoint does not switch them
+        how = [(group["foreach"], group["fused"]) for group in self.param_groups]
         super().load_state_dict(state_dict)
-        for group, value in zip(self.param_groups, foreach):
-            group["foreach"] = value
+        for group, (foreach, fused) in zip(self.param_groups, how):
+            group["foreach"], group["fused"] = foreach, fused
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -84,10 +94,12 @@ class AdamW(torch.optim.Optimizer):
                 state["step"] += 1
             if not params:
                 continue
-            if group.get("foreach", True):
-                self._update_foreach(group, params)
-            else:
+            if not group.get("foreach", True):
                 self._update_loop(group, params)
+            elif _use_fused(group.get("fused"), params):
+                self._update_fused(group, params)
+            else:
+                self._update_foreach(group, params)
         return loss
 
     def _update_loop(self, group: dict, params: list[Tensor]) -> None:
@@ -125,6 +137,52 @@ class AdamW(torch.optim.Optimizer):
         torch._foreach_div_(denom, [math.sqrt(1.0 - beta2**t) for t in steps])
         torch._foreach_add_(denom, eps)
         torch._foreach_addcdiv_(params, m, denom, [-lr / (1.0 - beta1**t) for t in steps])
+
+    def _update_fused(self, group: dict, params: list[Tensor]) -> None:
+        """torch's fused kernel: the lines of ``_update_loop`` in one pass per parameter.
+
+        The kernel reads each parameter's step from a tensor; the counts stay Python ints
+        in the state (as for the other two ways), and each distinct count becomes one
+        scalar made on the device (a fill, no host-to-device copy, no sync).
+        """
+        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        batches: dict[tuple, list[Tensor]] = {}  # the kernel wants one device, dtype and step per call
+        for p in params:
+            batches.setdefault((p.device, p.dtype, self.state[p]["step"]), []).append(p)
+        for (device, _, t), ps in batches.items():
+            states = [self.state[p] for p in ps]
+            step = torch.full((), float(t), dtype=torch.float32, device=device)
+            torch._fused_adamw_(
+                ps,
+                [p.grad for p in ps],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [],
+                [step] * len(ps),
+                lr=lr,
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=wd,
+                eps=eps,
+                amsgrad=False,
+                maximize=False,
+            )
+
+
+def _use_fused(fused: bool | None, params: list[Tensor]) -> bool:
+    """Whether the fused kernel runs: asked for, or (None) available for every parameter."""
+    if fused is False:
+        return False
+    ok = hasattr(torch, "_fused_adamw_") and all(
+        p.device.type in ("cpu", "cuda")
+        and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+        and p.grad.dtype == p.dtype
+        and not hasattr(p, "full_tensor")  # a sharded DTensor (FSDP2) takes the multi-tensor ops
+        for p in params
+    )
+    if fused and not ok:
+        raise RuntimeError("AdamW(fused=True): torch's fused kernel does not cover these parameters")
+    return ok
 
 
 def param_groups_for_decay(model: nn.Module, weight_decay: float) -> list[dict]:

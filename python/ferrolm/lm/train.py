@@ -77,9 +77,8 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     to_toml,
 )
 from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_starts
-from ferrolm.lm.device import resolve_device, use_bf16, use_compile
+from ferrolm.lm.device import resolve_device, reuse_freed_memory, use_bf16, use_compile
 from ferrolm.lm.evaluate import token_byte_lengths
-from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.metrics import MetricsLog, read_metrics
 from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
@@ -386,6 +385,8 @@ def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]
         device = resolve_device(cfg.run.device, local_rank)
     except ValueError as e:
         raise ConfigError(f"run.device: {e}") from None
+    if device.type == "cpu":
+        reuse_freed_memory()  # no page faults in the step (see ferrolm.lm.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if cfg.run.tf32:
@@ -617,17 +618,14 @@ def _autocast(device: torch.device, enabled: bool):
     return contextlib.nullcontext()
 
 
-def _loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    # bf16 logits go in as they are: cross_entropy reduces them in float32 itself, and compiled
-    # it never writes a float32 copy of the (tokens, vocab) logits.
-    return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
 def model_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """The training loss of one micro-batch: what run.compile compiles, as one graph."""
+    """The training loss of one micro-batch: what run.compile compiles, as one graph.
+
+    The model computes the LM head and the loss together (``targets=``), so the
+    (tokens, vocab) logits are never held; the softmax is reduced in float32 under bf16.
+    """
     with _autocast(x.device, bf16):
-        logits = model(x)
-    return _loss_fn(logits, y)
+        return model(x, targets=y)
 
 
 def forward_backward(run: Run) -> torch.Tensor:
@@ -743,8 +741,7 @@ def evaluate(run: Run) -> float:
         for i in range(0, len(run.val_starts), B):
             x, y = run.val_data.windows_at(run.val_starts[i : i + B], T, run.device)
             with _autocast(run.device, run.bf16):
-                logits = run.eval_model(x)
-            loss = _loss_fn(logits, y)
+                loss = run.eval_model(x, targets=y)
             total[0] += loss.double() * x.shape[0]
             total[1] += x.shape[0]
     if run.dist.enabled:
