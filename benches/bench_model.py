@@ -167,6 +167,8 @@ def child(name: str, shape_name: str, dtype: str, args) -> dict:
 
     device, runs, steps = args.device, args.runs, args.steps
     torch.set_num_threads(args.threads)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -217,7 +219,16 @@ def child(name: str, shape_name: str, dtype: str, args) -> dict:
         torch.cuda.reset_peak_memory_stats()
     rates, cpu_rates = [], []
     gc.disable()
-    for _ in range(runs):
+    if args.window:  # side by side: start when the parent says, run steps for the window
+        print("READY", flush=True)
+        sys.stdin.readline()
+        deadline = time.perf_counter() + args.window
+        while time.perf_counter() < deadline or len(rates) < 2:
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            rates.append(B * T / (time.perf_counter() - t0))
+            cpu_rates.append(B * T / (time.process_time() - c0))
+    for _ in range(0 if args.window else runs):
         sync()
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
@@ -260,6 +271,34 @@ def run_child(name: str, shape: str, dtype: str, args) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_side_by_side(names: list[str], shape: str, dtype: str, args) -> list[dict]:
+    """Each of ``names`` in its own process on a core of its own, timed over the same
+    wall-clock window once all have warmed up: whatever else the machine does then
+    (other tenants of a VM, a changing clock), every row feels it alike."""
+    procs = []
+    for core, name in enumerate(names):
+        cmd = [sys.executable, __file__, "--child", name, shape, dtype, "--device", args.device]
+        cmd += ["--threads", str(args.threads), "--batch", str(args.batch), "--compile-backend", args.compile_backend]
+        cmd += ["--window", str(args.side_by_side), "--cpu", str(core % os.cpu_count())]
+        procs.append(
+            subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    ready = [p.stdout.readline().strip() == "READY" for p in procs]
+    for p, ok in zip(procs, ready):
+        if ok:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+    out = []
+    for name, p in zip(names, procs):
+        stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            tail = (stderr.strip().splitlines() or ["no output"])[-1]
+            out.append(dict(impl=name, shape=shape, dtype=dtype, failed=tail))
+        else:
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
 def memory_mib(r: dict) -> float:
     """Training memory: CUDA peak allocation, or the CPU peak RSS above the imports."""
     return r["cuda_peak_alloc_mib"] if "cuda_peak_alloc_mib" in r else r["peak_rss_mib"] - r["rss_after_import_mib"]
@@ -285,10 +324,12 @@ ROW_HEADER = (
 )
 
 
-def ratio_lines(rows: dict, shape: str, dtype: str) -> list[str]:
-    """ferrolm (its default: compiled when measured) against each peer, eager and compiled."""
+def ratio_lines(rows: dict, shape: str, dtype: str, device: str) -> list[str]:
+    """ferrolm as `ferrolm train` runs it by default (compiled on CUDA, eager on a CPU;
+    the other when that one was not measured) against each peer, eager and compiled."""
     lines = []
-    ours = rows.get("ferrolm-compiled") or rows.get("ferrolm")
+    first, second = ("ferrolm-compiled", "ferrolm") if device == "cuda" else ("ferrolm", "ferrolm-compiled")
+    ours = rows.get(first) or rows.get(second)
     if not ours:
         return lines
     for peer in IMPLS[2:]:
@@ -302,6 +343,19 @@ def ratio_lines(rows: dict, shape: str, dtype: str) -> list[str]:
             f"| {shape} | {dtype} | {ours['impl']} / {peer} | **{ratio:.2f}x** | {cpu_ratio:.2f}x | {mem:.2f}x |"
         )
     return lines
+
+
+def pair_lines(got: list[dict], shape: str, dtype: str) -> list[str]:
+    """The ratio of two rows measured side by side over the same window."""
+    if len(got) != 2 or any("failed" in r for r in got):
+        return []
+    ours, theirs = got
+    ratio = ours["median_tokens_per_s"] / theirs["median_tokens_per_s"]
+    cpu_ratio = ours["median_tokens_per_cpu_s"] / theirs["median_tokens_per_cpu_s"]
+    mem = memory_mib(ours) / max(1e-9, memory_mib(theirs))
+    return [
+        f"| {shape} | {dtype} | {ours['impl']} / {theirs['impl']} (side by side) | **{ratio:.2f}x** | {cpu_ratio:.2f}x | {mem:.2f}x |"
+    ]
 
 
 def losses_agree(rows: dict, dtype: str) -> bool:
@@ -320,18 +374,31 @@ def compare(args) -> tuple[list[dict], list[str]]:
     for shape in args.shapes.split(","):
         for dtype in args.dtypes.split(","):
             rows = {}
-            for name in args.impls.split(","):
-                r = run_child(name, shape, dtype, args)
-                results.append(r)
-                lines.append(row_line(r, args.peak_tflops))
-                print(lines[-1], flush=True)
-                if "failed" not in r:
-                    rows[name] = r
+            names = args.impls.split(",")
+            if args.side_by_side:  # the first against each of the others, two at a time
+                batches = [[names[0], peer] for peer in names[1:]]
+            else:
+                batches = [[name] for name in names]
+            for batch in batches:
+                got = (
+                    run_side_by_side(batch, shape, dtype, args)
+                    if args.side_by_side
+                    else [run_child(batch[0], shape, dtype, args)]
+                )
+                if args.side_by_side:
+                    ratio_rows += pair_lines(got, shape, dtype)
+                for r in got:
+                    results.append(r)
+                    lines.append(row_line(r, args.peak_tflops))
+                    print(lines[-1], flush=True)
+                    if "failed" not in r:
+                        rows[r["impl"]] = r
             rows = {k: rows.get(k) for k in IMPLS}
             if not losses_agree(rows, dtype):
                 print(f"WARNING: ferrolm's and HF's first-step losses differ ({shape}, {dtype})", file=sys.stderr)
                 ratio_rows.append(f"| {shape} | {dtype} | ferrolm and HF first-step losses DIFFER | | | |")
-            ratio_rows += ratio_lines(rows, shape, dtype)
+            if not args.side_by_side:  # (side by side, each pair has its own line above)
+                ratio_rows += ratio_lines(rows, shape, dtype, args.device)
     lines += [
         "",
         "| shape | dtype | ratio | tokens/s ratio | tokens per CPU-second ratio | training memory ratio (eager ferrolm) |",
@@ -353,7 +420,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=0, help="sequences per step (default: the shape's)")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled rows")
     ap.add_argument("--peak-tflops", type=float, help="the device's matrix rate, for an MFU column")
+    ap.add_argument(
+        "--side-by-side",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="run the first of --impls at the same time as each other one, each on its own core, "
+        "both timed over the same SECONDS once warmed up (the fair comparison on a noisy machine)",
+    )
     ap.add_argument("--json", help="also write all results to this JSON file")
+    ap.add_argument("--window", type=float, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=3, metavar=("IMPL", "SHAPE", "DTYPE"), help=argparse.SUPPRESS)
     return ap
 

@@ -105,7 +105,7 @@ class RunSection:
     # "auto", "true" or "false" (TOML booleans work too); see ferrolm.lm.device for "auto":
     autocast_bf16: str = "auto"  # bf16 autocast: auto = on CUDA, and on CPUs with native bf16 (AMX, AVX512-BF16)
     parallel: str = "ddp"  # under torchrun: "ddp" (weights replicated) or "fsdp" (sharded, FSDP2)
-    compile: str = "auto"  # torch.compile model + loss: auto = on CUDA, and on CPU when a C++ compiler is found
+    compile: str = "auto"  # torch.compile model + loss: auto = on CUDA (on a CPU it measured level with eager)
     tf32: bool = True  # allow TF32 matmuls on CUDA
     eval_every: int = 200  # steps between validation evaluations (0: only at the end)
     eval_batches: int = 20  # fixed validation windows: eval_batches x batch_size of them

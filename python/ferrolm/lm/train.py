@@ -9,12 +9,14 @@ One optimizer step:
     repeat accum times:                    gradient accumulation up to tokens_per_step
         x, y = batches.next()              uniform random windows, seeded per process, drawn
                                            one ahead on a background thread
-        loss = model_loss(model, x, y)     model + cross-entropy (compiled as one graph with
+        loss = model_loss(model, x, y)     model(x, targets=y): the LM head fused with the
+                                           cross-entropy (compiled as one graph with
                                            run.compile), bf16 autocast when enabled
         (loss / accum).backward()          DDP all-reduces gradients on the last micro-batch
                                            (FSDP2 with run.parallel = "fsdp" reduce-scatters)
     norm = clip_grad_norm(...)             stop here, before the update, if loss/norm is NaN
-    optimizer.step()                       (on a GPU the NaN check runs when due: `_flags_due`)
+    optimizer.step()                       torch's fused AdamW kernel (on a GPU the NaN check
+                                           runs when due: `_flags_due`)
 
 A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl`` (one JSON
 record per log step), ``checkpoints/step_XXXXXXXX.pt`` (the last ``keep_last``) and
