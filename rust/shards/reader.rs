@@ -286,9 +286,11 @@ impl<'a> ChunkReader<'a> {
             whole,
         };
         if spec.format == Format::Docs {
-            let whole = if hash && !spec.path.as_os_str().is_empty() { Some(hash_file(spec)?) } else { None };
+            // The source first: it may start decoding on a thread of its own, which then
+            // overlaps the hash instead of waiting for it.
             let source = self.source.as_mut().ok_or_else(|| no_source(&spec.path))?;
             let total = source.open(idx)?;
+            let whole = if hash && !spec.path.as_os_str().is_empty() { Some(hash_file(spec)?) } else { None };
             return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total }, whole));
         }
         let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
