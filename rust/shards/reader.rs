@@ -537,14 +537,25 @@ impl<'a> ChunkReader<'a> {
         while to < batch.len() && batch.ends[to - 1] - base < self.job.chunk_size {
             to += 1;
         }
-        let len = batch.ends[to - 1] - base;
-        let mut data = pool.take();
-        if data.len() < len {
-            data.resize(len, 0);
+        // A batch of up to two chunks' worth is one chunk: its buffer is handed over
+        // instead of copied.
+        let whole = from == 0 && batch.ends[batch.len() - 1] <= 2 * self.job.chunk_size;
+        if whole {
+            to = batch.len();
         }
-        data[..len].copy_from_slice(&batch.data[base..base + len]);
+        let len = batch.ends[to - 1] - base;
         let ends = batch.ends[from..to].iter().map(|e| e - base).collect();
         hash_docs(logical, batch, from, to);
+        let mut data = pool.take();
+        if whole {
+            // The pooled buffer takes the batch's place, to be refilled by the next batch.
+            std::mem::swap(&mut data, &mut batch.data);
+        } else {
+            if data.len() < len {
+                data.resize(len, 0);
+            }
+            data[..len].copy_from_slice(&batch.data[base..base + len]);
+        }
         *next = to;
         let (file, start) = (f.idx, f.emitted);
         f.emitted += (to - from) as u64;

@@ -21,10 +21,11 @@ if TYPE_CHECKING:
     import numpy as np
 
 PARQUET_MAGIC = b"PAR1"
-#: Text per batch read from a Parquet file. pyarrow's cost per batch is flat from a few
+#: Text per batch read from a Parquet file, about one encoder chunk (the core then encodes
+#: the batch's buffer without copying it). pyarrow's cost per batch is flat from a few
 #: hundred rows up; batches of tens of MB cost more (fresh pages faulted in for every
 #: buffer, batches that span row groups concatenated) and hold back the first encode.
-PARQUET_BATCH_BYTES = 2 << 20
+PARQUET_BATCH_BYTES = 1 << 20
 #: Characters per batch taken from an iterable of str.
 TEXT_BATCH_CHARS = 1 << 20
 _GLOB_CHARS = frozenset("*?[")
