@@ -495,6 +495,7 @@ where
         journal: start.journal,
         last_commit: Instant::now(),
         committed_tokens: start.resumed_tokens,
+        undigested: false,
         raw_total: byte_range.1 - byte_range.0,
         progress,
     };
@@ -621,6 +622,9 @@ struct Run<'j, P> {
     journal: Journal,
     last_commit: Instant,
     committed_tokens: u64,
+    /// The journal stands at a chunk read before its input's hash was known (no digest
+    /// to check a resume against), so it is not committed there.
+    undigested: bool,
     raw_total: u64,
     progress: P,
 }
@@ -742,7 +746,8 @@ impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
         j.documents += enc.documents;
         (j.next_file, j.next_offset) = enc.next_pos;
         j.digest = enc.digest.clone();
-        if self.last_commit.elapsed() >= self.job.commit_interval {
+        self.undigested = self.job.hash && enc.digest.is_none();
+        if !self.undigested && self.last_commit.elapsed() >= self.job.commit_interval {
             self.commit()?;
         }
         Ok(())
@@ -789,7 +794,7 @@ impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
             Err(e) if e.is_resumable() => {
                 // Commit what was written so a rerun continues from here (best effort: after a
                 // failed write, the disk may refuse this too; the previous commit then stands).
-                if self.journal.tokens != self.committed_tokens {
+                if self.journal.tokens != self.committed_tokens && !self.undigested {
                     let _ = self.commit();
                 }
                 Err(e)

@@ -662,6 +662,39 @@ def test_an_input_edited_in_place_with_its_time_restored_is_not_resumed(tmp_path
     assert side["inputs"][0]["sha256"] == hashlib.sha256(ref_edit.encode()).hexdigest()
 
 
+def test_a_parquet_input_edited_in_place_is_not_resumed(tmp_path, small_tok):
+    # The file's hash is taken beside the encoding: a journal is committed only with it.
+    tok, _ = small_tok
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    src = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": _docs(docs_text(40000, seed=11))}), src, compression="none")
+    raw = src.read_bytes()
+    at = raw.rindex(b" the ")
+    edited = raw[:at] + b" THE " + raw[at + 5 :]  # same size; uncompressed pages still read
+    (tmp_path / "edited.parquet").write_bytes(edited)
+    shards.encode(tok, tmp_path / "edited.parquet", tmp_path / "ref", progress=False)
+
+    def stop_soon(*a):
+        raise KeyboardInterrupt
+
+    bar = shards._Progress
+    shards._Progress = lambda *a, **k: type("P", (), {"__call__": staticmethod(stop_soon), "close": lambda s: None})()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shards.encode(tok, src, tmp_path / "o", chunk_size=4096, commit_interval=0, threads=1)
+    finally:
+        shards._Progress = bar
+    journal = json.loads((tmp_path / "o.progress.json").read_text())
+    assert journal["tokens"] > 0 and journal["digest"]
+    st = src.stat()
+    src.write_bytes(edited)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    side = shards.encode(tok, src, tmp_path / "o", progress=False)
+    assert side["resumed_tokens"] == 0 and side["restart_reason"]
+    assert (tmp_path / "o.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+
+
 def test_parquet_without_pyarrow_says_what_to_install(tmp_path, small_tok, cli, monkeypatch):
     _, tok_dir = small_tok
     _parquet(tmp_path / "d.parquet", ["a document"])

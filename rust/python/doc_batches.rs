@@ -39,21 +39,17 @@ impl DocSource for PyDocSource {
     }
 
     fn next_batch(&mut self, batch: &mut DocBatch) -> Result<bool, ShardError> {
-        let r = Python::attach(|py| -> PyResult<Option<DocBatch>> {
+        let r = Python::attach(|py| -> PyResult<bool> {
             let got = self.obj.call_method0(py, "next_batch")?;
             if got.is_none(py) {
-                return Ok(None);
+                return Ok(false);
             }
             let (data, offsets): (Bound<'_, PyAny>, Bound<'_, PyAny>) = got.extract(py)?;
-            extract_batch(&data, &offsets).map(Some)
+            let data: PyReadonlyArray1<u8> = data.extract()?;
+            let offsets: PyReadonlyArray1<i64> = offsets.extract()?;
+            batch.fill_from_offsets(data.as_slice()?, offsets.as_slice()?).map_err(PyValueError::new_err)?;
+            Ok(true)
         });
-        match r {
-            Ok(Some(b)) => {
-                *batch = b;
-                Ok(true)
-            }
-            Ok(None) => Ok(false),
-            Err(e) => Err(self.fail(e)),
-        }
+        r.map_err(|e| self.fail(e))
     }
 }

@@ -9,8 +9,10 @@
 //! consumed prefix, so an input edited in place (same size and time) is noticed instead
 //! of resumed into a shard that mixes old and new text. For plain files the two hashes
 //! are one (their raw bytes are their logical bytes), and a file whose documents the
-//! caller decodes (Parquet) is hashed whole when it is opened, which stands for both:
-//! hashing costs one pass either way.
+//! caller decodes (Parquet) is hashed whole, which stands for both: hashing costs one
+//! pass either way. That hash runs on a thread of its own from when the file is opened,
+//! so encoding starts without waiting for it; chunks read before it ends carry no digest
+//! (the writer commits no journal at them).
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
@@ -121,15 +123,26 @@ struct OpenFile {
     eof: bool,
     /// Hash of the logical bytes handed out or skipped (see the module docs).
     logical: Option<Sha256>,
-    /// A file whose documents the caller decodes: the sha256 of the whole file, taken
-    /// when it is opened, stands for both hashes (one pass over the smaller, raw bytes).
+    /// A file whose documents the caller decodes: the sha256 of the whole file stands for
+    /// both hashes (one pass over the smaller, raw bytes); `hashing` until it is known.
     whole: Option<[u8; 32]>,
+    hashing: Option<std::thread::JoinHandle<Result<[u8; 32], ShardError>>>,
 }
 
 impl OpenFile {
     /// The logical hash so far (the whole file's for a decoded file).
     fn prefix_digest(&self) -> Option<[u8; 32]> {
         self.whole.or_else(|| self.logical.clone().map(|h| h.finalize().into()))
+    }
+
+    /// Take the whole-file hash once its thread is done (`wait`: wait for it).
+    fn settle(&mut self, wait: bool) -> Result<(), ShardError> {
+        if self.hashing.as_ref().is_some_and(|h| wait || h.is_finished()) {
+            let h = self.hashing.take().unwrap();
+            let r = h.join().map_err(|p| ShardError::Panic(super::panic_message(&p)))?;
+            self.whole = Some(r?);
+        }
+        Ok(())
     }
 
     fn hash_bytes(&mut self, bytes: &[u8]) {
@@ -249,6 +262,7 @@ impl<'a> ChunkReader<'a> {
                 continue;
             }
             self.skip_in(&mut f, Some(pos.1))?;
+            f.settle(true)?;
             self.cur = Some(f);
             break;
         }
@@ -274,7 +288,7 @@ impl<'a> ChunkReader<'a> {
         let spec = &self.job.inputs[idx];
         let hash = self.job.hash;
         let logical_start = spec.logical_start(range);
-        let open = |src, whole: Option<[u8; 32]>| OpenFile {
+        let open = |src, hashing: Option<std::thread::JoinHandle<_>>| OpenFile {
             idx,
             src,
             emitted: logical_start,
@@ -282,14 +296,18 @@ impl<'a> ChunkReader<'a> {
             lines: 0,
             range,
             eof: false,
-            logical: (hash && whole.is_none()).then(Sha256::new),
-            whole,
+            logical: (hash && hashing.is_none()).then(Sha256::new),
+            whole: None,
+            hashing,
         };
         if spec.format == Format::Docs {
-            let whole = if hash && !spec.path.as_os_str().is_empty() { Some(hash_file(spec)?) } else { None };
             let source = self.source.as_mut().ok_or_else(|| no_source(&spec.path))?;
             let total = source.open(idx)?;
-            return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total }, whole));
+            let hashing = (hash && !spec.path.as_os_str().is_empty()).then(|| {
+                let path = spec.path.clone();
+                std::thread::spawn(move || hash_file(&path))
+            });
+            return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total }, hashing));
         }
         let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
         if range.0 > 0 {
@@ -345,7 +363,8 @@ impl<'a> ChunkReader<'a> {
     }
 
     /// Close the current file: finish its hashes, check its size, record it.
-    fn finish(&mut self, f: OpenFile) -> Result<(), ShardError> {
+    fn finish(&mut self, mut f: OpenFile) -> Result<(), ShardError> {
+        f.settle(true)?;
         let spec = &self.job.inputs[f.idx];
         let corrupt = |e| ShardError::Corrupt {
             path: spec.path.clone(),
@@ -477,7 +496,7 @@ impl<'a> ChunkReader<'a> {
     }
 
     /// Position and progress after a chunk of `f`; finishes `f` when it is done.
-    fn advance(&mut self, f: OpenFile, done_with_file: bool) -> Result<After, ShardError> {
+    fn advance(&mut self, mut f: OpenFile, done_with_file: bool) -> Result<After, ShardError> {
         if done_with_file {
             self.finish(f)?;
             self.plan_idx += 1;
@@ -486,6 +505,10 @@ impl<'a> ChunkReader<'a> {
                 .get(self.plan_idx)
                 .map_or((self.job.inputs.len(), 0), |&(i, r)| (i, self.job.inputs[i].logical_start(r)));
             return Ok(After { next_pos: next, raw_done: self.raw_before, digest: self.digest(None) });
+        }
+        if let Err(e) = f.settle(false) {
+            self.cur = Some(f);
+            return Err(e);
         }
         let pos = (f.idx, f.emitted);
         let raw = self.raw_before
@@ -514,14 +537,25 @@ impl<'a> ChunkReader<'a> {
         while to < batch.len() && batch.ends[to - 1] - base < self.job.chunk_size {
             to += 1;
         }
-        let len = batch.ends[to - 1] - base;
-        let mut data = pool.take();
-        if data.len() < len {
-            data.resize(len, 0);
+        // A batch of up to two chunks' worth is one chunk: its buffer is handed over
+        // instead of copied.
+        let whole = from == 0 && batch.ends[batch.len() - 1] <= 2 * self.job.chunk_size;
+        if whole {
+            to = batch.len();
         }
-        data[..len].copy_from_slice(&batch.data[base..base + len]);
+        let len = batch.ends[to - 1] - base;
         let ends = batch.ends[from..to].iter().map(|e| e - base).collect();
         hash_docs(logical, batch, from, to);
+        let mut data = pool.take();
+        if whole {
+            // The pooled buffer takes the batch's place, to be refilled by the next batch.
+            std::mem::swap(&mut data, &mut batch.data);
+        } else {
+            if data.len() < len {
+                data.resize(len, 0);
+            }
+            data[..len].copy_from_slice(&batch.data[base..base + len]);
+        }
         *next = to;
         let (file, start) = (f.idx, f.emitted);
         f.emitted += (to - from) as u64;
@@ -618,9 +652,9 @@ fn no_source(path: &std::path::Path) -> ShardError {
 }
 
 /// sha256 of a whole file (inputs whose documents the caller decoded).
-fn hash_file(spec: &super::InputSpec) -> Result<[u8; 32], ShardError> {
-    let err = |e| ShardError::io(&spec.path, "hashing input", e);
-    let mut file = File::open(&spec.path).map_err(err)?;
+fn hash_file(path: &std::path::Path) -> Result<[u8; 32], ShardError> {
+    let err = |e| ShardError::io(path, "hashing input", e);
+    let mut file = File::open(path).map_err(err)?;
     let mut h = Sha256::new();
     io::copy(&mut file, &mut h).map_err(err)?;
     Ok(h.finalize().into())

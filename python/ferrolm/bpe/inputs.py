@@ -21,9 +21,11 @@ if TYPE_CHECKING:
     import numpy as np
 
 PARQUET_MAGIC = b"PAR1"
-#: Text per batch read from a Parquet file: few large batches (pyarrow's cost per batch is
-#: noticeable beside the encoder's), memory still flat.
-PARQUET_BATCH_BYTES = 32 << 20
+#: Text per batch read from a Parquet file, about one encoder chunk (the core then encodes
+#: the batch's buffer without copying it). pyarrow's cost per batch is flat from a few
+#: hundred rows up; batches of tens of MB cost more (fresh pages faulted in for every
+#: buffer, batches that span row groups concatenated) and hold back the first encode.
+PARQUET_BATCH_BYTES = 1 << 20
 #: Characters per batch taken from an iterable of str.
 TEXT_BATCH_CHARS = 1 << 20
 _GLOB_CHARS = frozenset("*?[")
@@ -168,7 +170,7 @@ def _batch_rows(pf) -> int:
     if not md.num_rows or not md.num_row_groups:
         return 1024
     per_row = max(1, sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups)) // md.num_rows)
-    return max(1024, PARQUET_BATCH_BYTES // per_row)
+    return max(64, PARQUET_BATCH_BYTES // per_row)
 
 
 def parquet_rows(path: str) -> int:
