@@ -632,6 +632,22 @@ def test_an_output_that_would_replace_an_input_is_refused(tmp_path, small_tok, c
     assert victim.read_bytes() == before
 
 
+def _interrupt_at_first_report(tok, src, out):
+    """Encode ``src`` to ``out`` and stop it (KeyboardInterrupt) at its first progress
+    report, so part of the input is journaled."""
+
+    def stop_soon(*a):
+        raise KeyboardInterrupt
+
+    bar = shards._Progress
+    shards._Progress = lambda *a, **k: type("P", (), {"__call__": staticmethod(stop_soon), "close": lambda s: None})()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shards.encode(tok, src, out, chunk_size=4096, commit_interval=0, threads=1)
+    finally:
+        shards._Progress = bar
+
+
 def test_an_input_edited_in_place_with_its_time_restored_is_not_resumed(tmp_path, small_tok):
     tok, _ = small_tok
     src = tmp_path / "d.txt"
@@ -642,16 +658,7 @@ def test_an_input_edited_in_place_with_its_time_restored_is_not_resumed(tmp_path
     (tmp_path / "edited.txt").write_text(ref_edit, encoding="utf-8")
     shards.encode(tok, tmp_path / "edited.txt", tmp_path / "ref", progress=False)
 
-    def stop_soon(*a):
-        raise KeyboardInterrupt  # at the first report: part of the input is journaled
-
-    bar = shards._Progress
-    shards._Progress = lambda *a, **k: type("P", (), {"__call__": staticmethod(stop_soon), "close": lambda s: None})()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            shards.encode(tok, src, tmp_path / "o", chunk_size=4096, commit_interval=0, threads=1)
-    finally:
-        shards._Progress = bar
+    _interrupt_at_first_report(tok, src, tmp_path / "o")
     st = src.stat()
     with open(src, "r+", encoding="utf-8") as f:  # same size, same modification time
         f.write(ref_edit)
@@ -675,16 +682,7 @@ def test_a_parquet_input_edited_in_place_is_not_resumed(tmp_path, small_tok):
     (tmp_path / "edited.parquet").write_bytes(edited)
     shards.encode(tok, tmp_path / "edited.parquet", tmp_path / "ref", progress=False)
 
-    def stop_soon(*a):
-        raise KeyboardInterrupt
-
-    bar = shards._Progress
-    shards._Progress = lambda *a, **k: type("P", (), {"__call__": staticmethod(stop_soon), "close": lambda s: None})()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            shards.encode(tok, src, tmp_path / "o", chunk_size=4096, commit_interval=0, threads=1)
-    finally:
-        shards._Progress = bar
+    _interrupt_at_first_report(tok, src, tmp_path / "o")
     journal = json.loads((tmp_path / "o.progress.json").read_text())
     assert journal["tokens"] > 0 and journal["digest"]
     st = src.stat()
