@@ -12,10 +12,8 @@ timing). MB/s counts the documents' UTF-8 bytes, the same for both, so the ratio
 is the ratio of the times. Runs alternate between the two; the ratio is reported from the
 medians and as the median of per-run ratios.
 
-Each child imports pyarrow (and with it numpy) first, before it loads the tokenizer and
-starts its clock, the text child too, so the rates compare the reading and encoding, not a
-once-per-process import; the import's median time is printed beside them. --cold-import leaves the import inside the timed call
-instead (what a fresh process that reads one Parquet file pays).
+The core reads the Parquet file itself (no pyarrow in the child processes); each child loads
+the tokenizer before its clock starts, so the rates compare reading and encoding.
 """
 
 from __future__ import annotations
@@ -38,20 +36,13 @@ EOT = "<|endoftext|>"
 
 
 def child(args) -> None:
-    imported = None
-    if not args.cold_import:
-        # First: imported just before the clock, the encode after it measured ~0.05 s slower.
-        t = time.perf_counter()
-        import pyarrow.parquet  # noqa: F401
-
-        imported = time.perf_counter() - t
     from ferrolm.bpe import shards
     from ferrolm.bpe.tokenizer import Tokenizer
 
     tok = Tokenizer.load(args.tokdir)
     t = time.perf_counter()
     shards.encode(tok, args.input, args.out, threads=args.threads, progress=False)
-    print(json.dumps({"seconds": time.perf_counter() - t, "import": imported}))
+    print(json.dumps({"seconds": time.perf_counter() - t}))
 
 
 def build(work: Path, row_group: int) -> tuple[Path, Path, Path, int]:
@@ -74,10 +65,10 @@ def build(work: Path, row_group: int) -> tuple[Path, Path, Path, int]:
     return text, parquet, tokdir, sum(len(d.encode("utf-8")) for d in docs)
 
 
-def run(inp: Path, out: Path, tokdir: Path, threads: int, cold: bool) -> dict:
+def run(inp: Path, out: Path, tokdir: Path, threads: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     cmd = [sys.executable, __file__, "--child", "--input", str(inp), "--out", str(out), "--tokdir", str(tokdir)]
-    cmd += ["--threads", str(threads)] + (["--cold-import"] if cold else [])
+    cmd += ["--threads", str(threads)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -99,7 +90,6 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--row-group", type=int, default=10_000, help="rows per Parquet row group")
-    ap.add_argument("--cold-import", action="store_true", help="time pyarrow's import inside the encode call")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ferrolm-bench-parquet")
     args = ap.parse_args()
     if args.child:
@@ -107,25 +97,17 @@ def main() -> None:
     text, parquet, tokdir, nbytes = build(args.work, args.row_group)
     outs = {"text": args.work / "out_text", "parquet": args.work / "out_parquet"}
     for name, inp in (("text", text), ("parquet", parquet)):
-        run(inp, outs[name], tokdir, args.threads, args.cold_import)  # warm-up
+        run(inp, outs[name], tokdir, args.threads)  # warm-up
     digests = {n: hashlib.sha256(Path(f"{o}.bin").read_bytes()).hexdigest() for n, o in outs.items()}
     assert digests["text"] == digests["parquet"], "the two shards differ"
     times: dict[str, list[float]] = {"text": [], "parquet": []}
-    imports: list[float] = []
     for _ in range(args.runs):
         for name, inp in (("text", text), ("parquet", parquet)):
-            r = run(inp, outs[name], tokdir, args.threads, args.cold_import)
-            times[name].append(r["seconds"])
-            if r["import"] is not None:
-                imports.append(r["import"])
+            times[name].append(run(inp, outs[name], tokdir, args.threads)["seconds"])
     med = {n: statistics.median(t) for n, t in times.items()}
     per_run = statistics.median(t / p for t, p in zip(times["text"], times["parquet"]))
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; {args.threads} threads; {args.runs} runs each")
     print(f"documents: {nbytes / 1e6:.1f} MB of text; parquet file {parquet.stat().st_size / 1e6:.1f} MB")
-    if imports:
-        print(f"pyarrow import before the clock: median {statistics.median(imports):.3f} s")
-    else:
-        print("pyarrow import inside the timed call (--cold-import)")
     for n in ("text", "parquet"):
         print(
             f"{n:8s} median {med[n]:.3f} s  {nbytes / 1e6 / med[n]:7.1f} MB/s  runs {[round(t, 3) for t in times[n]]}"

@@ -25,6 +25,7 @@
 mod docs;
 mod input;
 mod jsonl;
+mod parquet;
 mod reader;
 mod sniff;
 mod writer;
@@ -41,6 +42,7 @@ use crate::buffers::BufferPool;
 pub use crate::utf8::Utf8Errors;
 pub use docs::{DocBatch, DocSource, VecSource};
 pub use input::{part_range, Compression, Format, InputSpec};
+pub use parquet::{ParquetDocs, PARQUET_BATCH_BYTES};
 use reader::{Chunk, ChunkReader, FileSummary};
 use writer::{Journal, PartialWriter};
 

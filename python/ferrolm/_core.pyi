@@ -105,6 +105,15 @@ class StreamEncoder:
 
 # ---- shard writer (rust/shards.rs) --------------------------------------------------------
 
+class ParquetDocs:
+    """The documents of a Parquet file's text column, a batch of about ``batch_bytes`` at a time."""
+
+    def __new__(cls, path: str, column: str = "text", batch_bytes: int = 1 << 20) -> ParquetDocs: ...
+    @property
+    def num_rows(self) -> int: ...
+    def next_batch(self) -> Optional[tuple[Any, Any]]:
+        """``(data, offsets)``: uint8 UTF-8 text and int64 n + 1 offsets; None at the end."""
+
 def encode_shard(
     encoder: Encoder,
     inputs: Sequence[str],

@@ -38,6 +38,7 @@ fn version() -> &'static str {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     pretokenize::register(m)?;
+    doc_batches::register(m)?;
     tokenizer::register(m)?;
     trainer::register(m)?;
     shards::register(m)?;

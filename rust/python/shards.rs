@@ -14,7 +14,7 @@ use super::run_watched;
 use super::tokenizer::PyEncoder;
 use crate::shards::{self, Dtype, EncodeJob, Format, InputSpec, Progress, ShardError, Utf8Errors};
 
-fn shard_err(e: ShardError) -> PyErr {
+pub(super) fn shard_err(e: ShardError) -> PyErr {
     let msg = e.to_string();
     match &e {
         ShardError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {

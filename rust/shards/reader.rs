@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use super::docs::{DocBatch, DocSource};
 use super::input::{last_cut, Compression, Format};
+use super::parquet::{ParquetDocs, PARQUET_BATCH_BYTES};
 use super::{EncodeJob, ShardError};
 use crate::buffers::BufferPool;
 
@@ -71,11 +72,13 @@ enum Src {
     Plain(RawReader),
     Gzip(Box<flate2::bufread::MultiGzDecoder<BufReader<RawReader>>>),
     Zstd(zstd::stream::read::Decoder<'static, BufReader<RawReader>>),
-    /// Documents from the caller: the current batch and the next document in it.
+    /// Documents: the current batch and the next document in it, from a Parquet file
+    /// (`parquet`) or else from the caller's `DocSource`.
     Docs {
         batch: DocBatch,
         next: usize,
         total: Option<u64>,
+        parquet: Option<Box<ParquetDocs>>,
     },
 }
 
@@ -301,13 +304,19 @@ impl<'a> ChunkReader<'a> {
             hashing,
         };
         if spec.format == Format::Docs {
-            let source = self.source.as_mut().ok_or_else(|| no_source(&spec.path))?;
-            let total = source.open(idx)?;
-            let hashing = (hash && !spec.path.as_os_str().is_empty()).then(|| {
+            if spec.path.as_os_str().is_empty() {
+                let source = self.source.as_mut().ok_or_else(no_source)?;
+                let total = source.open(idx)?;
+                return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total, parquet: None }, None));
+            }
+            let docs = ParquetDocs::open(&spec.path, &self.job.jsonl_field, PARQUET_BATCH_BYTES)?;
+            let total = Some(docs.num_rows());
+            let hashing = hash.then(|| {
                 let path = spec.path.clone();
                 std::thread::spawn(move || hash_file(&path))
             });
-            return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total }, hashing));
+            let src = Src::Docs { batch: DocBatch::default(), next: 0, total, parquet: Some(Box::new(docs)) };
+            return Ok(open(src, hashing));
         }
         let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
         if range.0 > 0 {
@@ -461,13 +470,16 @@ impl<'a> ChunkReader<'a> {
 
     /// Make sure the current batch has a document left; `false` at the end of the input.
     fn fill_batch(&mut self, f: &mut OpenFile) -> Result<bool, ShardError> {
-        let Src::Docs { batch, next, .. } = &mut f.src else { unreachable!() };
+        let Src::Docs { batch, next, parquet, .. } = &mut f.src else { unreachable!() };
         while *next >= batch.len() {
             if f.eof {
                 return Ok(false);
             }
-            let source = self.source.as_mut().expect("a Docs input was opened with a source");
-            if source.next_batch(batch)? {
+            let more = match parquet {
+                Some(docs) => docs.next_batch(batch)?,
+                None => self.source.as_mut().expect("a Docs input was opened with a source").next_batch(batch)?,
+            };
+            if more {
                 *next = 0;
             } else {
                 f.eof = true;
@@ -644,11 +656,8 @@ fn plan(job: &EncodeJob, sizes: &[u64], byte_range: (u64, u64)) -> Vec<(usize, (
     plan
 }
 
-fn no_source(path: &std::path::Path) -> ShardError {
-    ShardError::Invalid(format!(
-        "{}: a Parquet file; Parquet is read through pyarrow (pip install 'ferrolm[parquet]')",
-        path.display()
-    ))
+fn no_source() -> ShardError {
+    ShardError::Invalid("documents from the caller were asked for, but no document source was given".to_string())
 }
 
 /// sha256 of a whole file (inputs whose documents the caller decoded).

@@ -544,10 +544,89 @@ fn documents_resume_after_an_interruption_and_need_a_source() {
     let s = encode_to_shard_with(&j, &enc, Some(&mut src), |_| true).unwrap();
     assert!(s.resumed_tokens > 0 && s.restart_reason.is_none());
     assert!(read_ids(&s.partial_path, j.dtype) == reference);
-    // Without a reader for them, document inputs are an error that says what they are.
+    // A file named and marked as Parquet that is not is an error naming it.
     let parquet = dir.write("x.parquet", b"PAR1 not really");
     let err = run(&job(&dir, &[parquet], "p.bin"), &enc).unwrap_err().to_string();
     assert!(err.contains("x.parquet") && err.contains("Parquet"), "{err}");
+}
+
+/// A Parquet file of one optional UTF-8 column `text` (a `None` is a null), written by
+/// the `parquet` crate, `per_group` rows per row group.
+fn write_parquet(path: &Path, docs: &[Option<String>], per_group: usize, codec: ::parquet::basic::Compression) {
+    use ::parquet::data_type::{ByteArray, ByteArrayType};
+    use ::parquet::file::properties::WriterProperties;
+    use ::parquet::file::writer::SerializedFileWriter;
+    use std::sync::Arc;
+    let schema = Arc::new(
+        ::parquet::schema::parser::parse_message_type("message m { required int64 id; optional binary text (UTF8); }")
+            .unwrap(),
+    );
+    let props = Arc::new(WriterProperties::builder().set_compression(codec).set_data_page_size_limit(4096).build());
+    let mut w = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
+    for (g, group) in docs.chunks(per_group).enumerate() {
+        let mut rg = w.next_row_group().unwrap();
+        let ids: Vec<i64> = (0..group.len() as i64).map(|i| (g * per_group) as i64 + i).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<::parquet::data_type::Int64Type>().write_batch(&ids, None, None).unwrap();
+        col.close().unwrap();
+        let values: Vec<ByteArray> = group.iter().flatten().map(|d| ByteArray::from(d.as_str())).collect();
+        let defs: Vec<i16> = group.iter().map(|d| d.is_some() as i16).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<ByteArrayType>().write_batch(&values, Some(&defs), None).unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_files_encode_as_the_same_documents_in_a_text_file_and_resume() {
+    use ::parquet::basic::{Compression as Codec, ZstdLevel};
+    let dir = TempDir::new("parquet");
+    let enc = PieceEncoder::new("gpt2");
+    let docs = split_docs(&corpus(25, 600));
+    let (_, reference) =
+        run(&job(&dir, &[dir.write("d.txt", (docs.join(EOT) + EOT).as_bytes())], "ref.bin"), &enc).unwrap();
+    // Nulls are no document.
+    let rows: Vec<Option<String>> = docs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, d)| [Some(d.clone())].into_iter().chain((i % 50 == 0).then_some(None)))
+        .collect();
+    for (codec, threads, chunk_size) in
+        [(Codec::UNCOMPRESSED, 1, 1 << 20), (Codec::SNAPPY, 2, 700), (Codec::ZSTD(ZstdLevel::default()), 3, 1)]
+    {
+        let path = dir.path("d.parquet");
+        write_parquet(&path, &rows, 97, codec);
+        let mut j = job(&dir, std::slice::from_ref(&path), "p.bin");
+        (j.threads, j.chunk_size) = (threads, chunk_size);
+        let (s, ids) = run(&j, &enc).unwrap();
+        assert!(ids == reference, "{codec:?}");
+        assert_eq!(s.num_documents, docs.len() as u64);
+        std::fs::remove_file(j.journal_path()).unwrap();
+    }
+    // Killed part way (a progress callback that stops it), then resumed: the same bytes.
+    let path = dir.path("d.parquet");
+    let mut j = job(&dir, std::slice::from_ref(&path), "r.bin");
+    (j.chunk_size, j.commit_interval) = (500, Duration::ZERO);
+    let mut calls = 0;
+    let err = encode_to_shard(&j, &enc, |_| {
+        calls += 1;
+        calls < 9
+    })
+    .unwrap_err();
+    assert!(matches!(err, ShardError::Interrupted));
+    let s = encode_to_shard(&j, &enc, |_| true).unwrap();
+    assert!(s.resumed_tokens > 0 && s.restart_reason.is_none());
+    assert!(read_ids(&s.partial_path, j.dtype) == reference);
+    // A column that is not there, or not text, is named.
+    let mut j = job(&dir, std::slice::from_ref(&path), "c.bin");
+    j.jsonl_field = "body".into();
+    let err = run(&j, &enc).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("no column 'body'") && err.contains("id, text"), "{err}");
+    j.jsonl_field = "id".into();
+    let err = run(&j, &enc).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("INT64, not a string column"), "{err}");
 }
 
 #[test]

@@ -456,7 +456,7 @@ def _add_encode(sub) -> None:
         "vocab does not fit) and its sidecar PREFIX.json (counts, vocab size, eos id, tokenizer fingerprint, "
         "inputs with sizes and sha256). Inputs: plain text whose documents are separated by <|endoftext|>, "
         ".gz and .zst compressed text, JSON Lines (*.jsonl, or a .json of one object per line), Parquet (the "
-        "--column of each row; needs pyarrow); globs and folders are expanded, sorted. Uses all cores; the output is "
+        "--column of each row); globs and folders are expanded, sorted. Uses all cores; the output is "
         "byte-identical for any --threads. Resumable: if the run is killed (Ctrl-C, kill -9), rerun the same "
         "command and it continues from the last completed chunk. The final names appear only when complete.",
     )

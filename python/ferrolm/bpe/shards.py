@@ -182,7 +182,7 @@ def encode(
       plain text whose documents are separated by the tokenizer's ``<|endoftext|>``
       (as TinyStories and the CS336 OpenWebText files), ``.gz``/``.zst`` compressed text,
       JSON Lines (``*.jsonl``/``*.ndjson``, or any file whose first line is a JSON object,
-      ``.json`` included) and Parquet (read with pyarrow, a batch of rows at a time), whose
+      ``.json`` included) and Parquet (read by the core, a batch of rows at a time), whose
       ``column`` holds each document. Plain text is encoded exactly as
       ``tokenizer.encode(whole_text)`` (special tokens allowed), plus an eos after a last
       document that lacks one; JSON Lines and Parquet documents are encoded as ordinary
@@ -214,11 +214,10 @@ def encode(
     job = _Job(tok, out, parse_part(part), dtype, field, errors)
     _check_outputs_apart(paths, job.outputs())
     params = job.params(inputs=[_input_identity(p) for p in paths], input_format=input_format, hash=bool(hash_inputs))
-    reader = _inputs.DocReader(paths, field) if any(_inputs.is_parquet(p) for p in paths) else None
     result = job.run(
         paths,
         params,
-        reader,
+        None,
         progress=progress,
         input_format=None if input_format == "auto" else input_format,
         chunk_size=chunk_size,
@@ -263,7 +262,7 @@ def encode_texts(
     result = job.run(
         [""],
         params,
-        _inputs.DocReader([""], "text", texts),
+        _inputs.DocReader(texts),
         progress=progress,
         input_format=None,
         chunk_size=chunk_size,

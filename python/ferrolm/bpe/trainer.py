@@ -111,7 +111,7 @@ def train(
         str (e.g. ``iter(documents)``, a ``datasets`` column). Each file is its own text
         (no pre-token spans two files); each item of an iterable is a document of its own,
         as if the items were separated by a special token. A list of str is read as paths.
-        Parquet files (pyarrow) give the documents of their ``column``.
+        Parquet files give the documents of their ``column`` (read by the core).
     vocab_size: total size, 256 bytes + merges + special tokens, at most 2**32 - 1.
         Training stops early if no pair is left to merge (memory is sized by what the
         corpus allows, not by the request).
