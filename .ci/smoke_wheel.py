@@ -1,6 +1,7 @@
 """Smoke test of an installed ferrolm wheel, run by .ci/run in a virtualenv without cargo.
 
-Trains a small tokenizer, encodes and decodes, builds the model and runs a step.
+Trains a small tokenizer, encodes and decodes, reads Parquet of every codec into a shard,
+builds the model and runs a forward pass.
 """
 
 from __future__ import annotations
@@ -30,6 +31,25 @@ with tempfile.TemporaryDirectory() as d:
     tok.save(d)
     again = ferrolm.Tokenizer.load(d)
     assert again.encode("the cat sat") == tok.encode("the cat sat")
+
+# The Parquet reader and its codecs, as linked into the wheel (pyarrow only writes the files).
+try:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+except ImportError:
+    print("pyarrow not installed: Parquet not checked")
+else:
+    from ferrolm.bpe import shards
+
+    docs = ["the cat sat", "on the mat", "and looked at the birds"]
+    want = sum((tok.encode(d) + [tok.eos_id] for d in docs), [])
+    with tempfile.TemporaryDirectory() as d:
+        for codec in ("snappy", "gzip", "brotli", "zstd", "lz4"):
+            path = Path(d) / f"{codec}.parquet"
+            pq.write_table(pa.table({"text": docs}), path, compression=codec)
+            shards.encode(tok, path, Path(d) / codec, progress=False)
+            got = (Path(d) / f"{codec}.bin").read_bytes()
+            assert [int.from_bytes(got[i : i + 2], "little") for i in range(0, len(got), 2)] == want, codec
 
 import torch  # noqa: E402
 
