@@ -550,6 +550,16 @@ fn documents_resume_after_an_interruption_and_need_a_source() {
     assert!(err.contains("x.parquet") && err.contains("Parquet"), "{err}");
 }
 
+/// Run `j` and stop it (as Ctrl-C does) at its progress report after `written` chunks.
+fn interrupt_after(j: &EncodeJob, enc: &dyn TextEncoder, written: usize) -> ShardError {
+    let mut calls = 0;
+    encode_to_shard(j, enc, |_| {
+        calls += 1;
+        calls <= written
+    })
+    .unwrap_err()
+}
+
 /// A Parquet file of one optional UTF-8 column `text` (a `None` is a null), written by
 /// the `parquet` crate, `per_group` rows per row group.
 fn write_parquet(path: &Path, docs: &[Option<String>], per_group: usize, codec: ::parquet::basic::Compression) {
@@ -609,13 +619,7 @@ fn parquet_files_encode_as_the_same_documents_in_a_text_file_and_resume() {
     let path = dir.path("d.parquet");
     let mut j = job(&dir, std::slice::from_ref(&path), "r.bin");
     (j.chunk_size, j.commit_interval) = (500, Duration::ZERO);
-    let mut calls = 0;
-    let err = encode_to_shard(&j, &enc, |_| {
-        calls += 1;
-        calls < 9
-    })
-    .unwrap_err();
-    assert!(matches!(err, ShardError::Interrupted));
+    assert!(matches!(interrupt_after(&j, &enc, 8), ShardError::Interrupted));
     let s = encode_to_shard(&j, &enc, |_| true).unwrap();
     assert!(s.resumed_tokens > 0 && s.restart_reason.is_none());
     assert!(read_ids(&s.partial_path, j.dtype) == reference);
@@ -637,12 +641,7 @@ fn an_input_edited_in_place_is_not_resumed_into_a_mixed_shard() {
     let input = dir.write("in.txt", text.as_bytes());
     let mut j = job(&dir, std::slice::from_ref(&input), "out.bin");
     (j.chunk_size, j.commit_interval) = (1000, Duration::ZERO);
-    let mut calls = 0;
-    let _ = encode_to_shard(&j, &enc, |_| {
-        calls += 1;
-        calls < 10
-    })
-    .unwrap_err();
+    interrupt_after(&j, &enc, 9);
     // Same size, same parameters (the caller's record of size and time), new first word.
     let edited = text.replacen(|c: char| c.is_ascii_lowercase(), "Q", 1);
     assert_eq!(edited.len(), text.len());
