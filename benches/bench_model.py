@@ -16,8 +16,9 @@ zero_grad, forward, cross-entropy, backward, global-norm clip to 1.0, AdamW
 
 - ferrolm: the model called with targets (the LM head fused with the cross-entropy,
   ferrolm.lm.functional.linear_cross_entropy), ferrolm's clip_grad_norm and AdamW (torch's
-  fused kernel), and on a CPU the allocator setting its training loop makes
-  (ferrolm.lm.device.reuse_freed_memory); "ferrolm compiled" is what `ferrolm train` runs
+  fused kernel), and on a CPU the two settings its training loop makes: the allocator
+  (ferrolm.lm.device.reuse_freed_memory) and the float32 matmul kernel, torch's BLAS or
+  oneDNN by a timed GEMM (ferrolm.lm.gemm.choose, run.cpu_matmul = "auto"); "ferrolm compiled" is what `ferrolm train` runs
   by default (`run.compile`, model and loss compiled as one graph).
 - HF: F.cross_entropy on float logits (what its loss function does),
   torch.nn.utils.clip_grad_norm_, torch.optim.AdamW with torch's defaults.
@@ -118,6 +119,7 @@ def build(impl: str, shape: dict, device: str):
     import torch.nn.functional as F
 
     from ferrolm.lm import device as _device
+    from ferrolm.lm import gemm
     from ferrolm.lm.model import TransformerLM
     from ferrolm.lm.optim import AdamW, clip_grad_norm, param_groups_for_decay
 
@@ -139,6 +141,7 @@ def build(impl: str, shape: dict, device: str):
     if impl == "ferrolm":
         if device == "cpu":
             _device.reuse_freed_memory()  # as ferrolm's training loop sets up a CPU run
+            gemm.choose("auto")  # its float32 matmul kernel, measured (run.cpu_matmul)
         opt = AdamW(param_groups_for_decay(model, 0.1), weight_decay=0.1, **hyper)
 
         def loss(x, y):

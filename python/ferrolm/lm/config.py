@@ -104,6 +104,7 @@ class RunSection:
     num_threads: int = 0  # torch CPU threads (0: torch's default, one per core)
     # "auto", "true" or "false" (TOML booleans work too); see ferrolm.lm.device for "auto":
     autocast_bf16: str = "auto"  # bf16 autocast: auto = on CUDA, and on CPUs with native bf16 (AMX, AVX512-BF16)
+    cpu_matmul: str = "auto"  # float32 GEMMs on a CPU: auto (measured at start), blas (torch's), onednn
     parallel: str = "ddp"  # under torchrun: "ddp" (weights replicated) or "fsdp" (sharded, FSDP2)
     compile: str = "auto"  # torch.compile model + loss: auto = on CUDA (on a CPU it measured level with eager)
     tf32: bool = True  # allow TF32 matmuls on CUDA
@@ -192,6 +193,8 @@ class TrainConfig:
         _check_model(self.model)
         _check_optimizer(self.optimizer)
         _check_schedule(self.schedule, self.model)
+        if self.run.cpu_matmul.lower() not in CPU_MATMUL_CHOICES:
+            raise ConfigError(f"run.cpu_matmul must be one of {CPU_MATMUL_CHOICES}, got {self.run.cpu_matmul!r}")
         if self.run.parallel not in ("ddp", "fsdp"):
             raise ConfigError(f"run.parallel must be 'ddp' or 'fsdp', got {self.run.parallel!r}")
         for k in ("train", "val"):
@@ -301,6 +304,7 @@ def _suggest_dotted(name: str) -> str:
 
 
 _SWITCHES = ("run.compile", "run.autocast_bf16")  # "auto" | "true" | "false"
+CPU_MATMUL_CHOICES = ("auto", "blas", "onednn")  # run.cpu_matmul (see ferrolm.lm.gemm)
 
 
 def _coerce(name: str, value: Any, default: Any, source: str) -> Any:

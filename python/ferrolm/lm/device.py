@@ -10,7 +10,8 @@ What "auto" picks, by measurement (benches/bench_model.py, benches/results/lm_tr
   shape) after a 30-100 s compile, holding 20 % more memory. ``run.compile = true`` still
   compiles (it needs a C++ compiler). bf16 autocast only when the CPU has native bf16
   matrix instructions (AMX or AVX512-BF16): without them torch emulates bf16 GEMMs and the
-  step runs ~12x slower than fp32.
+  step runs ~12x slower than fp32. Which kernel runs the float32 matrices (torch's BLAS
+  or oneDNN) is measured too: ``ferrolm.lm.gemm`` (``run.cpu_matmul``).
 - Anything else (MPS): eager, fp32.
 
 ``reuse_freed_memory()`` is what training on a CPU sets up besides: torch allocates every

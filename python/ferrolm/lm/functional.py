@@ -20,6 +20,8 @@ import math
 import torch
 from torch import Tensor
 
+from ferrolm.lm import gemm
+
 __all__ = ["softmax", "silu", "cross_entropy", "linear_cross_entropy", "scaled_dot_product_attention"]
 
 
@@ -132,7 +134,7 @@ def _chunk_rows(vocab: int, device: torch.device) -> int:
 
 def _head_logits(h: Tensor, weight: Tensor) -> Tensor:
     """float32 logits of a chunk (the GEMM in the autocast dtype, if any)."""
-    logits = h @ weight.t()
+    logits = gemm.linear(h, weight)
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
@@ -163,11 +165,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad = logits.div_(logits.sum(dim=-1, keepdim=True))
             grad.scatter_add_(-1, tc.unsqueeze(-1), grad.new_full((grad.shape[0], 1), -1.0))
             grad = grad.to(weight.dtype)  # a no-op in float32; under autocast the GEMMs cast
-            grad_h.append(grad @ weight)
-            if grad.dtype == hc.dtype == torch.float32 and not torch.is_autocast_enabled(hc.device.type):
-                grad_w.addmm_(grad.t(), hc)  # accumulated in place: no (vocab, d) temporary
-            else:
-                grad_w.add_(grad.t() @ hc)
+            grad_h.append(gemm.matmul(grad, weight))
+            gemm.add_matmul_(grad_w, grad.t(), hc)
         ctx.n = n
         ctx.save_for_backward(torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w)
         ctx.weight_dtype = weight.dtype

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ferrolm.lm import functional
+from ferrolm.lm import functional, gemm
 
 __all__ = [
     "ModelConfig",
@@ -175,7 +175,7 @@ class Linear(nn.Module):
         _trunc_normal_(self.weight, std=math.sqrt(2.0 / (self.in_features + self.out_features)))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight)  # x @ W^T, one GEMM
+        return gemm.linear(x, self.weight)  # x @ W^T, one GEMM
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
@@ -237,7 +237,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # W1 x and W3 x as one GEMM against the stacked weights (as for Q, K, V);
         # F.silu is torch's fused x * sigmoid(x) (== functional.silu, tested).
-        gate, up = F.linear(x, torch.cat((self.w1.weight, self.w3.weight))).chunk(2, dim=-1)
+        gate, up = gemm.linear(x, torch.cat((self.w1.weight, self.w3.weight))).chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
 
 
@@ -262,11 +262,6 @@ def _rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """The same rotation in real arithmetic: (x_2k cos - x_2k+1 sin, x_2k sin + x_2k+1 cos)."""
     x_even, x_odd = x.unflatten(-1, (-1, 2)).unbind(-1)
     return torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1).flatten(-2)
-
-
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
 
 class RotaryEmbedding(nn.Module):
@@ -313,7 +308,7 @@ class RotaryEmbedding(nn.Module):
                 token_positions = token_positions.unsqueeze(-2)  # (batch, 1, seq): over heads
             cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., seq, d/2)
         work = x.to(torch.promote_types(x.dtype, torch.float32))
-        if _compiling():  # inductor cannot generate code for complex ops; it fuses this form
+        if gemm.is_compiling():  # inductor cannot generate code for complex ops; it fuses this form
             return _rotate_pairs_real(work, cos, sin).to(x.dtype)
         if work.stride(-1) != 1 or work.storage_offset() % 2 or any(st % 2 for st in work.stride()[:-1]):
             work = work.contiguous()  # view_as_complex needs (re, im) adjacent and aligned
@@ -407,7 +402,7 @@ class CausalSelfAttention(nn.Module):
         # Q, K, V = x W_Q^T, x W_K^T, x W_V^T as one GEMM against the stacked weights:
         # a wider matrix runs closer to peak than three narrow ones (the weights and their
         # checkpoint keys stay separate; the concatenation is 3 d^2 floats per call).
-        qkv = F.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
+        qkv = gemm.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
         q, k, v = (split_heads(t) for t in qkv.split(self.d_model, dim=-1))
 
         if self.rope is not None:  # positions default to start_pos, ..., start_pos + seq - 1

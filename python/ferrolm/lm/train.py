@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 from ferrolm import __version__
 from ferrolm._util import atomic_write_bytes, stale_temporaries
 from ferrolm.bpe.tokenizer import Tokenizer
+from ferrolm.lm import gemm
 from ferrolm.lm.checkpoint import (
     CheckpointError,
     apply_checkpoint,
@@ -389,6 +390,10 @@ def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]
         raise ConfigError(f"run.device: {e}") from None
     if device.type == "cpu":
         reuse_freed_memory()  # no page faults in the step (see ferrolm.lm.device)
+        try:
+            gemm.choose(cfg.run.cpu_matmul)  # torch's BLAS or oneDNN, by a measurement (ferrolm.lm.gemm)
+        except ValueError as e:
+            raise ConfigError(f"run.cpu_matmul: {e}") from None
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if cfg.run.tf32:
