@@ -1,6 +1,6 @@
-//! Documents handed over from Python in batches: a text column as one UTF-8 data buffer
-//! and Arrow-style offsets (what pyarrow holds for a row group's string column), so no
-//! Python code runs per document.
+//! Documents handed over in batches: one UTF-8 data buffer and Arrow-style offsets (n + 1
+//! int64 boundaries), so no Python code runs per document. Python's iterables come in
+//! this form (`text_batches`), and `ParquetDocs` hands Parquet text columns out in it.
 
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError, TryLockError};
@@ -13,7 +13,7 @@ use super::shards::shard_err;
 use crate::shards::{DocBatch, DocSource, ParquetDocs, ShardError, PARQUET_BATCH_BYTES};
 
 /// `(data, offsets)`: a uint8 array of UTF-8 text and an int64 array of n + 1 offsets
-/// into it (numpy views of pyarrow's buffers: the abi3 build has no buffer protocol).
+/// into it (numpy arrays: the abi3 build has no buffer protocol).
 pub fn extract_batch(data: &Bound<'_, PyAny>, offsets: &Bound<'_, PyAny>) -> PyResult<DocBatch> {
     let data: PyReadonlyArray1<u8> = data.extract()?;
     let offsets: PyReadonlyArray1<i64> = offsets.extract()?;

@@ -217,7 +217,6 @@ def encode(
     result = job.run(
         paths,
         params,
-        None,
         progress=progress,
         input_format=None if input_format == "auto" else input_format,
         chunk_size=chunk_size,
@@ -262,7 +261,7 @@ def encode_texts(
     result = job.run(
         [""],
         params,
-        _inputs.DocReader(texts),
+        reader=_inputs.DocReader(texts),
         progress=progress,
         input_format=None,
         chunk_size=chunk_size,
@@ -353,8 +352,9 @@ class _Job:
             sort_keys=True,
         )
 
-    def run(self, paths, params, reader, *, progress, input_format, chunk_size, threads, commit_interval, hash):
-        """The core's encode into ``P.bin.partial``; returns its summary."""
+    def run(self, paths, params, *, reader=None, progress, input_format, chunk_size, threads, commit_interval, hash):
+        """The core's encode into ``P.bin.partial``; returns its summary. ``reader`` hands
+        the core the documents of an iterable; files (Parquet too) the core reads itself."""
         if self.eos is None:
             print(
                 f"ferrolm encode: warning: the tokenizer has no {EOT} token; documents will not be separated",
