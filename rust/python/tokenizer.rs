@@ -119,20 +119,54 @@ fn make_ints(py: Python<'_>, n: usize) -> PyResult<Ints> {
 
 /// A list of the ints of `ids`, filled through the C API directly.
 fn to_list<'py>(py: Python<'py>, ints: &Ints, ids: &[u32]) -> PyResult<Bound<'py, PyList>> {
+    fill_list(py, ints, ids, None)
+}
+
+/// Ids between two checks for signals in `to_list_interruptible`: a few milliseconds.
+const LIST_CHECK_EVERY: usize = 1 << 20;
+
+/// `to_list` that Ctrl-C stops half way with KeyboardInterrupt (the partial list is
+/// dropped). Filling lists of tens of millions of ids takes as long as encoding them, with
+/// the GIL held; without checks a Ctrl-C would wait for the end. `since_check` counts the
+/// ids filled since the last check, across the lists of one call.
+fn to_list_interruptible<'py>(
+    py: Python<'py>,
+    ints: &Ints,
+    ids: &[u32],
+    since_check: &mut usize,
+) -> PyResult<Bound<'py, PyList>> {
+    fill_list(py, ints, ids, Some(since_check))
+}
+
+fn fill_list<'py>(
+    py: Python<'py>,
+    ints: &Ints,
+    ids: &[u32],
+    mut since_check: Option<&mut usize>,
+) -> PyResult<Bound<'py, PyList>> {
     let n = ids.len() as pyo3::ffi::Py_ssize_t;
-    // SAFETY: a new list of length n is filled at indices 0..n with new references
-    // (PyList_SetItem steals them); ids come from the encoder, so they index `ints`.
+    // SAFETY: a new list of length n (its slots NULL, which its deallocation skips) owned
+    // by `list` from here on, so an early return drops it; slots 0..n are filled with new
+    // references (PyList_SetItem steals them); ids come from the encoder, so they index `ints`.
     unsafe {
-        let list = pyo3::ffi::PyList_New(n);
-        if list.is_null() {
+        let raw = pyo3::ffi::PyList_New(n);
+        if raw.is_null() {
             return Err(PyErr::fetch(py));
         }
+        let list = Bound::from_owned_ptr(py, raw);
         for (i, &id) in ids.iter().enumerate() {
+            if let Some(count) = since_check.as_deref_mut() {
+                *count += 1;
+                if *count >= LIST_CHECK_EVERY {
+                    *count = 0;
+                    py.check_signals()?;
+                }
+            }
             let o = ints[id as usize].as_ptr();
             pyo3::ffi::Py_IncRef(o);
-            pyo3::ffi::PyList_SetItem(list, i as pyo3::ffi::Py_ssize_t, o);
+            pyo3::ffi::PyList_SetItem(raw, i as pyo3::ffi::Py_ssize_t, o);
         }
-        Ok(Bound::from_owned_ptr(py, list).cast_into_unchecked())
+        Ok(list.cast_into_unchecked())
     }
 }
 
@@ -324,7 +358,7 @@ impl PyEncoder {
             });
         }
         let ids = super::watch::interruptible(py, s.len(), || self.inner.encode(&s, allow_special))?;
-        to_list(py, &self.ints, &ids)
+        to_list_interruptible(py, &self.ints, &ids, &mut 0)
     }
 
     /// Token ids of `text` as a numpy array of uint16 (itemsize 2) or uint32 (4);
@@ -393,8 +427,9 @@ impl PyEncoder {
         let (strs, total) = batch_texts(&objs)?;
         let groups = run_encode(py, total, || self.inner.encode_batch_grouped(&strs, allow_special, num_threads))?;
         let mut lists: Vec<Bound<'py, PyList>> = Vec::with_capacity(strs.len());
+        let mut since_check = 0;
         for ids in groups.iter().flat_map(BatchIds::texts) {
-            lists.push(to_list(py, &self.ints, ids)?);
+            lists.push(to_list_interruptible(py, &self.ints, ids, &mut since_check)?);
         }
         PyList::new(py, lists)
     }
