@@ -42,6 +42,10 @@ def main(mode: str) -> None:
         if rank == 0:
             print(f"{float(mean) / world:.7f}", flush=True)
     if world > 1:
+        # Torn down as `ferrolm train` does: every rank past its last collective first, and
+        # the sharded model (which holds the group's mesh) freed while the interpreter is whole.
+        del step_model, model, opt
+        dist.barrier()
         dist.destroy_process_group()
 
 
