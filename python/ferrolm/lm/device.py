@@ -27,7 +27,15 @@ import sys
 
 import torch
 
-__all__ = ["resolve_device", "unavailable", "use_compile", "use_bf16", "cpu_has_native_bf16", "reuse_freed_memory"]
+__all__ = [
+    "resolve_device",
+    "unavailable",
+    "use_compile",
+    "use_bf16",
+    "cpu_has_native_bf16",
+    "reuse_freed_memory",
+    "is_compiling",
+]
 
 
 def _mps_available() -> bool:
@@ -126,3 +134,9 @@ def reuse_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def is_compiling() -> bool:
+    """Whether torch.compile is tracing the calling code."""
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ferrolm.lm.config import CPU_MATMUL_CHOICES as CHOICES
+from ferrolm.lm.device import is_compiling
 
 __all__ = ["linear", "matmul", "add_matmul_", "choose", "onednn_available", "using_onednn", "CHOICES"]
 
@@ -59,7 +60,7 @@ def choose(setting: str = "auto") -> str:
     if setting == "onednn" and not onednn_available():
         raise ValueError("cpu_matmul = 'onednn', but this torch build has no oneDNN (torch.backends.mkldnn)")
     if setting == "auto":
-        _use_onednn = False
+        _use_onednn = False  # stays off if the probe raises
         _use_onednn = onednn_available() and _probe_speedup() >= _MARGIN
     else:
         _use_onednn = setting == "onednn"
@@ -93,12 +94,6 @@ def _onednn_linear(x: Tensor, weight: Tensor) -> Tensor:
     if is_compiling():
         return torch.ops.ferrolm.onednn_linear(x, weight)
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-
-
-def is_compiling() -> bool:
-    """Whether torch.compile is tracing the calling code."""
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
 
 # Inductor lowers mkldnn._linear_pointwise only for frozen (constant) weights, so a

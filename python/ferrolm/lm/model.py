@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ferrolm.lm import functional, gemm
+from ferrolm.lm.device import is_compiling
 
 __all__ = [
     "ModelConfig",
@@ -308,7 +309,7 @@ class RotaryEmbedding(nn.Module):
                 token_positions = token_positions.unsqueeze(-2)  # (batch, 1, seq): over heads
             cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., seq, d/2)
         work = x.to(torch.promote_types(x.dtype, torch.float32))
-        if gemm.is_compiling():  # inductor cannot generate code for complex ops; it fuses this form
+        if is_compiling():  # inductor cannot generate code for complex ops; it fuses this form
             return _rotate_pairs_real(work, cos, sin).to(x.dtype)
         if work.stride(-1) != 1 or work.storage_offset() % 2 or any(st % 2 for st in work.stride()[:-1]):
             work = work.contiguous()  # view_as_complex needs (re, im) adjacent and aligned
