@@ -18,8 +18,9 @@ zero_grad, forward, cross-entropy, backward, global-norm clip to 1.0, AdamW
   ferrolm.lm.functional.linear_cross_entropy), ferrolm's clip_grad_norm and AdamW (torch's
   fused kernel), and on a CPU the two settings its training loop makes: the allocator
   (ferrolm.lm.device.reuse_freed_memory) and the float32 matmul kernel, torch's BLAS or
-  oneDNN by a timed GEMM (ferrolm.lm.gemm.choose, run.cpu_matmul = "auto"); "ferrolm compiled" is what `ferrolm train` runs
-  by default (`run.compile`, model and loss compiled as one graph).
+  oneDNN by a timed GEMM (ferrolm.lm.gemm.choose, run.cpu_matmul = "auto"). "ferrolm
+  compiled" is `run.compile = true` (model and loss compiled as one graph), what `ferrolm
+  train` runs by default on CUDA; on a CPU its default is eager.
 - HF: F.cross_entropy on float logits (what its loss function does),
   torch.nn.utils.clip_grad_norm_, torch.optim.AdamW with torch's defaults.
 - nanoGPT-style: F.cross_entropy, clip_grad_norm_, torch.optim.AdamW (fused on CUDA, as
