@@ -154,17 +154,21 @@ fn fill_list<'py>(
             return Err(PyErr::fetch(py));
         }
         let list = Bound::from_owned_ptr(py, raw);
-        for (i, &id) in ids.iter().enumerate() {
+        let mut i: pyo3::ffi::Py_ssize_t = 0;
+        for chunk in ids.chunks(LIST_CHECK_EVERY) {
             if let Some(count) = since_check.as_deref_mut() {
-                *count += 1;
+                *count += chunk.len();
                 if *count >= LIST_CHECK_EVERY {
                     *count = 0;
                     py.check_signals()?;
                 }
             }
-            let o = ints[id as usize].as_ptr();
-            pyo3::ffi::Py_IncRef(o);
-            pyo3::ffi::PyList_SetItem(raw, i as pyo3::ffi::Py_ssize_t, o);
+            for &id in chunk {
+                let o = ints[id as usize].as_ptr();
+                pyo3::ffi::Py_IncRef(o);
+                pyo3::ffi::PyList_SetItem(raw, i, o);
+                i += 1;
+            }
         }
         Ok(list.cast_into_unchecked())
     }
