@@ -26,6 +26,7 @@ import torch
 from ferrolm._util import atomic_write_bytes, atomic_write_dir
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import hf
+from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.model import ModelConfig, check_llama_compatible, to_hf_llama_state_dict
 
 __all__ = ["export_hf", "export_safetensors", "llama_config", "MODEL_FILES"]
@@ -85,28 +86,16 @@ def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata={"format": "pt", **metadata})
 
 
-def _load(checkpoint: PathLike, tokenizer: Any):
-    from ferrolm.lm.generate import find_tokenizer, load_model, read_any_checkpoint
-
-    ckpt = read_any_checkpoint(checkpoint)
-    tok = find_tokenizer(ckpt, checkpoint, tokenizer)
-    if tok is None:
-        raise ValueError(
-            f"{checkpoint}: its run's config names no tokenizer folder (data.tokenizer): give the tokenizer"
-        )
-    model, ckpt = load_model(checkpoint, "cpu", tokenizer=tok, ckpt=ckpt)
-    return model, ckpt, tok
-
-
 def export_hf(checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dtype: str = "float32") -> Path:
     """Write the HF folder ``out`` for ``checkpoint`` (see the module docstring); return it.
 
-    ``tokenizer``: a Tokenizer or its folder (default: the run config's data.tokenizer);
+    ``checkpoint``: anything ``ferrolm.lm.checkpoint.load_model`` reads. ``tokenizer``: a
+    Tokenizer or its folder (default: the one the checkpoint names);
     its fingerprint must be the checkpoint's. ``dtype``: float32, bfloat16 or float16.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    model, _, tok = _load(checkpoint, tokenizer)
+    model, tok, _ = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
     cfg = model.config
     weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_llama_state_dict(model).items()}
     files = {
@@ -123,17 +112,17 @@ def export_hf(checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dty
 
 def export_safetensors(checkpoint: PathLike, out: PathLike) -> Path:
     """Write the model weights of ``checkpoint`` to the safetensors file ``out`` under
-    ferrolm's names; the metadata holds the model config and the tokenizer fingerprint
-    (``ferrolm.lm.generate.load_model`` reads such a file)."""
-    from ferrolm.lm.generate import load_model
-
-    model, ckpt = load_model(checkpoint, "cpu")
+    ferrolm's names; the metadata holds the model config, the tokenizer fingerprint and
+    the tokenizer's folder as recorded at training
+    (``ferrolm.lm.checkpoint.load_model`` reads such a file)."""
+    model, _, info = load_model(checkpoint, "cpu", tokenizer=False)
     sd = model.state_dict()
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight")  # the same tensor as the embedding; safetensors stores it once
     meta = {"ferrolm_model_config": json.dumps(model.config.to_dict())}
-    if ckpt.get("tokenizer_fingerprint"):
-        meta["tokenizer_fingerprint"] = str(ckpt["tokenizer_fingerprint"])
+    for key in ("tokenizer_fingerprint", "tokenizer_dir"):  # what load_model finds the tokenizer by
+        if info.get(key):
+            meta[key] = str(info[key])
     out = Path(out)
     atomic_write_bytes(out, _safetensors_bytes(sd, meta))
     return out
