@@ -4,8 +4,12 @@ corpora the tests make (tests/texts.py) are what the tests rely on."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
+import sys
 import unicodedata
+from pathlib import Path
 
 import pytest
 from texts import CORPORA, EOT, FIXTURES, SEPARATOR, corpus_text, fixture_file, stdlib_text
@@ -64,3 +68,25 @@ def test_multilingual_corpus_covers_the_scripts_the_tokenizer_treats_apart():
 def test_stdlib_corpus_is_this_pythons_source():
     text = stdlib_text(300_000)
     assert "def " in text and "import " in text and '"""' in text
+
+
+def test_a_skip_for_a_missing_package_says_how_to_install_it(tmp_path):
+    # The suite's own conftest as a plugin, on a test module and a test that each lack a package.
+    (tmp_path / "test_module_level.py").write_text('import pytest\npytest.importorskip("no_such_package_a")\n')
+    (tmp_path / "test_in_a_test.py").write_text(
+        'import pytest\n\ndef test_it():\n    pytest.importorskip("no_such_package_b")\n'
+    )
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "conftest", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    hint = 'pip install ".[test]" installs every package the tests use'
+    lines = [line for line in r.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(lines) == 2 and all(hint in line for line in lines), r.stdout + r.stderr
+    assert any("no_such_package_a" in line for line in lines) and any("no_such_package_b" in line for line in lines)

@@ -225,37 +225,42 @@ def multilingual_text(size: int) -> str:
 
 # ----------------------------------------------------------------------------- stories
 
+# Frequent words first (drawn Zipf-like, as children's stories repeat a few of them a lot).
 _NAMES = ["Lily", "Ben", "Tim", "Sue", "Max", "Mia", "Tom", "Anna", "Sam", "Lucy", "Jack", "Zoe", "Leo", "Ella"]
-_ANIMALS = ["dog", "cat", "bird", "bunny", "frog", "fish", "bear", "duck", "mouse", "puppy", "kitten", "owl"]
-_THINGS = ["ball", "kite", "box", "hat", "toy car", "red balloon", "big book", "shiny rock", "blue cup", "drum"]
-_PLACES = ["park", "garden", "forest", "beach", "house", "big tree", "pond", "school", "farm", "hill"]
-_ADJECTIVES = ["happy", "sad", "little", "big", "kind", "brave", "shy", "funny", "tired", "curious", "silly"]
+_CHARACTERS = ["girl", "boy", "dog", "cat", "bird", "bunny", "frog", "bear", "duck", "mouse", "puppy", "owl"]
+_THINGS = ["ball", "toy", "kite", "box", "hat", "red balloon", "big book", "shiny rock", "blue cup", "drum"]
+_PLACES = ["park", "garden", "house", "forest", "beach", "big tree", "pond", "school", "farm", "hill"]
+_ADJECTIVES = ["little", "happy", "big", "kind", "sad", "brave", "shy", "funny", "tired", "curious", "silly"]
 _FEELINGS = ["happy", "sad", "scared", "proud", "excited", "angry", "sorry", "surprised"]
 _VERBS = ["play", "run", "jump", "sing", "dance", "read", "swim", "draw", "climb", "explore", "bake", "share"]
 
 
 def _story(rng: random.Random) -> str:
-    name, friend = rng.sample(_NAMES, 2)
-    animal, thing, place = rng.choice(_ANIMALS), rng.choice(_THINGS), rng.choice(_PLACES)
-    adjective, feeling, verb = rng.choice(_ADJECTIVES), rng.choice(_FEELINGS), rng.choice(_VERBS)
+    def pick(words):
+        return _zipf_choice(rng, words)
+
+    name, friend = pick(_NAMES), pick(_NAMES[1:])
+    animal, thing, place = pick(_CHARACTERS), pick(_THINGS), pick(_PLACES)
+    adjective, feeling, verb = pick(_ADJECTIVES), pick(_FEELINGS), pick(_VERBS)
     he = rng.choice(["He", "She"])
     lines = [
-        rng.choice(["Once upon a time", "One day", "Long ago", "One sunny morning"])
+        pick(["Once upon a time", "One day", "Long ago", "One sunny morning"])
         + f", there was a {adjective} {animal} named {name}.",
-        f"{name} loved to {verb} in the {place}. {he} had a {thing} that {he.lower()} liked very much.",
+        f"{name} {rng.choice(['loved', 'liked'])} to {verb} in the {place}. {he} had a {thing} that {he.lower()}"
+        " liked very much.",
     ]
     for _ in range(rng.randint(2, 7)):
         kind = rng.randrange(5)
         if kind == 0:
             lines.append(f'{friend} said, "Can I {verb} with your {thing}?"')
         elif kind == 1:
-            lines.append(f"{name} felt {rng.choice(_FEELINGS)}. {he} didn't want to lose the {thing}.")
+            lines.append(f"{name} felt {pick(_FEELINGS)}. {he} didn't want to lose the {thing}.")
         elif kind == 2:
-            lines.append(f"They went to the {rng.choice(_PLACES)} to {rng.choice(_VERBS)} all day long.")
+            lines.append(f"They went to the {pick(_PLACES)} to {pick(_VERBS)} all day long.")
         elif kind == 3:
-            lines.append(f"“Look!” said {friend}. “The {rng.choice(_ANIMALS)} is {rng.choice(_ADJECTIVES)}!”")
+            lines.append(f"“Look!” said {friend}. “The {pick(_CHARACTERS[2:])} is {pick(_ADJECTIVES)}!”")
         else:
-            lines.append(f"{rng.randint(2, 12)} {rng.choice(_ANIMALS)}s came to {verb} too. It was fun.")
+            lines.append(f"{rng.randint(2, 12)} {pick(_CHARACTERS[2:])}s came to {verb} too. It was fun.")
     lines.append(
         rng.choice(
             [
