@@ -1,36 +1,36 @@
-"""Shared test fixtures: paths to ../shared data and peers built offline.
-
-Tests that need the shared corpora or fixtures skip with a clear reason when absent.
+"""Shared test fixtures: the GPT-2 tokenizer from the data files under tests/fixtures, and
+peers built offline. The suite reads no data from outside the repository (see texts.py for
+the corpora the tests use).
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from texts import fixture_file
 
 from ferrolm.bpe import patterns
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("FERROLM_SHARED", REPO.parent / "shared"))
-FIXTURES = SHARED / "fixtures"
-CORPORA = SHARED / "corpora"
+#: Appended to a skip for a missing package: every test dependency is in the test extra.
+INSTALL_HINT = 'pip install ".[test]" installs every package the tests use'
 
 
-def shared_file(relpath: str) -> Path:
-    """Path of a file under ../shared, or skip the test saying what is missing."""
-    path = SHARED / relpath
-    if not path.exists():
-        pytest.skip(f"shared data not present: {path} (set FERROLM_SHARED to the shared/ folder)")
-    return path
+def _with_install_hint(report) -> None:
+    if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        path, line, reason = report.longrepr
+        if "could not import" in reason and INSTALL_HINT not in reason:
+            report.longrepr = (path, line, f"{reason} ({INSTALL_HINT})")
 
 
-def corpus_files() -> list[Path]:
-    """Every corpus text under ../shared/corpora (empty when absent)."""
-    if not CORPORA.is_dir():
-        return []
-    return sorted(CORPORA.rglob("*.txt"))
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _with_install_hint(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _with_install_hint(outcome.get_result())
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +38,8 @@ def gpt2_vocab_merges():
     """(vocab, merges) of GPT-2 read from the fixtures in ferrolm's types; <|endoftext|> is id 50256."""
     from ferrolm.bpe.files import read_merges, read_vocab
 
-    vocab = read_vocab(shared_file("fixtures/gpt2_vocab.json"), ["<|endoftext|>"])
-    merges = read_merges(shared_file("fixtures/gpt2_merges.txt"))
+    vocab = read_vocab(fixture_file("gpt2_vocab.json"), ["<|endoftext|>"])
+    merges = read_merges(fixture_file("gpt2_merges.txt"))
     return vocab, merges
 
 

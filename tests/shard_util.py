@@ -55,10 +55,10 @@ def synthetic_corpus(n_tokens, vocab_size=64, seed=0, eos_id=0):
 
 
 def trained_run(root, model: dict, steps: int = 4, vocab_size: int = 400):
-    """A real pipeline in miniature under ``root``: a ferrolm tokenizer trained on the
-    TinyStories slice, train/val shards encoded with it, a model trained ``steps`` steps
-    whose config names the tokenizer folder. Returns (run_dir, tokenizer, val prefix)."""
-    from conftest import shared_file
+    """A real pipeline in miniature under ``root``: a ferrolm tokenizer trained on generated
+    stories (tests/texts.py), train/val shards encoded with it, a model trained ``steps``
+    steps whose config names the tokenizer folder. Returns (run_dir, tokenizer, val prefix)."""
+    from texts import stories_text
 
     from ferrolm import Tokenizer
     from ferrolm.bpe import shards
@@ -66,7 +66,7 @@ def trained_run(root, model: dict, steps: int = 4, vocab_size: int = 400):
     from ferrolm.lm.train import train
 
     root = Path(root)
-    text = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt").read_text(encoding="utf-8")
+    text = stories_text(330_000)
     (root / "train.txt").write_text(text[:300_000], encoding="utf-8")
     (root / "val.txt").write_text(text[300_000:330_000], encoding="utf-8")
     tok = Tokenizer.train(str(root / "train.txt"), vocab_size, ["<|endoftext|>"], progress=False)

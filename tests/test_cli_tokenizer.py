@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import shared_file
+from texts import fixture_file
 
 from ferrolm.bpe.tokenizer import Tokenizer
 
@@ -24,7 +24,7 @@ def test_help_explains_each_command(command):
 
 
 def test_train_tokenizer_summary_and_output(tmp_path):
-    src = shared_file("fixtures/tinystories_sample.txt")
+    src = fixture_file("tinystories_sample.txt")
     out = tmp_path / "tok"
     r = run_cli("train-tokenizer", "--input", src, "--vocab-size", 400, "--out", out, "--no-progress", "--threads", 1)
     assert r.returncode == 0, r.stderr
@@ -47,7 +47,7 @@ def test_train_tokenizer_summary_and_output(tmp_path):
 
 
 def test_train_tokenizer_special_tokens_and_pattern(tmp_path):
-    src = shared_file("fixtures/tinystories_sample.txt")
+    src = fixture_file("tinystories_sample.txt")
     out = tmp_path / "tok"
     r = run_cli(
         "train-tokenizer",

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import shared_file
+from texts import fixture_file
 
 from ferrolm.app import cli
 from ferrolm.app.demo import EOT, MARKER, SEPARATOR, prepare_data, stdlib_files, stdlib_root
@@ -127,7 +127,7 @@ def test_demo_default_data_end_to_end(tmp_path, capsys):
 def test_demo_user_data(tmp_path):
     from ferrolm.app.demo import run_demo
 
-    src = shared_file("fixtures/corpus.en")  # skips when ../shared is absent
+    src = fixture_file("corpus.en")
     res = run_demo(
         tmp_path / "d",
         [src],

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import corpus_files, shared_file
+from texts import CORPORA, corpus_text, fixture_file, stdlib_text
 
 from ferrolm import Tokenizer
 from ferrolm.bpe import files as tf
@@ -19,22 +19,19 @@ from ferrolm.bpe.files import TokenizerFileError
 from ferrolm.bpe.hf import hf_special_roles
 
 EOT = "<|endoftext|>"
-SLICE = 100_000  # chars of each corpus file compared
+SLICE = 100_000  # chars of each corpus compared
 LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 def corpus_texts() -> list[str]:
-    paths = corpus_files()
-    if not paths:
-        pytest.skip("shared corpora not present (set FERROLM_SHARED to the shared/ folder)")
-    texts = [p.read_text(encoding="utf-8", errors="replace")[:SLICE] for p in paths]
-    return texts + [f"one{EOT}two <|pad|> three {EOT}"]
+    return [corpus_text(name, SLICE) for name in CORPORA] + [f"one{EOT}two <|pad|> three {EOT}"]
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A ferrolm-trained tokenizer (cl100k pattern, two specials) saved as a folder."""
-    src = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt")
+    src = tmp_path_factory.mktemp("text") / "code.txt"
+    src.write_text(stdlib_text(1_600_000), encoding="utf-8")
     tok = Tokenizer.train(str(src), 1200, [EOT, "<|pad|>"], pattern="cl100k", progress=False)
     return tok, tok.save(tmp_path_factory.mktemp("tok") / "tok")
 
@@ -59,6 +56,20 @@ def test_saved_folder_loads_in_tokenizers_and_transformers(trained):
     batch = auto(["a longer first line", "b"], padding=True)
     assert len(set(map(len, batch["input_ids"]))) == 1 and batch["attention_mask"][1][-1] == 0
     assert set(auto.all_special_tokens) >= {EOT, "<|pad|>"}
+
+
+@pytest.mark.parametrize("pattern", ["gpt2", "cl100k", "o200k"])
+def test_numbers_split_in_hf_as_in_ferrolm(pattern, tmp_path):
+    # cl100k takes digits three at a time (a possessive interval, `\p{N}{1,3}+`, which HF's
+    # regex engine would read as a repeat): "2010" is "201" + "0", never "20" + "10".
+    tokenizers = pytest.importorskip("tokenizers")
+    merges = [(b"1", b"0"), (b"2", b"0"), (b"20", b"1"), (b"10", b"0")]
+    vocab = {i: bytes([i]) for i in range(256)} | {256 + k: a + b for k, (a, b) in enumerate(merges)}
+    tok = Tokenizer(vocab, merges, [EOT], pattern=pattern)
+    hf = tokenizers.Tokenizer.from_file(str(tok.save(tmp_path / "t") / "tokenizer.json"))
+    text = "in 2010, 1000 or 201000 and 12345678901 ١٢٣٤ ٢٠١٠"
+    assert hf.encode(text, add_special_tokens=False).ids == tok.encode(text)
+    assert Tokenizer.from_hf(tmp_path / "t").pattern == tok.pattern
 
 
 def test_save_hf_writes_what_save_writes(trained, tmp_path):
@@ -227,9 +238,7 @@ def test_save_never_deletes_other_files(trained, tmp_path):
 def _hf_gpt2(tokenizers):
     from tokenizers import decoders, models, pre_tokenizers
 
-    bpe = models.BPE.from_file(
-        str(shared_file("fixtures/gpt2_vocab.json")), str(shared_file("fixtures/gpt2_merges.txt"))
-    )
+    bpe = models.BPE.from_file(str(fixture_file("gpt2_vocab.json")), str(fixture_file("gpt2_merges.txt")))
     hf = tokenizers.Tokenizer(bpe)
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
@@ -292,7 +301,7 @@ def test_encode_cli_takes_an_hf_folder(tmp_path):
     folder.mkdir()
     hf = _hf_gpt2(tokenizers)
     hf.save(str(folder / "tokenizer.json"))
-    text = shared_file("fixtures/tinystories_sample.txt").read_text(encoding="utf-8")
+    text = fixture_file("tinystories_sample.txt").read_text(encoding="utf-8")
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     args = ["encode", "--tokenizer", str(folder), "--input", str(tmp_path / "in.txt"), "--out", str(tmp_path / "s")]
     assert main(args + ["--no-progress"]) == 0
@@ -351,7 +360,7 @@ def test_from_hf_with_a_normalizer_for_normalized_text(tmp_path):
     with pytest.raises(TokenizerFileError, match="assume_normalized"):
         Tokenizer.from_hf(tmp_path)
     tok = Tokenizer.from_hf(tmp_path, assume_normalized=True)
-    text = shared_file("fixtures/german.txt").read_text(encoding="utf-8")
+    text = fixture_file("german.txt").read_text(encoding="utf-8")
     import unicodedata
 
     assert unicodedata.is_normalized("NFC", text)

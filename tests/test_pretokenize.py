@@ -4,8 +4,9 @@ given the core's Unicode classes), the ground truth.
 The built-in patterns run on hand-written scanners in rust/pretokenize.rs; these tests
 check they give exactly the reference's pieces (`regex.findall` of the pattern with the
 core's classes): on random text biased towards the characters the patterns treat
-specially, on the fixtures and on slices of every corpus (set FERROLM_FULL_CORPUS=1 to
-compare whole corpus files). tests/test_unicode.py checks every code point, and tiktoken.
+specially, on the fixtures and on slices of each test corpus (tests/texts.py; set
+FERROLM_FULL_CORPUS=1 to compare them whole, at a larger size). tests/test_unicode.py
+checks every code point, and tiktoken.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import sys
 import pytest
 
 pytest.importorskip("regex")
-from conftest import corpus_files, shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from texts import CORPORA, corpus_text, fixture_file
 
 from ferrolm import _core
 from ferrolm.bpe import patterns, reference
@@ -246,12 +247,13 @@ FIXTURES = ["address.txt", "corpus.en", "german.txt", "tinystories_sample.txt"]
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("fixture", FIXTURES)
 def test_fixture_files(name, fixture):
-    text = shared_file(f"fixtures/{fixture}").read_text(encoding="utf-8")
+    text = fixture_file(fixture).read_text(encoding="utf-8")
     check(name, text)
 
 
 FULL = os.environ.get("FERROLM_FULL_CORPUS") == "1"
 SLICE = 1 << 20 if FULL else 1 << 17
+CORPUS_CHARS = 8 << 20 if FULL else 1 << 20
 
 
 def slices(text: str, size: int, count: int | None):
@@ -276,17 +278,11 @@ def slices(text: str, size: int, count: int | None):
             yield text[s:e]
 
 
-def test_there_are_corpus_files_or_a_reason():
-    if not corpus_files():
-        pytest.skip("no corpora under ../shared/corpora")
-    assert all(p.suffix == ".txt" for p in corpus_files())
-
-
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("path", corpus_files(), ids=lambda p: p.name)
-def test_corpus_files(name, path):
-    """Slices of each corpus (whole files with FERROLM_FULL_CORPUS=1) piece for piece."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+@pytest.mark.parametrize("corpus", CORPORA)
+def test_corpora(name, corpus):
+    """Slices of each test corpus (whole, and larger, with FERROLM_FULL_CORPUS=1) piece for piece."""
+    text = corpus_text(corpus, CORPUS_CHARS)
     for part in slices(text, SLICE, None if FULL else 3):
         check(name, part)
 

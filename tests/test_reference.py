@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 import regex
-from conftest import corpus_files, shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from texts import CORPORA, corpus_text, fixture_file, stories_text
 
 from ferrolm.bpe import patterns, reference
 from ferrolm.bpe.files import TokenizerFileError, read_merges, read_vocab
@@ -119,26 +119,18 @@ def gpt2(gpt2_vocab_merges):
 
 @pytest.fixture(scope="module")
 def corpus_samples():
-    files = corpus_files()
-    if not files:
-        pytest.skip("shared corpora not present (../shared/corpora)")
-    samples = {}
-    for path in files:
-        with open(path, encoding="utf-8") as f:
-            samples[path.name] = f.read(SAMPLE_CHARS)
-    return samples
+    return {name: corpus_text(name, SAMPLE_CHARS) for name in CORPORA}
 
 
 @pytest.fixture(scope="module")
 def fixture_texts():
     names = ["address.txt", "german.txt", "tinystories_sample.txt", "corpus.en"]
-    return {name: shared_file(f"fixtures/{name}").read_text(encoding="utf-8") for name in names}
+    return {name: fixture_file(name).read_text(encoding="utf-8") for name in names}
 
 
 @pytest.fixture(scope="module")
-def tinystories_tokenizer():
-    path = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt")
-    vocab, merges = train_bpe(path, 2000, [EOT])
+def stories_tokenizer():
+    vocab, merges = train_bpe(iter(stories_text(1_600_000).split(EOT)), 2000, [EOT])
     return Tokenizer(vocab, merges, [EOT])
 
 
@@ -157,9 +149,9 @@ def ragged(text: str, rng: random.Random, max_len: int) -> list[str]:
 
 
 def test_train_reproduces_cs336_reference_merges_and_vocab():
-    vocab, merges = train_bpe(shared_file("fixtures/corpus.en"), 500, [EOT])
-    expected_merges = read_merges(shared_file("fixtures/train-bpe-reference-merges.txt"))
-    expected_vocab = read_vocab(shared_file("fixtures/train-bpe-reference-vocab.json"), [EOT])
+    vocab, merges = train_bpe(fixture_file("corpus.en"), 500, [EOT])
+    expected_merges = read_merges(fixture_file("train-bpe-reference-merges.txt"))
+    expected_vocab = read_vocab(fixture_file("train-bpe-reference-vocab.json"), [EOT])
     assert merges == expected_merges
     assert len(vocab) == 500
     assert set(vocab.values()) == set(expected_vocab.values())
@@ -167,7 +159,7 @@ def test_train_reproduces_cs336_reference_merges_and_vocab():
 
 def test_trained_vocab_layout_bytes_then_merges_then_specials():
     specials = [EOT, "<|pad|>"]
-    vocab, merges = train_bpe(shared_file("fixtures/corpus.en"), 400, specials)
+    vocab, merges = train_bpe(fixture_file("corpus.en"), 400, specials)
     assert sorted(vocab) == list(range(400))
     assert [vocab[i] for i in range(256)] == [bytes([i]) for i in range(256)]
     assert [vocab[256 + k] for k in range(len(merges))] == [a + b for a, b in merges]
@@ -227,7 +219,7 @@ def test_train_matches_naive_trainer(text, num_merges):
 
 
 def test_train_matches_naive_trainer_on_real_text():
-    text = shared_file("fixtures/tinystories_sample.txt").read_text(encoding="utf-8")
+    text = fixture_file("tinystories_sample.txt").read_text(encoding="utf-8")
     _, merges = train_bpe(iter([text]), 256 + 1 + 150, [EOT])
     assert merges == naive_train(text, 150, [EOT])
 
@@ -253,7 +245,7 @@ def test_special_tokens_are_hard_boundaries_in_training():
 
 
 def test_train_input_forms_agree(tmp_path):
-    path = shared_file("fixtures/corpus.en")
+    path = fixture_file("corpus.en")
     text = path.read_text(encoding="utf-8")
     expected = train_bpe(str(path), 320, [EOT])
     assert train_bpe(path, 320, [EOT]) == expected
@@ -274,7 +266,7 @@ def test_each_input_file_is_its_own_text(tmp_path):
 
 @pytest.mark.parametrize("name", ["gpt2", "cl100k", "o200k"])
 def test_count_pretokens_follows_the_selected_pattern(name, corpus_samples):
-    text = corpus_samples["enwikinews_wikiextractor.txt"][:50_000] + corpus_samples["ru_TinyStories-ru.txt"][:20_000]
+    text = corpus_samples["stories"][:50_000] + corpus_samples["multilingual"][:20_000]
     expected = Counter()
     for doc in text.split(EOT):
         expected.update(regex.findall(patterns.resolve(name), doc))
@@ -369,7 +361,7 @@ def test_decode_replaces_invalid_utf8(gpt2):
 
 
 def test_tokenizer_train_and_encode_batch():
-    path = shared_file("fixtures/corpus.en")
+    path = fixture_file("corpus.en")
     tok = Tokenizer.train(path, 300)
     vocab, merges = train_bpe(path, 300, [EOT])
     assert tok.vocab == vocab and tok.merges == merges and tok.special_tokens == [EOT]
@@ -378,13 +370,13 @@ def test_tokenizer_train_and_encode_batch():
     assert tok.encode_batch(texts)[1] == [299]
 
 
-def test_fresh_tokenizer_roundtrips_and_compresses(tinystories_tokenizer, corpus_samples):
+def test_fresh_tokenizer_roundtrips_and_compresses(stories_tokenizer, corpus_samples):
     for name, text in corpus_samples.items():
         text = text[:20_000]
-        ids = tinystories_tokenizer.encode(text)
-        assert tinystories_tokenizer.decode(ids) == text, name
-    story = corpus_samples["TinyStories-v1-train_head_2MiB.txt"][:20_000]
-    assert len(tinystories_tokenizer.encode(story)) < len(story.encode()) / 3
+        ids = stories_tokenizer.encode(text)
+        assert stories_tokenizer.decode(ids) == text, name
+    story = corpus_samples["stories"][:20_000]
+    assert len(stories_tokenizer.encode(story)) < len(story.encode()) / 3
 
 
 # --------------------------------------------------------------------------------------
@@ -478,20 +470,20 @@ def hf_from_dir(directory):
     return hf
 
 
-def test_save_load_roundtrip(tmp_path, tinystories_tokenizer):
-    tinystories_tokenizer.save(tmp_path)
+def test_save_load_roundtrip(tmp_path, stories_tokenizer):
+    stories_tokenizer.save(tmp_path)
     loaded = Tokenizer.load(tmp_path)
-    assert loaded.vocab == tinystories_tokenizer.vocab
-    assert loaded.merges == tinystories_tokenizer.merges
+    assert loaded.vocab == stories_tokenizer.vocab
+    assert loaded.merges == stories_tokenizer.merges
     assert loaded.special_tokens == [EOT]
-    assert loaded.fingerprint() == tinystories_tokenizer.fingerprint()
+    assert loaded.fingerprint() == stories_tokenizer.fingerprint()
     again = Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [EOT])
-    assert again.vocab == tinystories_tokenizer.vocab
+    assert again.vocab == stories_tokenizer.vocab
 
 
-def test_saved_files_load_in_hf_tokenizers(tmp_path, gpt2, tinystories_tokenizer, corpus_samples, fixture_texts):
+def test_saved_files_load_in_hf_tokenizers(tmp_path, gpt2, stories_tokenizer, corpus_samples, fixture_texts):
     texts = [t[:20_000] for t in corpus_samples.values()] + list(fixture_texts.values())
-    for name, tok in [("gpt2", gpt2), ("tinystories", tinystories_tokenizer)]:
+    for name, tok in [("gpt2", gpt2), ("stories", stories_tokenizer)]:
         directory = tmp_path / name
         tok.save(directory)
         hf = hf_from_dir(directory)
@@ -502,8 +494,8 @@ def test_saved_files_load_in_hf_tokenizers(tmp_path, gpt2, tinystories_tokenizer
 
 
 def test_loading_gpt2_files_gives_gpt2_ids(gpt2):
-    tok = Tokenizer.from_files(shared_file("fixtures/gpt2_vocab.json"), shared_file("fixtures/gpt2_merges.txt"), [EOT])
-    text = shared_file("fixtures/address.txt").read_text(encoding="utf-8")
+    tok = Tokenizer.from_files(fixture_file("gpt2_vocab.json"), fixture_file("gpt2_merges.txt"), [EOT])
+    text = fixture_file("address.txt").read_text(encoding="utf-8")
     assert tok.encode(text) == gpt2.encode(text)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_file
+from texts import SEPARATOR, stories_text, write_corpus
 
 from ferrolm.bpe import shards
 from ferrolm.bpe.tokenizer import Tokenizer
@@ -81,7 +81,9 @@ def cli(capsys):
 
 
 def test_plain_text_equals_tiktoken_whole_file_encoding(tmp_path, gpt2_tok, tiktoken_gpt2):
-    src = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt")
+    # Each document followed by the separator, as in TinyStories' files: no eos is added at the end.
+    src = tmp_path / "stories.txt"
+    src.write_bytes((stories_text(1_600_000).rstrip("\n") + SEPARATOR).encode("utf-8"))
     sc = shards.encode(gpt2_tok, [src], tmp_path / "ts", progress=False, chunk_size=64 << 10)
     text = src.read_text(encoding="utf-8")
     expected = tiktoken_gpt2.encode(text, allowed_special="all")
@@ -358,7 +360,8 @@ def _start_and_kill(args, journal: Path, sig=signal.SIGKILL, min_tokens=1) -> in
 
 
 def test_kill_9_at_any_moment_then_rerun_gives_identical_bytes(tmp_path, gpt2_dir, gpt2_tok, cli):
-    src = shared_file("corpora/webtext/enwiki_2021_wikiextractor_part01.txt")
+    # 25 MB: large enough that the encode is still running at each kill.
+    src = write_corpus(tmp_path / "code.txt", "stdlib", 25_000_000)
     shards.encode(gpt2_tok, src, tmp_path / "ref", progress=False)
     args = [
         "encode",

@@ -10,16 +10,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import corpus_files, shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from texts import CORPORA, corpus_text, fixture_file, stdlib_text, stories_text, write_corpus
 
 from ferrolm import Tokenizer, _core
 from ferrolm.bpe import patterns
 from ferrolm.bpe.files import TokenizerFileError, read_merges, read_vocab
 
 EOT = "<|endoftext|>"
-FIXTURE_TEXTS = ["fixtures/address.txt", "fixtures/german.txt", "fixtures/tinystories_sample.txt", "fixtures/corpus.en"]
+FIXTURE_TEXTS = ["address.txt", "german.txt", "tinystories_sample.txt", "corpus.en"]
+#: Chars of each test corpus (tests/texts.py) compared whole with tiktoken.
+CORPUS_CHARS = 2_000_000
 
 
 # --------------------------------------------------------------------------------------
@@ -36,9 +38,16 @@ def gpt2(gpt2_vocab_merges):
 @pytest.fixture(scope="session")
 def trained():
     """The CS336 reference trainer's tokenizer (vocab 500 on corpus.en, <|endoftext|> at id 0)."""
-    vocab = read_vocab(shared_file("fixtures/train-bpe-reference-vocab.json"), [EOT])
-    merges = read_merges(shared_file("fixtures/train-bpe-reference-merges.txt"))
+    vocab = read_vocab(fixture_file("train-bpe-reference-vocab.json"), [EOT])
+    merges = read_merges(fixture_file("train-bpe-reference-merges.txt"))
     return Tokenizer(vocab, merges, [EOT])
+
+
+@pytest.fixture(scope="session")
+def corpus_paths(tmp_path_factory):
+    """Each test corpus written to a file, by name."""
+    d = tmp_path_factory.mktemp("corpora")
+    return {name: write_corpus(d / f"{name}.txt", name, CORPUS_CHARS) for name in CORPORA}
 
 
 @pytest.fixture(scope="session")
@@ -52,9 +61,10 @@ _TIKTOKEN_IDS: dict = {}
 
 
 def tiktoken_ids(enc, path: Path) -> list[int]:
-    """tiktoken's ids of a whole file (cached: several tests compare against them)."""
+    """tiktoken's ids of a whole file, line ends as they are (cached: several tests compare
+    against them)."""
     if path not in _TIKTOKEN_IDS:
-        _TIKTOKEN_IDS[path] = enc.encode(path.read_text(encoding="utf-8"), allowed_special="all")
+        _TIKTOKEN_IDS[path] = enc.encode(path.read_bytes().decode("utf-8"), allowed_special="all")
     return _TIKTOKEN_IDS[path]
 
 
@@ -123,9 +133,9 @@ def test_design_examples(gpt2):
     assert gpt2.vocab_size == 50257
 
 
-@pytest.mark.parametrize("rel", FIXTURE_TEXTS)
-def test_fixture_texts_equal_tiktoken(gpt2, tiktoken_gpt2, rel):
-    path = shared_file(rel)
+@pytest.mark.parametrize("name", FIXTURE_TEXTS)
+def test_fixture_texts_equal_tiktoken(gpt2, tiktoken_gpt2, name):
+    path = fixture_file(name)
     text = path.read_text(encoding="utf-8")
     want = tiktoken_ids(tiktoken_gpt2, path)
     assert gpt2.encode(text) == want
@@ -136,11 +146,12 @@ def test_fixture_texts_equal_tiktoken(gpt2, tiktoken_gpt2, rel):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", corpus_files(), ids=lambda p: p.name)
-def test_corpus_files_equal_tiktoken(gpt2, tiktoken_gpt2, path):
-    """Every corpus file, whole and streamed (lines, 1 MB chunks, 7 chars on a slice,
+@pytest.mark.parametrize("name", CORPORA)
+def test_corpora_equal_tiktoken(gpt2, tiktoken_gpt2, corpus_paths, name):
+    """Every test corpus, whole and streamed (lines, 1 MB chunks, 7 chars on a slice,
     ragged chunks, 1 char on a small slice)."""
-    text = path.read_text(encoding="utf-8")
+    path = corpus_paths[name]
+    text = path.read_bytes().decode("utf-8")
     want = tiktoken_ids(tiktoken_gpt2, path)
     got = gpt2.encode(text)
     assert len(got) == len(want)
@@ -158,10 +169,10 @@ def test_corpus_files_equal_tiktoken(gpt2, tiktoken_gpt2, path):
     assert list(gpt2.encode_iterable(iter(small))) == tiktoken_gpt2.encode(small, allowed_special="all")
 
 
-def test_parallel_whole_text_equals_serial(gpt2, tiktoken_gpt2):
-    path = shared_file("corpora/webtext/enwiki_2016_wikiextractor.txt")
+def test_parallel_whole_text_equals_serial(gpt2, tiktoken_gpt2, corpus_paths):
+    path = corpus_paths["stdlib"]
     want = tiktoken_ids(tiktoken_gpt2, path)
-    text = path.read_text(encoding="utf-8")
+    text = path.read_bytes().decode("utf-8")
     for threads in (1, 2, 3):
         arr = gpt2.encode_to_numpy(text, num_threads=threads)
         assert arr.dtype == np.uint16
@@ -195,8 +206,7 @@ def test_encode_file_keeps_line_ends_and_replaces_bad_bytes(tmp_path):
 
 
 def test_encode_batch(gpt2, tiktoken_gpt2):
-    text = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt").read_text(encoding="utf-8")
-    docs = text.split(EOT)[:400]
+    docs = stories_text(400_000).split(EOT)[:400]
     want = [tiktoken_gpt2.encode(d) for d in docs]
     assert gpt2.encode_batch(docs) == want
     assert gpt2.encode_batch(docs, num_threads=1) == want
@@ -270,37 +280,36 @@ def test_decode(gpt2):
 
 
 def test_trained_fixture_equals_naive_oracle(trained):
-    text = shared_file("fixtures/corpus.en").read_text(encoding="utf-8")[:40_000]
+    text = fixture_file("corpus.en").read_text(encoding="utf-8")[:40_000]
     assert trained.encode(text) == naive_encode(trained, text)
     assert trained.eos_id == 0
-    for path in corpus_files():
-        part = path.read_text(encoding="utf-8")[:3_000]
-        assert trained.encode(part) == naive_encode(trained, part), path.name
+    for name in CORPORA:
+        part = corpus_text(name, 3_000)
+        assert trained.encode(part) == naive_encode(trained, part), name
         assert trained.decode(trained.encode(part)) == part
 
 
 def test_trained_fixture_equals_reference(trained, reference_module):
     ref = reference_module.Tokenizer(trained.vocab, trained.merges, trained.special_tokens)
-    for path in [shared_file("fixtures/corpus.en"), *corpus_files()]:
-        text = path.read_text(encoding="utf-8")[:200_000]
-        assert trained.encode(text) == ref.encode(text), path.name
+    texts = {"corpus.en": fixture_file("corpus.en").read_text(encoding="utf-8")}
+    texts.update({name: corpus_text(name, 200_000) for name in CORPORA})
+    for name, text in texts.items():
+        assert trained.encode(text) == ref.encode(text), name
 
 
 def test_ferrolm_trained_equals_reference(reference_module, tmp_path):
     """A tokenizer trained by ferrolm (the Rust trainer when present, else the reference
     trainer) encodes every corpus like the reference Tokenizer."""
-    sample = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt").read_text(encoding="utf-8")[:200_000]
-    src = tmp_path / "sample.txt"
-    src.write_text(sample, encoding="utf-8")
+    src = write_corpus(tmp_path / "sample.txt", "stories", 200_000)
     try:
         tok = Tokenizer.train(str(src), 600, [EOT], progress=False)
     except ImportError:
         vocab, merges = reference_module.train_bpe(str(src), 600, [EOT])
         tok = Tokenizer(vocab, merges, [EOT])
     ref = reference_module.Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
-    for path in corpus_files():
-        text = path.read_text(encoding="utf-8")[:100_000]
-        assert tok.encode(text) == ref.encode(text), path.name
+    for name in CORPORA:
+        text = corpus_text(name, 100_000)
+        assert tok.encode(text) == ref.encode(text), name
 
 
 ALPHABET = st.one_of(
@@ -399,7 +408,7 @@ def test_hypothesis_overlapping_specials_reference(overlapping, reference_module
 
 
 def test_other_patterns_equal_oracle(trained):
-    text = shared_file("fixtures/tinystories_sample.txt").read_text(encoding="utf-8")
+    text = fixture_file("tinystories_sample.txt").read_text(encoding="utf-8")
     text += " I'LL they're 12345 foo\r\n\r\n  bar!!\n"
     for pattern in ("cl100k", "o200k", r"\S+|\s+"):
         tok = Tokenizer(trained.vocab, trained.merges, [EOT], pattern=pattern)
@@ -422,13 +431,13 @@ def test_save_load_roundtrip(gpt2, trained, tmp_path):
         assert back.special_tokens == tok.special_tokens and back.pattern == tok.pattern
         assert back.fingerprint == tok.fingerprint
         assert back.encode("Hello <|endoftext|> world") == tok.encode("Hello <|endoftext|> world")
-    fp = Tokenizer.from_files(shared_file("fixtures/gpt2_vocab.json"), shared_file("fixtures/gpt2_merges.txt"), [EOT])
+    fp = Tokenizer.from_files(fixture_file("gpt2_vocab.json"), fixture_file("gpt2_merges.txt"), [EOT])
     assert fp.fingerprint == gpt2.fingerprint
     assert pickle.loads(pickle.dumps(gpt2)).encode("pickled text") == gpt2.encode("pickled text")
 
 
 def test_tiktoken_roundtrip(gpt2, tiktoken_gpt2, trained, tmp_path):
-    text = shared_file("fixtures/corpus.en").read_text(encoding="utf-8")[:50_000] + EOT + "tail"
+    text = fixture_file("corpus.en").read_text(encoding="utf-8")[:50_000] + EOT + "tail"
     from_tt = Tokenizer.from_tiktoken(tiktoken_gpt2)
     assert from_tt.vocab == gpt2.vocab
     assert from_tt.merges == gpt2.merges  # GPT-2's merges are recovered exactly
@@ -447,8 +456,8 @@ def test_tiktoken_roundtrip(gpt2, tiktoken_gpt2, trained, tmp_path):
 
 def test_hf_tokenizer_json(gpt2, trained, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    text = shared_file("fixtures/tinystories_sample.txt").read_text(encoding="utf-8")
-    text += shared_file("fixtures/german.txt").read_text(encoding="utf-8") + " ✓ 日本語 😀\n\n  x"
+    text = fixture_file("tinystories_sample.txt").read_text(encoding="utf-8")
+    text += fixture_file("german.txt").read_text(encoding="utf-8") + " ✓ 日本語 😀\n\n  x"
     for tok in (gpt2, trained):
         path = tok.save_hf(tmp_path / f"hf{tok.vocab_size}.json")
         hf = tokenizers.Tokenizer.from_file(str(path))
@@ -463,7 +472,7 @@ def test_truncate(trained):
     assert small.vocab_size == 300 and len(small.merges) == 300 - 256 - 1
     assert small.merges == trained.merges[:43]
     assert small.special_tokens == [EOT]
-    text = shared_file("fixtures/corpus.en").read_text(encoding="utf-8")[:5_000]
+    text = fixture_file("corpus.en").read_text(encoding="utf-8")[:5_000]
     assert small.encode(text) == naive_encode(small, text)
     # A trained-layout tokenizer keeps its ids: bytes 0-255, merges, then specials.
     trained_layout = Tokenizer(
@@ -499,7 +508,7 @@ def test_vocab_and_merges_are_built_once_and_read_only_to_the_tokenizer(tmp_path
 
 def test_train_uses_rust_trainer(tmp_path):
     pytest.importorskip("ferrolm.bpe.trainer", reason="the Rust trainer (ferrolm.bpe.trainer) is not in this build")
-    src = shared_file("fixtures/corpus.en")
+    src = fixture_file("corpus.en")
     tok = Tokenizer.train(str(src), 400, [EOT], progress=False)
     assert tok.vocab_size == 400 and tok.eos_id == 399
     text = src.read_text(encoding="utf-8")[:10_000]
@@ -517,7 +526,7 @@ def test_stream_buffer_stays_small(gpt2):
 
     assert isinstance(gpt2._core, _core.Encoder)
     stream = gpt2._core.stream(True)
-    text = shared_file("corpora/webtext/enwiki_2016_wikiextractor.txt").read_text(encoding="utf-8")
+    text = stdlib_text(3_000_000)
     n, most = 0, 0
     for line in text.splitlines(keepends=True):
         n += len(stream.feed(line))

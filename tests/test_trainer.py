@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from texts import SEPARATOR, corpus_text, fixture_file, write_corpus
 
 import ferrolm
 from ferrolm.bpe import reference
@@ -30,14 +30,6 @@ def quiet(input, vocab_size, special_tokens=(EOT,), **kw):
     return train(input, vocab_size, special_tokens, **kw)
 
 
-def text_slice(relpath: str, nbytes: int | None) -> str:
-    """The first `nbytes` of a shared corpus file, cut at the last newline."""
-    data = shared_file(relpath).read_bytes()
-    if nbytes is not None and len(data) > nbytes:
-        data = data[: data.rfind(b"\n", 0, nbytes) + 1]
-    return data.decode("utf-8")
-
-
 def write(path: Path, text: str) -> Path:
     path.write_bytes(text.encode("utf-8"))
     return path
@@ -49,20 +41,20 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_reference_merges_fixture():
-    merges_ref = read_merges(shared_file("fixtures/train-bpe-reference-merges.txt"))
-    vocab, merges = quiet(shared_file("fixtures/corpus.en"), 500)
+    merges_ref = read_merges(fixture_file("train-bpe-reference-merges.txt"))
+    vocab, merges = quiet(fixture_file("corpus.en"), 500)
     assert merges == merges_ref
     assert len(vocab) == 500 and vocab[499] == EOT.encode()
 
 
 def test_train_bpe_is_exposed_lazily():
-    vocab, merges = ferrolm.train_bpe(shared_file("fixtures/corpus.en"), 300, [EOT])
-    assert (vocab, merges) == train_bpe(shared_file("fixtures/corpus.en"), 300, [EOT])
+    vocab, merges = ferrolm.train_bpe(fixture_file("corpus.en"), 300, [EOT])
+    assert (vocab, merges) == train_bpe(fixture_file("corpus.en"), 300, [EOT])
     assert len(merges) == 43 and len(vocab) == 300
 
 
 def test_vocab_layout_bytes_merges_specials():
-    vocab, merges = quiet(shared_file("fixtures/tinystories_sample.txt"), 300, [EOT, "<pad>"])
+    vocab, merges = quiet(fixture_file("tinystories_sample.txt"), 300, [EOT, "<pad>"])
     assert [vocab[i] for i in range(256)] == [bytes([i]) for i in range(256)]
     assert [vocab[256 + k] for k in range(len(merges))] == [a + b for a, b in merges]
     assert vocab[298] == EOT.encode() and vocab[299] == b"<pad>"
@@ -70,22 +62,15 @@ def test_vocab_layout_bytes_merges_specials():
 
 
 @pytest.mark.parametrize(
-    "relpath, nbytes, vocab_size",
+    "corpus, size, vocab_size",
     [
-        ("fixtures/corpus.en", None, 500),
-        ("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt", None, 10_000),
-        ("corpora/webtext/enwikinews_wikiextractor.txt", 3 << 20, 10_000),
-        ("corpora/multilingual/ru_TinyStories-ru.txt", 1 << 20, 5_000),
-        ("corpora/multilingual/code_python311_stdlib.txt", 1 << 20, 5_000),
-        pytest.param(
-            "corpora/multilingual/zh_classic_novels_hongloumeng_xiyouji.txt", 512 << 10, 5_000, marks=pytest.mark.slow
-        ),
-        pytest.param("corpora/multilingual/ja_aozora_soseki.txt", 512 << 10, 5_000, marks=pytest.mark.slow),
-        pytest.param("corpora/multilingual/de_goethe_faust.txt", None, 5_000, marks=pytest.mark.slow),
+        ("stories", 1_600_000, 10_000),
+        ("stdlib", 3 << 20, 10_000),
+        ("multilingual", 1 << 20, 5_000),
     ],
 )
-def test_equals_reference_on_corpora(tmp_path, relpath, nbytes, vocab_size):
-    path = write(tmp_path / "corpus.txt", text_slice(relpath, nbytes))
+def test_equals_reference_on_corpora(tmp_path, corpus, size, vocab_size):
+    path = write_corpus(tmp_path / "corpus.txt", corpus, size)
     want = reference.train_bpe(path, vocab_size, [EOT])
     got = quiet(path, vocab_size)
     assert got[1] == want[1]
@@ -94,7 +79,7 @@ def test_equals_reference_on_corpora(tmp_path, relpath, nbytes, vocab_size):
 
 @pytest.mark.parametrize("pattern", ["cl100k", "o200k", r"\w+|\s+|[^\w\s]+", r"\p{L}+| ?\p{N}|\s+(?!\S)|\s+|."])
 def test_equals_reference_with_other_patterns(tmp_path, pattern):
-    path = write(tmp_path / "c.txt", text_slice("corpora/webtext/enwiki_2016_wikiextractor.txt", 400_000))
+    path = write(tmp_path / "c.txt", corpus_text("stdlib", 200_000) + SEPARATOR + corpus_text("multilingual", 200_000))
     want = reference.train_bpe(path, 1_000, [EOT], pattern=pattern)
     assert quiet(path, 1_000, pattern=pattern) == want
 
@@ -158,8 +143,7 @@ def test_small_chunks_change_nothing(tmp_path, monkeypatch, parts, specials, chu
 
 
 def test_small_chunks_on_real_text(tmp_path, monkeypatch):
-    text = text_slice("corpora/webtext/enwiki_2016_wikiextractor.txt", 1 << 20)
-    path = write(tmp_path / "c.txt", text)
+    path = write_corpus(tmp_path / "c.txt", "stdlib", 1 << 20)
     want = quiet(path, 2_000)
     monkeypatch.setattr(bpe_trainer, "_CHUNK_SIZE", 4096)
     assert quiet(path, 2_000) == want
@@ -182,14 +166,14 @@ def test_ties_break_to_greatest_pair(tmp_path):
 # ---------------------------------------------------------------------------------------
 
 
-def test_same_merges_at_any_thread_count():
-    path = shared_file("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt")
+def test_same_merges_at_any_thread_count(tmp_path):
+    path = write_corpus(tmp_path / "c.txt", "stdlib", 1_600_000)
     results = [quiet(path, 3_000, num_threads=n) for n in (1, 2, 4)]
     assert results[0] == results[1] == results[2]
 
 
 def test_one_file_equals_same_text_split_over_files(tmp_path):
-    text = text_slice("corpora/tinystories/TinyStories-v1-train_head_2MiB.txt", 1 << 20)
+    text = corpus_text("stories", 1 << 20)
     docs = text.split(EOT)
     whole = write(tmp_path / "whole.txt", text)
     # Split after special tokens: each file is its own text, and the special token was a
@@ -246,27 +230,24 @@ def test_lone_surrogates_become_replacement_chars():
 
 def test_stats_report_stages():
     stats: dict = {}
-    quiet(shared_file("fixtures/corpus.en"), 400, stats=stats)
+    quiet(fixture_file("corpus.en"), 400, stats=stats)
     for key in ("read_s", "count_s", "merge_tables_s", "build_s", "merge_s"):
         assert stats[key] >= 0
-    assert stats["bytes"] == shared_file("fixtures/corpus.en").stat().st_size
+    assert stats["bytes"] == fixture_file("corpus.en").stat().st_size
     assert stats["merges"] == 400 - 257 and stats["unique_pretokens"] > 1000
 
 
 def test_progress_bars(capsys):
-    quiet(shared_file("fixtures/corpus.en"), 400, progress=True)
+    quiet(fixture_file("corpus.en"), 400, progress=True)
     err = capsys.readouterr().err
     assert "counting" in err and "merging" in err and "143/143" in err
-    quiet(shared_file("fixtures/corpus.en"), 400, progress=False)
+    quiet(fixture_file("corpus.en"), 400, progress=False)
     assert capsys.readouterr().err == ""
 
 
-def test_ctrl_c_stops_training_quickly():
-    # ~300 MB (the two files 3 times over): counting alone lasts seconds even on a fast machine.
-    paths = [
-        shared_file(f"corpora/webtext/{name}")
-        for name in ("enwiki_2021_wikiextractor_part01.txt", "enwikinews_wikiextractor.txt")
-    ] * 3
+def test_ctrl_c_stops_training_quickly(tmp_path):
+    # 150 MB (one file 6 times over): counting alone lasts seconds even on a fast machine.
+    paths = [write_corpus(tmp_path / "c.txt", "stdlib", 25_000_000)] * 6
     fired = []
 
     def interrupt():
@@ -336,7 +317,7 @@ def test_errors_replace(tmp_path):
 def test_bad_arguments(kwargs, exc, match):
     kwargs.setdefault("special_tokens", [EOT])
     with pytest.raises(exc, match=match):
-        train(shared_file("fixtures/corpus.en"), progress=False, **kwargs)
+        train(fixture_file("corpus.en"), progress=False, **kwargs)
 
 
 @pytest.mark.parametrize("vocab_size", [2**64, 10**12, 2**63 - 1, 2**32])

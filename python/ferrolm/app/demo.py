@@ -174,7 +174,7 @@ def _open_text(path: Path):
             import zstandard
         except ImportError:
             raise ValueError(
-                f"{path}: reading .zst files needs the zstandard package (pip install zstandard)"
+                f'{path}: reading .zst files needs the zstandard package: pip install "ferrolm[zstd]"'
             ) from None
         return io.TextIOWrapper(zstandard.open(path, "rb"), encoding="utf-8", errors="replace", newline="")
     return open(path, encoding="utf-8", errors="replace", newline="")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,17 @@ from ferrolm.bpe.files import (
     str_to_token,
     token_to_str,
 )
+
+# HF tokenizers' regex engine (Oniguruma, Ruby syntax) reads `X{n,m}+` as "X{n,m}, one or
+# more times", not as a possessive interval: cl100k's `\p{N}{1,3}+` would take a whole run of
+# digits as one piece. Written for HF, a possessive interval becomes the atomic group that
+# means the same in both engines.
+_POSSESSIVE_INTERVAL = re.compile(r"(\\[pP]\{\w+\}|\\.|\[(?:\\.|[^\]\\])*\]|[^\\()\[\]|])(\{\d+(?:,\d*)?\})\+")
+
+
+def hf_regex(pattern: str) -> str:
+    """The Split regex of ``pattern`` as HF tokenizers reads it with ferrolm's meaning."""
+    return _POSSESSIVE_INTERVAL.sub(r"(?>\1\2)", patterns.resolve(pattern))
 
 
 def hf_tokenizer_json(
@@ -75,7 +87,7 @@ def hf_tokenizer_json(
             "pretokenizers": [
                 {
                     "type": "Split",
-                    "pattern": {"Regex": patterns.resolve(pattern)},
+                    "pattern": {"Regex": hf_regex(pattern)},
                     "behavior": "Isolated",
                     "invert": False,
                 },
@@ -254,7 +266,8 @@ def _hf_pattern(path: Path, pre: Any) -> str:
             raise TokenizerFileError(
                 f"{path}: the Split pre-tokenizer must be a Regex with behavior Isolated, not inverted; got {split}"
             )
-        return regex
+        # A built-in pattern as hf_tokenizer_json writes it reads back as that pattern.
+        return next((p for p in dict.fromkeys(patterns.NAMED.values()) if hf_regex(p) == regex), regex)
     raise TokenizerFileError(
         f"{path}: pre-tokenizer {kinds if len(kinds) > 1 else _describe(pre)} is not supported: ferrolm reads "
         "ByteLevel (GPT-2) or Sequence[Split(Regex, Isolated), ByteLevel(use_regex=false)]"

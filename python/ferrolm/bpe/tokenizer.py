@@ -477,7 +477,10 @@ class Tokenizer:
 
     def to_tiktoken(self, name: str = "ferrolm") -> Any:
         """A ``tiktoken.Encoding`` with the same ids (needs ids in merge order, as trained and GPT-2 vocabs have)."""
-        import tiktoken
+        try:
+            import tiktoken
+        except ImportError:
+            raise ImportError('to_tiktoken needs the tiktoken package: pip install "ferrolm[tiktoken]"') from None
 
         return tiktoken.Encoding(
             name, pat_str=self._pattern, mergeable_ranks=self._tiktoken_ranks(), special_tokens=dict(self._special_ids)

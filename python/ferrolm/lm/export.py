@@ -79,10 +79,8 @@ def llama_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> di
 
 
 def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    try:
-        from safetensors.torch import save
-    except ImportError:
-        raise ImportError("exporting needs the safetensors package: pip install safetensors") from None
+    from safetensors.torch import save
+
     return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata={"format": "pt", **metadata})
 
 

@@ -61,7 +61,10 @@ def _open_wandb(cfg, run_dir: Path):
     try:
         import wandb  # optional: imported only when asked for
     except ImportError:
-        warnings.warn("run.wandb is set but wandb is not installed; logging to metrics.jsonl only", stacklevel=6)
+        warnings.warn(
+            'run.wandb is set but wandb is not installed (pip install "ferrolm[wandb]"); logging to metrics.jsonl only',
+            stacklevel=6,
+        )
         return None
     return wandb.init(project=cfg.run.wandb, config=cfg.to_dict(), dir=str(run_dir), resume="allow")
 
@@ -71,7 +74,9 @@ def _open_tensorboard(run_dir: Path):
         from torch.utils.tensorboard import SummaryWriter  # optional: needs the tensorboard package
     except ImportError:
         warnings.warn(
-            "run.tensorboard is set but tensorboard is not installed; logging to metrics.jsonl only", stacklevel=6
+            'run.tensorboard is set but tensorboard is not installed (pip install "ferrolm[tensorboard]"); '
+            "logging to metrics.jsonl only",
+            stacklevel=6,
         )
         return None
     return SummaryWriter(str(run_dir / "tb"))
