@@ -520,6 +520,15 @@ def _add_encode(sub) -> None:
         help="do not compute the inputs' sha256 for the sidecar (saves its CPU time; records null)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="encode --parts parts as Ray tasks (joins the cluster RAY_ADDRESS names, else starts a local one) "
+        'and write PREFIX.manifest.json last; needs pip install "ferrolm[ray]"',
+    )
+    p.add_argument(
+        "--parts", type=int, default=None, metavar="N", help="with --ray: number of parts (default: the cluster's CPUs)"
+    )
     p.set_defaults(run=_run_encode)
 
 
@@ -538,6 +547,8 @@ def _run_encode(args) -> int:
     if args.commit_interval is not None and not 0 <= args.commit_interval < float("inf"):
         raise ValueError(f"--commit-interval must be a number of seconds >= 0, got {args.commit_interval:g}")
     tok = Tokenizer.load(args.tokenizer)
+    if args.ray or args.parts is not None:
+        return _run_encode_ray(args, tok)
     t0 = time.perf_counter()
     try:
         sc = shards.encode(
@@ -577,6 +588,43 @@ def _run_encode(args) -> int:
         f"{in_bytes / 1e6:,.1f} MB in {elapsed:.2f} s: {in_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
         f"{sc['num_tokens'] / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s"
         + (f", {in_bytes / max(sc['num_tokens'], 1):.2f} bytes/token" if sc["num_tokens"] else "")
+    )
+    return 0
+
+
+def _run_encode_ray(args, tok) -> int:
+    import time
+
+    if not args.ray:
+        raise ValueError("--parts goes with --ray (for one part of a split without Ray, use --part I/N)")
+    if args.part is not None:
+        raise ValueError("--part and --ray do not go together: --ray runs every part (set their number with --parts)")
+    import ferrolm.ray
+
+    t0 = time.perf_counter()
+    m = ferrolm.ray.encode(
+        tok,
+        args.input,
+        args.out,
+        parts=args.parts,
+        column=args.column,
+        dtype=args.dtype,
+        input_format=args.input_format,
+        errors=args.errors,
+        threads_per_part=args.threads or 1,
+        chunk_size=int(args.chunk_size * 1_000_000) if args.chunk_size else None,
+        hash_inputs=not args.no_hash,
+        progress=not args.no_progress,
+    )
+    elapsed = time.perf_counter() - t0
+    in_bytes = m["total_input_bytes"]
+    print(
+        f"wrote {len(m['parts'])} parts ({m['skipped_parts']} already complete) and "
+        f"{ferrolm.ray.manifest_path(args.out)}: {m['num_tokens']:,} {m['dtype']} tokens, {m['num_documents']:,} documents"
+    )
+    print(
+        f"{in_bytes / 1e6:,.1f} MB in {elapsed:.2f} s: {in_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
+        f"{m['num_tokens'] / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s"
     )
     return 0
 

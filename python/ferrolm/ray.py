@@ -1,0 +1,288 @@
+"""Encoding past one machine on Ray: the parts of a corpus encoded as Ray tasks.
+
+    import ferrolm.ray
+    ferrolm.ray.encode("tok/", ["owt_train.txt"], "data/owt", parts=64)
+    # data/owt.part-I-of-64.bin/.json for I in 0..63, then data/owt.manifest.json
+
+    ds = ray.data.read_parquet("s3://bucket/corpus/")        # or any ray.data.Dataset
+    ferrolm.ray.encode("tok/", ds, "data/corpus", column="text")
+
+Each part is the ``--part I/N`` of ``ferrolm encode`` (files) or one block of a Ray Dataset,
+encoded by one Ray task into ``P.part-I-of-N.bin/.json``. Read in part order (the readers
+take the prefix ``P`` as for any split, or the manifest), the parts hold exactly the ids of
+encoding the whole input on one machine. The manifest ``P.manifest.json`` is written last,
+atomically, once every part is complete: its presence says the set is whole.
+
+A rerun skips the parts whose sidecar is complete and matches the job; a part whose worker
+died is run again by Ray (``max_retries``), resuming from the part's journal, and its bytes
+are those of a run that was never interrupted. Outputs go to a filesystem every node sees.
+
+Ray is an optional dependency (``pip install "ferrolm[ray]"``). ``ray.init`` joins the
+cluster that ``RAY_ADDRESS`` names, or starts a local one, unless Ray is already initialised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ferrolm._util import atomic_open
+from ferrolm.bpe import shards
+
+MANIFEST_VERSION = 1
+RAY_EXTRA = 'pip install "ferrolm[ray]"'
+DEFAULT_MAX_RETRIES = 3
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(f"Ray is not installed; {RAY_EXTRA}") from None
+    return ray
+
+
+def init() -> Any:
+    """The ``ray`` module, connected: to the running session, else to the cluster that
+    ``RAY_ADDRESS`` names, else to a new local cluster."""
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, configure_logging=False, log_to_driver=False)
+    return ray
+
+
+def manifest_path(out: shards.PathInput) -> Path:
+    """``P.manifest.json`` for the output prefix ``P``."""
+    prefix = shards.output_paths(out)[0].with_suffix("")
+    return prefix.with_name(prefix.name + ".manifest.json")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _part_record(json_path: Path) -> dict:
+    sc = shards.read_sidecar(json_path)
+    bin_path = json_path.with_suffix(".bin")
+    return {
+        "name": json_path.name[: -len(".json")],
+        "num_tokens": sc["num_tokens"],
+        "num_documents": sc["num_documents"],
+        "sha256": _sha256_file(bin_path),
+    }
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def _encode_file_part(tok, paths: list[str], out: str, part: tuple[int, int], options: dict) -> dict:
+    shards.encode(tok, paths, out, part=part, progress=False, **options)
+    return _part_record(shards.output_paths(out, part)[1])
+
+
+def _encode_block(tok, block, column: str, part_prefix: str, options: dict) -> dict:
+    if column not in block.column_names:
+        raise ValueError(f"the dataset has no column {column!r} (its columns: {', '.join(block.column_names)})")
+    shards.encode_texts(tok, block.column(column).to_pylist(), part_prefix, progress=False, **options)
+    return _part_record(Path(part_prefix + ".json"))
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def encode(
+    tokenizer: Any,
+    inputs: Any,
+    out: shards.PathInput,
+    *,
+    parts: int | None = None,
+    column: str = "text",
+    dtype: str = "auto",
+    input_format: str = "auto",
+    errors: str = "strict",
+    threads_per_part: int = 1,
+    chunk_size: int | None = None,
+    hash_inputs: bool = True,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    progress: bool = True,
+) -> dict:
+    """Encode ``inputs`` into the parts of ``out`` as Ray tasks; return the manifest.
+
+    * ``inputs``: files, globs and folders as for ``ferrolm.bpe.shards.encode`` (on a
+      filesystem every node sees), or a ``ray.data.Dataset`` whose ``column`` holds one
+      document per row (each block becomes a part, in the dataset's order; each document
+      is followed by the eos id, as ``shards.encode_texts`` does).
+    * ``parts``: for files, the number of parts N (default: the cluster's CPU count); each
+      is ``--part I/N``. Not used for a Dataset, whose blocks are the parts.
+    * ``threads_per_part``: the CPUs each task asks Ray for and the encoder's threads.
+    * ``max_retries``: how often Ray reruns a part whose worker died.
+
+    Other options are those of ``shards.encode``. Parts of a different N under the same
+    prefix are refused (remove them, or rerun with their N).
+    """
+    ray = init()
+    tok = shards._load_tokenizer(tokenizer)
+    if threads_per_part < 1:
+        raise ValueError(f"threads_per_part must be >= 1, got {threads_per_part}")
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    options = {"threads": threads_per_part, "dtype": dtype, "errors": errors, "chunk_size": chunk_size}
+    options["hash_inputs"] = hash_inputs
+    dtype_resolved = shards.pick_dtype(dtype, tok.vocab_size)
+    tok_ref = ray.put(tok)
+    task_options = {"num_cpus": threads_per_part, "max_retries": max_retries, "retry_exceptions": False}
+    prefix = str(shards.output_paths(out)[0].with_suffix(""))
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+
+    if _is_dataset(inputs):
+        if parts is not None:
+            raise ValueError("parts is set by the Dataset's blocks; repartition the Dataset to change it")
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True
+        blocks = inputs.to_arrow_refs()
+        n = len(blocks)
+        _refuse_other_splits(prefix, n)
+        remote = ray.remote(_encode_block).options(**task_options)
+        count_rows = ray.remote(_num_rows).options(num_cpus=0)
+        rows = ray.get([count_rows.remote(b) for b in blocks])
+        pending, done = {}, {}
+        for i, block in enumerate(blocks):
+            part_prefix = f"{prefix}.part-{i}-of-{n}"
+            if _complete_block(Path(part_prefix + ".json"), tok, dtype_resolved, rows[i]):
+                done[i] = _part_record(Path(part_prefix + ".json"))
+            else:
+                pending[i] = remote.remote(tok_ref, block, column, part_prefix, options)
+        source: dict = {"dataset_blocks": n, "column": column}
+    else:
+        given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
+        paths = [os.path.abspath(p) for p in shards._input_files(given)]
+        shards._check_options(input_format, errors, threads_per_part)
+        options["input_format"] = input_format
+        if parts is None:
+            parts = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads_per_part)
+        n = int(parts)
+        if n < 1:
+            raise ValueError(f"parts must be >= 1, got {parts}")
+        _refuse_other_splits(prefix, n)
+        total = sum(os.path.getsize(p) for p in paths)
+        remote = ray.remote(_encode_file_part).options(**task_options)
+        pending, done = {}, {}
+        for i in range(n):
+            json_path = shards.output_paths(prefix, (i, n))[1]
+            if _complete_file_part(json_path, tok, dtype_resolved, (i, n), paths, total):
+                done[i] = _part_record(json_path)
+            else:
+                pending[i] = remote.remote(tok_ref, paths, prefix, (i, n), options)
+        source = {"inputs": paths, "total_input_bytes": total}
+
+    skipped = len(done)
+    if progress and skipped:
+        print(f"ferrolm.ray: {skipped} of {n} parts already complete, skipped", file=sys.stderr)
+    done.update(_gather(ray, pending, n, progress))
+    records = [done[i] for i in range(n)]
+    manifest = {
+        "format": shards.MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "parts": [r["name"] for r in records],
+        "part_records": records,
+        "num_tokens": sum(r["num_tokens"] for r in records),
+        "num_documents": sum(r["num_documents"] for r in records),
+        "dtype": dtype_resolved,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "tokenizer_fingerprint": tok.fingerprint,
+        **source,
+    }
+    with atomic_open(manifest_path(prefix)) as f:
+        f.write((json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    manifest["skipped_parts"] = skipped
+    return manifest
+
+
+def _gather(ray, pending: dict, n: int, progress: bool) -> dict[int, dict]:
+    """Wait for the part tasks; a part that fails raises its own exception here."""
+    index = {ref: i for i, ref in pending.items()}
+    left = list(pending.values())
+    out: dict[int, dict] = {}
+    try:
+        while left:
+            ready, left = ray.wait(left, num_returns=1)
+            for ref in ready:
+                try:
+                    out[index[ref]] = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:
+                    cause = getattr(e, "cause", None)
+                    raise (cause if isinstance(cause, Exception) else e) from None
+                if progress:
+                    print(f"ferrolm.ray: {n - len(left)} of {n} parts done", file=sys.stderr, flush=True)
+    except BaseException:
+        for ref in left:
+            ray.cancel(ref)
+        raise
+    return out
+
+
+def _num_rows(block) -> int:
+    return block.num_rows
+
+
+def _is_dataset(obj) -> bool:
+    return type(obj).__module__.startswith("ray.data") and hasattr(obj, "to_arrow_refs")
+
+
+_SPLIT_RE = re.compile(r"\.part-\d+-of-(\d+)\.(?:bin|json)$")
+
+
+def _refuse_other_splits(prefix: str, n: int) -> None:
+    p = Path(prefix)
+    parent = p.parent if str(p.parent) else Path(".")
+    others = set()
+    for f in parent.iterdir():
+        m = _SPLIT_RE.search(f.name)
+        if m and f.name[: m.start()] == p.name and int(m.group(1)) != n:
+            others.add(int(m.group(1)))
+    if others:
+        raise ValueError(
+            f"{prefix}: parts of a {'/'.join(str(k) for k in sorted(others))}-way split are already there; "
+            f"rerun with that number of parts, or remove them to encode {n} parts"
+        )
+
+
+def _sidecar_if_whole(json_path: Path, tok, dtype: str) -> dict | None:
+    """The part's sidecar when its data is complete and made with this tokenizer and dtype."""
+    try:
+        sc = shards.read_sidecar(json_path)
+    except (FileNotFoundError, shards.ShardError):
+        return None
+    bin_path = json_path.with_suffix(".bin")
+    if sc.get("tokenizer_fingerprint") != tok.fingerprint or sc.get("dtype") != dtype:
+        return None
+    if not isinstance(sc.get("num_tokens"), int) or not bin_path.exists():
+        return None
+    if bin_path.stat().st_size != sc["num_tokens"] * (2 if dtype == "uint16" else 4):
+        return None
+    return sc
+
+
+def _complete_file_part(json_path, tok, dtype, part, paths, total) -> bool:
+    sc = _sidecar_if_whole(json_path, tok, dtype)
+    return (
+        sc is not None
+        and sc.get("part") == list(part)
+        and sc.get("total_input_bytes") == total
+        and {r.get("path") for r in sc.get("inputs", [])} <= set(paths)
+    )
+
+
+def _complete_block(json_path, tok, dtype, rows: int) -> bool:
+    sc = _sidecar_if_whole(json_path, tok, dtype)
+    return sc is not None and sc.get("num_documents") == rows
