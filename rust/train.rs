@@ -20,6 +20,7 @@
 //! being read. It does not grow with the size of the corpus beyond the unique pre-tokens.
 
 pub mod count;
+pub mod counts_file;
 pub mod merge;
 pub mod read;
 
@@ -172,6 +173,9 @@ pub struct Trainer {
     splitter: SpecialSplitter,
     pool: std::sync::Arc<rayon::ThreadPool>,
     counter: Option<Counter>,
+    /// Counts added from counts files (`add_counts_file`), merged with the counted ones
+    /// when learning.
+    loaded: PieceCounts,
     errors: Utf8Errors,
     chunk_size: usize,
     /// The text stream's unprocessed tail, and where it starts in the stream.
@@ -207,6 +211,7 @@ impl Trainer {
             splitter: SpecialSplitter::new(special_tokens),
             pool,
             counter,
+            loaded: PieceCounts::default(),
             errors,
             chunk_size: chunk_size.max(64),
             text_buf: Vec::new(),
@@ -377,10 +382,31 @@ impl Trainer {
         self.counter()?;
         let counter = self.counter.take().unwrap();
         let t = Instant::now();
-        let counts = self.pool.install(|| counter.into_counts());
+        let mut counts = self.pool.install(|| counter.into_counts());
+        if !self.loaded.is_empty() {
+            let loaded = std::mem::take(&mut self.loaded);
+            counts = self.pool.install(|| PieceCounts::merge(vec![counts, loaded]));
+        }
         self.stats.merge_tables_s = t.elapsed().as_secs_f64();
         self.stats.unique_pretokens = counts.len() as u64;
         Ok(counts)
+    }
+
+    /// Add the counts of a counts file (checked whole first; see `counts_file`) to those
+    /// counted so far; returns the file's header for the caller to check.
+    pub fn add_counts_file(&mut self, path: &Path) -> Result<String, TrainError> {
+        self.counter()?;
+        let t = Instant::now();
+        let header = counts_file::read(path, &mut self.loaded)?;
+        self.stats.read_s += t.elapsed().as_secs_f64();
+        Ok(header)
+    }
+
+    /// Write everything counted so far (and added from counts files) to a counts file
+    /// instead of learning; returns the number of unique pre-tokens. Consumes the counts.
+    pub fn write_counts(&mut self, path: &Path, header: &str) -> Result<u64, TrainError> {
+        let counts = self.take_counts()?;
+        counts_file::write(path, header, &counts).map_err(|err| TrainError::Io { path: path.to_path_buf(), err })
     }
 
     /// Learn up to `num_merges` merges from everything counted so far (stops early when

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,3 +287,78 @@ def _complete_file_part(json_path, tok, dtype, part, paths, total) -> bool:
 def _complete_block(json_path, tok, dtype, rows: int) -> bool:
     sc = _sidecar_if_whole(json_path, tok, dtype)
     return sc is not None and sc.get("num_documents") == rows
+
+
+# --------------------------------------------------------------------------- tokenizer training
+
+
+def _count_part(paths: list[str], counts_out: str, special_tokens: list[str], part: tuple[int, int], options: dict):
+    from ferrolm.bpe import counts
+
+    counts.count(paths, counts_out, special_tokens, part=part, progress=False, **options)
+    return counts_out
+
+
+def train_tokenizer(
+    inputs: Any,
+    vocab_size: int,
+    special_tokens: Sequence[str] = ("<|endoftext|>",),
+    *,
+    pattern: str = "gpt2",
+    parts: int | None = None,
+    work_dir: shards.PathInput,
+    num_threads: int | None = None,
+    threads_per_part: int = 1,
+    column: str = "text",
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    progress: bool = True,
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], list[str], str]:
+    """Count the pre-tokens of ``parts`` parts of ``inputs`` as Ray tasks (into
+    ``work_dir/part-I-of-N.counts``, on a filesystem every node sees), then learn the merges
+    here from all of them. Returns ``(vocab, merges, special_tokens, pattern)``; the merges
+    are those of one run over the whole input. A rerun skips the parts already counted."""
+    from ferrolm._util import check_special_tokens
+    from ferrolm.bpe import counts, patterns
+    from ferrolm.bpe import inputs as _inputs
+
+    ray = init()
+    specials = check_special_tokens(special_tokens)
+    resolved = patterns.resolve(pattern)
+    given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
+    paths = [os.path.abspath(p) for p in _inputs.expand(given)]
+    for p in paths:
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"input file not found: {p}")
+    if parts is None:
+        parts = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads_per_part)
+    n = int(parts)
+    if n < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    identity = [[p, os.path.getsize(p)] for p in paths]
+    remote = ray.remote(_count_part).options(num_cpus=threads_per_part, max_retries=max_retries, retry_exceptions=False)
+    options = {"pattern": pattern, "num_threads": threads_per_part, "column": column}
+    files, pending = [], {}
+    for i in range(n):
+        out = work / f"part-{i}-of-{n}.counts"
+        files.append(out)
+        try:
+            h = counts.read_header(out)
+            whole = (h.get("part"), h.get("inputs"), h.get("pattern"), h.get("special_tokens")) == (
+                [i, n],
+                identity,
+                resolved,
+                specials,
+            )
+        except (OSError, ValueError):
+            whole = False
+        if not whole:
+            pending[i] = remote.remote(paths, os.fspath(out), specials, (i, n), options)
+    if progress and n - len(pending):
+        print(f"ferrolm.ray: {n - len(pending)} of {n} parts already counted, skipped", file=sys.stderr)
+    _gather(ray, pending, n, progress)
+    vocab, merges = counts.train_from_counts(
+        files, vocab_size, specials, pattern=resolved, num_threads=num_threads, progress=progress
+    )
+    return vocab, merges, specials, pattern

@@ -165,6 +165,31 @@ impl PyBpeTrainer {
         Ok((PyList::new(py, pairs)?, vocab))
     }
 
+    /// Add the pre-token counts of a counts file (its checksum checked first); returns
+    /// the file's JSON header.
+    #[pyo3(signature = (path, progress = None))]
+    fn add_counts_file(
+        &mut self,
+        py: Python<'_>,
+        path: PathBuf,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<String> {
+        self.run(py, progress, move |t, _| t.add_counts_file(&path))
+    }
+
+    /// Write the counts (counted and added) to `path` with the JSON `header`, fsynced,
+    /// instead of learning; returns the number of unique pre-tokens.
+    #[pyo3(signature = (path, header, progress = None))]
+    fn write_counts(
+        &mut self,
+        py: Python<'_>,
+        path: PathBuf,
+        header: String,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        self.run(py, progress, move |t, _| t.write_counts(&path, &header))
+    }
+
     /// Seconds per stage and sizes of the last run (for profiling).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);

@@ -355,15 +355,43 @@ def _add_train_tokenizer(sub) -> None:
     p.add_argument(
         "--input",
         nargs="+",
-        required=True,
+        default=None,
         metavar="FILE",
         help="training files: text or Parquet; globs ('data/*.parquet') and folders are expanded, sorted",
+    )
+    p.add_argument(
+        "--counts",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="train from these pre-token counts files (from --counts-out) instead of --input",
+    )
+    p.add_argument(
+        "--counts-out",
+        default=None,
+        metavar="FILE",
+        help="write the pre-token counts of --input (or of its --part) to FILE instead of training",
+    )
+    p.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help="with --counts-out: count only the I-th (0-based) of N byte ranges of the inputs, cut after a "
+        "special token (one job of a Slurm array, say); train later from all N counts files with --counts",
+    )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help='count --parts parts of --input as Ray tasks, then train here; needs pip install "ferrolm[ray]"',
+    )
+    p.add_argument(
+        "--parts", type=int, default=None, metavar="N", help="with --ray: number of parts (default: the cluster's CPUs)"
     )
     p.add_argument("--column", default="text", metavar="NAME", help="text column of Parquet inputs (default: text)")
     p.add_argument(
         "--vocab-size",
         type=int,
-        required=True,
+        default=None,
         metavar="N",
         help="final vocabulary size: 256 bytes + merges + special tokens",
     )
@@ -379,7 +407,7 @@ def _add_train_tokenizer(sub) -> None:
         "--pattern", default="gpt2", help="pre-tokenization pattern: gpt2, cl100k, o200k or a regex (default: gpt2)"
     )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="threads (default: all cores)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output tokenizer directory")
+    p.add_argument("--out", default=None, metavar="DIR", help="output tokenizer directory")
     p.add_argument(
         "--sample-bytes",
         type=int,
@@ -398,6 +426,11 @@ def _run_train_tokenizer(args) -> int:
     from ferrolm.bpe import inputs
     from ferrolm.bpe.tokenizer import Tokenizer
 
+    if _two_phase(args):
+        return _run_train_tokenizer_in_phases(args)
+    for flag in ("input", "vocab_size", "out"):
+        if getattr(args, flag) is None:
+            raise ValueError(f"--{flag.replace('_', '-')} is required")
     args.input = inputs.expand(args.input)  # folders and globs to their files
     for path in args.input:
         if not os.path.isfile(path):
@@ -439,6 +472,92 @@ def _run_train_tokenizer(args) -> int:
     print("longest tokens:")
     for b in longest:
         print(f"  {len(b):3d} bytes  {b.decode('utf-8', 'replace')!r}")
+    return 0
+
+
+def _two_phase(args) -> bool:
+    """Whether the command is a phase of two-phase training (counts out, counts in, or Ray)."""
+    if args.part is not None and args.counts_out is None:
+        raise ValueError("--part goes with --counts-out (count one part; train later from all parts with --counts)")
+    if args.parts is not None and not args.ray:
+        raise ValueError("--parts goes with --ray")
+    chosen = [
+        name for name, on in (("--counts", args.counts), ("--counts-out", args.counts_out), ("--ray", args.ray)) if on
+    ]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(chosen)} do not go together")
+    if args.counts is not None and args.input is not None:
+        raise ValueError("give --input (text to count) or --counts (counts files), not both")
+    return bool(chosen)
+
+
+def _run_train_tokenizer_in_phases(args) -> int:
+    import time
+
+    from ferrolm.bpe import counts
+    from ferrolm.bpe.tokenizer import Tokenizer
+
+    specials = args.special_tokens if args.special_tokens is not None else ["<|endoftext|>"]
+    t0 = time.perf_counter()
+    if args.counts_out is not None:
+        if args.input is None:
+            raise ValueError("--counts-out needs --input")
+        header = counts.count(
+            args.input,
+            args.counts_out,
+            specials,
+            part=args.part,
+            pattern=args.pattern,
+            num_threads=args.threads,
+            column=args.column,
+            progress=not args.no_progress,
+        )
+        print(
+            f"wrote {args.counts_out}: {header['unique_pretokens']:,} distinct pre-tokens"
+            + (f" of part {header['part'][0]}/{header['part'][1]}" if header["part"] else "")
+            + f" in {time.perf_counter() - t0:.1f} s"
+        )
+        return 0
+    for flag in ("vocab_size", "out"):
+        if getattr(args, flag) is None:
+            raise ValueError(f"--{flag.replace('_', '-')} is required")
+    pattern = None if args.pattern == "gpt2" and args.counts is not None else args.pattern
+    given_specials = args.special_tokens if args.counts is not None else specials
+    if args.ray:
+        if args.input is None:
+            raise ValueError("--ray needs --input")
+        import ferrolm.ray
+
+        vocab, merges, specials, pattern = ferrolm.ray.train_tokenizer(
+            args.input,
+            args.vocab_size,
+            specials,
+            pattern=args.pattern,
+            parts=args.parts,
+            work_dir=args.out + ".counts",
+            num_threads=args.threads,
+            column=args.column,
+            progress=not args.no_progress,
+        )
+    else:
+        headers = [counts.read_header(p) for p in args.counts]
+        specials = given_specials if given_specials is not None else headers[0].get("special_tokens", [])
+        pattern = pattern or headers[0].get("pattern")
+        vocab, merges = counts.train_from_counts(
+            args.counts,
+            args.vocab_size,
+            specials,
+            pattern=pattern,
+            num_threads=args.threads,
+            progress=not args.no_progress,
+        )
+    tok = Tokenizer(vocab, merges, specials, pattern)
+    out = tok.save(args.out)
+    print(f"saved {out} (vocab_size {tok.vocab_size}, fingerprint {tok.fingerprint[:12]})")
+    print(f"time          {time.perf_counter() - t0:.1f} s")
+    peak = _peak_rss_mb()
+    print(f"peak memory   {peak:,.0f} MB (VmHWM)" if peak is not None else "peak memory   unknown")
+    print(f"merges        {len(tok.merges):,}")
     return 0
 
 

@@ -1,0 +1,304 @@
+"""Tokenizer training in two phases: pre-token counts per part, then merges from all of them.
+
+    from ferrolm.bpe import counts
+    for i in range(8):                    # on 8 machines, jobs or Ray tasks
+        counts.count(["owt.txt"], f"c/owt.{i}.counts", part=(i, 8))
+    vocab, merges = counts.train_from_counts([f"c/owt.{i}.counts" for i in range(8)], 32000)
+
+The merges equal those of ``ferrolm.bpe.trainer.train`` over the whole input, for any part
+count and thread count: a part is a byte range of the inputs cut just after a special token
+(a hard boundary) or at a file's end, and counts add up. Compressed, JSON Lines and Parquet
+files are not cut: each goes whole to the part in which it starts.
+
+A counts file (the layout is in rust/train/counts_file.rs) is versioned and checksummed and
+records the pattern, special tokens and Unicode version of the pre-tokenizer: counts made
+under other settings are refused. The merge step holds one table of the distinct pre-tokens
+of all the files (read one at a time), as the single-run trainer does.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import secrets
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Union
+
+from ferrolm import _core
+from ferrolm._util import check_special_tokens, fsync_dir
+from ferrolm.bpe import inputs as _inputs
+from ferrolm.bpe import patterns
+from ferrolm.bpe import trainer as _trainer
+
+__all__ = ["count", "train_from_counts", "part_ranges", "read_header"]
+
+PathInput = Union[str, "os.PathLike[str]"]
+FORMAT = "ferrolm-pretoken-counts"
+_READ_BLOCK = 8 << 20
+#: Files that are never cut inside (their bytes on disk are not the text's).
+_WHOLE_SUFFIXES = (".gz", ".zst", ".zstd", ".jsonl", ".ndjson", ".json", ".parquet")
+
+
+def _cuttable(path: str) -> bool:
+    return not (path.lower().endswith(_WHOLE_SUFFIXES) or _inputs.is_parquet(path))
+
+
+def _next_cut(path: str, pos: int, size: int, specials: list[bytes]) -> int:
+    """The first offset >= ``pos`` in ``path`` that ends a special token (no other
+    special token spans it), or ``size`` when there is none."""
+    longest = max(len(s) for s in specials)
+    with open(path, "rb") as f:
+        start = max(0, pos - longest)
+        while start < size:
+            f.seek(start)
+            window = f.read(_READ_BLOCK + 2 * longest)
+            hits = sorted(
+                (at + start, at + start + len(s))
+                for s in specials
+                for at in _find_all(window, s)
+                if at + start + len(s) >= pos
+            )
+            for begin, end in hits:
+                # A cut inside an occurrence, or one another occurrence spans, is no boundary.
+                if any(b < end < e for b, e in hits):
+                    continue
+                if begin >= start and end <= start + len(window):
+                    return end
+            if len(window) < _READ_BLOCK + 2 * longest:
+                break
+            start += _READ_BLOCK
+    return size
+
+
+def _find_all(data: bytes, token: bytes):
+    at = data.find(token)
+    while at >= 0:
+        yield at
+        at = data.find(token, at + 1)
+
+
+def part_ranges(
+    paths: Sequence[str], part: tuple[int, int], special_tokens: Iterable[str]
+) -> list[tuple[str, int, int]]:
+    """The ``(path, start, end)`` byte ranges of part ``(I, N)`` of ``paths`` read end to
+    end: N nearly equal ranges, each boundary moved forward to just after a special token
+    or to a file's end (a file that cannot be cut goes whole to the part it starts in)."""
+    i, n = part
+    specials = [s.encode("utf-8") for s in special_tokens]
+    sizes = [os.path.getsize(p) for p in paths]
+    total = sum(sizes)
+    starts = [sum(sizes[:k]) for k in range(len(paths))]
+
+    def boundary(k: int) -> int:
+        if k <= 0:
+            return 0
+        if k >= n:
+            return total
+        at = k * total // n
+        for p, s, size in zip(paths, starts, sizes):
+            if s <= at < s + size:
+                if at == s:
+                    return s
+                local = _next_cut(p, at - s, size, specials) if _cuttable(p) and specials else size
+                return s + local
+        return total
+
+    lo, hi = boundary(i), boundary(i + 1)
+    lo = min(lo, hi)
+    out = []
+    for p, s, size in zip(paths, starts, sizes):
+        a, b = max(lo, s), min(hi, s + size)
+        if a < b or (size == 0 and lo <= s < hi):
+            out.append((p, a - s, b - s))
+    return out
+
+
+def _header(specials: list[str], pattern: str, extra: dict) -> str:
+    return json.dumps(
+        {
+            "format": FORMAT,
+            "pattern": patterns.resolve(pattern),
+            "special_tokens": specials,
+            "unicode_version": patterns.unicode_version(),
+            "ferrolm_version": _core.version(),
+            **extra,
+        },
+        ensure_ascii=False,
+        sort_keys=True,
+    )
+
+
+def _feed_range(trainer, path: str, start: int, end: int, errors: str, report) -> None:
+    """Count bytes [start, end) of a text file as one text of its own."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors=errors)
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos = start
+        while pos < end:
+            block = f.read(min(_READ_BLOCK, end - pos))
+            if not block:
+                break
+            try:
+                text = decoder.decode(block, final=pos + len(block) >= end)
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}: invalid UTF-8 at byte {pos + e.start} (errors='replace' decodes it as U+FFFD)"
+                ) from None
+            pos += len(block)
+            if text:
+                trainer.feed_text(text, report)
+    trainer.finish_text(report)
+
+
+def count(
+    input: PathInput | Sequence[PathInput],
+    counts_out: PathInput,
+    special_tokens: Iterable[str] | None = ("<|endoftext|>",),
+    *,
+    part: tuple[int, int] | str | None = None,
+    pattern: str = "gpt2",
+    num_threads: int | None = None,
+    errors: str = "strict",
+    column: str = "text",
+    progress: bool = True,
+) -> dict:
+    """Count the pre-tokens of ``input`` (paths, globs, folders), or of its part ``(I, N)``
+    (or ``"I/N"``, I 0-based), into the counts file ``counts_out``; return its header.
+    The file appears whole or not at all."""
+    from ferrolm.bpe.shards import parse_part
+
+    specials = check_special_tokens(special_tokens)
+    patterns.resolve(pattern)
+    if errors not in ("strict", "replace"):
+        raise ValueError(f'errors must be "strict" or "replace", got {errors!r}')
+    given = [os.fspath(p) for p in ([input] if isinstance(input, (str, os.PathLike)) else input)]
+    paths = _inputs.expand(given)
+    if not paths:
+        raise ValueError("the corpus is empty: no input files given")
+    for p in paths:
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"input file not found: {p}")
+    split = parse_part(part)
+    trainer = _core.BpeTrainer(specials, pattern, num_threads, errors, _trainer._CHUNK_SIZE)
+    bars = _trainer._Progress(progress)
+    try:
+        report = bars.stage("counting", "B")
+        if split is None:
+            _trainer._count_files(trainer, paths, given, column, report)
+            ranges = None
+        else:
+            ranges = part_ranges(paths, split, specials)
+            for p, a, b in ranges:
+                if _cuttable(p):
+                    _feed_range(trainer, p, a, b, errors, report)
+                else:
+                    _trainer._count_files(trainer, [p], [p], column, report)
+    finally:
+        bars.close()
+    extra = {
+        "inputs": [[os.path.abspath(p), os.path.getsize(p)] for p in paths],
+        "part": list(split) if split else None,
+        "ranges": [[os.path.abspath(p), a, b] for p, a, b in ranges] if ranges is not None else None,
+    }
+    header = _header(specials, pattern, extra)
+    out = Path(counts_out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        entries = trainer.write_counts(os.fspath(tmp), header)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(out.parent)
+    record = json.loads(header)
+    record["unique_pretokens"] = entries
+    return record
+
+
+def read_header(path: PathInput) -> dict:
+    """The header of a counts file (its checksum is checked when it is read for training)."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if len(head) < 24 or head[:16] != b"ferrolm-counts\n\0":
+            raise ValueError(f"{path}: not a ferrolm pre-token counts file")
+        n = int.from_bytes(head[20:24], "little")
+        return json.loads(f.read(n).decode("utf-8"))
+
+
+def train_from_counts(
+    counts_paths: PathInput | Sequence[PathInput],
+    vocab_size: int,
+    special_tokens: Iterable[str] | None = None,
+    *,
+    pattern: str | None = None,
+    num_threads: int | None = None,
+    progress: bool = True,
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+    """Train from counts files: ``(vocab, merges)`` as ``trainer.train`` returns them for
+    the inputs the files counted. ``special_tokens`` and ``pattern`` default to the files'
+    (which must all agree, with each other, with these when given, and with this ferrolm's
+    Unicode version); the parts of one split must all be there, each once."""
+    given = [counts_paths] if isinstance(counts_paths, (str, os.PathLike)) else list(counts_paths)
+    if not given:
+        raise ValueError("no counts files given")
+    for p in given:
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"counts file not found: {os.fspath(p)}")
+    headers = [read_header(p) for p in given]
+    first = headers[0]
+    specials = check_special_tokens(first.get("special_tokens") if special_tokens is None else special_tokens)
+    pat = patterns.resolve(pattern) if pattern is not None else first.get("pattern")
+    want = {"pattern": pat, "special_tokens": specials, "unicode_version": patterns.unicode_version()}
+    _check_headers(given, headers, want)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    if not 256 + len(specials) <= vocab_size <= _trainer.MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size={vocab_size} must be between {256 + len(specials)} and {_trainer.MAX_VOCAB_SIZE}")
+    trainer = _core.BpeTrainer(specials, pat, num_threads, "strict", None)
+    bars = _trainer._Progress(progress)
+    try:
+        for p in given:
+            header = json.loads(trainer.add_counts_file(os.fspath(p)))
+            if header != headers[given.index(p)]:  # changed between the check and the read
+                raise ValueError(f"{os.fspath(p)}: changed while being read")
+        num_merges = vocab_size - 256 - len(specials)
+        merges, vocab = trainer.learn(num_merges, bars.stage("merging", "merge", num_merges))
+    finally:
+        bars.close()
+    for s in specials:
+        vocab[len(vocab)] = s.encode("utf-8")
+    return vocab, merges
+
+
+def _check_headers(paths: list, headers: list[dict], want: dict) -> None:
+    for p, h in zip(paths, headers):
+        if h.get("format") != FORMAT:
+            raise ValueError(f"{os.fspath(p)}: not a ferrolm pre-token counts file")
+        for key, value in want.items():
+            if h.get(key) != value:
+                raise ValueError(
+                    f"{os.fspath(p)}: counted with {key} {h.get(key)!r}, not {value!r}; "
+                    "counts made under other settings do not add up to one run"
+                )
+    splits: dict[str, dict[int, list]] = {}
+    for p, h in zip(paths, headers):
+        part = h.get("part")
+        key = json.dumps([h.get("inputs"), part[1] if part else None])
+        index = part[0] if part else 0
+        splits.setdefault(key, {}).setdefault(index, []).append(os.fspath(p))
+    for key, found in splits.items():
+        n = json.loads(key)[1] or 1
+        twice = [names for names in found.values() if len(names) > 1]
+        if twice:
+            raise ValueError(f"the same counts are given twice: {', '.join(twice[0])}")
+        missing = [i for i in range(n) if i not in found]
+        if missing:
+            example = next(iter(found.values()))[0]
+            raise ValueError(
+                f"{len(missing)} of the {n} parts that {example} belongs to are missing (part {missing[0]}/{n} and others)"
+                if len(missing) > 1
+                else f"part {missing[0]}/{n} of the split that {example} belongs to is missing"
+            )

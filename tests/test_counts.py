@@ -1,0 +1,170 @@
+"""Tokenizer training in two phases: pre-token counts per part, then merges from all the
+counts files, equal to one run over the whole input (and to the reference trainer)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from texts import multilingual_text, stdlib_text
+
+from ferrolm import reference
+from ferrolm.bpe import counts, trainer
+
+EOT = "<|endoftext|>"
+SPECIALS = [EOT, "<|pad|>"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Two text files (documents split by special tokens) and a file with none."""
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "a.txt").write_text(stdlib_text(120_000).replace("\n\n", "\n<|pad|>\n", 3), encoding="utf-8")
+    (d / "b.txt").write_text(multilingual_text(60_000), encoding="utf-8")
+    (d / "c.txt").write_text("no special token in this one at all, just words words words\n" * 50, encoding="utf-8")
+    return [str(d / n) for n in ("a.txt", "b.txt", "c.txt")]
+
+
+@pytest.fixture(scope="module")
+def whole_run(corpus):
+    return trainer.train_bpe(corpus, 1200, SPECIALS)
+
+
+def _count_parts(corpus, tmp_path, n, threads):
+    files = []
+    for i in range(n):
+        out = tmp_path / f"p{i}.counts"
+        counts.count(corpus, out, SPECIALS, part=(i, n), num_threads=threads, progress=False)
+        files.append(out)
+    return files
+
+
+@pytest.mark.parametrize("n,threads", [(1, 1), (3, 2), (8, 1), (8, 2)])
+def test_merges_from_counts_equal_one_run(corpus, whole_run, tmp_path, n, threads):
+    files = _count_parts(corpus, tmp_path, n, threads)
+    vocab, merges = counts.train_from_counts(files, 1200, num_threads=threads, progress=False)
+    assert merges == whole_run[1]
+    assert vocab == whole_run[0]
+
+
+def test_parts_tile_the_inputs(corpus):
+    import os
+
+    sizes = {p: os.path.getsize(p) for p in corpus}
+    for n in (1, 2, 5, 8, 40):
+        seen = {p: [] for p in corpus}
+        for i in range(n):
+            for p, a, b in counts.part_ranges(corpus, (i, n), SPECIALS):
+                seen[p].append((a, b))
+        for p, ranges in seen.items():
+            ranges.sort()
+            assert ranges[0][0] == 0 and ranges[-1][1] == sizes[p]
+            assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:]))
+            text = open(p, "rb").read()
+            for a, _ in ranges[1:]:  # every cut is just after a special token
+                assert any(text[:a].endswith(s.encode()) for s in SPECIALS), (p, a)
+
+
+def test_counts_match_the_reference_trainer(tmp_path):
+    text = stdlib_text(20_000) + "\n" + EOT + "\n" + multilingual_text(8_000)
+    path = tmp_path / "small.txt"
+    path.write_text(text, encoding="utf-8")
+    files = _count_parts([str(path)], tmp_path, 3, 2)
+    vocab, merges = counts.train_from_counts(files, 500, progress=False)
+    ref_vocab, ref_merges = reference.train_bpe(str(path), 500, SPECIALS)
+    assert merges == ref_merges and vocab == ref_vocab
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "ferrolm", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_two_phases_save_the_tokenizer_of_one_run(corpus, tmp_path):
+    specials = [a for s in SPECIALS for a in ("--special-token", s)]
+    for i in range(3):
+        r = _cli(
+            "train-tokenizer",
+            "--input",
+            *corpus,
+            "--part",
+            f"{i}/3",
+            "--counts-out",
+            tmp_path / f"{i}.counts",
+            *specials,
+            "--no-progress",
+        )
+        assert r.returncode == 0, r.stderr
+        assert f"of part {i}/3" in r.stdout
+    r = _cli(
+        "train-tokenizer",
+        "--counts",
+        *(tmp_path / f"{i}.counts" for i in range(3)),
+        "--vocab-size",
+        1200,
+        "--out",
+        tmp_path / "two",
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stderr
+    r = _cli(
+        "train-tokenizer",
+        "--input",
+        *corpus,
+        "--vocab-size",
+        1200,
+        "--out",
+        tmp_path / "one",
+        *specials,
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stderr
+    for name in ("merges.txt", "vocab.json"):
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+    from ferrolm import Tokenizer
+
+    assert Tokenizer.load(tmp_path / "two").fingerprint == Tokenizer.load(tmp_path / "one").fingerprint
+
+
+def test_bad_counts_are_refused_clearly(corpus, tmp_path):
+    files = _count_parts(corpus, tmp_path, 2, 1)
+    # A missing part, the same part twice.
+    with pytest.raises(ValueError, match="part 1/2 .* is missing"):
+        counts.train_from_counts(files[:1], 500, progress=False)
+    with pytest.raises(ValueError, match="given twice"):
+        counts.train_from_counts([files[0], files[0], files[1]], 500, progress=False)
+    # Counts of another pattern do not add up to one run.
+    with pytest.raises(ValueError, match="counted with pattern"):
+        counts.train_from_counts(files, 500, pattern="cl100k", progress=False)
+    # A flipped byte: the checksum refuses the file, from the CLI with exit status 2.
+    data = bytearray(files[1].read_bytes())
+    data[len(data) // 2] ^= 0x20
+    files[1].write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        counts.train_from_counts(files, 500, progress=False)
+    r = _cli("train-tokenizer", "--counts", *files, "--vocab-size", 500, "--out", tmp_path / "t", "--no-progress")
+    assert r.returncode == 2 and "checksum mismatch" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "t").exists()
+    # Not a counts file at all; a header from the future.
+    (tmp_path / "x.counts").write_text("hello")
+    with pytest.raises(ValueError, match="not a ferrolm pre-token counts file"):
+        counts.train_from_counts([tmp_path / "x.counts"], 500, progress=False)
+    r = _cli("train-tokenizer", "--input", *corpus, "--part", "0/2", "--vocab-size", 500, "--out", tmp_path / "t")
+    assert r.returncode == 2 and "--part goes with --counts-out" in r.stderr
+
+
+def test_header_records_pattern_specials_and_unicode_version(corpus, tmp_path):
+    from ferrolm.bpe import patterns
+
+    h = counts.count(corpus[:1], tmp_path / "h.counts", SPECIALS, progress=False)
+    on_disk = counts.read_header(tmp_path / "h.counts")
+    assert on_disk["pattern"] == patterns.resolve("gpt2")
+    assert on_disk["special_tokens"] == SPECIALS
+    assert on_disk["unicode_version"] == patterns.unicode_version()
+    assert h["unique_pretokens"] > 100 and json.dumps(on_disk)
+    # The file depends on the counts only: the same for any thread count.
+    counts.count(corpus[:1], tmp_path / "h2.counts", SPECIALS, num_threads=2, progress=False)
+    assert (tmp_path / "h.counts").read_bytes() == (tmp_path / "h2.counts").read_bytes()
