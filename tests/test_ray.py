@@ -187,3 +187,23 @@ def test_without_ray_the_error_names_the_extra(monkeypatch, gpt2_tok, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r'pip install "ferrolm\[ray\]"'):
         fray.encode(gpt2_tok, [tmp_path / "x.txt"], tmp_path / "x")
+
+
+def test_train_tokenizer_ray_gives_the_merges_of_one_run(cluster, tmp_path, corpus):
+    from ferrolm.bpe import trainer
+
+    vocab, merges, specials, _ = fray.train_tokenizer([corpus], 800, parts=3, work_dir=tmp_path / "c", progress=False)
+    assert (vocab, merges) == trainer.train_bpe([corpus], 800, [EOT])
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [f"part-{i}-of-3.counts" for i in range(3)]
+    # Through the CLI, joining the cluster that RAY_ADDRESS names.
+    env = {**os.environ, "RAY_ADDRESS": cluster}
+    run = subprocess.run(
+        [sys.executable, "-m", "ferrolm", "train-tokenizer", "--ray", "--parts", "3", "--input", str(corpus)]
+        + ["--vocab-size", "800", "--out", str(tmp_path / "tok"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONWARNINGS": "ignore"},
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert Tokenizer.load(tmp_path / "tok").merges == merges

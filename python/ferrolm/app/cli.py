@@ -534,7 +534,7 @@ def _run_train_tokenizer_in_phases(args) -> int:
             specials,
             pattern=args.pattern,
             parts=args.parts,
-            work_dir=args.out + ".counts",
+            work_dir=args.out.rstrip("/") + ".counts",
             num_threads=args.threads,
             column=args.column,
             progress=not args.no_progress,
