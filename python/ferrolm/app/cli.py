@@ -749,7 +749,7 @@ def add_eval_command(sub) -> None:
         "count 0 bytes; needs the tokenizer) and tokens/s.",
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
-    p.add_argument("--data", required=True, nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
+    p.add_argument("--data", nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
     p.add_argument(
         "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
     )
@@ -757,6 +757,13 @@ def add_eval_command(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    tasks = p.add_argument_group(
+        'lm-evaluation-harness tasks (instead of --data; needs the eval extra: pip install "ferrolm[eval]")'
+    )
+    tasks.add_argument("--tasks", metavar="A,B", help="lm-eval task names, comma-separated (hellaswag,arc_easy,...)")
+    tasks.add_argument("--num-fewshot", type=int, default=None, metavar="N", help="few-shot examples per prompt")
+    tasks.add_argument("--limit", type=float, default=None, metavar="N", help="examples per task (a fraction if < 1)")
+    tasks.add_argument("--include-path", default=None, metavar="DIR", help="a folder of task YAMLs of your own")
     p.set_defaults(run=_run_eval)
 
 
@@ -765,6 +772,10 @@ def _run_eval(args) -> int:
 
     from ferrolm.lm.evaluate import evaluate
 
+    if bool(args.data) == bool(args.tasks):
+        raise ValueError("give --data SHARD (loss, bits per byte) or --tasks NAMES (lm-eval tasks)")
+    if args.tasks:
+        return _run_eval_tasks(args)
     data = args.data if len(args.data) > 1 else args.data[0]
     r = evaluate(
         args.checkpoint,
@@ -780,6 +791,31 @@ def _run_eval(args) -> int:
     bpb = f"{r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else "n/a (no tokenizer)"
     print(f"loss {r['loss']:.4f}  perplexity {r['perplexity']:.2f}  bits/byte {bpb}")
     print(f"{r['tokens']:,} tokens in {r['seconds']:.2f} s ({r['tokens_per_s'] or 0:,.0f} tokens/s)")
+    return 0
+
+
+def _run_eval_tasks(args) -> int:
+    import json
+
+    from ferrolm.lm.harness import run_tasks
+
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    r = run_tasks(
+        args.checkpoint,
+        args.tasks,
+        args.tokenizer,
+        num_fewshot=args.num_fewshot,
+        limit=limit,
+        batch_size=args.batch_size,
+        device=args.device,
+        include_path=args.include_path,
+    )
+    if args.json:
+        print(json.dumps({k: r[k] for k in ("results", "n-shot", "n-samples") if k in r}, default=str))
+        return 0
+    from lm_eval.utils import make_table
+
+    print(make_table(r))
     return 0
 
 
