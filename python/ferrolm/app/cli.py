@@ -717,15 +717,24 @@ def add_export_command(sub) -> None:
         description="Write a folder that transformers loads with no ferrolm code: config.json (LlamaForCausalLM), "
         "model.safetensors, generation_config.json and the tokenizer files (AutoModelForCausalLM and "
         "AutoTokenizer .from_pretrained(DIR)). --format safetensors writes the weights alone under ferrolm's "
-        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it).",
+        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it). "
+        "--format gguf writes one GGUF file for llama.cpp and the tools built on it, tokenizer included "
+        '(needs the gguf extra: pip install "ferrolm[gguf]").',
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
-    p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors file)")
+    p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors / .gguf file)")
     p.add_argument(
         "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
     )
-    p.add_argument("--format", default="hf", choices=["hf", "safetensors"], help="hf (default) or safetensors")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (hf)")
+    p.add_argument(
+        "--format", default="hf", choices=["hf", "safetensors", "gguf"], help="hf (default), safetensors, gguf"
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights dtype (hf; gguf: no bf16)",
+    )
     p.set_defaults(run=_run_export)
 
 
@@ -734,6 +743,10 @@ def _run_export(args) -> int:
 
     if args.format == "safetensors":
         out = export_safetensors(args.checkpoint, args.out)
+    elif args.format == "gguf":
+        from ferrolm.lm.gguf_export import export_gguf
+
+        out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
     else:
         out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
     print(out)
