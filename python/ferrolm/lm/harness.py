@@ -2,7 +2,7 @@
 any of its tasks (hellaswag, arc_easy, lambada, your own YAML) scores a ferrolm checkpoint.
 
     ferrolm eval --checkpoint runs/x/best.pt --tasks hellaswag,arc_easy
-    python -m ferrolm.lm.harness run --model ferrolm --model_args checkpoint=runs/x/best.pt --tasks hellaswag
+    python -m ferrolm.lm.harness --model ferrolm --model_args checkpoint=runs/x/best.pt --tasks hellaswag
     run_tasks("runs/x/best.pt", ["hellaswag"])        # lm-eval's results dict
 
 Importing this module registers the model under the name "ferrolm" in lm-eval's registry.
