@@ -167,3 +167,25 @@ def test_eval_cli_runs_tasks_and_refuses_unknown_ones(setup, capsys, monkeypatch
     for both_or_neither in ([], ["--data", "val", "--tasks", "tiny_mc"]):
         assert main(["eval", "--checkpoint", str(ckpt), *both_or_neither]) == 2
         assert "give --data SHARD (loss, bits per byte) or --tasks NAMES" in capsys.readouterr().err
+
+
+def test_lm_eval_command_line_with_ferrolm_registered(setup):
+    """``python -m ferrolm.lm.harness`` is lm-eval's own command line, "ferrolm" a model in it."""
+    import subprocess
+    import sys
+
+    ckpt, _, _, tasks = setup
+    argv = ["--model", "ferrolm", "--model_args", f"checkpoint={ckpt}", "--device", "cpu", "--batch_size", "2"]
+    argv += ["--tasks", "tiny_mc", "--include_path", str(tasks), "--limit", "2"]
+    # lm-eval indexes its own thousands of task YAMLs too (a minute); the local folder is enough here.
+    script = (
+        "import runpy, sys\n"
+        "from lm_eval.tasks import TaskManager\n"
+        "init = TaskManager.__init__\n"
+        "TaskManager.__init__ = lambda self, **kw: init(self, **{**kw, 'include_defaults': False})\n"
+        f"sys.argv = ['harness', *{argv!r}]\n"
+        "runpy.run_module('ferrolm.lm.harness', run_name='__main__', alter_sys=True)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ferrolm ({'checkpoint'" in r.stdout and "|tiny_mc|" in r.stdout.replace(" ", "")

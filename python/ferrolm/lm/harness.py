@@ -75,13 +75,13 @@ def _positive_int(value: Any, name: str) -> int:
     return n
 
 
-@register_model("ferrolm")
 class FerrolmLM(LM):
     """A ferrolm checkpoint as an lm-eval model (see the module docstring).
 
     ``checkpoint``: a ``ferrolm train`` checkpoint (or a ferrolm .safetensors file);
     ``tokenizer``: its folder (default: the run config's data.tokenizer); ``device``:
-    cpu, cuda, ... or auto; ``batch_size``: rows per forward pass; ``max_gen_toks``: the
+    auto (CUDA, then MPS, then CPU), cpu, cuda, ...; ``batch_size``: rows per forward pass
+    (lm-eval's ``--batch_size``; "auto" is not supported); ``max_gen_toks``: the
     default limit of new tokens for generate_until. ``model``/``tokenizer`` objects may
     be given instead of paths (``FerrolmLM(model=m, tokenizer=tok)``).
     """
@@ -90,7 +90,7 @@ class FerrolmLM(LM):
         self,
         checkpoint: Optional[PathLike] = None,
         tokenizer: Any = None,
-        device: Optional[str] = "cpu",
+        device: Optional[str] = "auto",
         batch_size: Any = 8,
         max_gen_toks: Any = DEFAULT_MAX_GEN_TOKS,
         max_batch_size: Any = None,  # lm-eval passes it; batches here have one fixed size
@@ -248,6 +248,12 @@ class FerrolmLM(LM):
         return out
 
 
+# Run as ``python -m ferrolm.lm.harness`` this file is __main__; the class registered is
+# then the one of the module proper, imported below (one name cannot hold two classes).
+if __name__ != "__main__":
+    register_model("ferrolm")(FerrolmLM)
+
+
 def _task_manager(tasks: list[str], include_path: Optional[PathLike]):
     """lm-eval's TaskManager; with ``include_path`` holding every task asked for, only that
     folder is indexed (indexing lm-eval's thousands of built-in YAMLs takes a while)."""
@@ -319,4 +325,6 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from ferrolm.lm.harness import main as registered_main
+
+    registered_main()
