@@ -52,17 +52,12 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 
 def _load(checkpoint: PathLike, tokenizer: Any, device: str):
-    """(model on ``device`` in eval mode, its tokenizer) for a checkpoint."""
-    from ferrolm.lm.generate import find_tokenizer, load_model, read_any_checkpoint, resolve_device
+    """(model on ``device`` in eval mode, its tokenizer) for a checkpoint, read as the exports read it."""
+    from ferrolm.lm.export import _load as load_with_tokenizer
+    from ferrolm.lm.generate import resolve_device
 
-    ckpt = read_any_checkpoint(checkpoint)
-    tok = find_tokenizer(ckpt, checkpoint, tokenizer)
-    if tok is None:
-        raise ValueError(
-            f"{os.fspath(checkpoint)}: its run's config names no tokenizer folder (data.tokenizer): give the tokenizer"
-        )
-    model, _ = load_model(checkpoint, resolve_device(device), tokenizer=tok, ckpt=ckpt)
-    return model, tok
+    model, _, tok = load_with_tokenizer(checkpoint, tokenizer)
+    return model.to(resolve_device(device)), tok
 
 
 def _positive_int(value: Any, name: str) -> int:
