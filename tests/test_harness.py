@@ -154,7 +154,9 @@ def test_eval_cli_runs_tasks_and_refuses_unknown_ones(setup, capsys, monkeypatch
     ckpt, _, _, tasks = setup
     argv = ["eval", "--checkpoint", str(ckpt), "--device", "cpu", "--include-path", str(tasks)]
     assert main(argv + ["--tasks", "tiny_mc", "--limit", "2", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    assert "ferrolm loglikelihood: 100%" in printed.err  # the progress bar
+    out = json.loads(printed.out)
     assert set(out["results"]) == {"tiny_mc"} and out["n-samples"]["tiny_mc"]["effective"] == 2
     # A name not in the folder is looked up among lm-eval's own tasks too; indexing those
     # takes a minute, so here the index holds the folder alone.
