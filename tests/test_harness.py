@@ -166,6 +166,10 @@ def test_eval_cli_runs_tasks_and_refuses_unknown_ones(setup, capsys, monkeypatch
     )
     assert main(argv + ["--tasks", "tiny_mc,no_such_task"]) == 2
     assert "unknown lm-eval task(s): no_such_task" in capsys.readouterr().err
+    assert main(argv + ["--tasks", "tiny_mc", "--max-tokens", "5"]) == 2
+    assert "--max-tokens is for --data" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", "val", "--limit", "3"]) == 2
+    assert "--limit is for --tasks" in capsys.readouterr().err
     for both_or_neither in ([], ["--data", "val", "--tasks", "tiny_mc"]):
         assert main(["eval", "--checkpoint", str(ckpt), *both_or_neither]) == 2
         assert "give --data SHARD (loss, bits per byte) or --tasks NAMES" in capsys.readouterr().err

@@ -788,7 +788,16 @@ def _run_eval(args) -> int:
     if bool(args.data) == bool(args.tasks):
         raise ValueError("give --data SHARD (loss, bits per byte) or --tasks NAMES (lm-eval tasks)")
     if args.tasks:
+        if args.max_tokens is not None:
+            raise ValueError("--max-tokens is for --data; with --tasks, --limit caps the examples per task")
         return _run_eval_tasks(args)
+    for flag, value in (
+        ("--num-fewshot", args.num_fewshot),
+        ("--limit", args.limit),
+        ("--include-path", args.include_path),
+    ):
+        if value is not None:
+            raise ValueError(f"{flag} is for --tasks (lm-eval tasks), not --data")
     data = args.data if len(args.data) > 1 else args.data[0]
     r = evaluate(
         args.checkpoint,

@@ -289,11 +289,11 @@ def run_tasks(
     names = [t for t in names if t]
     if not names:
         raise ValueError("no task given: name lm-eval tasks, e.g. hellaswag,arc_easy")
+    lm = FerrolmLM(checkpoint, tokenizer, device=device, batch_size=batch_size, progress=progress)  # fails fast
     manager = _task_manager(names, include_path)
     unknown = [t for t in names if not manager.match_tasks([t])]
     if unknown:
         raise ValueError(f"unknown lm-eval task(s): {', '.join(unknown)} (`lm_eval ls tasks` lists them)")
-    lm = FerrolmLM(checkpoint, tokenizer, device=device, batch_size=batch_size, progress=progress)
     results = simple_evaluate(
         model=lm,
         tasks=names,
