@@ -756,7 +756,7 @@ def _run_export(args) -> int:
 def add_eval_command(sub) -> None:
     p = sub.add_parser(
         "eval",
-        help="score a checkpoint on token shards: loss, perplexity, bits per byte",
+        help="score a checkpoint on token shards (loss, perplexity, bits per byte) or on lm-eval tasks",
         description="Run the model over the shards in consecutive context-length windows and report the mean loss "
         "(nats/token), perplexity, bits per byte (total nats / ln 2 / UTF-8 bytes of the text; special tokens "
         "count 0 bytes; needs the tokenizer) and tokens/s.",
@@ -766,7 +766,13 @@ def add_eval_command(sub) -> None:
     p.add_argument(
         "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
     )
-    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        metavar="B",
+        help="windows (or lm-eval requests) per forward pass (default 8)",
+    )
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
