@@ -195,3 +195,27 @@ def test_lm_eval_command_line_with_ferrolm_registered(setup):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ferrolm ({'checkpoint'" in r.stdout and "|tiny_mc|" in r.stdout.replace(" ", "")
+
+
+def test_generate_until_samples_when_asked_and_refuses_unknown_kwargs(setup):
+    from lm_eval.api.instance import Instance
+
+    from ferrolm.lm.harness import FerrolmLM
+
+    _, tok, model, _ = setup
+    lm = FerrolmLM(model=model, tokenizer=tok, batch_size=2, progress=False)
+
+    def request(kwargs):
+        return Instance("generate_until", {}, ("The parser", kwargs), 0)
+
+    greedy = lm.generate_until([request({"until": [], "max_gen_toks": 8})])[0]
+    ids = [t for t in generate(model, tok.encode("The parser"), 8, temperature=0.0, eos_id=tok.eos_id)]
+    assert greedy == tok.decode([t for t in ids if t != tok.eos_id])
+    # top_k=1 keeps only the argmax: sampling then gives the greedy text
+    assert lm.generate_until([request({"max_gen_toks": 8, "do_sample": True, "temperature": 5.0, "top_k": 1})]) == [
+        greedy
+    ]
+    with pytest.raises(ValueError, match="generation kwargs ferrolm has no use for: num_beams"):
+        lm.generate_until([request({"until": ["."], "num_beams": 4})])
+    with pytest.raises(ValueError, match="model object needs its Tokenizer"):
+        FerrolmLM(model=model)

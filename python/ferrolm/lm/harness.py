@@ -23,9 +23,10 @@ The three request types, exactly:
   first predicted from the end-of-text token, in windows of context_length predictions;
   the last window is filled with earlier tokens so each window has the most context
   (lm-eval's ``get_rolling_token_windows`` with context_len = 1).
-- ``generate_until(context, {"until", "max_gen_toks", "do_sample", "temperature"})``: greedy
-  unless do_sample with a temperature > 0, with ``ferrolm.lm.generate.generate``; the text
-  is cut before the first stop string, and ends at the end-of-text token.
+- ``generate_until(context, {"until", "max_gen_toks", "do_sample", "temperature", "top_k",
+  "top_p"})``: greedy unless do_sample with a temperature > 0, with
+  ``ferrolm.lm.generate.generate``; the text is cut before the first stop string, and ends at
+  the end-of-text token. Other generation kwargs are refused by name.
 
 Requests run in batches of ``batch_size`` rows, longest first, right-padded (a causal
 model's logits at a position do not depend on what follows it), with a progress bar.
@@ -192,25 +193,32 @@ class FerrolmLM(LM):
 
     # ---- generation ------------------------------------------------------------------
 
-    def _sampling(self, kwargs: dict) -> tuple[list[str], int, float]:
+    def _sampling(self, kwargs: dict) -> tuple[list[str], int, tuple]:
+        """(stop strings, max new tokens, (temperature, top_k, top_p)) from a task's generation kwargs."""
+        from ferrolm.lm.generate import check_sampling_args
+
         kwargs = dict(kwargs)
         until = kwargs.pop("until", None) or []
         stops = [until] if isinstance(until, str) else list(until)
         max_new = _positive_int(kwargs.pop("max_gen_toks", self.max_gen_toks), "max_gen_toks")
         temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+        top_k, top_p = kwargs.pop("top_k", None), kwargs.pop("top_p", None)
         if not kwargs.pop("do_sample", False):
-            temperature = 0.0
-        return stops, max_new, temperature
+            temperature, top_k, top_p = 0.0, None, None
+        if kwargs:
+            raise ValueError(f"generation kwargs ferrolm has no use for: {', '.join(sorted(kwargs))}")
+        check_sampling_args(temperature, top_k, top_p)
+        return stops, max_new, (temperature, top_k, top_p)
 
     @torch.inference_mode()
-    def _generate_batch(self, contexts: list[str], stops: list[str], max_new: int, temperature: float) -> list[str]:
+    def _generate_batch(self, contexts: list[str], stops: list[str], max_new: int, sampling: tuple) -> list[str]:
         from ferrolm.lm.generate import StopText, generate
 
         rows = [self.tok.encode(c) for c in contexts]  # an empty one starts from eos
         new: list[list[int]] = [[] for _ in rows]
         done = [False] * len(rows)
         generator = torch.Generator(device=self._device).manual_seed(1234)
-        stream = generate(self.model, rows, max_new, temperature, eos_id=self.eos_id, generator=generator)
+        stream = generate(self.model, rows, max_new, *sampling, eos_id=self.eos_id, generator=generator)
         for step in stream:
             for r, t in enumerate(step):
                 if t is None or done[r]:
@@ -231,11 +239,11 @@ class FerrolmLM(LM):
         out: list[str] = [""] * len(requests)
         with self._bar(len(requests), "ferrolm generate_until", disable_tqdm) as bar:
             for members in groups.values():
-                stops, max_new, temperature = self._sampling(requests[members[0]].args[1])
+                stops, max_new, sampling = self._sampling(requests[members[0]].args[1])
                 members.sort(key=lambda n: -len(requests[n].args[0]))
                 for b in range(0, len(members), self.batch_size):
                     batch = members[b : b + self.batch_size]
-                    texts = self._generate_batch([requests[n].args[0] for n in batch], stops, max_new, temperature)
+                    texts = self._generate_batch([requests[n].args[0] for n in batch], stops, max_new, sampling)
                     for n, text in zip(batch, texts):
                         out[n] = text
                         self.cache_hook.add_partial("generate_until", requests[n].args, text)
