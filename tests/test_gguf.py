@@ -116,13 +116,16 @@ def test_gguf_refuses_what_llama_cpp_cannot_express(tmp_path):
         export_gguf(tmp_path / "ok.pt", tmp_path / "custom.gguf", custom)
     with pytest.raises(ValueError, match="dtype must be one of float32, float16"):
         export_gguf(tmp_path / "ok.pt", tmp_path / "bf16.gguf", tok, dtype="bfloat16")
-    cl100k = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"], pattern="cl100k")
+    with pytest.raises(ValueError, match="the tokenizer has no merges"):
+        export_gguf(tmp_path / "ok.pt", tmp_path / "no-merges.gguf", tok)
+    vocab = {**{i: bytes([i]) for i in range(256)}, 256: b"ab"}
+    cl100k = Tokenizer(vocab, [(b"a", b"b")], ["<|endoftext|>"], pattern="cl100k")
     out = export_gguf(tmp_path / "ok.pt", tmp_path / "cl100k.gguf", cl100k)
     f = _fields(gguf.GGUFReader(out))
-    assert f["tokenizer.ggml.pre"] == "llama-bpe"
-    # the model has 300 ids, the tokenizer 257: the rest are placeholders typed UNUSED
-    assert f["tokenizer.ggml.tokens"][256:] == ["<|endoftext|>"] + [f"[PAD{i}]" for i in range(257, 300)]
-    assert f["tokenizer.ggml.token_type"][255:] == [1, 3] + [5] * 43
+    assert f["tokenizer.ggml.pre"] == "llama-bpe" and f["tokenizer.ggml.merges"] == ["a b"]
+    # the model has 300 ids, the tokenizer 258: the rest are placeholders typed UNUSED
+    assert f["tokenizer.ggml.tokens"][256:] == ["ab", "<|endoftext|>"] + [f"[PAD{i}]" for i in range(258, 300)]
+    assert f["tokenizer.ggml.token_type"][255:] == [1, 1, 3] + [5] * 42
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cl100k.gguf", "ok.pt", "post.pt"]
 
 

@@ -147,6 +147,8 @@ def export_gguf(
     pre = pre_tokenizer_name(tok.pattern)
     if tok.eos_id is None:
         raise ValueError("the tokenizer has no <|endoftext|> special token: GGUF needs it as eos")
+    if not tok.merges:
+        raise ValueError("the tokenizer has no merges: llama.cpp loads a BPE vocabulary only with its merges")
     tensors = gguf_tensors(model, dtype)
     fields = _tokenizer_fields(tok, cfg.vocab_size)
 
