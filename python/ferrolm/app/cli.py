@@ -711,13 +711,22 @@ def add_export_command(sub) -> None:
         description="Write a folder that transformers loads with no ferrolm code: config.json (LlamaForCausalLM), "
         "model.safetensors, generation_config.json and the tokenizer files (AutoModelForCausalLM and "
         "AutoTokenizer .from_pretrained(DIR)). --format safetensors writes the weights alone under ferrolm's "
-        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it).",
+        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it). "
+        "--format gguf writes one GGUF file for llama.cpp and the tools built on it, tokenizer included "
+        '(needs the gguf extra: pip install "ferrolm[gguf]").',
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
-    p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors file)")
+    p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors / .gguf file)")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help=TOKENIZER_HELP)
-    p.add_argument("--format", default="hf", choices=["hf", "safetensors"], help="hf (default) or safetensors")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (hf)")
+    p.add_argument(
+        "--format", default="hf", choices=["hf", "safetensors", "gguf"], help="hf (default), safetensors, gguf"
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights dtype (hf; gguf: no bf16)",
+    )
     p.set_defaults(run=_run_export)
 
 
@@ -726,6 +735,10 @@ def _run_export(args) -> int:
 
     if args.format == "safetensors":
         out = export_safetensors(args.checkpoint, args.out)
+    elif args.format == "gguf":
+        from ferrolm.lm.gguf_export import export_gguf
+
+        out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
     else:
         out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
     print(out)
@@ -735,18 +748,31 @@ def _run_export(args) -> int:
 def add_eval_command(sub) -> None:
     p = sub.add_parser(
         "eval",
-        help="score a checkpoint on token shards: loss, perplexity, bits per byte",
+        help="score a checkpoint on token shards (loss, perplexity, bits per byte) or on lm-eval tasks",
         description="Run the model over the shards in consecutive context-length windows and report the mean loss "
         "(nats/token), perplexity, bits per byte (total nats / ln 2 / UTF-8 bytes of the text; special tokens "
         "count 0 bytes; needs the tokenizer) and tokens/s.",
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
-    p.add_argument("--data", required=True, nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
+    p.add_argument("--data", nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help=TOKENIZER_HELP)
-    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        metavar="B",
+        help="windows (or lm-eval requests) per forward pass (default 8)",
+    )
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    tasks = p.add_argument_group(
+        'lm-evaluation-harness tasks (instead of --data; needs the eval extra: pip install "ferrolm[eval]")'
+    )
+    tasks.add_argument("--tasks", metavar="A,B", help="lm-eval task names, comma-separated (hellaswag,arc_easy,...)")
+    tasks.add_argument("--num-fewshot", type=int, default=None, metavar="N", help="few-shot examples per prompt")
+    tasks.add_argument("--limit", type=float, default=None, metavar="N", help="examples per task (a fraction if < 1)")
+    tasks.add_argument("--include-path", default=None, metavar="DIR", help="a folder of task YAMLs of your own")
     p.set_defaults(run=_run_eval)
 
 
@@ -755,6 +781,19 @@ def _run_eval(args) -> int:
 
     from ferrolm.lm.evaluate import evaluate
 
+    if bool(args.data) == bool(args.tasks):
+        raise ValueError("give --data SHARD (loss, bits per byte) or --tasks NAMES (lm-eval tasks)")
+    if args.tasks:
+        if args.max_tokens is not None:
+            raise ValueError("--max-tokens is for --data; with --tasks, --limit caps the examples per task")
+        return _run_eval_tasks(args)
+    for flag, value in (
+        ("--num-fewshot", args.num_fewshot),
+        ("--limit", args.limit),
+        ("--include-path", args.include_path),
+    ):
+        if value is not None:
+            raise ValueError(f"{flag} is for --tasks (lm-eval tasks), not --data")
     data = args.data if len(args.data) > 1 else args.data[0]
     r = evaluate(
         args.checkpoint,
@@ -770,6 +809,31 @@ def _run_eval(args) -> int:
     bpb = f"{r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else "n/a (no tokenizer)"
     print(f"loss {r['loss']:.4f}  perplexity {r['perplexity']:.2f}  bits/byte {bpb}")
     print(f"{r['tokens']:,} tokens in {r['seconds']:.2f} s ({r['tokens_per_s'] or 0:,.0f} tokens/s)")
+    return 0
+
+
+def _run_eval_tasks(args) -> int:
+    import json
+
+    from ferrolm.lm.harness import run_tasks
+
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    r = run_tasks(
+        args.checkpoint,
+        args.tasks,
+        args.tokenizer,
+        num_fewshot=args.num_fewshot,
+        limit=limit,
+        batch_size=args.batch_size,
+        device=args.device,
+        include_path=args.include_path,
+    )
+    if args.json:
+        print(json.dumps({k: r[k] for k in ("results", "n-shot", "n-samples") if k in r}, default=str))
+        return 0
+    from lm_eval.utils import make_table
+
+    print(make_table(r))
     return 0
 
 
