@@ -209,3 +209,21 @@ def test_compressed_text_with_bad_utf8_names_the_decompressed_offset(tmp_path):
     (tmp_path / "b.txt.gz").write_bytes(gzip.compress(b"good text \xff"))
     with pytest.raises(ValueError, match=r"b\.txt\.gz \(decompressed\): invalid UTF-8 at byte offset 10"):
         quiet(tmp_path / "b.txt.gz", 270)
+
+
+def test_a_parquet_column_inside_a_struct_by_its_dotted_path(tmp_path, docs_files):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    docs, paths = docs_files
+    meta = [{"id": i, "text": t} for i, t in enumerate(docs)] + [None, {"id": -1, "text": None}]
+    pq.write_table(pa.table({"meta": meta}), tmp_path / "s.parquet", row_group_size=50)
+    tok = Tokenizer.train(iter(docs), 300, [EOT], progress=False)
+    shards.encode(tok, paths["plain"], tmp_path / "ref", progress=False)
+    side = shards.encode(tok, tmp_path / "s.parquet", tmp_path / "s", column="meta.text", progress=False)
+    assert (tmp_path / "s.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    assert side["num_documents"] == len(docs)  # a null struct or text is no document
+    assert quiet(tmp_path / "s.parquet", column="meta.text") == quiet(paths["plain"])
+    with pytest.raises(ValueError, match=r"'meta' .* is nested .* dotted paths: meta\.id, meta\.text"):
+        shards.encode(tok, tmp_path / "s.parquet", tmp_path / "e", column="meta", progress=False)
+    with pytest.raises(ValueError, match=r"no column 'meta\.body'"):
+        quiet(tmp_path / "s.parquet", column="meta.body")
