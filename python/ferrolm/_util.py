@@ -63,18 +63,28 @@ def atomic_open(path: PathInput) -> Iterator[BinaryIO]:
     the permissions of any new file (0666 less the umask).
     """
     path = Path(path)
-    fd, tmp = _open_temporary(path)
+    try:
+        fd, tmp = _open_temporary(path)
+    except OSError as e:
+        raise _naming(e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename == os.fspath(tmp):
+            raise _naming(e, path) from None
         raise
     fsync_dir(path.parent)
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """`e` naming `path`, the file the user asked for, not the hidden temporary one."""
+    return type(e)(e.errno, e.strerror, os.fspath(path))
 
 
 def atomic_write_bytes(path: PathInput, data: bytes) -> None:

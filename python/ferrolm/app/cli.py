@@ -341,7 +341,27 @@ def _read_sample(path: str, limit: int, column: str = "text") -> str:
     else:
         f = open(path, "rb")
     with f:
-        return f.read(limit).decode("utf-8", errors="ignore")
+        text = f.read(limit).decode("utf-8", errors="ignore").removeprefix("\ufeff")
+    return _jsonl_documents(text, column) or text
+
+
+def _jsonl_documents(text: str, column: str) -> str | None:
+    """The documents of the whole JSON Lines records in `text`, one after another; None
+    when `text` does not start with one (it is then plain text)."""
+    import json
+
+    docs = []
+    for line in text.split("\n")[:-1] or [text]:
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)[column]
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not isinstance(doc, str):
+            return None
+        docs.append(doc)
+    return "".join(docs) if docs else None
 
 
 def _add_train_tokenizer(sub) -> None:
@@ -357,9 +377,18 @@ def _add_train_tokenizer(sub) -> None:
         nargs="+",
         required=True,
         metavar="FILE",
-        help="training files: text or Parquet; globs ('data/*.parquet') and folders are expanded, sorted",
+        help="training files, read as `ferrolm encode` reads them: text whose documents are separated by a "
+        "special token, .gz/.zst compressed text, JSON Lines, Parquet; globs ('data/*.parquet') and folders "
+        "are expanded, sorted",
     )
-    p.add_argument("--column", default="text", metavar="NAME", help="text column of Parquet inputs (default: text)")
+    p.add_argument(
+        "--column",
+        "--jsonl-field",
+        default="text",
+        dest="column",
+        metavar="NAME",
+        help="Parquet column or JSON Lines field holding the text (default: text)",
+    )
     p.add_argument(
         "--vocab-size",
         type=int,
@@ -399,8 +428,8 @@ def _run_train_tokenizer(args) -> int:
     from ferrolm.bpe.tokenizer import Tokenizer
 
     args.input = inputs.expand(args.input)  # folders and globs to their files
-    for path in args.input:
-        if not os.path.isfile(path):
+    for path in args.input:  # what exists but is no regular file, the core refuses by name
+        if not os.path.exists(path):
             raise FileNotFoundError(f"input file not found: {path}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
@@ -565,7 +594,6 @@ def _run_encode(args) -> int:
         raise
     elapsed = time.perf_counter() - t0
     bin_path, json_path = shards.output_paths(args.out, shards.parse_part(args.part))
-    in_bytes = (sc["byte_range"][1] - sc["byte_range"][0]) if sc["byte_range"] else sc["total_input_bytes"]
     if sc.get("restart_reason"):
         print(f"note: started over: {sc['restart_reason']}", file=sys.stderr)
     if sc.get("resumed_tokens"):
@@ -573,11 +601,14 @@ def _run_encode(args) -> int:
     print(
         f"wrote {bin_path} ({sc['num_tokens']:,} {sc['dtype']} tokens, {sc['num_documents']:,} documents) and {json_path}"
     )
-    print(
-        f"{in_bytes / 1e6:,.1f} MB in {elapsed:.2f} s: {in_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
-        f"{sc['num_tokens'] / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s"
-        + (f", {in_bytes / max(sc['num_tokens'], 1):.2f} bytes/token" if sc["num_tokens"] else "")
-    )
+    # Rates over the text this run encoded (decompressed, the JSON Lines and Parquet
+    # documents' own text), not the bytes on disk, which compression and markup skew.
+    text_bytes, tokens = sc["text_bytes"], sc["num_tokens"] - sc["resumed_tokens"]
+    if tokens:
+        print(
+            f"{text_bytes / 1e6:,.1f} MB of text in {elapsed:.2f} s: {text_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
+            f"{tokens / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s, {text_bytes / tokens:.2f} bytes/token"
+        )
     return 0
 
 

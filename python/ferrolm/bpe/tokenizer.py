@@ -169,7 +169,9 @@ class Tokenizer:
 
         ``input`` is a path, glob or folder, a list of them, or an iterable of str (each item
         a document); ``vocab_size`` counts the 256 bytes, the merges and the special tokens.
-        Parquet inputs give the documents of their ``column``.
+        Files are read as ``ferrolm encode`` reads them (text, ``.gz``/``.zst``, JSON Lines,
+        Parquet); JSON Lines and Parquet inputs give the documents of their ``column``
+        (a record's field; a Parquet column, ``meta.text`` inside a struct).
         """
         from ferrolm.bpe import trainer as bpe_trainer
 
