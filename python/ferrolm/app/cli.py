@@ -11,6 +11,7 @@ import argparse
 import sys
 
 import ferrolm
+from ferrolm._util import ForgivingStream, say_where_possible, silence
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +98,11 @@ def _run_train(args) -> int:
     import os
 
     if summary.status in ("done", "time") and summary.final_val_loss is not None and os.environ.get("RANK", "0") == "0":
-        print(f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}")
+        # the run is saved: a reader gone from stdout does not make it a failure
+        say_where_possible(
+            f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}",
+            ForgivingStream(sys.stdout),
+        )
     return {"done": 0, "time": 0, "interrupted": 130, "nan": 3}.get(summary.status, 1)
 
 
@@ -912,11 +917,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _report("interrupted")
         return 130
+    except BrokenPipeError:  # the reader of the output went away (`| head`): nothing more to say
+        silence(sys.stdout)
+        silence(sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, OSError, ImportError) as e:
-        print(f"ferrolm {args.command}: error: {e}", file=sys.stderr)
+        _report(f"ferrolm {args.command}: error: {e}")
         return 2
+
+
+def _report(line: str) -> None:
+    """``line`` on stderr, or on stdout when stderr's reader is gone, or nowhere."""
+    say_where_possible(line, ForgivingStream(sys.stderr), ForgivingStream(sys.stdout))
 
 
 if __name__ == "__main__":
