@@ -99,3 +99,173 @@ def test_ctrl_c_with_the_output_pipe_closed_still_saves_and_exits_130(shards, tm
     assert "Traceback" not in err
     if not stderr_too:  # stderr still reaches the terminal: the resume hint is there
         assert f"stopped by SIGINT after step {step}; checkpoint {ckpts[-1]}; continue with --resume {out_dir}" in err
+
+
+# ------------------------------------------------------------------ a tiny trained run ---------
+
+
+def _tiny_config(shards: Path, out_dir: Path, **run):
+    from ferrolm.lm.config import TrainConfig
+
+    cfg = TrainConfig()
+    cfg.update(
+        {
+            "model": TINY_MODEL,
+            "data": {"train": str(shards / "train"), "val": str(shards / "val")},
+            "schedule": {"max_steps": 10, "warmup_steps": 1, "batch_size": 2},
+            "run": {
+                "out_dir": str(out_dir),
+                "device": "cpu",
+                "autocast_bf16": False,
+                "compile": False,
+                "eval_every": 5,
+                "eval_batches": 1,
+                "log_every": 5,
+                "checkpoint_every": 5,
+                "progress": False,
+                "num_threads": 1,
+                **run,
+            },
+        }
+    )
+    return cfg.validate()
+
+
+# ------------------------------------------------------------------------ model shapes ---------
+
+
+def test_the_memory_estimate_is_the_documented_sum():
+    from ferrolm.lm.memory import training_memory_estimate
+    from ferrolm.lm.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=100, context_length=8, d_model=16, num_layers=2, num_heads=2, d_ff=48)
+    params = 100 * 16 + 2 * (4 * 16 * 16 + 3 * 16 * 48 + 2 * 16) + 16 + 100 * 16
+    est = training_memory_estimate(cfg, batch_size=3)
+    assert est["parameters"] == params == 9_936
+    assert est["state"] == 16 * params
+    assert est["activations"] == 4 * 3 * 8 * (2 * (10 * 16 + 4 * 48) + 100)
+    assert est["total"] == est["state"] + est["activations"]
+    assert training_memory_estimate(cfg, batch_size=3, shards=4)["state"] == 4 * params
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model": {"num_layers": 99999999999999999999}},
+        {"model": {"d_model": 2**40}},
+        {"model": {"vocab_size": 4_000_000_000}},
+        {"schedule": {"batch_size": 1_000_000}},
+    ],
+    ids=["layers", "width", "vocab", "batch"],
+)
+def test_a_shape_that_cannot_fit_is_refused_before_allocating(shards, tmp_path, change):
+    from ferrolm.lm.memory import InsufficientMemoryError
+    from ferrolm.lm.train import train
+
+    cfg = _tiny_config(shards, tmp_path / "r")
+    cfg.update(change)
+    t0 = time.perf_counter()
+    with pytest.raises(
+        InsufficientMemoryError, match=r"needs an estimated [\d,.]+ [GM]B .* has [\d,.]+ [GM]B available"
+    ):
+        train(cfg)
+    assert time.perf_counter() - t0 < 30  # refused, not built layer after layer
+
+
+def test_the_memory_check_compares_with_what_is_available_and_can_be_skipped(shards, tmp_path, monkeypatch):
+    import ferrolm.lm.memory as memory
+    from ferrolm.lm.train import train
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 100_000)  # 0.1 MB free
+    with pytest.raises(memory.InsufficientMemoryError, match="cpu has 0.1 MB available.*FERROLM_MEMORY_CHECK=0"):
+        train(_tiny_config(shards, tmp_path / "a"))
+    monkeypatch.setenv("FERROLM_MEMORY_CHECK", "0")  # the way out when the estimate is wrong
+    assert train(_tiny_config(shards, tmp_path / "b", eval_every=0)).status == "done"
+
+
+def test_the_cli_says_the_estimate_in_one_line(shards, tmp_path, capsys):
+    from ferrolm.app.cli import main
+
+    argv = _train_args(shards, tmp_path / "r", "model.num_layers=99999999999999999999", "schedule.warmup_steps=0")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ferrolm train: error: this configuration needs an estimated") and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------- config values ---------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("schedule.max_time_s=nan", "schedule.max_time_s must be a number >= 0, got nan"),
+        ("optimizer.grad_clip=nan", "optimizer.grad_clip must be a number >= 0, got nan"),
+        (f"run.seed={2**70}", f"run.seed must be an int in [0, 2**63), got {2**70}"),
+    ],
+)
+def test_values_no_run_can_use_are_named(override, message):
+    from ferrolm.lm.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config("cpu-small", [override])
+    assert str(e.value) == message
+
+
+# ------------------------------------------------------------------------ disk full ---------
+
+
+def _disk_full_after(limit: int, target_suffix: str, monkeypatch):
+    """Make writes to checkpoint files ending in ``target_suffix`` fail with ENOSPC after
+    ``limit`` bytes, as a full disk does, under the real torch.save and atomic write."""
+    import contextlib
+    import errno
+
+    import ferrolm.lm.checkpoint as ck
+
+    real = ck.atomic_open
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > limit:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    @contextlib.contextmanager
+    def atomic_open(path):
+        with real(path) as f:
+            yield FullDisk(f) if str(path).endswith(target_suffix) else f
+
+    monkeypatch.setattr(ck, "atomic_open", atomic_open)
+
+
+def test_a_full_disk_is_named_with_its_folder_and_earlier_checkpoints_stay(shards, tmp_path, monkeypatch, capsys):
+    from ferrolm.app.cli import main
+    from ferrolm.lm.checkpoint import read_checkpoint
+
+    _disk_full_after(4096, "step_00000010.pt", monkeypatch)
+    argv = _train_args(
+        shards,
+        tmp_path / "r",
+        "schedule.max_steps=10",
+        "schedule.warmup_steps=1",
+        "run.checkpoint_every=5",
+        "run.eval_every=5",
+        "run.log_every=5",
+        "run.progress=false",
+        "run.compile=false",
+    )
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    ckpts = tmp_path / "r" / "checkpoints"
+    assert f"No space left on device: the disk of {ckpts} is full" in err, err
+    assert f"the previous checkpoint {ckpts / 'step_00000005.pt'} is intact" in err
+    assert "inline_container" not in err and "Traceback" not in err
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000005.pt"]  # no temporary left
+    assert read_checkpoint(ckpts / "step_00000005.pt")["iteration"] == 5

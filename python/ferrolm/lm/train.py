@@ -86,8 +86,9 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
 from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_starts
 from ferrolm.lm.device import resolve_device, reuse_freed_memory, use_bf16, use_compile
 from ferrolm.lm.evaluate import token_byte_lengths
+from ferrolm.lm.memory import check_training_memory
 from ferrolm.lm.metrics import MetricsLog, read_metrics
-from ferrolm.lm.model import TransformerLM, flops_per_token
+from ferrolm.lm.model import ModelConfig, TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
 from ferrolm.lm.sharding import full_state_dicts, load_full_state_dicts, shard_model
 
@@ -298,6 +299,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
 
     torch.manual_seed(cfg.run.seed)
     train_data, val_data = _open_data(cfg)
+    shards = dist_.world if _sharded(cfg, dist_) else 1
+    check_training_memory(model_config(cfg.model), cfg.schedule.batch_size, device, shards)
     model = build_model(cfg.model).to(device)
     if _sharded(cfg, dist_):
         shard_model(model, device)  # in place, before the optimizer sees the parameters
@@ -490,6 +493,20 @@ def _data_vocab_size(train: TokenShards, val: TokenShards, tokenizer) -> int:
     raise ConfigError(
         "model.vocab_size is not set and the shards have no sidecar to take it from; "
         "set --set model.vocab_size=N (50304 for GPT-2 token files) or data.tokenizer=DIR"
+    )
+
+
+def model_config(cfg: ModelSection) -> ModelConfig:
+    """The ModelConfig ``build_model`` builds (its arithmetic needs no allocation)."""
+    return ModelConfig(
+        cfg.vocab_size,
+        cfg.context_length,
+        cfg.d_model,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.d_ff,
+        cfg.rope_theta,
+        tie_embeddings=cfg.tie_embeddings,
     )
 
 
