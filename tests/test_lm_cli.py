@@ -269,3 +269,89 @@ def test_a_full_disk_is_named_with_its_folder_and_earlier_checkpoints_stay(shard
     assert "inline_container" not in err and "Traceback" not in err
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000005.pt"]  # no temporary left
     assert read_checkpoint(ckpts / "step_00000005.pt")["iteration"] == 5
+
+
+# ----------------------------------------------------------------------------- eval ---------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(shards, tmp_path_factory):
+    from ferrolm.lm.train import train
+
+    out = tmp_path_factory.mktemp("run") / "r"
+    train(_tiny_config(shards, out, eval_every=0, log_every=10, checkpoint_every=0))
+    return out
+
+
+def _eval(capsys, *argv):
+    from ferrolm.app.cli import main
+
+    capsys.readouterr()
+    rc = main(["eval", "--device", "cpu", *map(str, argv)])
+    return (rc, *capsys.readouterr())
+
+
+def test_eval_shows_its_progress_on_stderr(shards, tiny_run, capsys):
+    rc, out, err = _eval(capsys, "--checkpoint", tiny_run, "--data", shards / "val", "--batch-size", 4)
+    assert rc == 0 and out.startswith("loss ")
+    assert "eval" in err and "999/999" in err  # the bar counts predicted tokens: 1000 tokens, 999 predicted
+    rc, out, err = _eval(capsys, "--checkpoint", tiny_run, "--data", shards / "val", "--no-progress")
+    assert rc == 0 and err == ""
+
+
+def test_eval_names_an_id_the_model_has_no_row_for(shards, tiny_run, tmp_path, capsys):
+    from shard_util import FP
+
+    tokens = synthetic_corpus(200, vocab_size=64, seed=1)
+    tokens[123] = 70  # beyond the model's 64 ids, inside the sidecar's declared 100
+    write_shard(tmp_path / "bad", tokens, vocab_size=64, fingerprint=FP)
+    rc, out, err = _eval(capsys, "--checkpoint", tiny_run, "--data", tmp_path / "bad")
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert f"{tmp_path / 'bad'}: token 123 of the data is id 70, not below the model's vocab_size 64" in err
+    write_shard(tmp_path / "wide", synthetic_corpus(200, vocab_size=64, seed=1), vocab_size=100, fingerprint=FP)
+    rc, _, err = _eval(capsys, "--checkpoint", tiny_run, "--data", tmp_path / "wide")
+    assert rc == 2 and "was encoded with a 100-token vocabulary, but the model in" in err and "has 64 tokens" in err
+
+
+# ------------------------------------------------------------------------- generate ---------
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tmp_path_factory):
+    from ferrolm import Tokenizer
+    from ferrolm.lm.checkpoint import save_checkpoint
+    from ferrolm.lm.model import TransformerLM
+
+    d = tmp_path_factory.mktemp("gen")
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    tok.save(d / "tok")
+    torch.manual_seed(0)
+    m = TransformerLM(tok.vocab_size, 16, d_model=16, num_layers=1, num_heads=2, d_ff=32)
+    config = {"model": m.config.to_dict()}
+    save_checkpoint(m, None, 1, d / "m.pt", config=config, tokenizer_fingerprint=tok.fingerprint)
+    return d
+
+
+def _generate(capsys, d, *argv):
+    from ferrolm.app.cli import main
+
+    capsys.readouterr()
+    base = ["generate", "--checkpoint", str(d / "m.pt"), "--tokenizer", str(d / "tok"), "--device", "cpu"]
+    rc = main(base + ["--max-new-tokens", "4", *map(str, argv)])
+    return (rc, *capsys.readouterr())
+
+
+def test_greedy_generation_reports_no_seed(model_and_tokenizer, capsys):
+    rc, out, err = _generate(capsys, model_and_tokenizer, "--prompt", "ab", "--temperature", 0)
+    assert rc == 0 and out.startswith("ab") and err == ""
+    rc, out, err = _generate(capsys, model_and_tokenizer, "--prompt", "ab")
+    assert rc == 0 and err.startswith("seed ")  # sampling: the seed that reproduces it
+
+
+def test_generate_names_a_bad_seed_and_a_prompt_file_that_is_not_utf8(model_and_tokenizer, tmp_path, capsys):
+    rc, out, err = _generate(capsys, model_and_tokenizer, "--prompt", "ab", "--seed", 2**70)
+    assert rc == 2 and err == f"ferrolm generate: error: --seed must be an int in [0, 2**63), got {2**70}\n"
+    (tmp_path / "p.txt").write_bytes(b"caf\xe9 au lait")  # Latin-1, not UTF-8
+    rc, out, err = _generate(capsys, model_and_tokenizer, "--prompt-file", tmp_path / "p.txt")
+    assert rc == 2 and out == ""
+    assert err == f"ferrolm generate: error: --prompt-file {tmp_path / 'p.txt'}: not UTF-8 text (byte 3 is 0xe9)\n"
