@@ -355,3 +355,27 @@ def test_generate_names_a_bad_seed_and_a_prompt_file_that_is_not_utf8(model_and_
     rc, out, err = _generate(capsys, model_and_tokenizer, "--prompt-file", tmp_path / "p.txt")
     assert rc == 2 and out == ""
     assert err == f"ferrolm generate: error: --prompt-file {tmp_path / 'p.txt'}: not UTF-8 text (byte 3 is 0xe9)\n"
+
+
+# ----------------------------------------------------------------------------- demo ---------
+
+
+def test_the_demo_says_what_its_samples_can_show():
+    from ferrolm.app.demo import what_to_expect
+
+    assert what_to_expect(8.38, 4.25, 4096) == (
+        "what to expect: a model that knows nothing scores ln(4096) = 8.32 nats/token; this one went from "
+        "8.38 to 4.25, as unsure at each token as a pick among 70. At such a loss samples take on the look of "
+        "the text (for the standard library's code: indentation, keywords, names, comments) but not its sense; "
+        "the loss keeps falling with longer training (--minutes N, or a GPU)."
+    )
+
+
+def test_the_demo_docs_give_the_demo_s_own_figures():
+    import re
+
+    from ferrolm.app import demo
+
+    usage = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text(encoding="utf-8")
+    every = re.search(r'"run\.eval_every=(\d+)"', Path(demo.__file__).read_text(encoding="utf-8")).group(1)
+    assert f"evaluated every {every} steps" in usage
