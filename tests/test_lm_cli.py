@@ -198,8 +198,8 @@ def test_the_cli_says_the_estimate_in_one_line(shards, tmp_path, capsys):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("schedule.max_time_s=nan", "schedule.max_time_s must be a number >= 0, got nan"),
-        ("optimizer.grad_clip=nan", "optimizer.grad_clip must be a number >= 0, got nan"),
+        ("schedule.max_time_s=nan", "schedule.max_time_s must be >= 0, got nan"),
+        ("optimizer.grad_clip=nan", "optimizer.grad_clip must be >= 0, got nan"),
         (f"run.seed={2**70}", f"run.seed must be an int in [0, 2**63), got {2**70}"),
     ],
 )

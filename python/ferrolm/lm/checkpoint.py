@@ -191,6 +191,9 @@ class _WriteRecorder:
     def flush(self) -> None:
         self.f.flush()
 
+    def __getattr__(self, name: str) -> Any:  # seek, tell, ... of the file
+        return getattr(self.f, name)
+
 
 def _torch_save(obj: dict, f: BinaryIO, target: Path) -> None:
     recorder = _WriteRecorder(f)

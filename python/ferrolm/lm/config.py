@@ -245,7 +245,7 @@ def _check_signs(cfg: TrainConfig) -> None:
     }
     for k, v in non_negative.items():
         if not v >= 0 or (isinstance(v, float) and math.isinf(v)):  # NaN fails every comparison
-            raise ConfigError(f"{k} must be a number >= 0, got {v}")
+            raise ConfigError(f"{k} must be >= 0, got {v}")
     if not 0 <= r.seed < SEED_LIMIT:
         raise ConfigError(f"run.seed must be an int in [0, 2**63), got {r.seed}")
     positive_numbers = {"optimizer.lr": o.lr, "optimizer.eps": o.eps, "model.rope_theta": m.rope_theta}
