@@ -11,6 +11,7 @@ import argparse
 import sys
 
 import ferrolm
+from ferrolm._util import ForgivingStream, say_where_possible, silence
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +98,11 @@ def _run_train(args) -> int:
     import os
 
     if summary.status in ("done", "time") and summary.final_val_loss is not None and os.environ.get("RANK", "0") == "0":
-        print(f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}")
+        # the run is saved: a reader gone from stdout does not make it a failure
+        say_where_possible(
+            f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}",
+            ForgivingStream(sys.stdout),
+        )
     return {"done": 0, "time": 0, "interrupted": 130, "nan": 3}.get(summary.status, 1)
 
 
@@ -196,7 +201,11 @@ def add_generate_command(sub) -> None:
         help="nucleus sampling: the smallest most-probable set with mass >= P, P in (0, 1]",
     )
     p.add_argument(
-        "--seed", type=int, default=None, metavar="S", help="random seed (default: a fresh one, printed on stderr)"
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="random seed in [0, 2**63) (default: a fresh one, printed on stderr unless --temperature is 0)",
     )
     p.add_argument(
         "--num-samples", type=int, default=1, metavar="M", help="samples to draw, one after the other (default 1)"
@@ -212,8 +221,14 @@ def _drop_newline(text: str) -> str:
 def _prompts(args) -> list:
     prompts = [_drop_newline(sys.stdin.read()) if p == "-" else p for p in args.prompts]
     for path in args.prompt_files:
-        with open(path, encoding="utf-8") as f:
-            prompts.append(_drop_newline(f.read()))
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            prompts.append(_drop_newline(data.decode("utf-8")))
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"--prompt-file {path}: not UTF-8 text (byte {e.start:,} is {data[e.start]:#04x})"
+            ) from None
     if not prompts:
         raise ValueError("give --prompt TEXT (or --prompt-file FILE); --prompt '' starts a new document")
     return prompts
@@ -239,6 +254,7 @@ def _run_generate(args) -> int:
     import torch
 
     from ferrolm.lm.checkpoint import load_model
+    from ferrolm.lm.config import SEED_LIMIT
     from ferrolm.lm.generate import StopText, check_sampling_args, generate, iter_text, resolve_device
 
     check_sampling_args(args.temperature, args.top_k, args.top_p)  # before any loading
@@ -246,6 +262,8 @@ def _run_generate(args) -> int:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.seed is not None and not 0 <= args.seed < SEED_LIMIT:
+        raise ValueError(f"--seed must be an int in [0, 2**63), got {args.seed}")
     prompts = _prompts(args)
     device = resolve_device(args.device)
     model, tok, _ = load_model(args.checkpoint, device, tokenizer=args.tokenizer, require_tokenizer=True)
@@ -255,8 +273,9 @@ def _run_generate(args) -> int:
         raise ValueError("an empty prompt starts from the end-of-text token, but this tokenizer has none")
     seed = args.seed
     if seed is None:
-        seed = torch.Generator().seed() % (2**63)
-        print(f"seed {seed}", file=sys.stderr)
+        seed = torch.Generator().seed() % SEED_LIMIT
+        if args.temperature > 0:  # greedy decoding draws nothing: its seed is not worth reporting
+            _report(f"seed {seed}")
     generator = torch.Generator(device=device).manual_seed(seed)
     known = tok.vocab_size
 
@@ -797,6 +816,7 @@ def add_eval_command(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     tasks = p.add_argument_group(
         'lm-evaluation-harness tasks (instead of --data; needs the eval extra: pip install "ferrolm[eval]")'
     )
@@ -833,6 +853,7 @@ def _run_eval(args) -> int:
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
         device=args.device,
+        progress=not args.no_progress,
     )
     if args.json:
         print(json.dumps(r))
@@ -1007,11 +1028,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _report("interrupted")
         return 130
+    except BrokenPipeError:  # the reader of the output went away (`| head`): nothing more to say
+        silence(sys.stdout)
+        silence(sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, OSError, ImportError) as e:
-        print(f"ferrolm {args.command}: error: {e}", file=sys.stderr)
+        _report(f"ferrolm {args.command}: error: {e}")
         return 2
+
+
+def _report(line: str) -> None:
+    """``line`` on stderr, or on stdout when stderr's reader is gone, or nowhere."""
+    say_where_possible(line, ForgivingStream(sys.stderr), ForgivingStream(sys.stdout))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 - ``data``: token shards as training batches
 - ``config``: the training config (TOML) and its presets
 - ``train``: the training loop
-- ``checkpoint``: saving and resuming
+- ``memory``: the memory a training configuration needs, checked before allocating
+- ``checkpoint``: saving and resuming; ``load_model`` for inference
 - ``generate``: sampling
 """

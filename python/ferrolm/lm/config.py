@@ -244,8 +244,10 @@ def _check_signs(cfg: TrainConfig) -> None:
         "optimizer.min_lr": o.min_lr,
     }
     for k, v in non_negative.items():
-        if v < 0:
+        if not v >= 0 or (isinstance(v, float) and math.isinf(v)):  # NaN fails every comparison
             raise ConfigError(f"{k} must be >= 0, got {v}")
+    if not 0 <= r.seed < SEED_LIMIT:
+        raise ConfigError(f"run.seed must be an int in [0, 2**63), got {r.seed}")
     positive_numbers = {"optimizer.lr": o.lr, "optimizer.eps": o.eps, "model.rope_theta": m.rope_theta}
     for k, v in positive_numbers.items():
         if not (v > 0 and math.isfinite(v)):
@@ -304,6 +306,7 @@ def _suggest_dotted(name: str) -> str:
 
 
 _SWITCHES = ("run.compile", "run.autocast_bf16")  # "auto" | "true" | "false"
+SEED_LIMIT = 2**63  # seeds are ints in [0, SEED_LIMIT): what a torch.Generator takes, with room to add steps
 CPU_MATMUL_CHOICES = ("auto", "blas", "onednn")  # run.cpu_matmul (see ferrolm.lm.gemm)
 
 

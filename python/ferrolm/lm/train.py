@@ -53,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ferrolm import __version__
-from ferrolm._util import atomic_write_bytes, stale_temporaries
+from ferrolm._util import ForgivingStream, atomic_write_bytes, say_where_possible, stale_temporaries
 from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm import gemm
 from ferrolm.lm.checkpoint import (
@@ -86,8 +86,9 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
 from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_starts
 from ferrolm.lm.device import resolve_device, reuse_freed_memory, use_bf16, use_compile
 from ferrolm.lm.evaluate import token_byte_lengths
+from ferrolm.lm.memory import check_training_memory
 from ferrolm.lm.metrics import MetricsLog, read_metrics
-from ferrolm.lm.model import TransformerLM, flops_per_token
+from ferrolm.lm.model import ModelConfig, TransformerLM, flops_per_token
 from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
 from ferrolm.lm.sharding import full_state_dicts, load_full_state_dicts, shard_model
 
@@ -190,6 +191,9 @@ class Run:
     peak: Optional[float]
     loggers: MetricsLog
     bar: Any  # tqdm bar on rank 0 when run.progress, else None
+    # stderr and stdout that never raise: a reader gone (a closed pipe) must not cost a checkpoint
+    err: ForgivingStream
+    out: ForgivingStream
     val_bytes_per_token: Optional[float] = None  # for bits per byte; None without a tokenizer folder
 
 
@@ -295,6 +299,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
 
     torch.manual_seed(cfg.run.seed)
     train_data, val_data = _open_data(cfg)
+    shards = dist_.world if _sharded(cfg, dist_) else 1
+    check_training_memory(model_config(cfg.model), cfg.schedule.batch_size, device, shards)
     model = build_model(cfg.model).to(device)
     if _sharded(cfg, dist_):
         shard_model(model, device)  # in place, before the optimizer sees the parameters
@@ -320,7 +326,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = MetricsLog(run_dir, cfg, main, state.step if resume is not None else None)
     state.last_ckpt = latest_checkpoint(run_dir) if resume is not None else None
-    bar = progress_bar(cfg, state) if main and cfg.run.progress else None
+    err, out = ForgivingStream(sys.stderr), ForgivingStream(sys.stdout)
+    bar = progress_bar(cfg, state, err) if main and cfg.run.progress else None
     run = Run(
         cfg=cfg,
         dist=dist_,
@@ -344,6 +351,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         peak=peak,
         loggers=loggers,
         bar=bar,
+        err=err,
+        out=out,
         val_bytes_per_token=val_bytes_per_token(cfg, val_data, val_starts, device, dist_),
     )
     return run, state
@@ -484,6 +493,20 @@ def _data_vocab_size(train: TokenShards, val: TokenShards, tokenizer) -> int:
     raise ConfigError(
         "model.vocab_size is not set and the shards have no sidecar to take it from; "
         "set --set model.vocab_size=N (50304 for GPT-2 token files) or data.tokenizer=DIR"
+    )
+
+
+def model_config(cfg: ModelSection) -> ModelConfig:
+    """The ModelConfig ``build_model`` builds (its arithmetic needs no allocation)."""
+    return ModelConfig(
+        cfg.vocab_size,
+        cfg.context_length,
+        cfg.d_model,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.d_ff,
+        cfg.rope_theta,
+        tie_embeddings=cfg.tie_embeddings,
     )
 
 
@@ -824,13 +847,15 @@ def make_record(run: Run, state: RunState, lr: float, grad_norm: Optional[float]
 
 
 def say(run: Run, msg: str) -> None:
-    """A line on stderr from rank 0 (above the progress bar when there is one)."""
+    """A line on stderr from rank 0 (above the progress bar when there is one); on stdout
+    when stderr's reader is gone, and nowhere when both are."""
     if not run.dist.is_main:
         return
-    if run.bar is not None:
-        run.bar.write(msg, file=sys.stderr)
-    else:
-        print(msg, file=sys.stderr)
+    if run.bar is not None and not run.err.lost:
+        run.bar.write(msg, file=run.err)
+        if not run.err.lost:
+            return
+    say_where_possible(msg, run.err, run.out)
 
 
 def _bar_by_time(cfg: TrainConfig) -> bool:
@@ -839,8 +864,8 @@ def _bar_by_time(cfg: TrainConfig) -> bool:
     return cfg.schedule.schedule_by == "time" and cfg.schedule.max_time_s > 0
 
 
-def progress_bar(cfg: TrainConfig, state: RunState):
-    common = dict(desc="train", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+def progress_bar(cfg: TrainConfig, state: RunState, file):
+    common = dict(desc="train", dynamic_ncols=True, file=file, mininterval=1.0)
     if not _bar_by_time(cfg):
         return tqdm(total=cfg.schedule.max_steps, initial=state.step, unit="step", **common)
     total = float(cfg.schedule.max_time_s)
