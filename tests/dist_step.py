@@ -1,6 +1,8 @@
 """Six training steps on one fixed global batch per step, alone or as one of the processes of
-`torchrun --nproc_per_node N tests/dist_step.py ddp|fsdp` (each takes every N-th sequence).
-Prints the mean loss of each step, one per line (rank 0). Used by tests/test_train.py."""
+`torchrun --nproc_per_node N tests/dist_step.py ddp|fsdp [OPTIMIZER]` (each takes every N-th
+sequence), with OPTIMIZER adamw (the default), muon (Muon's batched step) or muon-loop (its
+reference loop). Prints the mean loss of each step, one per line (rank 0), then the sum of
+the absolute values of all weights. Used by tests/test_train.py."""
 
 from __future__ import annotations
 
@@ -12,11 +14,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ferrolm.lm.functional import cross_entropy
 from ferrolm.lm.model import TransformerLM
-from ferrolm.lm.optim import AdamW, clip_grad_norm, param_groups_for_decay
+from ferrolm.lm.optim import AdamW, Muon, clip_grad_norm, muon_param_groups, param_groups_for_decay
 from ferrolm.lm.sharding import shard_model
 
 
-def main(mode: str) -> None:
+def main(mode: str, optimizer: str = "adamw") -> None:
     torch.set_num_threads(1)
     rank, world = 0, 1
     if mode != "single":
@@ -27,7 +29,11 @@ def main(mode: str) -> None:
     if mode == "fsdp":
         shard_model(model, torch.device("cpu"))
     step_model = DistributedDataParallel(model) if mode == "ddp" else model
-    opt = AdamW(param_groups_for_decay(model, 0.1), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    if optimizer == "adamw":
+        opt = AdamW(param_groups_for_decay(model, 0.1), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    else:
+        groups = muon_param_groups(model, lr=0.05, embedding_lr=0.05, head_lr=0.01, scalar_lr=0.01, weight_decay=0.1)
+        opt = Muon(groups, lr=0.05, momentum=0.9, fast=optimizer == "muon")
     ids = torch.randint(0, 64, (6, 8, 17), generator=torch.Generator().manual_seed(5))
     for step in range(6):
         batch = ids[step, rank::world]
@@ -41,6 +47,12 @@ def main(mode: str) -> None:
             dist.all_reduce(mean)
         if rank == 0:
             print(f"{float(mean) / world:.7f}", flush=True)
+    with torch.no_grad():
+        weights = sum(
+            float((p.full_tensor() if hasattr(p, "full_tensor") else p).abs().sum()) for p in model.parameters()
+        )
+    if rank == 0:
+        print(f"{weights:.5f}", flush=True)
     if world > 1:
         # Torn down as `ferrolm train` does: every rank past its last collective first, and
         # the sharded model (which holds the group's mesh) freed while the interpreter is whole.
@@ -50,4 +62,4 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
