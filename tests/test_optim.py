@@ -523,6 +523,8 @@ def test_muon_param_groups_lrs_and_decay():
     assert by_role["embedding"]["lr_scale"] == pytest.approx(10.0)
     opt = Muon(groups)
     assert opt.param_groups[0]["momentum"] == 0.95 and opt.param_groups[0]["ns_steps"] == 5
+    with pytest.raises(ValueError, match="lr must be positive"):
+        muon_param_groups(model, lr=0.0, embedding_lr=0.2, head_lr=0.004, scalar_lr=0.01)
 
 
 def test_muon_adamw_groups_take_the_adamw_update():

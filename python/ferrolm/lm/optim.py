@@ -358,6 +358,8 @@ def muon_param_groups(
     carries ``lr_scale`` = its learning rate / ``lr``: a schedule that sets every group's
     lr to ``schedule(step) * lr_scale`` keeps their ratios. Empty groups are left out.
     """
+    if not lr > 0:
+        raise ValueError(f"lr must be positive (the other groups' lrs are kept as multiples of it), got {lr}")
     roles = parameter_roles(model)
     tied = bool(roles["head"]) and any(roles["head"][0] is getattr(m, "weight", None) for m in _embeddings(model))
     spec = [
