@@ -5,7 +5,7 @@
     summary = train(cfg)                   # or: train(cfg, resume="runs/cpu-small")
 
 One optimizer step:
-    lr = warmup + cosine(step)             (or of the elapsed fraction of max_time_s)
+    lr = warmup + cosine or wsd(step)      (or of the elapsed fraction of max_time_s)
     repeat accum times:                    gradient accumulation up to tokens_per_step
         x, y = batches.next()              uniform random windows, seeded per process, drawn
                                            one ahead on a background thread
@@ -15,8 +15,8 @@ One optimizer step:
         (loss / accum).backward()          DDP all-reduces gradients on the last micro-batch
                                            (FSDP2 with run.parallel = "fsdp" reduce-scatters)
     norm = clip_grad_norm(...)             stop here, before the update, if loss/norm is NaN
-    optimizer.step()                       torch's fused AdamW kernel (on a GPU the NaN check
-                                           runs when due: `_flags_due`)
+    optimizer.step()                       torch's fused AdamW kernel, or Muon + AdamW groups
+                                           (on a GPU the NaN check runs when due: `_flags_due`)
 
 A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl`` (one JSON
 record per log step), ``checkpoints/step_XXXXXXXX.pt`` (the last ``keep_last``) and
@@ -89,7 +89,16 @@ from ferrolm.lm.evaluate import token_byte_lengths
 from ferrolm.lm.memory import check_training_memory
 from ferrolm.lm.metrics import MetricsLog, read_metrics
 from ferrolm.lm.model import ModelConfig, TransformerLM, flops_per_token
-from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
+from ferrolm.lm.optim import (
+    AdamW,
+    Muon,
+    clip_grad_norm,
+    cosine_lr,
+    muon_momentum_at,
+    muon_param_groups,
+    param_groups_for_decay,
+    wsd_lr,
+)
 from ferrolm.lm.sharding import full_state_dicts, load_full_state_dicts, shard_model
 
 __all__ = [
@@ -236,8 +245,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
             while state.step < sched.max_steps:
                 t0 = time.perf_counter()
                 lr = lr_at(cfg, state.step, time_sync)
-                for group in run.optimizer.param_groups:
-                    group["lr"] = lr
+                set_hyperparameters(run.optimizer, cfg.optimizer, state.step, lr)
                 loss_sum = forward_backward(run)
                 grad_norm = _clip(run.params, cfg.optimizer.grad_clip)
                 bad, stop_req, time_sync = agree(run, state, loss_sum, grad_norm, stop, t0)
@@ -436,6 +444,12 @@ def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict
     if saved_model and saved_model != now:
         diff = {k: (saved_model.get(k), v) for k, v in now.items() if saved_model.get(k) != v}
         raise CheckpointError(f"{path} was saved with a different model config (checkpoint vs now: {diff})")
+    saved_optimizer = ((ckpt.get("config") or {}).get("optimizer") or {}).get("name", "adamw")
+    if saved_optimizer != cfg.optimizer.name:
+        raise CheckpointError(
+            f"{path} was trained with optimizer.name = {saved_optimizer!r}, not {cfg.optimizer.name!r}: "
+            f"resume with --set optimizer.name={saved_optimizer}"
+        )
     return ckpt, path
 
 
@@ -524,8 +538,42 @@ def build_model(cfg: ModelSection) -> torch.nn.Module:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
-    groups = param_groups_for_decay(model, cfg.weight_decay)
-    return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    """AdamW with decay groups, or (optimizer.name = "muon") Muon with its AdamW groups."""
+    if cfg.name != "muon":
+        groups = param_groups_for_decay(model, cfg.weight_decay)
+        return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    width = 1.0
+    if cfg.width_lr_scale:  # the AdamW lrs are set for width 768 (as the anchors'): scale by its ratio
+        width = (768 / model.config.d_model) ** 0.5
+    groups = muon_param_groups(
+        model,
+        lr=cfg.lr,
+        embedding_lr=cfg.embedding_lr * width,
+        head_lr=cfg.head_lr * width,
+        scalar_lr=cfg.scalar_lr * width,
+        weight_decay=cfg.muon_weight_decay,
+        head_weight_decay=cfg.weight_decay,
+    )
+    return Muon(
+        groups,
+        lr=cfg.lr,
+        momentum=cfg.muon_momentum,
+        nesterov=cfg.muon_nesterov,
+        ns_steps=cfg.muon_ns_steps,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+    )
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, cfg: OptimizerSection, step: int, lr: float) -> None:
+    """Step `step`'s learning rates (`lr` times each group's `lr_scale`, 1 unless set) and
+    Muon's momentum (its warm-up)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+        if group.get("kind") == "muon":
+            group["momentum"] = muon_momentum_at(
+                step, cfg.muon_momentum, cfg.muon_momentum_start, cfg.muon_momentum_warmup_steps
+            )
 
 
 def micro_batches(cfg: TrainConfig, dist_: _Dist) -> tuple[int, int]:
@@ -640,6 +688,8 @@ def lr_at(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
     it: float = step
     if s.schedule_by == "time":
         it = min(elapsed_s / s.max_time_s, 1.0) * s.max_steps
+    if s.lr_schedule == "wsd":
+        return wsd_lr(it, o.lr, o.min_lr, s.warmup_steps, s.cosine_steps or s.max_steps, s.decay_frac)
     return cosine_lr(it, o.lr, o.min_lr, s.warmup_steps, s.cosine_steps or s.max_steps)
 
 
