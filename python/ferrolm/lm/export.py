@@ -26,9 +26,9 @@ import torch
 from ferrolm._util import atomic_write_bytes, atomic_write_dir
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import hf
-from ferrolm.lm.model import ModelConfig, check_llama_compatible, to_hf_llama_state_dict
+from ferrolm.lm.model import ModelConfig, check_llama_compatible, from_hf_llama_state_dict, to_hf_llama_state_dict
 
-__all__ = ["export_hf", "export_safetensors", "llama_config", "MODEL_FILES"]
+__all__ = ["export_hf", "export_safetensors", "llama_config", "load_hf_folder", "MODEL_FILES"]
 
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -137,3 +137,42 @@ def export_safetensors(checkpoint: PathLike, out: PathLike) -> Path:
     out = Path(out)
     atomic_write_bytes(out, _safetensors_bytes(sd, meta))
     return out
+
+
+def load_hf_folder(folder: PathLike, device: Union[str, torch.device] = "cpu"):
+    """(model in eval mode, Tokenizer) from a folder ``export_hf`` wrote: the inverse of the
+    export, float32 weights whatever dtype the folder stores."""
+    from safetensors.torch import load_file
+
+    from ferrolm.bpe.tokenizer import Tokenizer
+    from ferrolm.lm.model import TransformerLM
+
+    folder = Path(folder)
+    try:
+        hf_cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{folder}: no readable config.json ({e})") from None
+    if hf_cfg.get("model_type") != "llama":
+        raise ValueError(f"{folder}: config.json is not a Llama model (model_type {hf_cfg.get('model_type')!r})")
+    heads = hf_cfg["num_attention_heads"]
+    if hf_cfg.get("num_key_value_heads", heads) != heads or hf_cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{folder}: grouped-query attention and activations other than SiLU are not supported")
+    rope = hf_cfg.get("rope_parameters") or {}
+    cfg = ModelConfig(
+        vocab_size=hf_cfg["vocab_size"],
+        context_length=hf_cfg["max_position_embeddings"],
+        d_model=hf_cfg["hidden_size"],
+        num_layers=hf_cfg["num_hidden_layers"],
+        num_heads=heads,
+        d_ff=hf_cfg["intermediate_size"],
+        rope_theta=float(rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0))),
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
+        norm_eps=float(hf_cfg.get("rms_norm_eps", 1e-5)),
+    )
+    if hf_cfg.get("head_dim", cfg.d_head) != cfg.d_head:
+        raise ValueError(f"{folder}: head_dim {hf_cfg['head_dim']} is not hidden_size / num_attention_heads")
+    weights = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+    model = TransformerLM.from_config(cfg)
+    model.load_state_dict(from_hf_llama_state_dict(weights, cfg))
+    model.to(device).eval()
+    return model, Tokenizer.load(folder)

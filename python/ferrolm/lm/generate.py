@@ -79,6 +79,7 @@ __all__ = [
     "resolve_device",
     "load_model",
     "find_tokenizer",
+    "tokenizer_folder",
     "read_any_checkpoint",
 ]
 
@@ -578,6 +579,13 @@ def find_tokenizer(ckpt: dict, checkpoint: Union[str, os.PathLike[str]], tokeniz
 
     if tokenizer is not None:
         return Tokenizer.load(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    path = tokenizer_folder(ckpt, checkpoint)
+    return None if path is None else Tokenizer.load(path)
+
+
+def tokenizer_folder(ckpt: dict, checkpoint: Union[str, os.PathLike[str]]) -> Optional[Path]:
+    """The tokenizer folder a checkpoint's run config names (``data.tokenizer``, as written or
+    relative to the run directory); None when it names none; FileNotFoundError when it is gone."""
     cfg = ckpt.get("config")
     data = cfg.get("data") if isinstance(cfg, dict) else None
     name = data.get("tokenizer") if isinstance(data, dict) else None
@@ -590,7 +598,7 @@ def find_tokenizer(ckpt: dict, checkpoint: Union[str, os.PathLike[str]], tokeniz
         raise FileNotFoundError(
             f"{os.fspath(checkpoint)}: the tokenizer folder its run names (data.tokenizer = {name}) is not there; give --tokenizer"
         )
-    return Tokenizer.load(path)
+    return path
 
 
 class StopText:

@@ -801,6 +801,36 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
     return out
 
 
+def from_hf_llama_state_dict(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """The inverse of ``to_hf_llama_state_dict``: HF Llama weights under ferrolm's names (the
+    rows of each head's W_Q and W_K put back in pair order), for ``TransformerLM.load_state_dict``."""
+    check_llama_compatible(cfg)
+    dh = cfg.d_head
+    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
+    rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
+    unpermute = torch.empty_like(rows)
+    unpermute[rows] = torch.arange(rows.numel())  # ours = theirs[unpermute], since theirs = ours[rows]
+    emb = hf["model.embed_tokens.weight"]
+    out = {"token_embeddings.weight": emb, "ln_final.weight": hf["model.norm.weight"]}
+    out["lm_head.weight"] = emb if cfg.tie_embeddings else hf["lm_head.weight"]
+    names = {
+        "attn.v_proj": "self_attn.v_proj",
+        "attn.output_proj": "self_attn.o_proj",
+        "ffn.w1": "mlp.gate_proj",
+        "ffn.w3": "mlp.up_proj",
+        "ffn.w2": "mlp.down_proj",
+        "ln1": "input_layernorm",
+        "ln2": "post_attention_layernorm",
+    }
+    for i in range(cfg.num_layers):
+        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
+        out[ours + "attn.q_proj.weight"] = hf[theirs + "self_attn.q_proj.weight"][unpermute]
+        out[ours + "attn.k_proj.weight"] = hf[theirs + "self_attn.k_proj.weight"][unpermute]
+        for name, hf_name in names.items():
+            out[ours + name + ".weight"] = hf[theirs + hf_name + ".weight"]
+    return out
+
+
 def check_llama_compatible(cfg: ModelConfig) -> None:
     """Raise ValueError naming each ablation that HF Llama cannot express."""
     wanted = {"norm": "rms", "norm_position": "pre", "positions": "rope", "ffn": "swiglu"}
