@@ -482,9 +482,7 @@ def test_an_exported_folder_serves_the_same_text_and_sigterm_drains(server, file
         _, got = exported.request("POST", "/v1/completions", {"model": "exported", **body})
         assert got["choices"][0]["text"] == want["choices"][0]["text"]
         # SIGTERM while a long reply is running: it is finished, then the process exits 0.
-        conn, resp = _open_stream(
-            exported, {"model": "exported", "prompt": "the", "max_tokens": 300, "temperature": 0}
-        )
+        conn, resp = _open_stream(exported, {"model": "exported", "prompt": "the", "max_tokens": 300, "temperature": 0})
         resp.readline()
         exported.proc.send_signal(signal.SIGTERM)
         text, reasons, usage = "", [], None
