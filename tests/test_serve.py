@@ -425,6 +425,7 @@ BAD = [
     ({"prompt": "hi", "top_k": True}, 400, "top_k"),
     ({"prompt": "hi", "n": 0}, 400, "n"),
     ({"prompt": "hi", "n": "2"}, 400, "n"),
+    ({"prompt": ["hi"] * 9, "n": 64}, 400, "n"),
     ({"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ({"prompt": "hi", "stop": 3}, 400, "stop"),
     ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
@@ -457,6 +458,13 @@ def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(server):
             err = reply["error"]
             assert set(err) == {"message", "type", "param", "code"} and err["message"], (body, reply)
             assert err["param"] == param and err["type"] == "invalid_request_error", (body, reply)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.putrequest("POST", "/v1/completions")
+    conn.putheader("Content-Length", str(9 << 20))  # refused on its length, before any of it is read
+    conn.endheaders(b"{")
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["error"]["message"].startswith("the request body is over")
+    conn.close()
     assert server.request("GET", "/v1/nothing")[0] == 404
     assert server.request("GET", "/v1/completions")[0] == 405
     openai = pytest.importorskip("openai")

@@ -56,6 +56,8 @@ PLAIN_CHAT_STOP = ("\nUser:",)
 
 MAX_STOP_STRINGS = 4
 MAX_N = 64
+MAX_CHOICES = 256  # n times the number of prompts, per request
+MAX_BODY_BYTES = 8 << 20
 TEMPERATURE_MAX = 2.0
 ROLES = ("system", "developer", "user", "assistant")
 # OpenAI parameters accepted only at their neutral value (ferrolm does not implement them).
@@ -283,7 +285,14 @@ def create_app(served: ServedModel, engine: Any, *, max_tokens_limit: int = 4096
     # ---------------------------------------------------------------- parsing ---
 
     async def read_body(request) -> dict:
-        raw = await request.body()
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > MAX_BODY_BYTES:
+            raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
+        raw = b""
+        async for part in request.stream():  # counted as it comes: a body without a length is capped too
+            raw += part
+            if len(raw) > MAX_BODY_BYTES:
+                raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
@@ -344,9 +353,12 @@ def create_app(served: ServedModel, engine: Any, *, max_tokens_limit: int = 4096
         stop = _stop_strings(body)
         top_k = _int(body, "top_k", None, 1, 1 << 30)
         top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+        n = _int(body, "n", 1, 1, MAX_N)
+        if n * len(prompts) > MAX_CHOICES:
+            raise ApiError(f"n times the number of prompts must be at most {MAX_CHOICES}", "n")
         return Request(
             prompts=prompts,
-            n=_int(body, "n", 1, 1, MAX_N),
+            n=n,
             max_tokens=max_tokens,
             temperature=_number(body, "temperature", 1.0, 0.0, TEMPERATURE_MAX),
             top_k=top_k,
