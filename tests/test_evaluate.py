@@ -11,8 +11,8 @@ import pytest
 import torch
 from shard_util import trained_run
 
+from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.evaluate import evaluate
-from ferrolm.lm.generate import load_model
 from ferrolm.lm.metrics import read_metrics
 
 torch.set_num_threads(1)
@@ -43,7 +43,7 @@ def test_eval_matches_a_hand_computation(run):
     ckpt = run_dir / "best.pt"
     tokens = np.fromfile(f"{val}.bin", dtype="<u2")[:203].tolist()  # 12 full windows and a short one
     r = evaluate(ckpt, val, max_tokens=203, batch_size=5)
-    model, _ = load_model(ckpt)
+    model, _, _ = load_model(ckpt, tokenizer=False)
     nats, nbytes, n = _by_hand(model, tok, tokens)
     assert r["tokens"] == n == 202 and r["bytes"] == nbytes
     assert r["loss"] == pytest.approx(nats / n, rel=1e-6)

@@ -9,9 +9,10 @@ import pytest
 import torch
 from shard_util import trained_run
 
+from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.config import load_config
 from ferrolm.lm.export import export_hf
-from ferrolm.lm.generate import generate, load_model
+from ferrolm.lm.generate import generate
 
 torch.set_num_threads(1)
 CPU_SMALL = {k: v for k, v in vars(load_config("cpu-small").model).items() if k != "vocab_size"}
@@ -31,7 +32,7 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, tmp
     run_dir, tok, _ = run
     ckpt = run_dir / "best.pt"
     out = export_hf(ckpt, tmp_path / "hf")  # the tokenizer comes from the run's config
-    ours, _ = load_model(ckpt)
+    ours, _, _ = load_model(ckpt)
     cfg = ours.config
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
@@ -89,8 +90,8 @@ def test_export_cli_and_safetensors_roundtrip(run, tmp_path):
         main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "w.safetensors"), "--format", "safetensors"])
         == 0
     )
-    a, _ = load_model(ckpt)
-    b, _ = load_model(tmp_path / "w.safetensors", tokenizer=tok)
+    a, _, _ = load_model(ckpt)
+    b, _, _ = load_model(tmp_path / "w.safetensors", tokenizer=tok)
     ids = torch.tensor([tok.encode("The cat sat.")])
     with torch.no_grad():
         assert torch.equal(a(ids), b(ids))

@@ -131,6 +131,13 @@ COMMANDS.extend([add_train_command, add_plot_command])
 # ---------------------------------------------------------------------------------------
 
 
+CHECKPOINT_HELP = (
+    "a run folder of `ferrolm train` (its best.pt, else its newest checkpoint), a checkpoint .pt, "
+    "or a folder or .safetensors file written by `ferrolm export`"
+)
+TOKENIZER_HELP = "the tokenizer folder the model was trained with (default: the one its checkpoint names)"
+
+
 def add_generate_command(sub) -> None:
     p = sub.add_parser(
         "generate",
@@ -139,12 +146,12 @@ def add_generate_command(sub) -> None:
         "generated. Each sample echoes the prompt and stops at the tokenizer's end-of-text token "
         "or after --max-new-tokens tokens.",
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     p.add_argument(
         "--tokenizer",
         default=None,
         metavar="DIR",
-        help="the tokenizer folder the model was trained with (default: the one the run's config names)",
+        help=TOKENIZER_HELP,
     )
     p.add_argument(
         "--prompt",
@@ -231,16 +238,8 @@ def _emitter():
 def _run_generate(args) -> int:
     import torch
 
-    from ferrolm.lm.generate import (
-        StopText,
-        check_sampling_args,
-        find_tokenizer,
-        generate,
-        iter_text,
-        load_model,
-        read_any_checkpoint,
-        resolve_device,
-    )
+    from ferrolm.lm.checkpoint import load_model
+    from ferrolm.lm.generate import StopText, check_sampling_args, generate, iter_text, resolve_device
 
     check_sampling_args(args.temperature, args.top_k, args.top_p)  # before any loading
     if args.max_new_tokens < 0:
@@ -248,13 +247,8 @@ def _run_generate(args) -> int:
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     prompts = _prompts(args)
-    ckpt = read_any_checkpoint(args.checkpoint)
-    tok = find_tokenizer(ckpt, args.checkpoint, args.tokenizer)
-    if tok is None:
-        raise ValueError(f"{args.checkpoint}: its run's config names no tokenizer folder: give --tokenizer DIR")
     device = resolve_device(args.device)
-    model, _ = load_model(args.checkpoint, device, tokenizer=tok, ckpt=ckpt)
-    del ckpt
+    model, tok, _ = load_model(args.checkpoint, device, tokenizer=args.tokenizer, require_tokenizer=True)
     eos = tok.eos_id
     rows = [tok.encode(p) for p in prompts]
     if any(not ids for ids in rows) and eos is None:
@@ -318,7 +312,10 @@ def add_serve_command(sub) -> None:
         "running requests finish, then exits.",
     )
     p.add_argument(
-        "--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt, a ferrolm .safetensors, or an export"
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a run folder, a checkpoint, a .safetensors file or a folder of `ferrolm export`",
     )
     p.add_argument(
         "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's, or the export's)"
@@ -778,11 +775,9 @@ def add_export_command(sub) -> None:
         "AutoTokenizer .from_pretrained(DIR)). --format safetensors writes the weights alone under ferrolm's "
         "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it).",
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors file)")
-    p.add_argument(
-        "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
-    )
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help=TOKENIZER_HELP)
     p.add_argument("--format", default="hf", choices=["hf", "safetensors"], help="hf (default) or safetensors")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (hf)")
     p.set_defaults(run=_run_export)
@@ -807,11 +802,9 @@ def add_eval_command(sub) -> None:
         "(nats/token), perplexity, bits per byte (total nats / ln 2 / UTF-8 bytes of the text; special tokens "
         "count 0 bytes; needs the tokenizer) and tokens/s.",
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint .pt written by `ferrolm train`")
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     p.add_argument("--data", required=True, nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
-    p.add_argument(
-        "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's data.tokenizer)"
-    )
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help=TOKENIZER_HELP)
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")

@@ -635,12 +635,13 @@ def _sample(d: _Demo, ckpt: Path, tok, prompts, max_new_tokens, temperature, top
     """Stage 5: a sample per prompt, printed and written to samples.txt; (device, samples)."""
     import torch
 
-    from ferrolm.lm.generate import generate, iter_text, load_model, resolve_device
+    from ferrolm.lm.checkpoint import load_model
+    from ferrolm.lm.generate import generate, iter_text, resolve_device
 
     what = f"sampling {len(prompts)} texts of up to {max_new_tokens} tokens (temperature {temperature}, top-p {top_p})"
     with d.stage(5, "generate", what):
         dev = resolve_device(device)
-        model, _ = load_model(ckpt, dev, tokenizer=tok)
+        model, _, _ = load_model(ckpt, dev, tokenizer=tok)
         eos = tok.eos_id
         gen = torch.Generator(device=dev).manual_seed(seed)
         samples = []

@@ -235,29 +235,27 @@ def load_served_model(
     name: Optional[str] = None,
     chat_template: Optional[Union[str, os.PathLike]] = None,
 ) -> ServedModel:
-    """A ``ferrolm train`` checkpoint (.pt or ferrolm .safetensors) or a folder written by
-    ``ferrolm export``, with its tokenizer and chat template, ready to serve."""
-    from ferrolm.lm.generate import find_tokenizer, load_model, read_any_checkpoint, resolve_device, tokenizer_folder
+    """What ``ferrolm.lm.checkpoint.load_model`` reads (a run folder, a checkpoint, a
+    ``.safetensors`` file, a folder of ``ferrolm export``), with its tokenizer and chat
+    template, ready to serve. The default name is RUN/FILE for a checkpoint, the folder's
+    name for an export."""
+    import torch
 
-    path = Path(path)
+    from ferrolm.lm.checkpoint import load_model
+    from ferrolm.lm.device import resolve_device
+
     dev = resolve_device(device)
-    if path.is_dir():
-        from ferrolm.lm.export import load_hf_folder
-
-        model, tok = load_hf_folder(path, dev)
-        tok_dir: Optional[Path] = path
-        if tokenizer is not None:
-            tok, tok_dir = find_tokenizer({}, path, tokenizer), Path(tokenizer)
-        default_name = path.resolve().name
+    # float32 on a CPU whatever the file holds: bf16 matmuls crawl on CPUs without AMX.
+    dtype = torch.float32 if dev.type == "cpu" else None
+    model, tok, info = load_model(path, dev, dtype, tokenizer=tokenizer, require_tokenizer=True)
+    source = Path(info["source"]).resolve()
+    if source.is_dir():
+        default_name = source.name
     else:
-        ckpt = read_any_checkpoint(path)
-        tok = find_tokenizer(ckpt, path, tokenizer)
-        if tok is None:
-            raise ValueError(f"{path}: its run's config names no tokenizer folder: give --tokenizer DIR")
-        tok_dir = Path(tokenizer) if tokenizer is not None else tokenizer_folder(ckpt, path)
-        model, _ = load_model(path, dev, tokenizer=tok, ckpt=ckpt)
-        run = path.resolve().parent
-        default_name = (run.parent if run.name == "checkpoints" else run).name + "/" + path.stem
+        run = source.parent
+        default_name = (run.parent if run.name == "checkpoints" else run).name + "/" + source.stem
+    tok_dir = info.get("tokenizer_source")
+    tok_dir = Path(tok_dir) if tok_dir is not None and Path(tok_dir).is_dir() else None
     return ServedModel(name or default_name, model, tok, ChatTemplate.find(tok_dir, chat_template))
 
 

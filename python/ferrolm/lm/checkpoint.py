@@ -9,21 +9,32 @@ stored with them and checked on load, so a flipped bit is an error, not a silent
 
     save_checkpoint(model, optimizer, iteration, "ckpt.pt", config=cfg_dict)
     iteration = load_checkpoint("ckpt.pt", model, optimizer)
+
+A trained model for inference, with its tokenizer, is ``load_model``: the one place that
+reads checkpoints for generate, eval, export and serving.
+
+    model, tokenizer, info = load_model("runs/x", device="cuda", dtype="bfloat16")
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
+import re
 from pathlib import Path
-from typing import Any, BinaryIO, Union
+from typing import Any, BinaryIO, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
 
 from ferrolm._util import atomic_open
+from ferrolm.bpe import files as tf
+from ferrolm.bpe.tokenizer import Tokenizer
+from ferrolm.lm.device import resolve_device
+from ferrolm.lm.model import ModelConfig, TransformerLM, from_hf_llama_state_dict
 
 __all__ = [
     "save_checkpoint",
@@ -35,12 +46,27 @@ __all__ = [
     "set_rng_state",
     "unwrap_model",
     "content_checksum",
+    "load_model",
+    "LoadedModel",
+    "find_tokenizer",
+    "resolve_checkpoint",
+    "read_model_checkpoint",
+    "latest_checkpoint",
+    "step_checkpoints",
+    "CHECKPOINT_DIR",
+    "BEST_FILE",
 ]
 
 FORMAT = "ferrolm-checkpoint"
 FORMAT_VERSION = 1
 
 Target = Union[str, "os.PathLike[str]", BinaryIO]
+PathLike = Union[str, "os.PathLike[str]"]
+
+# A run folder (``ferrolm train``'s run.out_dir) holds these.
+CHECKPOINT_DIR = "checkpoints"  # step checkpoints step_00000100.pt, ...
+BEST_FILE = "best.pt"  # the lowest validation loss so far
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
 class CheckpointError(ValueError):
@@ -262,3 +288,318 @@ def checkpoint_bytes(
     buf = io.BytesIO()
     save_checkpoint(model, optimizer, iteration, buf, **extra)
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------
+# A trained model for inference: load_model
+# ---------------------------------------------------------------------------------------
+
+
+def step_checkpoints(run_dir: PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of a run folder's step checkpoints, oldest first."""
+    d = Path(run_dir) / CHECKPOINT_DIR
+    if not d.is_dir():
+        return []
+    found = []
+    for p in d.iterdir():
+        m = _STEP_FILE.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
+    """The newest step checkpoint of a run folder, or None."""
+    ckpts = step_checkpoints(run_dir)
+    return ckpts[-1][1] if ckpts else None
+
+
+def _is_hf_folder(path: Path) -> bool:
+    return (path / "config.json").is_file() and (
+        (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+    )
+
+
+def resolve_checkpoint(path: PathLike) -> Path:
+    """The file or folder ``load_model`` reads for ``path``: a run folder gives its best.pt,
+    else its newest step checkpoint; an exported Hugging Face folder, a checkpoint file or a
+    ``.safetensors`` weights file is itself. FileNotFoundError when there is nothing to load."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint not found: {os.fspath(path)}")
+    if not p.is_dir():
+        raise FileNotFoundError(f"{os.fspath(path)} is neither a checkpoint file nor a folder")
+    if _is_hf_folder(p):
+        return p
+    if (p / BEST_FILE).is_file():
+        return p / BEST_FILE
+    newest = latest_checkpoint(p)
+    if newest is None:
+        raise FileNotFoundError(
+            f"{os.fspath(path)}: no checkpoint in this folder (a run folder holds {BEST_FILE} or "
+            f"{CHECKPOINT_DIR}/step_N.pt; an exported model holds config.json and model.safetensors)"
+        )
+    return newest
+
+
+def _safe_open():
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise ImportError(
+            "reading .safetensors weights needs the safetensors package: pip install safetensors"
+        ) from None
+    return safe_open
+
+
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    """A checkpoint dict from a ``ferrolm export --format safetensors`` weights file."""
+    safe_open = _safe_open()
+    try:
+        with safe_open(os.fspath(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            sd = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for a damaged header
+        raise CheckpointError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from None
+    if "ferrolm_model_config" not in meta:
+        raise CheckpointError(f"{path}: not a ferrolm weights file (no ferrolm_model_config metadata)")
+    cfg = json.loads(meta["ferrolm_model_config"])
+    if cfg.get("tie_embeddings") and "lm_head.weight" not in sd:
+        sd["lm_head.weight"] = sd["token_embeddings.weight"]
+    return {
+        "config": {"model": cfg},
+        "model": sd,
+        "iteration": None,
+        "tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
+        "tokenizer_dir": meta.get("tokenizer_dir"),
+    }
+
+
+def _read_hf_folder(path: Path) -> dict[str, Any]:
+    """A checkpoint dict from an exported Hugging Face Llama folder (``ferrolm export``)."""
+    safe_open = _safe_open()
+    if not (path / "model.safetensors").is_file():
+        raise CheckpointError(f"{path}: weights split over several files are not supported (no model.safetensors)")
+    try:
+        hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path / 'config.json'} is not readable JSON ({e})") from None
+    if not isinstance(hf, dict) or hf.get("model_type") != "llama":
+        raise CheckpointError(
+            f"{path}: only Llama models (as ferrolm exports them) load; config.json says {hf.get('model_type')!r}"
+        )
+    heads = hf.get("num_attention_heads")
+    odd = [
+        f"{k} = {hf.get(k)!r}"
+        for k, ok in (
+            ("num_key_value_heads", hf.get("num_key_value_heads", heads) == heads),
+            ("hidden_act", hf.get("hidden_act", "silu") == "silu"),
+            ("attention_bias", not hf.get("attention_bias", False)),
+            ("mlp_bias", not hf.get("mlp_bias", False)),
+            ("rope_scaling", not hf.get("rope_scaling")),
+        )
+        if not ok
+    ]
+    if odd:
+        raise CheckpointError(f"{path}: ferrolm's model has no equivalent of {', '.join(odd)}")
+    rope = hf.get("rope_parameters") or {}
+    try:
+        cfg = ModelConfig(
+            vocab_size=hf["vocab_size"],
+            context_length=hf["max_position_embeddings"],
+            d_model=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            d_ff=hf["intermediate_size"],
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path / 'config.json'}: not a usable Llama config ({type(e).__name__}: {e})") from None
+    if hf.get("head_dim", cfg.d_head) != cfg.d_head:
+        raise CheckpointError(f"{path}: head_dim {hf['head_dim']} is not hidden_size / num_attention_heads")
+    try:
+        with safe_open(os.fspath(path / "model.safetensors"), framework="pt") as f:
+            hf_sd = {k: f.get_tensor(k) for k in f.keys()}
+        sd = from_hf_llama_state_dict(hf_sd, cfg)
+    except KeyError as e:
+        raise CheckpointError(f"{path / 'model.safetensors'} lacks the weight {e}") from None
+    except Exception as e:
+        raise CheckpointError(f"{path / 'model.safetensors'} is not readable ({type(e).__name__}: {e})") from None
+    fingerprint = None  # the tokenizer record beside the weights says which tokenizer they need
+    try:
+        fingerprint = json.loads((path / tf.RECORD_FILE).read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        pass
+    return {"config": {"model": cfg.to_dict()}, "model": sd, "iteration": None, "tokenizer_fingerprint": fingerprint}
+
+
+def read_model_checkpoint(path: PathLike) -> tuple[dict[str, Any], Path]:
+    """(checkpoint dict, the file or folder read) for anything ``load_model`` accepts."""
+    source = resolve_checkpoint(path)
+    if source.is_dir():
+        return _read_hf_folder(source), source
+    if source.suffix == ".safetensors":
+        return _read_safetensors(source), source
+    return read_checkpoint(source), source
+
+
+def _model_config(ckpt: dict[str, Any], name: str) -> dict[str, Any]:
+    cfg = ckpt.get("config")
+    if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict):
+        cfg = cfg["model"]  # a training config: {"model": {...}, "optimizer": {...}, ...}
+    if not isinstance(cfg, dict) or "vocab_size" not in cfg:
+        raise CheckpointError(
+            f"{name} stores no model config (needed to build the model); was it saved by `ferrolm train`?"
+        )
+    return dict(cfg)
+
+
+def _run_folder(source: Path) -> Path:
+    """The run folder of RUN/best.pt or RUN/checkpoints/step_N.pt (a folder is its own)."""
+    if source.is_dir():
+        return source
+    parent = source.parent
+    return parent.parent if parent.name == CHECKPOINT_DIR else parent
+
+
+def _tokenizer_candidates(ckpt: dict[str, Any], source: Path) -> list[Path]:
+    """Where the tokenizer of a checkpoint may be, in the order they are tried."""
+    run = _run_folder(source)
+    found: list[Path] = []
+    if _is_hf_folder(run):
+        found.append(run)  # an exported folder carries its tokenizer
+    recorded = ckpt.get("tokenizer_dir")
+    if isinstance(recorded, str) and recorded:
+        found.append(Path(recorded))
+    from_run = ckpt.get("tokenizer_dir_from_run")
+    if isinstance(from_run, str) and from_run:
+        found.append(run / from_run)
+    cfg = ckpt.get("config")
+    data = cfg.get("data") if isinstance(cfg, dict) else None
+    written = data.get("tokenizer") if isinstance(data, dict) else None
+    # data.tokenizer may be a 64-hex fingerprint rather than a folder
+    if isinstance(written, str) and written and not re.fullmatch(r"[0-9a-fA-F]{64}", written):
+        found.append(Path(written))  # as written: relative to where training ran, or absolute
+        if not Path(written).is_absolute():
+            found += [run / written, source.parent / written]
+    unique: dict[Path, Path] = {}  # one try per folder, however it was named
+    for p in found:
+        unique.setdefault(p.absolute(), p)
+    return list(unique.values())
+
+
+def find_tokenizer(ckpt: dict[str, Any], source: PathLike, tokenizer: Any = None) -> Any:
+    """The tokenizer of the checkpoint dict ``ckpt`` read from ``source``, or None when
+    neither it nor ``tokenizer`` names one.
+
+    ``tokenizer`` (a Tokenizer or its folder), when given, is the one; else the places the
+    checkpoint names are tried in order: the tokenizer files of an exported folder, the
+    absolute path recorded at training, that path relative to the run folder, and the
+    run config's ``data.tokenizer`` as written, relative to the run folder and to the
+    checkpoint's folder. The first that exists and whose fingerprint is the one recorded
+    in the checkpoint wins; a CheckpointError naming what was tried when none does.
+    """
+    return _find_tokenizer(ckpt, Path(source), tokenizer)[0]
+
+
+def _find_tokenizer(ckpt: dict[str, Any], source: Path, tokenizer: Any) -> tuple[Any, Optional[Path]]:
+    """(tokenizer or None, the folder it was loaded from or None): see ``find_tokenizer``."""
+
+    want = ckpt.get("tokenizer_fingerprint")
+    if tokenizer is not None:
+        given = isinstance(tokenizer, (str, os.PathLike))
+        tok = Tokenizer.load(tokenizer) if given else tokenizer
+        have = getattr(tok, "fingerprint", None)
+        if want is not None and have != want:
+            raise CheckpointError(
+                f"tokenizer and checkpoint do not belong together: {source} was trained with tokenizer "
+                f"fingerprint {str(want)[:16]}..., the tokenizer given has {str(have)[:16]}..."
+            )
+        return tok, (Path(tokenizer) if given else None)
+    candidates = _tokenizer_candidates(ckpt, source)
+    if not candidates:
+        return None, None
+    tried = []
+    for path in candidates:
+        if not path.is_dir():
+            tried.append(f"{path} (not there)")
+            continue
+        try:
+            tok = Tokenizer.load(path)
+        except (OSError, ValueError) as e:
+            tried.append(f"{path} (unreadable: {e})")
+            continue
+        if want is None or tok.fingerprint == want:
+            return tok, path
+        tried.append(f"{path} (another tokenizer: fingerprint {tok.fingerprint[:16]}...)")
+    expected = f" (fingerprint {str(want)[:16]}...)" if want else ""
+    raise CheckpointError(
+        f"{source}: the tokenizer it was trained with{expected} is not found; tried {'; '.join(tried)}. "
+        "Give its folder (--tokenizer DIR on the command line)"
+    )
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LoadedModel(NamedTuple):
+    """What ``load_model`` returns; unpacks as ``model, tokenizer, info``."""
+
+    model: torch.nn.Module  # a TransformerLM in eval mode
+    tokenizer: Any  # a ferrolm Tokenizer, or None
+    info: dict[str, Any]  # the checkpoint's entries but its tensors, and "source"/"tokenizer_source"
+
+
+def load_model(
+    path: PathLike,
+    device: Union[str, torch.device] = "cpu",
+    dtype: Union[str, torch.dtype, None] = None,
+    *,
+    tokenizer: Any = None,
+    require_tokenizer: bool = False,
+) -> LoadedModel:
+    """A trained model, ready for inference, and its tokenizer: ``(model, tokenizer, info)``.
+
+    ``path``: a run folder of ``ferrolm train`` (its best.pt, else its newest step
+    checkpoint), a checkpoint file, a ``.safetensors`` weights file or an exported Hugging
+    Face folder of ``ferrolm export``. ``device``: "cpu", "cuda", "cuda:1", "mps" or "auto".
+    ``dtype``: "float32", "bfloat16", "float16" or a torch dtype (default: as saved).
+    ``tokenizer``: a Tokenizer or its folder (checked against the fingerprint recorded at
+    training); by default it is found as ``find_tokenizer`` says, None when the checkpoint
+    names none (then an error with ``require_tokenizer``); ``False`` skips it.
+    ``info``: iteration, config, tokenizer_fingerprint, ... as saved (no tensors), with
+    "source" (the file or folder read) and "tokenizer_source".
+    """
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        dtype = _DTYPES[dtype]
+    dev = resolve_device(device) if isinstance(device, str) else device
+    ckpt, source = read_model_checkpoint(path)
+    name = os.fspath(source)
+    tok, tok_source = (None, None) if tokenizer is False else _find_tokenizer(ckpt, source, tokenizer)
+    if tok is None and require_tokenizer:
+        raise CheckpointError(f"{name}: names no tokenizer folder; give it (--tokenizer DIR on the command line)")
+    cfg = _model_config(ckpt, name)
+    try:
+        model = TransformerLM(**cfg)
+    except TypeError as e:
+        raise CheckpointError(
+            f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})"
+        ) from None
+    apply_checkpoint({**ckpt, "iteration": ckpt.get("iteration") or 0}, model, None, name=name)
+    if tok is not None and int(tok.vocab_size) > model.config.vocab_size:
+        raise CheckpointError(
+            f"the tokenizer has {tok.vocab_size} tokens but the model in {name} only {model.config.vocab_size}: "
+            "they do not belong together"
+        )
+    model.to(device=dev, dtype=dtype)
+    model.eval()
+    info = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer", "rng", "sampler_states")}
+    info["source"] = source
+    info["tokenizer_source"] = tok_source
+    return LoadedModel(model, tok, info)

@@ -22,6 +22,9 @@ from typing import Any, Optional, Union
 
 import torch
 
+from ferrolm.lm.checkpoint import load_model
+from ferrolm.lm.data import ShardError, TokenShards
+from ferrolm.lm.device import resolve_device
 from ferrolm.lm.functional import cross_entropy
 
 __all__ = ["evaluate", "token_byte_lengths"]
@@ -73,24 +76,20 @@ def evaluate(
     max_tokens: Optional[int] = None,
     device: str = "cpu",
 ) -> dict:
-    """Score ``checkpoint`` on the shards ``data`` (a prefix, a list, ... as for training).
+    """Score ``checkpoint`` (anything ``ferrolm.lm.checkpoint.load_model`` reads) on the
+    shards ``data`` (a prefix, a list, ... as for training).
 
-    ``tokenizer`` (a Tokenizer or its folder; default the run config's data.tokenizer) is
+    ``tokenizer`` (a Tokenizer or its folder; default the one the checkpoint names) is
     needed for bits per byte only (None without one). ``max_tokens``: score only the first
     that many tokens. Returns loss (mean nats per token), perplexity, bits_per_byte,
     tokens, bytes, seconds and tokens_per_s.
     """
-    from ferrolm.lm.data import ShardError, TokenShards
-    from ferrolm.lm.generate import find_tokenizer, load_model, read_any_checkpoint, resolve_device
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = resolve_device(device)
-    ckpt = read_any_checkpoint(checkpoint)
-    tok = find_tokenizer(ckpt, checkpoint, tokenizer)
-    model, ckpt = load_model(checkpoint, dev, tokenizer=tok, ckpt=ckpt)
+    model, tok, info = load_model(checkpoint, dev, tokenizer=tokenizer)
     shards = TokenShards(data)
-    want = ckpt.get("tokenizer_fingerprint")
+    want = info.get("tokenizer_fingerprint")
     if want and shards.fingerprint != want:
         raise ShardError(
             f"{shards.paths[0]} was encoded with another tokenizer than {os.fspath(checkpoint)} was trained on"

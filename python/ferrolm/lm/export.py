@@ -26,9 +26,10 @@ import torch
 from ferrolm._util import atomic_write_bytes, atomic_write_dir
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import hf
-from ferrolm.lm.model import ModelConfig, check_llama_compatible, from_hf_llama_state_dict, to_hf_llama_state_dict
+from ferrolm.lm.checkpoint import load_model
+from ferrolm.lm.model import ModelConfig, check_llama_compatible, to_hf_llama_state_dict
 
-__all__ = ["export_hf", "export_safetensors", "llama_config", "load_hf_folder", "MODEL_FILES"]
+__all__ = ["export_hf", "export_safetensors", "llama_config", "MODEL_FILES"]
 
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -85,28 +86,16 @@ def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata={"format": "pt", **metadata})
 
 
-def _load(checkpoint: PathLike, tokenizer: Any):
-    from ferrolm.lm.generate import find_tokenizer, load_model, read_any_checkpoint
-
-    ckpt = read_any_checkpoint(checkpoint)
-    tok = find_tokenizer(ckpt, checkpoint, tokenizer)
-    if tok is None:
-        raise ValueError(
-            f"{checkpoint}: its run's config names no tokenizer folder (data.tokenizer): give the tokenizer"
-        )
-    model, ckpt = load_model(checkpoint, "cpu", tokenizer=tok, ckpt=ckpt)
-    return model, ckpt, tok
-
-
 def export_hf(checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dtype: str = "float32") -> Path:
     """Write the HF folder ``out`` for ``checkpoint`` (see the module docstring); return it.
 
-    ``tokenizer``: a Tokenizer or its folder (default: the run config's data.tokenizer);
+    ``checkpoint``: anything ``ferrolm.lm.checkpoint.load_model`` reads. ``tokenizer``: a
+    Tokenizer or its folder (default: the one the checkpoint names);
     its fingerprint must be the checkpoint's. ``dtype``: float32, bfloat16 or float16.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    model, _, tok = _load(checkpoint, tokenizer)
+    model, tok, _ = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
     cfg = model.config
     weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_llama_state_dict(model).items()}
     files = {
@@ -123,56 +112,17 @@ def export_hf(checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dty
 
 def export_safetensors(checkpoint: PathLike, out: PathLike) -> Path:
     """Write the model weights of ``checkpoint`` to the safetensors file ``out`` under
-    ferrolm's names; the metadata holds the model config and the tokenizer fingerprint
-    (``ferrolm.lm.generate.load_model`` reads such a file)."""
-    from ferrolm.lm.generate import load_model
-
-    model, ckpt = load_model(checkpoint, "cpu")
+    ferrolm's names; the metadata holds the model config, the tokenizer fingerprint and
+    the tokenizer's folder as recorded at training
+    (``ferrolm.lm.checkpoint.load_model`` reads such a file)."""
+    model, _, info = load_model(checkpoint, "cpu", tokenizer=False)
     sd = model.state_dict()
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight")  # the same tensor as the embedding; safetensors stores it once
     meta = {"ferrolm_model_config": json.dumps(model.config.to_dict())}
-    if ckpt.get("tokenizer_fingerprint"):
-        meta["tokenizer_fingerprint"] = str(ckpt["tokenizer_fingerprint"])
+    for key in ("tokenizer_fingerprint", "tokenizer_dir"):  # what load_model finds the tokenizer by
+        if info.get(key):
+            meta[key] = str(info[key])
     out = Path(out)
     atomic_write_bytes(out, _safetensors_bytes(sd, meta))
     return out
-
-
-def load_hf_folder(folder: PathLike, device: Union[str, torch.device] = "cpu"):
-    """(model in eval mode, Tokenizer) from a folder ``export_hf`` wrote: the inverse of the
-    export, float32 weights whatever dtype the folder stores."""
-    from safetensors.torch import load_file
-
-    from ferrolm.bpe.tokenizer import Tokenizer
-    from ferrolm.lm.model import TransformerLM
-
-    folder = Path(folder)
-    try:
-        hf_cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{folder}: no readable config.json ({e})") from None
-    if hf_cfg.get("model_type") != "llama":
-        raise ValueError(f"{folder}: config.json is not a Llama model (model_type {hf_cfg.get('model_type')!r})")
-    heads = hf_cfg["num_attention_heads"]
-    if hf_cfg.get("num_key_value_heads", heads) != heads or hf_cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{folder}: grouped-query attention and activations other than SiLU are not supported")
-    rope = hf_cfg.get("rope_parameters") or {}
-    cfg = ModelConfig(
-        vocab_size=hf_cfg["vocab_size"],
-        context_length=hf_cfg["max_position_embeddings"],
-        d_model=hf_cfg["hidden_size"],
-        num_layers=hf_cfg["num_hidden_layers"],
-        num_heads=heads,
-        d_ff=hf_cfg["intermediate_size"],
-        rope_theta=float(rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0))),
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
-        norm_eps=float(hf_cfg.get("rms_norm_eps", 1e-5)),
-    )
-    if hf_cfg.get("head_dim", cfg.d_head) != cfg.d_head:
-        raise ValueError(f"{folder}: head_dim {hf_cfg['head_dim']} is not hidden_size / num_attention_heads")
-    weights = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
-    model = TransformerLM.from_config(cfg)
-    model.load_state_dict(from_hf_llama_state_dict(weights, cfg))
-    model.to(device).eval()
-    return model, Tokenizer.load(folder)

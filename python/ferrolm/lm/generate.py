@@ -56,10 +56,7 @@ from __future__ import annotations
 import codecs
 import math
 import operator
-import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
@@ -77,10 +74,6 @@ __all__ = [
     "generate",
     "iter_text",
     "resolve_device",
-    "load_model",
-    "find_tokenizer",
-    "tokenizer_folder",
-    "read_any_checkpoint",
 ]
 
 TOP_P_SLACK = 1e-6  # mass within this of p counts as reaching p (float32 rounding)
@@ -457,7 +450,7 @@ def _generate(
 
 
 # --------------------------------------------------------------------------------------
-# Text out, models in: what the CLI needs
+# Text out: what the CLI needs
 # --------------------------------------------------------------------------------------
 
 
@@ -477,128 +470,6 @@ def iter_text(ids: Iterable[int], token_bytes: Callable[[int], bytes]) -> Iterat
     tail = decoder.decode(b"", final=True)
     if tail:
         yield tail
-
-
-def _model_config_from_checkpoint(ckpt: dict, name: str) -> dict:
-    cfg = ckpt.get("config")
-    if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict):
-        cfg = cfg["model"]  # a training config: {"model": {...}, "optimizer": {...}, ...}
-    if not isinstance(cfg, dict) or "vocab_size" not in cfg:
-        raise ValueError(f"{name} stores no model config (needed to build the model); was it saved by `ferrolm train`?")
-    return dict(cfg)
-
-
-def load_model(
-    checkpoint: Union[str, os.PathLike[str]],
-    device: Union[str, torch.device] = "cpu",
-    tokenizer: Any = None,
-    *,
-    ckpt: Optional[dict] = None,
-):
-    """Build a TransformerLM from a ``ferrolm train`` checkpoint (or a safetensors file from
-    ``ferrolm export --format safetensors``): (model in eval mode, checkpoint dict).
-
-    The model's shape comes from the checkpoint's config. With ``tokenizer`` given, its
-    fingerprint must equal the one the checkpoint was trained with (when it recorded
-    one), and its ids must fit the model's vocabulary. ``ckpt``: the checkpoint dict when
-    the caller has read it already (it is not read again).
-    """
-    from ferrolm.lm.checkpoint import CheckpointError, apply_checkpoint
-    from ferrolm.lm.model import TransformerLM
-
-    name = os.fspath(checkpoint)
-    if ckpt is None:
-        ckpt = read_any_checkpoint(checkpoint)
-    if tokenizer is not None:
-        want = ckpt.get("tokenizer_fingerprint")
-        have = getattr(tokenizer, "fingerprint", None)
-        if want is not None and have != want:
-            raise CheckpointError(
-                f"tokenizer and checkpoint do not belong together: {name} was trained with tokenizer "
-                f"fingerprint {str(want)[:16]}..., the tokenizer given has {str(have)[:16]}..."
-            )
-    cfg = _model_config_from_checkpoint(ckpt, name)
-    try:
-        model = TransformerLM(**cfg)
-    except TypeError as e:
-        raise CheckpointError(
-            f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})"
-        ) from None
-    apply_checkpoint(ckpt, model, None, name=name)
-    if tokenizer is not None:
-        n = int(tokenizer.vocab_size)
-        if n > model.config.vocab_size:
-            raise CheckpointError(
-                f"the tokenizer has {n} tokens but the model in {name} only {model.config.vocab_size}: "
-                "they do not belong together"
-            )
-    model.to(resolve_device(device) if isinstance(device, str) else device)
-    model.eval()
-    return model, ckpt
-
-
-def read_any_checkpoint(checkpoint: Union[str, os.PathLike[str]]) -> dict:
-    """A checkpoint dict from a ``.pt`` checkpoint or a ferrolm ``.safetensors`` weights file."""
-    from ferrolm.lm.checkpoint import read_checkpoint
-
-    if not os.fspath(checkpoint).endswith(".safetensors"):
-        return read_checkpoint(checkpoint)
-    import json
-
-    from safetensors import safe_open
-
-    if not os.path.isfile(checkpoint):
-        raise FileNotFoundError(f"checkpoint not found: {os.fspath(checkpoint)}")
-    with safe_open(os.fspath(checkpoint), framework="pt") as f:
-        meta = f.metadata() or {}
-        sd = {k: f.get_tensor(k) for k in f.keys()}
-    if "ferrolm_model_config" not in meta:
-        raise ValueError(f"{os.fspath(checkpoint)}: not a ferrolm weights file (no ferrolm_model_config metadata)")
-    cfg = json.loads(meta["ferrolm_model_config"])
-    if cfg.get("tie_embeddings") and "lm_head.weight" not in sd:
-        sd["lm_head.weight"] = sd["token_embeddings.weight"]
-    return {
-        "config": {"model": cfg},
-        "model": sd,
-        "iteration": 0,
-        "tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-    }
-
-
-def _run_dir(checkpoint: Union[str, os.PathLike[str]]) -> Path:
-    """The run directory of RUN/best.pt or RUN/checkpoints/step_N.pt."""
-    parent = Path(checkpoint).parent
-    return parent.parent if parent.name == "checkpoints" else parent
-
-
-def find_tokenizer(ckpt: dict, checkpoint: Union[str, os.PathLike[str]], tokenizer: Any = None) -> Any:
-    """The tokenizer for a checkpoint: ``tokenizer`` (a Tokenizer, or its folder) when given,
-    else the folder the run's config names (``data.tokenizer``, as written or relative to
-    the run directory); None when the config names no folder."""
-    from ferrolm.bpe.tokenizer import Tokenizer
-
-    if tokenizer is not None:
-        return Tokenizer.load(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-    path = tokenizer_folder(ckpt, checkpoint)
-    return None if path is None else Tokenizer.load(path)
-
-
-def tokenizer_folder(ckpt: dict, checkpoint: Union[str, os.PathLike[str]]) -> Optional[Path]:
-    """The tokenizer folder a checkpoint's run config names (``data.tokenizer``, as written or
-    relative to the run directory); None when it names none; FileNotFoundError when it is gone."""
-    cfg = ckpt.get("config")
-    data = cfg.get("data") if isinstance(cfg, dict) else None
-    name = data.get("tokenizer") if isinstance(data, dict) else None
-    if not isinstance(name, str) or not name or re.fullmatch(r"[0-9a-fA-F]{64}", name):
-        return None
-    path = Path(name)
-    if not path.is_absolute() and not path.exists() and (_run_dir(checkpoint) / path).exists():
-        path = _run_dir(checkpoint) / path
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{os.fspath(checkpoint)}: the tokenizer folder its run names (data.tokenizer = {name}) is not there; give --tokenizer"
-        )
-    return path
 
 
 class StopText:

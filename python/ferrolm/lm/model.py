@@ -67,6 +67,8 @@ __all__ = [
     "causal_mask",
     "count_parameters",
     "flops_per_token",
+    "to_hf_llama_state_dict",
+    "from_hf_llama_state_dict",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -801,18 +803,17 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
     return out
 
 
-def from_hf_llama_state_dict(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """The inverse of ``to_hf_llama_state_dict``: HF Llama weights under ferrolm's names (the
-    rows of each head's W_Q and W_K put back in pair order), for ``TransformerLM.load_state_dict``."""
+def from_hf_llama_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """The inverse of ``to_hf_llama_state_dict``: HF ``LlamaForCausalLM`` weights under
+    ferrolm's names, each head's q/k rows put back from halves order into pairs order. A
+    tied model's ``lm_head.weight`` is the embedding. Raises KeyError on a missing weight."""
     check_llama_compatible(cfg)
     dh = cfg.d_head
     perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
     rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
-    unpermute = torch.empty_like(rows)
-    unpermute[rows] = torch.arange(rows.numel())  # ours = theirs[unpermute], since theirs = ours[rows]
-    emb = hf["model.embed_tokens.weight"]
-    out = {"token_embeddings.weight": emb, "ln_final.weight": hf["model.norm.weight"]}
-    out["lm_head.weight"] = emb if cfg.tie_embeddings else hf["lm_head.weight"]
+    embed = sd["model.embed_tokens.weight"]
+    out = {"token_embeddings.weight": embed, "ln_final.weight": sd["model.norm.weight"]}
+    out["lm_head.weight"] = embed if cfg.tie_embeddings else sd["lm_head.weight"]
     names = {
         "attn.v_proj": "self_attn.v_proj",
         "attn.output_proj": "self_attn.o_proj",
@@ -824,10 +825,13 @@ def from_hf_llama_state_dict(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[st
     }
     for i in range(cfg.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        out[ours + "attn.q_proj.weight"] = hf[theirs + "self_attn.q_proj.weight"][unpermute]
-        out[ours + "attn.k_proj.weight"] = hf[theirs + "self_attn.k_proj.weight"][unpermute]
+        for proj in ("q_proj", "k_proj"):
+            hf_weight = sd[theirs + f"self_attn.{proj}.weight"]
+            w = torch.empty_like(hf_weight)
+            w[rows.to(w.device)] = hf_weight  # export took w[rows]; this undoes it
+            out[ours + f"attn.{proj}.weight"] = w
         for name, hf_name in names.items():
-            out[ours + name + ".weight"] = hf[theirs + hf_name + ".weight"]
+            out[ours + name + ".weight"] = sd[theirs + hf_name + ".weight"]
     return out
 
 

@@ -57,12 +57,16 @@ from ferrolm._util import atomic_write_bytes, stale_temporaries
 from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm import gemm
 from ferrolm.lm.checkpoint import (
+    BEST_FILE,
+    CHECKPOINT_DIR,
     CheckpointError,
     apply_checkpoint,
     get_rng_state,
+    latest_checkpoint,
     read_checkpoint,
     save_checkpoint,
     set_rng_state,
+    step_checkpoints,
     unwrap_model,
 )
 from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part of this module's API)
@@ -103,9 +107,6 @@ __all__ = [
     "PEAK_FLOPS_BF16",
 ]
 
-CHECKPOINT_DIR = "checkpoints"
-BEST_FILE = "best.pt"
-_CKPT_RE = re.compile(r"^step_(\d+)\.pt$")
 
 # Dense bf16 peak FLOP/s by GPU name (substring match, first hit wins); MFU is logged only
 # for these, and only with bf16 autocast on.
@@ -409,7 +410,7 @@ def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict
     path = Path(resume)
     ckpt = read_checkpoint(path) if not path.is_dir() else None
     if path.is_dir():
-        candidates = [p for _, p in reversed(_step_checkpoints(path))]
+        candidates = [p for _, p in reversed(step_checkpoints(path))]
         if not candidates:
             raise FileNotFoundError(f"--resume {path}: no checkpoints in {path / CHECKPOINT_DIR}")
         for i, path in enumerate(candidates):
@@ -435,7 +436,7 @@ def choose_run_dir(cfg: TrainConfig, resume, *, have_checkpoint: bool, main: boo
     if resume is not None and Path(resume).is_dir() and Path(resume).resolve() != run_dir.resolve():
         run_dir = Path(resume)
         cfg.run.out_dir = str(resume)
-    if not have_checkpoint and main and _step_checkpoints(run_dir):
+    if not have_checkpoint and main and step_checkpoints(run_dir):
         raise FileExistsError(
             f"run.out_dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another run.out_dir"
         )
@@ -888,6 +889,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         sampler_states=_gather_states(run.batches.generator_state(), run.dist, run.device),
         world_size=run.dist.world,
         tokenizer_fingerprint=run.train_data.fingerprint,
+        **tokenizer_location(run.cfg, run.run_dir),
         time_s=state.time_s,
         wall_s=state.wall_s,
         tokens=state.step * run.tokens_per_step,
@@ -895,6 +897,19 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         log_state=log_state,
         ferrolm_version=__version__,
     )
+
+
+def tokenizer_location(cfg: TrainConfig, run_dir: Path) -> dict:
+    """Where data.tokenizer is, absolute and relative to the run folder, so that the model
+    finds its tokenizer from any working folder, and after the project moves as a whole."""
+    name = cfg.data.tokenizer
+    if not name or not Path(name).is_dir():
+        return {}
+    where = Path(name).resolve()
+    return {
+        "tokenizer_dir": str(where),
+        "tokenizer_dir_from_run": os.path.relpath(where, Path(run_dir).resolve()),
+    }
 
 
 class _Saved:
@@ -941,7 +956,7 @@ def save(run: Run, state: RunState, *, final: bool) -> None:
         else:
             state.last_ckpt = path
             if run.cfg.run.keep_last:
-                for _, old in _step_checkpoints(run.run_dir)[: -run.cfg.run.keep_last]:
+                for _, old in step_checkpoints(run.run_dir)[: -run.cfg.run.keep_last]:
                     old.unlink(missing_ok=True)
     _barrier(run.dist)
 
@@ -967,21 +982,3 @@ def remove_stale_temporaries(run_dir: Path) -> None:
     """Delete what saves killed mid-write left (checkpoint, best.pt and config temporaries)."""
     for path in stale_temporaries(run_dir) + stale_temporaries(run_dir / CHECKPOINT_DIR):
         path.unlink(missing_ok=True)
-
-
-def _step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    d = run_dir / CHECKPOINT_DIR
-    if not d.is_dir():
-        return []
-    found = []
-    for p in d.iterdir():
-        m = _CKPT_RE.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def latest_checkpoint(run_dir: str | os.PathLike) -> Optional[Path]:
-    """The newest step checkpoint of a run directory, or None."""
-    ckpts = _step_checkpoints(Path(run_dir))
-    return ckpts[-1][1] if ckpts else None
