@@ -168,12 +168,18 @@ def test_chat_template_comes_from_the_tokenizer_folder_else_plain_text(tmp_path)
         ChatTemplate.find(tmp_path, override)
 
 
-def test_serve_without_the_extra_names_it(files, monkeypatch, capsys):
+def test_serve_without_the_extra_names_it_and_bad_options_are_errors(files, monkeypatch, capsys):
     from ferrolm.app.cli import main
 
-    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn now raises ImportError
-    assert main(["serve", "--checkpoint", str(files["ckpt"]), "--tokenizer", str(files["tok"])]) == 2
-    assert 'pip install "ferrolm[serve]"' in capsys.readouterr().err
+    base = ["serve", "--checkpoint", str(files["ckpt"]), "--tokenizer", str(files["tok"])]
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "uvicorn", None)  # import uvicorn now raises ImportError
+        assert main(base) == 2
+        assert 'pip install "ferrolm[serve]"' in capsys.readouterr().err
+    pytest.importorskip("uvicorn")
+    for bad, message in ((["--port", "70000"], "--port must be in"), (["--max-batch", "0"], "--max-batch")):
+        assert main(base + bad) == 2
+        assert message in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------- the server ---

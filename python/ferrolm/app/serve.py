@@ -662,6 +662,8 @@ def serve(
         torch.set_num_threads(threads)
     if max_batch < 1 or max_tokens_limit < 1:
         raise ValueError("--max-batch and --max-tokens-limit must be >= 1")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {port}")
     served = load_served_model(checkpoint, tokenizer, device=device, name=name, chat_template=chat_template)
     engine = Engine(served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=max_batch)
     app = create_app(served, engine, max_tokens_limit=max_tokens_limit)
