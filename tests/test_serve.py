@@ -308,6 +308,12 @@ def test_chat_goes_through_the_plain_template_and_stops_at_a_new_user_turn(serve
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
     assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
     assert chunks[-1].usage.total_tokens == r.usage.total_tokens
+    # A caller's stop strings come on top of the template's.
+    want = _generate_cli(files, capsys, prompt, 60, 4, "--temperature", 0.7, "--stop", "\nUser:", "--stop", "the")
+    r = client.chat.completions.create(
+        model=server.name, messages=messages, max_tokens=60, seed=4, temperature=0.7, stop="the"
+    )
+    assert r.choices[0].message.content == want
 
 
 def test_stop_strings_cut_the_text_and_end_the_sequence(server):

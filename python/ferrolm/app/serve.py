@@ -332,7 +332,7 @@ def create_app(served: ServedModel, engine: Any, *, max_tokens_limit: int = 4096
                 )
         return ids
 
-    def sampling(body: dict, prompts: list[list[int]], param: str, default_max: int, stop_default=()) -> Request:
+    def sampling(body: dict, prompts: list[list[int]], param: str, default_max: int, template_stop=()) -> Request:
         for ids in prompts:
             if len(ids) > served.context_length:
                 raise ApiError(
@@ -362,7 +362,7 @@ def create_app(served: ServedModel, engine: Any, *, max_tokens_limit: int = 4096
             top_k=top_k,
             top_p=None if top_p >= 1.0 else top_p,
             seed=None if seed is None else seed % (1 << 63),
-            stop=stop_default if stop is None else stop,
+            stop=tuple(dict.fromkeys((*(stop or ()), *template_stop))),  # the caller's, then the template's
             stream=bool(stream),
         )
 

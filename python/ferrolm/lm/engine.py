@@ -234,9 +234,9 @@ class Engine:
             else:
                 positions.append(h.length)
         feed = torch.tensor([[h.next_token] for h in rows], dtype=torch.long, device=self.device)
-        out = self.model(
-            feed, kv_cache=self.cache.rows(0, len(rows)), start_pos=torch.tensor(positions, device=self.device)
-        )
+        # Rows all at one length (one stream, say) take the plain path with no tensor of positions.
+        at = positions[0] if len(set(positions)) == 1 else torch.tensor(positions, device=self.device)
+        out = self.model(feed, kv_cache=self.cache.rows(0, len(rows)), start_pos=at)
         logits = out[:, -1].float()
         slid = {id(h): lg for h, lg in sliding}
         for slot, h in enumerate(rows):
