@@ -424,7 +424,8 @@ def create_app(served: ServedModel, engine: Any, *, max_tokens_limit: int = 4096
                     )
 
                     def on_event(event, index=index):
-                        loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+                        with contextlib.suppress(RuntimeError):  # the loop has closed: no one is listening
+                            loop.call_soon_threadsafe(queue.put_nowait, (index, event))
 
                     handles.append(engine.submit(ids, params, on_event))
         except RuntimeError as e:  # the engine is shutting down

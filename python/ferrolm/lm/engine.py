@@ -32,6 +32,7 @@ A cancelled sequence gets no further events.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import secrets
 import threading
 from collections import deque
@@ -202,7 +203,8 @@ class Engine:
                     for handle in self._rows + admitted:
                         if not handle.done:
                             handle.done = True
-                            handle.on_event(Failed(f"generation failed: {e}"))
+                            with contextlib.suppress(Exception):  # a failing callback must not end the loop
+                                handle.on_event(Failed(f"generation failed: {e}"))
                     self._rows = []
 
     def _prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
