@@ -110,9 +110,10 @@ class GenerateProcess:
 
     CODE = f"""
 import json, sys, time, torch
-from ferrolm.lm.generate import generate, load_model
+from ferrolm.lm.checkpoint import load_model
+from ferrolm.lm.generate import generate
 torch.set_num_threads({THREADS})
-model, _ = load_model(sys.argv[1], "cpu")
+model, _, _ = load_model(sys.argv[1], "cpu", tokenizer=False)
 for run, _ in enumerate(sys.stdin):
     g = torch.Generator().manual_seed(run)
     stamps = [time.perf_counter() for _ in generate(model, {PROMPT}, {NEW_TOKENS}, generator=g, **{SAMPLING!r})]
