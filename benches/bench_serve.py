@@ -17,7 +17,8 @@ sends a 32-token prompt (ids) and streams 128 tokens sampled with temperature 1.
     generate        generate() in its own process (2 threads), the same model, prompt and
                     sampling: decode tokens/s measured as for one stream, its runs
                     alternated with the one-stream requests (a shared machine's load
-                    then weighs on both alike); medians
+                    then weighs on both alike); medians. Also on 1 thread: on a loaded
+                    machine 2 threads can be far slower than 1 in the main thread
 
     python benches/bench_serve.py                    # writes nothing; prints a markdown table
     python benches/bench_serve.py --requests 4 --streams 16
@@ -114,7 +115,8 @@ from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.generate import generate
 torch.set_num_threads({THREADS})
 model, _, _ = load_model(sys.argv[1], "cpu", tokenizer=False)
-for run, _ in enumerate(sys.stdin):
+for run, threads in enumerate(sys.stdin):
+    torch.set_num_threads(int(threads))
     g = torch.Generator().manual_seed(run)
     stamps = [time.perf_counter() for _ in generate(model, {PROMPT}, {NEW_TOKENS}, generator=g, **{SAMPLING!r})]
     print(json.dumps((len(stamps) - 1) / (stamps[-1] - stamps[0])), flush=True)
@@ -125,8 +127,8 @@ for run, _ in enumerate(sys.stdin):
             [sys.executable, "-c", self.CODE, str(ckpt)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
 
-    def speed(self) -> float:
-        self.proc.stdin.write("go\n")
+    def speed(self, threads: int = THREADS) -> float:
+        self.proc.stdin.write(f"{threads}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
@@ -158,12 +160,13 @@ def main() -> None:
             stream_once(port, name, 16)  # warm-ups
             gen.speed()
             ttft = [(r["first"] - r["sent"]) * 1e3 for r in (stream_once(port, name, 1) for _ in range(args.ttft))]
-            singles, gen_speeds = [], []
-            for _ in range(args.requests):  # alternated: both see the same load
+            singles, gen_speeds, gen1_speeds = [], [], []
+            for _ in range(args.requests):  # alternated: all see the same load
                 gen_speeds.append(gen.speed())
                 singles.append(stream_once(port, name))
+                gen1_speeds.append(gen.speed(1))
             gen.close()
-            gen_speed = statistics.median(gen_speeds)
+            gen_speed, gen1_speed = statistics.median(gen_speeds), statistics.median(gen1_speeds)
             one_total = sum(r["tokens"] for r in singles) / sum(r["done"] - r["sent"] for r in singles)
             one_decode = statistics.median((r["tokens"] - 1) / (r["last"] - r["first"]) for r in singles)
             started = time.perf_counter()
@@ -186,7 +189,9 @@ def main() -> None:
     print(f"| one stream, tokens/s (whole requests) | {one_total:.1f} | |")
     print(f"| one stream, decode tokens/s | {one_decode:.1f} | >= generate |")
     print(f"| `generate`, decode tokens/s | {gen_speed:.1f} | |")
+    print(f"| `generate` on 1 thread, decode tokens/s | {gen1_speed:.1f} | |")
     print(f"| one stream / generate (decode) | {one_decode / gen_speed:.2f}x | >= 1.0x |")
+    print(f"| one stream / generate on 1 thread (decode) | {one_decode / gen1_speed:.2f}x | |")
     print(f"| {args.streams} streams, tokens/s (all) | {many_total:.1f} | |")
     print(f"| {args.streams} streams / one stream | {many_total / one_total:.2f}x | >= 4x |")
     print(f"| TTFT, idle server, median of {args.ttft} | {statistics.median(ttft):.1f} ms | < 100 ms |")
