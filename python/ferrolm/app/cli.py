@@ -320,6 +320,68 @@ def _batch_texts(model, rows, sampling, eos, generator, piece_of, stops) -> list
 
 COMMANDS.append(add_generate_command)
 
+
+def add_serve_command(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over the OpenAI HTTP API (needs the serve extra)",
+        description="Serve a checkpoint (or a folder written by `ferrolm export`) with OpenAI's API: POST "
+        "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models and /health. Concurrent "
+        'requests are decoded as one batch. Needs pip install "ferrolm[serve]". Ctrl-C or SIGTERM lets the '
+        "running requests finish, then exits.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a run folder, a checkpoint, a .safetensors file or a folder of `ferrolm export`",
+    )
+    p.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's, or the export's)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one, printed on stderr)")
+    p.add_argument("--model-name", default=None, metavar="NAME", help="the model's name in the API (default: RUN/FILE)")
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template (default: the tokenizer folder's, else plain text)",
+    )
+    p.add_argument("--max-batch", type=int, default=16, metavar="N", help="sequences decoded together (default 16)")
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="the largest max_tokens a request may ask (default 4096)",
+    )
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="server log")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args) -> int:
+    from ferrolm.app.serve import serve
+
+    return serve(
+        args.checkpoint,
+        tokenizer=args.tokenizer,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        name=args.model_name,
+        chat_template=args.chat_template,
+        max_batch=args.max_batch,
+        max_tokens_limit=args.max_tokens_limit,
+        threads=args.threads,
+        log_level=args.log_level,
+    )
+
+
+COMMANDS.append(add_serve_command)
+
 # ---------------------------------------------------------------------------------------
 # Corpus commands: train-tokenizer, encode, decode, shards
 # ---------------------------------------------------------------------------------------
