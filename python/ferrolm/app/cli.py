@@ -726,6 +726,11 @@ def add_export_command(sub) -> None:
     )
     p.add_argument("--format", default="hf", choices=["hf", "safetensors"], help="hf (default) or safetensors")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (hf)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a non-empty --out folder that is not an earlier export of this model (hf)",
+    )
     p.set_defaults(run=_run_export)
 
 
@@ -735,7 +740,7 @@ def _run_export(args) -> int:
     if args.format == "safetensors":
         out = export_safetensors(args.checkpoint, args.out)
     else:
-        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
+        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     print(out)
     return 0
 
