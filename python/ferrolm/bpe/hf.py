@@ -210,7 +210,7 @@ def read_hf_tokenizer(
     vocab = _hf_vocab(path, model.get("vocab"), added)
     if "merges" not in model or model["merges"] is None:
         raise TokenizerFileError(f'{path}: the BPE model has no "merges" list (HF tokenizers refuses it too)')
-    merges = _hf_merges(path, model["merges"], vocab)
+    merges = _hf_merges(path, model["merges"], model["vocab"])
     ignore_merges = model.get("ignore_merges", False)
     if not isinstance(ignore_merges, bool):
         raise TokenizerFileError(f"{path}: ignore_merges must be true or false, got {ignore_merges!r}")
@@ -316,24 +316,25 @@ def _hf_vocab(path: Path, raw: Any, added: dict[str, int]) -> dict[int, bytes]:
     return vocab
 
 
-def _hf_merges(path: Path, raw: Any, vocab: dict[int, bytes]) -> list[tuple[bytes, bytes]]:
-    """The merges in effect, in rank order. Both sides and their concatenation must be
-    tokens (HF refuses the file otherwise). A pair listed more than once has the rank of
-    its last line, as in HF's tokenizers (its merge table keeps the last rank it reads), so
-    only that line is kept."""
+def _hf_merges(path: Path, raw: Any, model_vocab: dict[str, int]) -> list[tuple[bytes, bytes]]:
+    """The merges in effect, in rank order. Both sides and their concatenation must be in
+    the model's vocab (HF refuses the file otherwise). A pair listed more than once has the
+    rank of its last line, as in HF's tokenizers (its merge table keeps the last rank it
+    reads), so only that line is kept."""
     if not isinstance(raw, list):
         raise TokenizerFileError(f"{path}: the model's merges must be a list")
-    tokens = set(vocab.values())
     merges = []
     for k, m in enumerate(raw):
         parts = m.split(" ") if isinstance(m, str) else m
         if not isinstance(parts, list) or len(parts) != 2 or not all(isinstance(x, str) and x for x in parts):
             raise TokenizerFileError(f"{path}: merge {k} must be 'a b' or [a, b], got {m!r}")
+        for token, what in ((parts[0], "left token"), (parts[1], "right token"), (parts[0] + parts[1], "merged token")):
+            if token not in model_vocab:
+                raise TokenizerFileError(
+                    f"{path}: merge {k} ({parts[0]} {parts[1]}): the {what} {token!r} is not in the vocab"
+                )
         where = f"{path}: merge {k}"
         pair = (str_to_token(parts[0], where=where), str_to_token(parts[1], where=where))
-        for side, what in ((pair[0], "left token"), (pair[1], "right token"), (pair[0] + pair[1], "merged token")):
-            if side not in tokens:
-                raise TokenizerFileError(f"{where} ({' '.join(parts)}): the {what} {side!r} is not in the vocab")
         merges.append(pair)
     last = {pair: k for k, pair in enumerate(merges)}
     if len(last) == len(merges):
