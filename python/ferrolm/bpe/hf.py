@@ -354,8 +354,8 @@ def _without_unmade_tokens(
     Their ids are then absent from the vocab: never produced, so never decoded."""
     from ferrolm import _core
 
-    special_ids = {i for i, b in vocab.items() if b in {s.encode("utf-8") for s in specials}}
-    unmade = set(_core.Encoder(vocab, merges, specials, "gpt2").tokens_not_made_by_merges()) - special_ids
+    encoder = _core.Encoder(vocab, merges, specials, "gpt2")
+    unmade = set(encoder.tokens_not_made_by_merges()) - {i for _, i in encoder.special_tokens}
     if not unmade:
         return vocab, merges
     kept = {i: b for i, b in vocab.items() if i not in unmade}
