@@ -105,13 +105,17 @@ def tokens_to_strs(tokens: Iterable[bytes]) -> list[str]:
     return [text[e - len(t) : e] for t, e in zip(tokens, ends)]
 
 
+@lru_cache(maxsize=1)
+def _encoding_map():
+    return codecs.charmap_build(_decoding_table())
+
+
 def str_to_token(text: str, *, where: str = "token") -> bytes:
-    table = unicode_to_bytes()
     try:
-        return bytes(table[c] for c in text)
-    except KeyError as e:
+        return codecs.charmap_encode(text, "strict", _encoding_map())[0]
+    except UnicodeEncodeError as e:
         raise TokenizerFileError(
-            f"{where}: {text!r} contains {e.args[0]!r}, which is not in GPT-2's byte-to-unicode alphabet"
+            f"{where}: {text!r} contains {text[e.start]!r}, which is not in GPT-2's byte-to-unicode alphabet"
         ) from None
 
 

@@ -323,23 +323,36 @@ def _hf_merges(path: Path, raw: Any, model_vocab: dict[str, int]) -> list[tuple[
     reads), so only that line is kept."""
     if not isinstance(raw, list):
         raise TokenizerFileError(f"{path}: the model's merges must be a list")
-    merges = []
+    sides: list[str] = []
     for k, m in enumerate(raw):
         parts = m.split(" ") if isinstance(m, str) else m
-        if not isinstance(parts, list) or len(parts) != 2 or not all(isinstance(x, str) and x for x in parts):
-            raise TokenizerFileError(f"{path}: merge {k} must be 'a b' or [a, b], got {m!r}")
-        for token, what in ((parts[0], "left token"), (parts[1], "right token"), (parts[0] + parts[1], "merged token")):
-            if token not in model_vocab:
-                raise TokenizerFileError(
-                    f"{path}: merge {k} ({parts[0]} {parts[1]}): the {what} {token!r} is not in the vocab"
-                )
-        where = f"{path}: merge {k}"
-        pair = (str_to_token(parts[0], where=where), str_to_token(parts[1], where=where))
-        merges.append(pair)
+        if not (isinstance(parts, list) and len(parts) == 2):
+            _refuse_merge(path, k, m, model_vocab)
+        a, b = parts
+        if not (isinstance(a, str) and isinstance(b, str) and a in model_vocab and b in model_vocab):
+            _refuse_merge(path, k, m, model_vocab)
+        if a + b not in model_vocab:
+            _refuse_merge(path, k, m, model_vocab)
+        sides += parts
+    # Each character is one byte: the sides are slices of the whole at the same offsets.
+    data = str_to_token("".join(sides), where=f"{path}: merges")
+    ends = list(itertools.accumulate(map(len, sides)))
+    tokens = [data[e - len(t) : e] for t, e in zip(sides, ends)]
+    merges = list(zip(tokens[0::2], tokens[1::2]))
     last = {pair: k for k, pair in enumerate(merges)}
     if len(last) == len(merges):
         return merges
     return [pair for k, pair in enumerate(merges) if last[pair] == k]
+
+
+def _refuse_merge(path: Path, k: int, m: Any, model_vocab: dict[str, int]) -> None:
+    parts = m.split(" ") if isinstance(m, str) else m
+    if not isinstance(parts, list) or len(parts) != 2 or not all(isinstance(x, str) and x for x in parts):
+        raise TokenizerFileError(f"{path}: merge {k} must be 'a b' or [a, b], got {m!r}")
+    a, b = parts
+    for token, what in ((a, "left token"), (b, "right token"), (a + b, "merged token")):
+        if token not in model_vocab:
+            raise TokenizerFileError(f"{path}: merge {k} ({a} {b}): the {what} {token!r} is not in the vocab")
 
 
 def _without_unmade_tokens(
