@@ -48,8 +48,9 @@ FORMAT_VERSION = 2
 # reads its special tokens' roles and model_max_length from the two config files.
 CHECKED_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE)
 TOKENIZER_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE, RECORD_FILE)
-# The largest tokenizer file read: 8x the largest public tokenizer.json we know of (Gemma
-# 3's, 33 MB for 262k tokens), yet small enough that parsing it fits in memory.
+# The largest tokenizer file read: several times the largest public tokenizer.json files
+# (a few tens of MB, for vocabularies of ~260k tokens), yet small enough that parsing one
+# fits in memory.
 MAX_FILE_BYTES = 256 << 20
 # transformers' model_max_length when no model's context length is known (GPT-2's).
 DEFAULT_MODEL_MAX_LENGTH = 1024
