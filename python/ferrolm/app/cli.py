@@ -839,6 +839,11 @@ def add_export_command(sub) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="weights dtype (hf; gguf: no bf16)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a non-empty --out folder that is not an earlier export of this model (hf)",
+    )
     p.set_defaults(run=_run_export)
 
 
@@ -852,7 +857,7 @@ def _run_export(args) -> int:
 
         out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
     else:
-        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
+        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     print(out)
     return 0
 
