@@ -179,6 +179,14 @@ BENCHES = [
         reading="tokens/s of the row / tokens/s of the column's baseline",
     ),
     Bench(
+        "serve",
+        "bench_serve.py",
+        "Serving: ferrolm serve with 1 and 16 streams, time to first token, one stream vs generate",
+        quick=[("--requests", "2"), ("--ttft", "5")],
+        json_flag=False,
+        reading="16 streams' tokens/s / one stream's; one stream's decode / generate's",
+    ),
+    Bench(
         "reference",
         "bench_reference_train.py",
         "The pure-Python reference BPE trainer",

@@ -45,7 +45,7 @@ fn main() {
     let counts = if let Some(p) = &load {
         read_counts(p)
     } else {
-        tr.count_files(&files, &ctl).unwrap();
+        tr.count_files(&files, "text", &ctl).unwrap();
         tr.take_counts().unwrap()
     };
     if let Some(p) = &dump {

@@ -437,6 +437,26 @@ impl Encoder {
         self.bpe(piece, out)
     }
 
+    /// The ids of the tokens that merging their own bytes does not make, in id order.
+    ///
+    /// Plain BPE (merges only, no whole-piece lookup, as HF tokenizers' `ignore_merges:
+    /// false`) never outputs them: a token made inside a longer piece is made by the same
+    /// merges as from its bytes alone. Single bytes are always made.
+    pub fn tokens_not_made_by_merges(&self) -> Vec<u32> {
+        let mut unmade = Vec::new();
+        let mut ids = Vec::new();
+        for id in 0..self.vocab_size() as u32 {
+            if let Some(bytes) = self.token_bytes(id).filter(|b| b.len() > 1) {
+                ids.clear();
+                self.merge_piece(bytes, &mut ids);
+                if ids.as_slice() != [id] {
+                    unmade.push(id);
+                }
+            }
+        }
+        unmade
+    }
+
     /// Concatenated bytes of `ids`; an id not in the vocab is an error.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, EncodeError> {
         let mut out = Vec::with_capacity(ids.len() * 4);

@@ -23,11 +23,11 @@
 //! is implemented; the final rename and the sidecar JSON are the caller's (Python's) job.
 
 mod docs;
-mod input;
-mod jsonl;
+pub(crate) mod input;
+pub(crate) mod jsonl;
 mod parquet;
 mod reader;
-mod sniff;
+pub(crate) mod sniff;
 mod writer;
 
 use std::borrow::Cow;
@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 use crate::buffers::BufferPool;
 
 pub use crate::utf8::Utf8Errors;
-pub use docs::{DocBatch, DocSource, VecSource};
-pub use input::{part_range, Compression, Format, InputSpec};
+pub use docs::{check_documents_utf8, DocBatch, DocSource, VecSource};
+pub use input::{part_range, regular_file_size, Compression, Format, InputSpec, BOM};
 pub use parquet::{ParquetDocs, PARQUET_BATCH_BYTES};
 use reader::{Chunk, ChunkReader, FileSummary};
 use writer::{Journal, PartialWriter};
@@ -190,6 +190,10 @@ pub struct Summary {
     pub byte_range: (u64, u64),
     /// Tokens that were already on disk from an interrupted run (0 for a fresh start).
     pub resumed_tokens: u64,
+    /// Bytes of document text this run encoded (decompressed, the JSON Lines fields'
+    /// text, the Parquet column's text; a UTF-8 byte-order mark not counted): what
+    /// bytes per token and throughput are measured over.
+    pub text_bytes: u64,
     /// Why an existing journal was not resumed, if there was one.
     pub restart_reason: Option<String>,
     /// The partial file, complete and fsynced, for the caller to rename to `out_bin`.
@@ -291,6 +295,7 @@ struct Encoded {
     bytes: Vec<u8>,
     tokens: u64,
     documents: u64,
+    text_bytes: u64,
     /// Input position right after this chunk: (file index, logical offset).
     next_pos: (usize, u64),
     raw_done: u64,
@@ -301,34 +306,41 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Encode one chunk into the output dtype's little-endian bytes.
+/// Encode one chunk into the output dtype's little-endian bytes; returns them with the
+/// chunk's tokens, documents and text bytes.
 fn encode_chunk<E: TextEncoder + ?Sized>(
     enc: &E,
     job: &EncodeJob,
     chunk: &Chunk,
     out: Vec<u8>,
-) -> Result<(Vec<u8>, u64, u64), ShardError> {
+) -> Result<(Vec<u8>, u64, u64, u64), ShardError> {
     SCRATCH.with(|cell| {
         let mut ids = cell.borrow_mut();
         ids.clear();
-        let documents = match job.inputs[chunk.file].format {
-            Format::Docs => encode_docs(enc, job, chunk, &mut ids)?,
+        let (documents, text_bytes) = match job.inputs[chunk.file].format {
+            Format::Docs => (encode_docs(enc, job, chunk, &mut ids)?, chunk.len as u64),
             _ => encode_bytes(enc, job, chunk, &mut ids)?,
         };
         let out = to_dtype(&ids, job, chunk, out)?;
-        Ok((out, ids.len() as u64, documents))
+        Ok((out, ids.len() as u64, documents, text_bytes))
     })
 }
 
-/// A chunk of plain text or JSON Lines; returns the documents it ended.
+/// A chunk of plain text or JSON Lines; returns the documents it ended and the bytes of
+/// their text.
 fn encode_bytes<E: TextEncoder + ?Sized>(
     enc: &E,
     job: &EncodeJob,
     chunk: &Chunk,
     ids: &mut Vec<u32>,
-) -> Result<u64, ShardError> {
+) -> Result<(u64, u64), ShardError> {
     let spec = &job.inputs[chunk.file];
-    let data = &chunk.data[..chunk.len];
+    let mut data = &chunk.data[..chunk.len];
+    let mut start = chunk.start;
+    if start == 0 && data.starts_with(input::BOM) {
+        data = &data[input::BOM.len()..];
+        start = input::BOM.len() as u64;
+    }
     let text: Cow<str> = match crate::utf8::to_str(data) {
         Ok(s) => Cow::Borrowed(s),
         Err(e) => match job.errors {
@@ -336,31 +348,24 @@ fn encode_bytes<E: TextEncoder + ?Sized>(
             Utf8Errors::Strict => {
                 return Err(ShardError::Utf8 {
                     path: spec.path.clone(),
-                    offset: chunk.start + e.valid_up_to() as u64,
+                    offset: start + e.valid_up_to() as u64,
                     compressed: spec.compression != Compression::None,
                 })
             }
         },
     };
     if spec.format == Format::Text {
-        return Ok(encode_text(enc, job, chunk, &text, ids));
+        return Ok((encode_text(enc, job, chunk, &text, ids), data.len() as u64));
     }
-    let mut documents = 0u64;
-    for (line_no, line) in (chunk.first_line + 1..).zip(text.split('\n')) {
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.trim().is_empty() {
-            continue;
-        }
-        let doc = jsonl::field(line, &job.jsonl_field).map_err(|message| ShardError::Jsonl {
-            path: spec.path.clone(),
-            line: line_no,
-            message,
-        })?;
-        enc.encode_ordinary(&doc, ids);
+    let (mut documents, mut text_bytes) = (0u64, 0u64);
+    jsonl::for_each_document(&text, chunk.first_line, &job.jsonl_field, |doc| {
+        enc.encode_ordinary(doc, ids);
         end_document(job, ids);
         documents += 1;
-    }
-    Ok(documents)
+        text_bytes += doc.len() as u64;
+    })
+    .map_err(|(line, message)| ShardError::Jsonl { path: spec.path.clone(), line, message })?;
+    Ok((documents, text_bytes))
 }
 
 /// Plain text: encoded with its special tokens; documents end at the end-of-text token.
@@ -403,12 +408,7 @@ fn encode_docs<E: TextEncoder + ?Sized>(
             Ok(s) => Cow::Borrowed(s),
             Err(_) if job.errors == Utf8Errors::Replace => String::from_utf8_lossy(doc),
             Err(e) => {
-                return Err(ShardError::Invalid(format!(
-                    "{}: document {} is not valid UTF-8 (at byte {} of it)",
-                    job.inputs[chunk.file].path.display(),
-                    chunk.start + i as u64,
-                    e.valid_up_to()
-                )))
+                return Err(docs::not_utf8(&job.inputs[chunk.file].path, chunk.start + i as u64, e.valid_up_to()))
             }
         };
         enc.encode_ordinary(&text, ids);
@@ -479,11 +479,13 @@ where
     P: FnMut(&Progress) -> bool,
 {
     check(job)?;
+    // Missing and non-regular inputs are refused before any is sniffed (a pipe would
+    // lose the bytes sniffing reads, a device would be read forever).
+    let sizes = input::file_sizes(&job.inputs)?;
     let job = &sniffed(job)?;
     // The shared pool of this size (its threads keep their encoder caches between
     // calls), had before anything is written.
     let pool = crate::threads::try_pool(Some(job.threads)).map_err(ShardError::Invalid)?;
-    let sizes = input::file_sizes(&job.inputs)?;
     let byte_range = byte_range(job, &sizes)?;
     let mut start = match start(job, &sizes, byte_range, source)? {
         Start::Done(summary) => return Ok(summary),
@@ -497,6 +499,7 @@ where
         journal: start.journal,
         last_commit: Instant::now(),
         committed_tokens: start.resumed_tokens,
+        text_bytes: 0,
         undigested: false,
         raw_total: byte_range.1 - byte_range.0,
         progress,
@@ -624,6 +627,8 @@ struct Run<'j, P> {
     journal: Journal,
     last_commit: Instant,
     committed_tokens: u64,
+    /// Bytes of document text encoded by this run (see `Summary::text_bytes`).
+    text_bytes: u64,
     /// The journal stands at a chunk read before its input's hash was known (no digest
     /// to check a resume against), so it is not committed there.
     undigested: bool,
@@ -746,6 +751,7 @@ impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
         let j = &mut self.journal;
         j.tokens += enc.tokens;
         j.documents += enc.documents;
+        self.text_bytes += enc.text_bytes;
         (j.next_file, j.next_offset) = enc.next_pos;
         j.digest = enc.digest.clone();
         self.undigested = self.job.hash && enc.digest.is_none();
@@ -786,6 +792,7 @@ impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
                     byte_range,
                     resumed_tokens,
                     restart_reason,
+                    text_bytes: self.text_bytes,
                     partial_path: job.partial_path(),
                 };
                 self.journal.complete = true;
@@ -827,10 +834,11 @@ fn spawn_encode<'s, E: TextEncoder + ?Sized>(
     scope.spawn(move |_| {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| encode_chunk(encoder, job, &chunk, out_buf)));
         let r = match r {
-            Ok(Ok((bytes, tokens, documents))) => Ok(Encoded {
+            Ok(Ok((bytes, tokens, documents, text_bytes))) => Ok(Encoded {
                 bytes,
                 tokens,
                 documents,
+                text_bytes,
                 next_pos: chunk.next_pos,
                 raw_done: chunk.raw_done,
                 digest: chunk.digest.clone(),

@@ -31,6 +31,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::pretokenize::{PatternError, PreTokenizer};
+use crate::shards::PARQUET_BATCH_BYTES;
+use crate::shards::{self, sniff::sniff, Compression, DocBatch, Format, InputSpec, ParquetDocs, ShardError};
 
 pub use crate::utf8::Utf8Errors;
 pub use count::PieceCounts;
@@ -134,6 +136,21 @@ impl fmt::Display for TrainError {
 
 impl std::error::Error for TrainError {}
 
+/// The shared input reader's errors (it names the file in each).
+impl From<ShardError> for TrainError {
+    fn from(e: ShardError) -> Self {
+        match e {
+            ShardError::Io { path, source, .. } => TrainError::Io { path, err: source },
+            e => TrainError::InvalidInput(e.to_string()),
+        }
+    }
+}
+
+/// Where a chunk of JSON Lines may end: the shard writer's rule (after a newline).
+fn jsonl_cut(buf: &[u8]) -> Option<usize> {
+    shards::input::last_cut(buf, Format::Jsonl, None, false)
+}
+
 impl From<PatternError> for TrainError {
     fn from(e: PatternError) -> Self {
         TrainError::Pattern(e)
@@ -226,61 +243,159 @@ impl Trainer {
             .ok_or_else(|| TrainError::InvalidInput("this trainer has already learned its merges".into()))
     }
 
-    /// Check that every path is a readable regular file; returns the total size.
-    pub fn check_files(paths: &[PathBuf]) -> Result<u64, TrainError> {
+    /// Check that every path is a readable regular file and find what it holds (as the
+    /// shard writer does); returns the inputs and their total size on disk.
+    pub fn check_files(paths: &[PathBuf], field: &str) -> Result<(Vec<InputSpec>, u64), TrainError> {
         let mut total = 0;
         for p in paths {
-            let io_err = |err| TrainError::Io { path: p.clone(), err };
-            let meta = std::fs::metadata(p).map_err(io_err)?;
-            if meta.is_dir() {
-                return Err(io_err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory, not a text file")));
-            }
+            total += shards::regular_file_size(p).map_err(TrainError::from)?;
             // Opening now reports unreadable files before any work is done.
-            std::fs::File::open(p).map_err(io_err)?;
-            total += meta.len();
+            std::fs::File::open(p).map_err(|err| TrainError::Io { path: p.clone(), err })?;
         }
-        Ok(total)
+        let specs = paths.iter().map(|p| sniff(&InputSpec::detect(p, None), field)).collect::<Result<_, _>>()?;
+        Ok((specs, total))
     }
 
-    /// Count the pre-tokens of each file (each file is its own text).
-    pub fn count_files(&mut self, paths: &[PathBuf], ctl: &Control) -> Result<(), TrainError> {
-        let total = Self::check_files(paths)?;
+    /// Count the pre-tokens of each file, each its own text, read as `ferrolm encode`
+    /// reads it: plain text, `.gz` / `.zst` compressed text, JSON Lines (the string
+    /// `field` of each record is a document) or Parquet (column `field`).
+    pub fn count_files(&mut self, paths: &[PathBuf], field: &str, ctl: &Control) -> Result<(), TrainError> {
+        self.counter()?;
+        let (specs, total) = Self::check_files(paths, field)?;
         ctl.set_total(total);
         ctl.set_done(0);
         let bufs = crate::buffers::BufferPool::default();
-        for p in paths {
-            self.count_file(p, &bufs, ctl)?;
+        for spec in &specs {
+            match spec.format {
+                Format::Docs => self.count_parquet(&spec.path, field, ctl)?,
+                Format::Text | Format::Jsonl => self.count_file(spec, field, &bufs, ctl)?,
+            }
         }
         Ok(())
     }
 
-    fn count_file(&mut self, path: &Path, bufs: &crate::buffers::BufferPool, ctl: &Control) -> Result<(), TrainError> {
-        self.counter()?;
-        let name = path.display().to_string();
+    /// A text or JSON Lines file (decompressed on the way), through the chunk reader.
+    fn count_file(
+        &mut self,
+        spec: &InputSpec,
+        field: &str,
+        bufs: &crate::buffers::BufferPool,
+        ctl: &Control,
+    ) -> Result<(), TrainError> {
+        let path = &spec.path;
+        let compressed = spec.compression != Compression::None;
+        let name = if compressed { format!("{} (decompressed)", path.display()) } else { path.display().to_string() };
+        let file = std::fs::File::open(path).map_err(|err| TrainError::Io { path: path.clone(), err })?;
+        let size = if compressed { None } else { file.metadata().ok().map(|m| m.len()) };
+        let input = shards::input::decoded(spec, file)?;
         let t0 = Instant::now();
         let mut count_s = 0.0;
         let mut bytes = 0u64;
-        let res = read::for_each_chunk(
-            path,
-            self.chunk_size,
-            bufs,
-            |buf, at_end| self.cut(buf, at_end).map(|c| (c.at, c.segments)),
-            |n| bytes += n as u64,
-            |chunk, segments, offset| -> Result<(), ChunkError> {
-                let t = Instant::now();
-                let r = self.count_buffer(chunk, segments, offset, &name, ctl);
-                count_s += t.elapsed().as_secs_f64();
-                r.map_err(ChunkError::Train)
-            },
-        );
+        let res = if spec.format == Format::Jsonl {
+            let mut lines = 0u64;
+            let mut docs = DocBatch::default();
+            read::for_each_chunk(
+                input,
+                size,
+                self.chunk_size,
+                bufs,
+                |buf, at_end| if at_end { Some((buf.len(), ())) } else { jsonl_cut(buf).map(|c| (c, ())) },
+                |n| bytes += n as u64,
+                |chunk, (), offset| -> Result<(), ChunkError> {
+                    let t = Instant::now();
+                    let r = self.count_jsonl(chunk, offset, &mut lines, &mut docs, field, &name, ctl);
+                    count_s += t.elapsed().as_secs_f64();
+                    r.map_err(ChunkError::Train)
+                },
+            )
+        } else {
+            read::for_each_chunk(
+                input,
+                size,
+                self.chunk_size,
+                bufs,
+                |buf, at_end| self.cut(buf, at_end).map(|c| (c.at, c.segments)),
+                |n| bytes += n as u64,
+                |chunk, segments, offset| -> Result<(), ChunkError> {
+                    let t = Instant::now();
+                    let r = self.count_buffer(chunk, segments, offset, &name, ctl);
+                    count_s += t.elapsed().as_secs_f64();
+                    r.map_err(ChunkError::Train)
+                },
+            )
+        };
         let elapsed = t0.elapsed().as_secs_f64();
         self.stats.count_s += count_s;
         self.stats.read_s += elapsed - count_s;
         self.stats.bytes += bytes;
         match res {
             Ok(()) => Ok(()),
-            Err(ChunkError::Io(err)) => Err(TrainError::Io { path: path.to_path_buf(), err }),
+            Err(ChunkError::Io(err)) if compressed => Err(TrainError::InvalidInput(format!(
+                "{}: corrupt or truncated {} data: {err}",
+                path.display(),
+                spec.compression.name()
+            ))),
+            Err(ChunkError::Io(err)) => Err(TrainError::Io { path: path.clone(), err }),
             Err(ChunkError::Train(e)) => Err(e),
+        }
+    }
+
+    /// Count the documents of a chunk of whole JSON Lines records; `lines`: the lines
+    /// before it (advanced past it), `docs`: a batch to reuse.
+    #[allow(clippy::too_many_arguments)]
+    fn count_jsonl(
+        &self,
+        chunk: &[u8],
+        offset: u64,
+        lines: &mut u64,
+        docs: &mut DocBatch,
+        field: &str,
+        source: &str,
+        ctl: &Control,
+    ) -> Result<(), TrainError> {
+        let text = match crate::utf8::to_str(chunk) {
+            Ok(t) => std::borrow::Cow::Borrowed(t),
+            Err(_) if self.errors == Utf8Errors::Replace => String::from_utf8_lossy(chunk),
+            Err(e) => {
+                return Err(TrainError::InvalidUtf8 {
+                    source: source.to_string(),
+                    offset: offset + e.valid_up_to() as u64,
+                })
+            }
+        };
+        docs.data.clear();
+        docs.ends.clear();
+        shards::jsonl::for_each_document(&text, *lines, field, |doc| {
+            docs.data.extend_from_slice(doc.as_bytes());
+            docs.ends.push(docs.data.len());
+        })
+        .map_err(|(line, message)| TrainError::InvalidInput(format!("{source}:{line}: {message}")))?;
+        *lines += memchr::memchr_iter(b'\n', chunk).count() as u64;
+        self.count_documents(&docs.data, &docs.ends, offset, source, ctl)
+    }
+
+    /// The documents of column `column` of a Parquet file, a batch at a time.
+    fn count_parquet(&mut self, path: &Path, column: &str, ctl: &Control) -> Result<(), TrainError> {
+        let mut reader = ParquetDocs::open(path, column, PARQUET_BATCH_BYTES)?;
+        let mut docs = DocBatch::default();
+        let mut before = 0u64; // documents in the batches before this one
+        let name = path.display().to_string();
+        loop {
+            let t = Instant::now();
+            let more = reader.next_batch(&mut docs)?;
+            self.stats.read_s += t.elapsed().as_secs_f64();
+            if !more {
+                return Ok(());
+            }
+            if self.errors == Utf8Errors::Strict {
+                shards::check_documents_utf8(path, &docs, before)?;
+            }
+            let t = Instant::now();
+            let r = self.count_documents(&docs.data, &docs.ends, 0, &name, ctl);
+            self.stats.count_s += t.elapsed().as_secs_f64();
+            self.stats.bytes += docs.data.len() as u64;
+            r?;
+            before += docs.len() as u64;
         }
     }
 
@@ -337,6 +452,22 @@ impl Trainer {
     pub fn feed_documents(&mut self, data: &[u8], ends: &[usize], ctl: &Control) -> Result<(), TrainError> {
         self.counter()?;
         let t = Instant::now();
+        let r = self.count_documents(data, ends, self.stats.bytes, "documents", ctl);
+        self.stats.count_s += t.elapsed().as_secs_f64();
+        self.stats.bytes += ends.last().map_or(0, |&e| e as u64);
+        r
+    }
+
+    /// Count documents, each a text of its own (see `feed_documents`); `source` names
+    /// them in error messages, with offsets in `data`.
+    fn count_documents(
+        &self,
+        data: &[u8],
+        ends: &[usize],
+        offset: u64,
+        source: &str,
+        ctl: &Control,
+    ) -> Result<(), TrainError> {
         let mut segments = Vec::new();
         let mut start = 0;
         for &end in ends {
@@ -346,10 +477,7 @@ impl Trainer {
             self.splitter.segments(&data[start..end], start, &mut segments);
             start = end;
         }
-        let r = self.count_buffer(&data[..start], segments, self.stats.bytes, "documents", ctl);
-        self.stats.count_s += t.elapsed().as_secs_f64();
-        self.stats.bytes += start as u64;
-        r
+        self.count_buffer(&data[..start], segments, offset, source, ctl)
     }
 
     /// End the text stream: count what is left of it.

@@ -111,6 +111,8 @@ def test_demo_default_data_end_to_end(tmp_path, capsys):
     for prompt in ("import os\n", "def ", "class "):
         assert f"(prompt {prompt!r}) ---\n{prompt}" in samples
     assert str(out.resolve()) in printed
+    assert "what to expect: a model that knows nothing scores ln(" in printed
+    assert "what to expect:" in (out / "report.md").read_text(encoding="utf-8")
     for rel in ("loss.png", "samples.txt", "tokenizer/vocab.json", "shards/train.bin"):
         assert rel in printed
 

@@ -99,3 +99,40 @@ def test_export_cli_and_safetensors_roundtrip(run, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("x")
     assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "mine")]) == 2
+
+
+def test_export_replaces_only_an_earlier_export_of_the_same_model(tmp_path, capsys):
+    from ferrolm import Tokenizer
+    from ferrolm.app.cli import main
+    from ferrolm.lm.checkpoint import save_checkpoint
+    from ferrolm.lm.model import TransformerLM
+
+    for name, d_model in (("a.pt", 32), ("b.pt", 64)):
+        model = TransformerLM(300, 16, d_model, 1, 4, 64)
+        save_checkpoint(model, None, 0, tmp_path / name, config={"model": model.config.to_dict()})
+    tokdir = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"]).save(tmp_path / "tok")
+    before = {p.name: p.read_bytes() for p in tokdir.iterdir()}
+
+    def export(ckpt, out, *extra):
+        argv = ["export", "--checkpoint", str(tmp_path / ckpt), "--out", str(out), "--tokenizer", str(tokdir)]
+        code = main(argv + list(extra))
+        return code, capsys.readouterr().err
+
+    code, err = export("a.pt", tokdir)  # over a tokenizer folder: refused, the folder untouched
+    assert code == 2 and "holds a tokenizer folder" in err and "--force" in err
+    assert {p.name: p.read_bytes() for p in tokdir.iterdir()} == before
+    out = tmp_path / "hf"
+    assert export("a.pt", out)[0] == 0
+    assert export("a.pt", out, "--dtype", "bfloat16")[0] == 0  # an earlier export of the same model
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    code, err = export("b.pt", out)  # another model
+    assert code == 2 and "holds an export of another model or tokenizer" in err
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
+    with pytest.raises(FileExistsError, match="force=True"):
+        export_hf(tmp_path / "b.pt", out, tokdir)
+    assert export("b.pt", out, "--force")[0] == 0
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 64
+    assert export_hf(tmp_path / "a.pt", tokdir, tokdir, force=True) == tokdir  # the API's keyword
+    (out / "notes.txt").write_text("mine")  # files an export does not write: never replaced
+    code, err = export("b.pt", out, "--force")
+    assert code == 2 and "notes.txt" in err and (out / "notes.txt").exists()

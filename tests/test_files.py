@@ -97,7 +97,7 @@ def test_record_keeps_pattern_unicode_version_fingerprint(trained):
     assert rec["pattern"] == "cl100k" and rec["special_tokens"] == [EOT, "<|pad|>"]
     assert rec["unicode_version"] == patterns.unicode_version()
     assert rec["fingerprint"] == tok.fingerprint
-    assert set(rec["sha256"]) == {"vocab.json", "merges.txt", "tokenizer.json"}
+    assert set(rec["sha256"]) == set(tf.CHECKED_FILES)
 
 
 # --------------------------------------------------------------------------- damage
@@ -124,7 +124,7 @@ def _same_json(data: bytes, value) -> bool:
         return False
 
 
-@pytest.mark.parametrize("name", ["vocab.json", "merges.txt", "tokenizer.json", tf.RECORD_FILE])
+@pytest.mark.parametrize("name", [*tf.CHECKED_FILES, tf.RECORD_FILE])
 def test_no_damaged_folder_loads(trained, tmp_path, name):
     tok, d = trained
     data = (d / name).read_bytes()
@@ -376,3 +376,194 @@ def test_saved_folder_respects_the_umask(trained, tmp_path):
         os.umask(old)
     assert d.stat().st_mode & 0o777 == 0o750
     assert {p.stat().st_mode & 0o777 for p in d.iterdir()} == {0o640}
+
+
+# --------------------------------------------------------------------------- HF's ids on what HF accepts
+
+
+def _source_text() -> str:
+    """Varied text made here: Python's own source, plus other scripts, digits and spaces."""
+    import inspect
+    import json as json_module
+
+    return inspect.getsource(json_module.decoder) + "\nnaïve café 東京 ÿ 1234567 \t\n  zq zzq qz  x\n"
+
+
+@pytest.fixture(scope="module")
+def small_hf():
+    """(tokenizer.json of a small trained tokenizer with three tokens no merge makes, texts)."""
+    from ferrolm.bpe.hf import hf_tokenizer_json
+
+    text = _source_text()
+    tok = Tokenizer.train(iter([text]), 420, [EOT], progress=False)
+    vocab = dict(tok.vocab)
+    for extra in (b"zq", b" zzq", b"ecode"):  # "zq" and " zzq" no merge makes; "ecode" maybe
+        if extra not in vocab.values():
+            vocab[max(vocab) + 1] = extra
+    data = hf_tokenizer_json(vocab, tok.merges, [(EOT, tok.eos_id)], "gpt2")
+    lines = text.splitlines(keepends=True)
+    texts = ["".join(lines[i : i + 40]) for i in range(0, len(lines), 40)] + ["zq", " zzq", "decode", EOT + "zq"]
+    return data, texts
+
+
+def _ids_or_refusal(tmp_path, data: dict, texts: list[str]):
+    """(HF's ids of each text or None when it refuses the file, ferrolm's alike)."""
+    import tokenizers
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    try:
+        hf = tokenizers.Tokenizer.from_file(str(path))
+    except Exception:  # tokenizers raises a bare Exception for a file it refuses
+        hf_ids = None
+    else:
+        hf_ids = [hf.encode(t, add_special_tokens=False).ids for t in texts]
+    try:
+        tok = Tokenizer.from_hf(path)
+    except TokenizerFileError:
+        return hf_ids, None
+    return hf_ids, [tok.encode(t) for t in texts]
+
+
+def _with(data: dict, **model) -> dict:
+    out = json.loads(json.dumps(data))
+    for key, value in model.items():
+        if value is ...:
+            del out["model"][key]
+        else:
+            out["model"][key] = value
+    return out
+
+
+def test_from_hf_refuses_what_hf_refuses_and_equals_hf_on_the_rest(small_hf, tmp_path):
+    pytest.importorskip("tokenizers")
+    data, texts = small_hf
+    merges = data["model"]["merges"]
+    early, late = merges[:5], merges[-5:]
+    cases = {
+        "merges missing": _with(data, merges=...),
+        "merges null": _with(data, merges=None),
+        "merges empty": _with(data, merges=[]),
+        "merges as pairs": _with(data, merges=[m.split(" ") for m in merges]),
+        "a merge of three": _with(data, merges=merges + [merges[0] + " x"]),
+        "a merge of a token not in the vocab": _with(data, merges=merges + ["zq zq"]),
+        # repeats: the later line ranks a pair (HF's merge table keeps the last rank it reads)
+        "early merges repeated at the end": _with(data, merges=merges + early),
+        "late merges repeated at the start": _with(data, merges=late + merges),
+        "repeats, pairs form": _with(data, merges=[m.split(" ") for m in early + merges + early]),
+    }
+    for name, case in list(cases.items()):
+        for ignore in (True, False, ...):
+            cases[f"{name}, ignore_merges {ignore}"] = _with(case, ignore_merges=ignore)
+    refused = set()
+    for name, case in cases.items():
+        hf_ids, ours = _ids_or_refusal(tmp_path, case, texts)
+        assert ours == hf_ids, name
+        if ours is None:
+            refused.add(name.split(",")[0])
+    assert refused == {"merges missing", "merges null", "a merge of three", "a merge of a token not in the vocab"}
+
+
+def test_ignore_merges_false_is_plain_bpe(small_hf, tmp_path):
+    data, _ = small_hf
+    vocab = data["model"]["vocab"]
+    zq = [vocab["z"], vocab["q"]]
+    for ignore, want in ((True, [vocab["zq"]]), (False, zq), (..., zq)):  # HF's default is false
+        path = tmp_path / "tokenizer.json"
+        path.write_text(json.dumps(_with(data, ignore_merges=ignore)), encoding="utf-8")
+        tok = Tokenizer.from_hf(path)
+        assert tok.encode("zq") == want, ignore
+        assert tok.decode(want) == "zq"
+    with pytest.raises(TokenizerFileError, match="ignore_merges must be true or false"):
+        path.write_text(json.dumps(_with(data, ignore_merges="yes")), encoding="utf-8")
+        Tokenizer.from_hf(path)
+
+
+def test_repeated_merges_rank_at_their_last_line(tmp_path):
+    # "abc" from (b c), (a b), (ab c): merging its bytes joins (b c) first, unless (a b)
+    # ranks before it; listed twice, a pair ranks where HF puts it: at its last line.
+    from ferrolm.bpe.hf import hf_tokenizer_json
+
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"bc", 257: b"ab", 258: b"abc"}
+    data = hf_tokenizer_json(vocab, [(b"b", b"c"), (b"a", b"b"), (b"ab", b"c")], [], "gpt2")
+    for merges, want in (
+        (["a b", "b c", "ab c"], [258]),
+        (["a b", "b c", "a b", "ab c"], [97, 256]),  # (a b) ranks third: after (b c)
+        (["b c", "a b", "ab c", "b c"], [258]),  # (b c) ranks fourth: after (a b)
+    ):
+        path = tmp_path / "tokenizer.json"
+        path.write_text(json.dumps(_with(data, merges=merges, ignore_merges=False)), encoding="utf-8")
+        assert Tokenizer.from_hf(path).encode("abc") == want, merges
+
+
+def test_from_files_refuses_a_repeated_merge(tmp_path):
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"abc"}
+    (tmp_path / "vocab.json").write_bytes(tf.vocab_bytes(vocab, []))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\nab c\na b\n", encoding="utf-8")
+    from ferrolm.bpe import reference
+
+    for load in (Tokenizer.from_files, reference.Tokenizer.from_files):
+        with pytest.raises(TokenizerFileError, match=r"merges.txt:4: the merge 'a b' repeats line 2"):
+            load(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    with pytest.raises(ValueError, match=r"merges\[2\].*repeats merges\[0\]"):
+        Tokenizer(vocab, [(b"a", b"b"), (b"ab", b"c"), (b"a", b"b")])
+
+
+# --------------------------------------------------------------------------- what is read at all
+
+
+@pytest.fixture(scope="module")
+def small_folder(tmp_path_factory):
+    """A small tokenizer trained here, saved as a folder."""
+    tok = Tokenizer.train(iter([_source_text()]), 300, [EOT, "<|pad|>"], progress=False)
+    return tok, tok.save(tmp_path_factory.mktemp("small") / "tok")
+
+
+def test_tokenizer_files_are_read_only_when_regular_and_not_huge(small_folder, tmp_path):
+    tok, d = small_folder
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate(tf.MAX_FILE_BYTES + 1)  # sparse: nothing written
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    for path, message in ((fifo, "not a regular file"), (zero, "not a regular file"), (huge, "over the 256 MiB")):
+        with pytest.raises(TokenizerFileError, match=message):
+            Tokenizer.from_hf(path)
+        with pytest.raises(TokenizerFileError, match=message):
+            Tokenizer.from_files(path, d / "merges.txt")
+        with pytest.raises(TokenizerFileError, match=message):
+            Tokenizer.from_files(d / "vocab.json", path)
+        for name in (*tf.CHECKED_FILES, tf.RECORD_FILE):
+            target = tmp_path / f"{path.stem}-{name}"
+            target.mkdir()
+            for p in d.iterdir():
+                if p.name == name:
+                    (target / name).symlink_to(path)
+                else:
+                    (target / p.name).write_bytes(p.read_bytes())
+            with pytest.raises(TokenizerFileError, match=message):
+                Tokenizer.load(target)
+
+
+def test_hf_config_files_are_checked_and_folders_without_their_sums_still_load(small_folder, tmp_path):
+    tok, d = small_folder
+    rec = json.loads((d / tf.RECORD_FILE).read_text())
+    assert set(rec["sha256"]) == {"vocab.json", "merges.txt", "tokenizer.json"} | {
+        tf.HF_CONFIG_FILE,
+        tf.HF_SPECIALS_FILE,
+    }
+    for name in (tf.HF_CONFIG_FILE, tf.HF_SPECIALS_FILE):
+        target = tmp_path / name
+        target.mkdir()
+        for p in d.iterdir():
+            (target / p.name).write_bytes(p.read_bytes())
+        config = json.loads((d / name).read_text())
+        (target / name).write_text(json.dumps({**config, "eos_token": "<|pad|>"}))
+        with pytest.raises(TokenizerFileError, match=f"{name}: its sha256 differs"):
+            Tokenizer.load(target)
+        # a folder saved before the record kept their sums loads with them edited
+        sums = {k: v for k, v in rec["sha256"].items() if k not in (tf.HF_CONFIG_FILE, tf.HF_SPECIALS_FILE)}
+        (target / tf.RECORD_FILE).write_text(json.dumps({**rec, "sha256": sums}))
+        assert Tokenizer.load(target).fingerprint == tok.fingerprint

@@ -423,6 +423,30 @@ def test_kv_cache_stepwise_equals_full_recomputation(ablation):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("ablation", [{}, {"attention": "reference"}, {"positions": "none"}])
+def test_kv_cache_rows_at_their_own_positions_get_their_own_logits(ablation):
+    # Continuous batching: each row of one step at its own length, seeing only its own slots.
+    model = small_model(11, **ablation)
+    lengths = [3, 9, 1, 14]
+    seqs = [random_ids(1, n + 1, seed=20 + n)[0] for n in lengths]
+    with torch.no_grad():
+        cache = model.make_kv_cache(len(seqs))
+        for b, s in enumerate(seqs):  # each prompt alone into its own row; the rows' tails hold garbage
+            model(s[:-1].view(1, -1), kv_cache=cache.rows(b, b + 1), start_pos=0)
+        for keys in cache.keys:
+            keys[0, :, lengths[0] :] = 1e4  # a stale slot past a row's length must never be seen
+        last = torch.stack([s[-1:] for s in seqs])
+        out = model(last, kv_cache=cache, start_pos=torch.tensor(lengths))
+        for b, s in enumerate(seqs):
+            torch.testing.assert_close(out[b, -1], model(s.view(1, -1))[0, -1], atol=1e-5, rtol=0)
+        for keys, values in zip(cache.keys, cache.values):  # each new key went to its row's slot
+            assert all(keys[b, :, n].abs().sum() > 0 for b, n in enumerate(lengths))
+        same = model(last[:2], kv_cache=cache.rows(0, 2), start_pos=torch.tensor([5, 5]))
+        assert same.shape == (2, 1, model.config.vocab_size)  # equal positions: the plain path
+        with pytest.raises(ValueError, match="one new token per row"):
+            model(torch.cat([last, last], dim=1), kv_cache=cache, start_pos=torch.tensor(lengths))
+
+
 def test_kv_cache_stores_rotated_keys_and_can_be_reset():
     model = small_model(9)
     ids = random_ids(1, 6)

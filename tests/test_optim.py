@@ -1,4 +1,5 @@
-"""ferrolm.lm.optim: AdamW against torch.optim.AdamW, the schedule's values, clipping."""
+"""ferrolm.lm.optim: AdamW against torch.optim.AdamW, Muon against its literal update, the
+schedules' values, clipping."""
 
 from __future__ import annotations
 
@@ -8,8 +9,22 @@ import math
 import pytest
 import torch
 
+from ferrolm.lm import optim
 from ferrolm.lm.model import TransformerLM
-from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
+from ferrolm.lm.optim import (
+    AdamW,
+    Muon,
+    clip_grad_norm,
+    cosine_lr,
+    muon_momentum_at,
+    muon_param_groups,
+    muon_shape_scale,
+    newton_schulz,
+    newton_schulz_reference,
+    param_groups_for_decay,
+    parameter_roles,
+    wsd_lr,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -338,3 +353,267 @@ def test_clip_matches_torch_clip_grad_norm():
     torch.testing.assert_close(n1.double(), n2)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+# ------------------------------------------------------------------- Muon --------------
+
+
+def _quintic_of_singular_values(u: torch.Tensor, steps: int) -> torch.Tensor:
+    """NS₅ the long way round: in float64, through the SVD. Each iteration maps X = P·diag(σ)·Qᵀ
+    to P·diag(aσ + bσ³ + cσ⁵)·Qᵀ, so NS₅(U) = P·diag(f⁵(σ / ‖σ‖))·Qᵀ with f the scalar quintic."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    P, sigma, Qt = torch.linalg.svd(u.double(), full_matrices=False)
+    x = sigma / (sigma.square().sum().sqrt() + 1e-7)  # ‖U‖_F = the 2-norm of the singular values
+    for _ in range(steps):
+        x = a * x + b * x**3 + c * x**5
+    return P @ torch.diag(x) @ Qt
+
+
+@pytest.mark.parametrize("shape", [(24, 24), (12, 40), (40, 12)])
+def test_newton_schulz_reference_is_the_quintic_on_the_singular_values(shape):
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(*shape, generator=g)
+    out = newton_schulz_reference(u, 5)
+    expected = _quintic_of_singular_values(u, 5)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=0)
+    # the point of it: singular values near 1 (the quintic's band), where they were spread
+    sv = torch.linalg.svdvals(out)
+    assert sv.min() > 0.6 and sv.max() < 1.25
+    assert torch.linalg.svdvals(u).max() / torch.linalg.svdvals(u).min() > 2
+
+
+def test_newton_schulz_batched_equals_the_reference_for_each_matrix():
+    g = torch.Generator().manual_seed(2)
+    for shape in [(5, 32, 32), (3, 48, 20), (2, 20, 48), (1, 16, 64)]:
+        u = torch.randn(*shape, generator=g) * 3.0
+        batched = newton_schulz(u, 5)
+        for i in range(shape[0]):
+            torch.testing.assert_close(batched[i], newton_schulz_reference(u[i], 5), atol=2e-6, rtol=0)
+    assert newton_schulz(torch.zeros(2, 16, 16), 5).abs().max() == 0  # no NaN from a zero update
+
+
+def test_muon_shape_scale():
+    assert muon_shape_scale(64, 64) == 1.0
+    assert muon_shape_scale(32, 64) == 1.0  # wide: as square
+    assert muon_shape_scale(128, 32) == 2.0  # tall: sqrt(rows / cols)
+
+
+def _literal_muon(w0, grads, *, lr, mu, wd, nesterov=True):
+    """The Muon update of the module docstring, written out for one matrix."""
+    w, m = w0.clone(), torch.zeros_like(w0)
+    for g in grads:
+        m = mu * m + (1 - mu) * g
+        u = (1 - mu) * g + mu * m if nesterov else m
+        o = newton_schulz_reference(u, 5) * max(1.0, w.shape[0] / w.shape[1]) ** 0.5
+        w = w - lr * wd * w - lr * o
+    return w
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_steps_follow_the_literal_update(fast, nesterov):
+    gen = torch.Generator().manual_seed(3)
+    w0 = torch.randn(40, 24, generator=gen) * 0.1
+    grads = [torch.randn(40, 24, generator=gen) for _ in range(4)]
+    w = torch.nn.Parameter(w0.clone())
+    opt = Muon([w], lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.1, fast=fast)
+    for g in grads:
+        w.grad = g.clone()
+        opt.step()
+    expected = _literal_muon(w0, grads, lr=0.05, mu=0.9, wd=0.1, nesterov=nesterov)
+    torch.testing.assert_close(w.detach(), expected, atol=2e-6, rtol=0)
+    assert (w.detach() - w0).abs().max() > 0.02  # it moved
+    # Nesterov or not is a different trajectory (so the parametrisation tests something)
+    other = _literal_muon(w0, grads, lr=0.05, mu=0.9, wd=0.1, nesterov=not nesterov)
+    assert not torch.allclose(w.detach(), other, atol=1e-4)
+
+
+def _train_tiny(opt_factory, steps: int, seed: int = 0):
+    """A few steps of a tiny LM on fixed random batches; the final weights by name."""
+    torch.manual_seed(seed)
+    model = TransformerLM(64, 16, 32, 2, 4, 48)
+    opt = opt_factory(model)
+    ids = torch.randint(0, 64, (steps, 4, 17), generator=torch.Generator().manual_seed(seed + 1))
+    for step in range(steps):
+        for group in opt.param_groups:  # a schedule, as the loop sets one
+            group["lr"] = cosine_lr(step + 1, 0.05, 0.005, 2, steps) * group.get("lr_scale", 1.0)
+            if group.get("kind") == "muon":
+                group["momentum"] = muon_momentum_at(step, 0.95, 0.85, 3)
+        loss = model(ids[step, :, :-1], targets=ids[step, :, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, opt
+
+
+def _muon_for(model, fast=True):
+    groups = muon_param_groups(model, lr=0.05, embedding_lr=0.1, head_lr=0.01, scalar_lr=0.02, weight_decay=0.1)
+    return Muon(groups, lr=0.05, momentum=0.95, weight_decay=0.0, fast=fast)
+
+
+def test_muon_batched_step_equals_the_reference_loop_on_a_small_model():
+    fast, _ = _train_tiny(lambda m: _muon_for(m, fast=True), 8)
+    loop, _ = _train_tiny(lambda m: _muon_for(m, fast=False), 8)
+    start, _ = _train_tiny(lambda m: _muon_for(m), 0)
+    for name in fast:
+        torch.testing.assert_close(fast[name], loop[name], atol=1e-5, rtol=0, msg=name)
+    moved = max(float((fast[n] - start[n]).abs().max()) for n in fast if ".attn." in n)
+    assert moved > 0.05
+
+
+def test_muon_orthogonalises_once_per_shape_not_per_parameter(monkeypatch):
+    calls = []
+    real = optim.newton_schulz
+
+    def counting(u, *a, **k):
+        calls.append(tuple(u.shape))
+        return real(u, *a, **k)
+
+    monkeypatch.setattr(optim, "newton_schulz", counting)
+    _train_tiny(lambda m: _muon_for(m), 1)
+    # 2 layers: q, k, v, out (32x32) x 2, w1, w3 (48x32) x 2, w2 (32x48) x 2: three stacks
+    assert sorted(calls) == [(2, 32, 48), (4, 48, 32), (8, 32, 32)]
+
+
+def test_parameter_roles_follow_modules_and_shapes():
+    from torch import nn
+
+    model = TransformerLM(64, 16, 32, 2, 4, 48)
+    names = {id(p): n for n, p in model.named_parameters()}
+    roles = {role: {names[id(p)] for p in ps} for role, ps in parameter_roles(model).items()}
+    assert roles["head"] == {"lm_head.weight"}
+    assert roles["embedding"] == {"token_embeddings.weight"}
+    assert roles["scalar"] == {"ln_final.weight", *(f"layers.{i}.{n}.weight" for i in range(2) for n in ("ln1", "ln2"))}
+    assert roles["matrix"] == {
+        f"layers.{i}.{m}.weight"
+        for i in range(2)
+        for m in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.output_proj", "ffn.w1", "ffn.w2", "ffn.w3")
+    }
+    # parameters a model may add land by what they are: a lookup table in a block (value
+    # embeddings), a per-head gate matrix, a learned scalar
+    block = model.layers[0]
+    block.value_embeddings = nn.Embedding(64, 32)
+    block.gate = nn.Parameter(torch.zeros(4, 32))
+    block.lam = nn.Parameter(torch.ones(()))
+    roles = parameter_roles(model)
+    assert any(p is block.value_embeddings.weight for p in roles["embedding"])
+    assert any(p is block.gate for p in roles["scalar"]) and any(p is block.lam for p in roles["scalar"])
+    assert sum(len(v) for v in roles.values()) == len(list(model.parameters()))
+
+    tied = TransformerLM(64, 16, 32, 1, 4, 48, tie_embeddings=True)
+    roles = parameter_roles(tied)
+    assert roles["embedding"] == [] and roles["head"] == [tied.lm_head.weight]
+    groups = muon_param_groups(tied, lr=0.02, embedding_lr=0.2, head_lr=0.004, scalar_lr=0.01, head_weight_decay=0.1)
+    assert [g["role"] for g in groups] == ["matrix", "head", "scalar"]
+    assert groups[1]["weight_decay"] == 0.0  # tied: the embedding does not decay
+
+
+def test_muon_param_groups_lrs_and_decay():
+    model = TransformerLM(64, 16, 32, 2, 4, 48)
+    groups = muon_param_groups(
+        model, lr=0.02, embedding_lr=0.2, head_lr=0.004, scalar_lr=0.01, weight_decay=0.05, head_weight_decay=0.1
+    )
+    by_role = {g["role"]: g for g in groups}
+    assert {r: (g["kind"], g["lr"], g["weight_decay"]) for r, g in by_role.items()} == {
+        "matrix": ("muon", 0.02, 0.05),
+        "embedding": ("adamw", 0.2, 0.0),
+        "head": ("adamw", 0.004, 0.1),
+        "scalar": ("adamw", 0.01, 0.0),
+    }
+    assert by_role["embedding"]["lr_scale"] == pytest.approx(10.0)
+    opt = Muon(groups)
+    assert opt.param_groups[0]["momentum"] == 0.95 and opt.param_groups[0]["ns_steps"] == 5
+    with pytest.raises(ValueError, match="lr must be positive"):
+        muon_param_groups(model, lr=0.0, embedding_lr=0.2, head_lr=0.004, scalar_lr=0.01)
+
+
+def test_muon_adamw_groups_take_the_adamw_update():
+    # the AdamW groups of Muon are AdamW: after a step (same weights, same gradients) they
+    # hold what AdamW alone on those groups gives
+    def adamw_part(model):
+        return AdamW([g for g in _muon_for(model).param_groups if g["kind"] == "adamw"], lr=0.01)
+
+    a, _ = _train_tiny(adamw_part, 1)
+    b, _ = _train_tiny(_muon_for, 1)
+    start, _ = _train_tiny(_muon_for, 0)
+    assert not torch.equal(b["lm_head.weight"], start["lm_head.weight"])
+    for name in ("token_embeddings.weight", "lm_head.weight", "ln_final.weight"):
+        torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
+
+
+def test_muon_state_round_trips_through_state_dict():
+    straight, _ = _train_tiny(lambda m: _muon_for(m), 6)
+
+    torch.manual_seed(0)
+    model = TransformerLM(64, 16, 32, 2, 4, 48)
+    ids = torch.randint(0, 64, (6, 4, 17), generator=torch.Generator().manual_seed(1))
+
+    def steps(opt, rng):
+        for step in rng:
+            for group in opt.param_groups:
+                group["lr"] = cosine_lr(step + 1, 0.05, 0.005, 2, 6) * group.get("lr_scale", 1.0)
+                if group.get("kind") == "muon":
+                    group["momentum"] = muon_momentum_at(step, 0.95, 0.85, 3)
+            model(ids[step, :, :-1], targets=ids[step, :, 1:]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    opt = _muon_for(model)
+    steps(opt, range(3))
+    sd = opt.state_dict()
+    assert set(sd["state"][0]) == {"momentum_buffer"}
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    again = _muon_for(model)
+    again.load_state_dict(torch.load(buf, weights_only=True))
+    steps(again, range(3, 6))
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), straight[name], atol=0, rtol=0, msg=name)
+
+    with pytest.raises(ValueError, match="kinds"):  # an AdamW state is not a Muon state
+        _muon_for(model).load_state_dict(AdamW(param_groups_for_decay(model, 0.1)).state_dict())
+
+
+def test_muon_rejects_bad_groups_and_hyperparameters():
+    w = torch.nn.Parameter(torch.zeros(16, 16))
+    v = torch.nn.Parameter(torch.zeros(16))
+    with pytest.raises(ValueError, match="2-D"):
+        Muon([v])
+    with pytest.raises(ValueError, match="kind"):
+        Muon([{"params": [w], "kind": "sgd"}])
+    with pytest.raises(ValueError, match="ns_steps"):
+        Muon([w], ns_steps=0)
+    with pytest.raises(ValueError, match="momentum"):
+        Muon([w], momentum=1.0)
+    with pytest.raises(ValueError):
+        Muon([w], lr=-1.0)
+    Muon([{"params": [w]}, {"params": [v], "kind": "adamw"}])  # a 1-D parameter is fine with AdamW
+
+
+def test_muon_momentum_warmup_values():
+    assert muon_momentum_at(0, 0.95, 0.85, 300) == pytest.approx(0.85)
+    assert muon_momentum_at(150, 0.95, 0.85, 300) == pytest.approx(0.90)
+    assert muon_momentum_at(300, 0.95, 0.85, 300) == 0.95
+    assert muon_momentum_at(10_000, 0.95, 0.85, 300) == 0.95
+    assert muon_momentum_at(0, 0.95, 0.85, 0) == 0.95  # no warm-up
+
+
+def test_wsd_lr_values():
+    # warmup 10, end 100, warm-down over the last 20 % = steps 80..100, 1e-3 -> 1e-4
+    def literal(it):
+        if it < 10:
+            return it / 10 * 1e-3
+        if it < 80:
+            return 1e-3
+        if it <= 100:
+            return 1e-3 - (1e-3 - 1e-4) * (it - 80) / 20
+        return 1e-4
+
+    for it in [0, 5, 10, 11, 50, 79, 80, 81, 90, 99, 100, 101, 500, 85.5]:
+        assert wsd_lr(it, 1e-3, 1e-4, 10, 100, 0.2) == pytest.approx(literal(it), rel=1e-12, abs=1e-15), it
+    assert wsd_lr(90, 1e-3, 1e-4, 10, 100, 0.2) == pytest.approx(5.5e-4)
+    # a warm-down longer than the room after warmup starts where warmup ends
+    assert wsd_lr(10, 1.0, 0.0, 10, 20, 0.9) == 1.0
+    assert wsd_lr(15, 1.0, 0.0, 10, 20, 0.9) == pytest.approx(0.5)
+    assert wsd_lr(0, 1.0, 0.0, 0, 10, 1.0) == 1.0 and wsd_lr(5, 1.0, 0.0, 0, 10, 1.0) == pytest.approx(0.5)

@@ -61,3 +61,19 @@ def test_short_module_paths_are_the_subpackage_modules():
 
     assert TransformerLM is Home
     assert ferrolm.optim is importlib.import_module("ferrolm.lm.optim")
+
+
+def test_module_paths_from_before_the_split_still_import():
+    import importlib
+
+    import ferrolm.bpe_trainer
+    import ferrolm.patterns
+    import ferrolm.tokenizer_files
+    import ferrolm.train_config
+
+    assert ferrolm.patterns is importlib.import_module("ferrolm.bpe.patterns")
+    assert ferrolm.tokenizer_files is importlib.import_module("ferrolm.bpe.files")
+    assert ferrolm.bpe_trainer is importlib.import_module("ferrolm.bpe.trainer")
+    assert ferrolm.train_config is importlib.import_module("ferrolm.lm.config")
+    from ferrolm.tokenizer_files import read_merges  # noqa: F401
+    from ferrolm.train_config import load_config  # noqa: F401

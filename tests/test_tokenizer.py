@@ -736,6 +736,7 @@ def test_fast_file_readers_equal_the_python_readers(gpt2, trained, tmp_path):
         ('{"a": 0, "a": 1}', "#version: 0.2\r\nĠ t\n"),
         ('{"\u0144": 0}', ""),
         ('{"a": 4294967296, "b": 1}', "a\u00a0 b\n"),
+        ('{"b": 0}', "#version: 0.2\na b\nĠ t\na b\n"),  # a repeated merge
     ]
     for i, (vocab_text, merges_text) in enumerate(cases):
         (tmp_path / f"v{i}.json").write_text(vocab_text, encoding="utf-8")

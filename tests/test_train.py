@@ -187,7 +187,14 @@ def test_a_sidecar_less_nanogpt_bin_trains_with_its_dtype(tmp_path):
         train(cfg.validate())
 
 
-def test_resume_after_sigterm_is_exact(shards, tmp_path):
+MUON = {"name": "muon", "lr": 0.02, "min_lr": 0.002, "muon_momentum_warmup_steps": 12}
+
+
+@pytest.mark.parametrize("optimizer", [{}, MUON], ids=["adamw", "muon"])
+def test_resume_after_sigterm_is_exact(shards, tmp_path, optimizer):
+    def tiny_config(shards, out_dir):
+        return globals()["tiny_config"](shards, out_dir, optimizer=optimizer)
+
     straight = train(tiny_config(shards, tmp_path / "straight"))
     assert straight.status == "done" and straight.step == 20
 
@@ -229,6 +236,36 @@ def test_resume_with_a_different_model_is_refused(shards, tmp_path):
     cfg = tiny_config(shards, tmp_path / "r", model={"d_model": 64}, schedule={"max_steps": 10})
     with pytest.raises(CheckpointError, match="different model config.*d_model"):
         train(cfg, resume=tmp_path / "r")
+
+
+def test_resume_with_another_optimizer_is_refused(shards, tmp_path):
+    train(tiny_config(shards, tmp_path / "r", schedule={"max_steps": 5}))
+    cfg = tiny_config(shards, tmp_path / "r", optimizer=MUON, schedule={"max_steps": 10})
+    with pytest.raises(CheckpointError, match="optimizer.name = 'adamw', not 'muon'"):
+        train(cfg, resume=tmp_path / "r")
+
+
+def test_muon_run_builds_its_groups_from_the_config(shards, tmp_path):
+    from ferrolm.lm.optim import Muon
+    from ferrolm.lm.train import build_model, build_optimizer, set_hyperparameters
+
+    cfg = tiny_config(shards, tmp_path / "m", optimizer=dict(MUON, embedding_lr=0.3, head_lr=0.006, scalar_lr=0.03))
+    cfg.optimizer.muon_weight_decay = 0.05
+    cfg.model.vocab_size = 64
+    opt = build_optimizer(build_model(cfg.model), cfg.optimizer)
+    assert isinstance(opt, Muon)
+    width = (768 / 32) ** 0.5  # the AdamW lrs are given for width 768; d_model is 32
+    by_role = {g["role"]: g for g in opt.param_groups}
+    assert by_role["matrix"]["lr"] == 0.02 and by_role["matrix"]["weight_decay"] == 0.05
+    assert by_role["embedding"]["lr"] == pytest.approx(0.3 * width)
+    assert by_role["head"]["lr"] == pytest.approx(0.006 * width) and by_role["head"]["weight_decay"] == 0.1
+    assert by_role["scalar"]["lr"] == pytest.approx(0.03 * width)
+    set_hyperparameters(opt, cfg.optimizer, 6, 0.01)  # half the peak, half-way through the momentum warm-up
+    assert by_role["matrix"]["lr"] == 0.01 and by_role["embedding"]["lr"] == pytest.approx(0.15 * width)
+    assert by_role["matrix"]["momentum"] == pytest.approx(0.90)
+    cfg.optimizer.width_lr_scale = False
+    opt = build_optimizer(build_model(cfg.model), cfg.optimizer)
+    assert {g["role"]: g["lr"] for g in opt.param_groups}["embedding"] == 0.3
 
 
 def test_resume_skips_a_corrupt_latest_checkpoint_and_refuses_when_none_is_usable(shards, tmp_path):
@@ -424,15 +461,17 @@ def _torchrun(*args, nproc: int = 2, timeout: int = 300):
     return out.stdout
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_processes_give_the_losses_of_one_on_the_same_global_batch(mode):
+@pytest.mark.parametrize("mode, optimizers", [("ddp", ["adamw", "muon"]), ("fsdp", ["adamw", "muon", "muon-loop"])])
+def test_two_processes_give_the_losses_of_one_on_the_same_global_batch(mode, optimizers):
+    # Muon under FSDP2 orthogonalises whole matrices from sharded momentum, as one process does
     script = str(REPO / "tests" / "dist_step.py")
-    alone = subprocess.run([sys.executable, script, "single"], capture_output=True, text=True, check=True).stdout
-    together = _torchrun(script, mode)
-    losses = [float(v) for v in alone.split()], [float(v) for v in together.split()]
-    assert len(losses[0]) == len(losses[1]) == 6
-    assert losses[1] == pytest.approx(losses[0], abs=1e-5), losses
-    assert losses[0][-1] < losses[0][0]
+    alone = subprocess.run([sys.executable, script, "single", *optimizers], capture_output=True, text=True, check=True)
+    together = _torchrun(script, mode, *optimizers)
+    for optimizer, one, two in zip(optimizers, alone.stdout.splitlines(), together.splitlines(), strict=True):
+        values = [float(v) for v in one.split()], [float(v) for v in two.split()]
+        assert len(values[0]) == len(values[1]) == 7  # six losses, then the weights' absolute sum
+        assert values[1] == pytest.approx(values[0], abs=1e-5, rel=1e-6), (optimizer, values)
+        assert values[0][5] < values[0][0]
 
 
 def test_fsdp_run_saves_plain_checkpoints_and_resumes(shards, tmp_path):
@@ -495,6 +534,26 @@ def test_lr_follows_steps_or_the_time_budget():
     assert lr_at(cfg, 0, elapsed_s=5000.0) == pytest.approx(1e-4)
     with pytest.raises(ConfigError, match="max_time_s > 0"):
         load_config("cpu-small", ["schedule.max_time_s=0"])
+
+
+def test_wsd_schedule_by_steps_or_time():
+    from ferrolm.lm.train import lr_at
+
+    common = ["schedule.max_steps=100", "schedule.warmup_steps=10", "optimizer.lr=1e-3", "optimizer.min_lr=1e-4"]
+    cfg = load_config("cpu-small", [*common, "schedule.schedule_by=steps", "schedule.lr_schedule=wsd"])
+    assert cfg.schedule.decay_frac == 0.2  # the warm-down takes steps 80..100
+    assert lr_at(cfg, 5, 0.0) == pytest.approx(5e-4)
+    assert lr_at(cfg, 50, 0.0) == lr_at(cfg, 80, 0.0) == 1e-3  # stable
+    assert lr_at(cfg, 90, 0.0) == pytest.approx(1e-3 - 9e-4 * 10 / 20)
+    assert lr_at(cfg, 100, 0.0) == pytest.approx(1e-4)
+    cfg = load_config(
+        "cpu-small", [*common, "schedule.lr_schedule=wsd", "schedule.decay_frac=0.5", "schedule.max_time_s=600"]
+    )
+    assert cfg.schedule.schedule_by == "time"  # the preset's
+    assert lr_at(cfg, 0, elapsed_s=240.0) == 1e-3  # step 40: stable until 50
+    assert lr_at(cfg, 0, elapsed_s=450.0) == pytest.approx(1e-3 - 9e-4 * 25 / 50)  # step 75
+    cfg = load_config("cpu-small", [*common, "schedule.schedule_by=steps"])
+    assert lr_at(cfg, 50, 0.0) < 1e-3  # cosine, as before
 
 
 # ------------------------------------------------------------------- speed paths ---------
@@ -565,6 +624,16 @@ def test_flags_are_read_every_step_on_cpu_and_only_when_due_elsewhere():
         ("model.rope_theta=0", r"model.rope_theta must be a positive number, got 0"),
         ("model.rope_theta=-5", r"model.rope_theta must be a positive number"),
         ("optimizer.eps=0", r"optimizer.eps must be a positive number, got 0"),
+        ("optimizer.name=sgd", r"optimizer.name must be one of \('adamw', 'muon'\), got 'sgd'"),
+        ("optimizer.muon_ns_steps=0", r"optimizer.muon_ns_steps must be at least 1, got 0"),
+        ("optimizer.muon_momentum=1", r"optimizer.muon_momentum must be in \[0, 1\), got 1"),
+        ("optimizer.muon_momentum_start=-0.1", r"optimizer.muon_momentum_start must be in \[0, 1\)"),
+        ("optimizer.head_lr=0", r"optimizer.head_lr must be a positive number, got 0"),
+        ("optimizer.muon_weight_decay=-1", r"optimizer.muon_weight_decay must be >= 0"),
+        ("optimizer.muon_momentum_warmup_steps=-1", r"optimizer.muon_momentum_warmup_steps must be >= 0"),
+        ("schedule.lr_schedule=linear", r"schedule.lr_schedule must be one of \('cosine', 'wsd'\), got 'linear'"),
+        ("schedule.decay_frac=0", r"schedule.decay_frac must be in \(0, 1\], got 0"),
+        ("schedule.decay_frac=1.5", r"schedule.decay_frac must be in \(0, 1\], got 1.5"),
     ],
 )
 def test_nonsense_config_values_are_refused(override, message):

@@ -44,6 +44,20 @@ def test_atomic_open_leaves_the_old_file_on_failure(tmp_path):
     assert stale_temporaries(tmp_path) == []  # the temporary went with the failure
 
 
+def test_atomic_write_errors_name_the_file_asked_for_not_the_temporary(tmp_path):
+    target = tmp_path / "missing-folder" / "t.json"
+    with pytest.raises(FileNotFoundError) as e:
+        atomic_write_bytes(target, b"x")
+    assert str(e.value) == f"[Errno 2] No such file or directory: '{target}'"
+    # The rename onto a directory: the error names the file, not its hidden temporary.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "inside").write_bytes(b"keep")
+    with pytest.raises(OSError) as e:
+        atomic_write_bytes(tmp_path / "d", b"x")
+    assert e.value.filename == str(tmp_path / "d") and ".tmp" not in str(e.value)
+    assert stale_temporaries(tmp_path) == []
+
+
 def test_stale_temporaries_finds_what_an_interrupted_write_leaves(tmp_path):
     # The names an interrupted write leaves: atomic_open's and tempfile.mkstemp's.
     left = [tmp_path / ".step_00000005.pt.0a1b2c3d.tmp", tmp_path / ".best.pt.k2_x9qz1.tmp"]

@@ -39,6 +39,11 @@ PUBLIC_MODULES = {
     "checkpoint": "ferrolm.lm.checkpoint",
     "generate": "ferrolm.lm.generate",
     "train": "ferrolm.lm.train",
+    # The module names from before the package was split in three, kept importable.
+    "patterns": "ferrolm.bpe.patterns",
+    "tokenizer_files": "ferrolm.bpe.files",
+    "bpe_trainer": "ferrolm.bpe.trainer",
+    "train_config": "ferrolm.lm.config",
 }
 
 

@@ -64,6 +64,9 @@ class Encoder:
         """The merges in rank order, as given (a new list)."""
     def fingerprint(self, special_tokens: Sequence[str], pattern: str) -> str:
         """ferrolm.tokenizer_files.fingerprint of this vocab and these merges."""
+    def tokens_not_made_by_merges(self) -> list[int]:
+        """Ids of the tokens (special tokens included) that merging their own bytes does not
+        make, in id order: plain BPE, without the whole-piece lookup, never outputs them."""
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         """Ids of ``text``. UnicodeEncodeError for lone surrogates (the Tokenizer repairs them)."""
     def encode_to_array(

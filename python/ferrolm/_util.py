@@ -15,9 +15,75 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import Any, BinaryIO, Union
 
 PathInput = Union[str, "os.PathLike[str]"]
+
+# ---------------------------------------------------------------------------------------
+# Output whose reader may be gone
+# ---------------------------------------------------------------------------------------
+
+
+class ForgivingStream:
+    """A text stream that stops writing, instead of raising, once its reader is gone.
+
+    Ctrl-C of ``cmd 2>&1 | tee log`` interrupts the whole pipeline, so the pipe closes before
+    the command has handled the signal; its next progress line would raise BrokenPipeError
+    and cost what it was about to save. Here that write and every later one are dropped, and
+    the stream's file descriptor is pointed at the null device, so that what is still
+    buffered flushes quietly at exit. ``lost`` says whether the reader went away.
+    """
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.lost = False
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError):  # a closed pipe, a vanished terminal (EIO), a closed file
+                self._lose()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self._lose()
+
+    def _lose(self) -> None:
+        self.lost = True
+        silence(self.stream)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, encoding, fileno ... of the stream
+        return getattr(self.stream, name)
+
+
+def silence(stream: Any) -> None:
+    """Point ``stream``'s file descriptor (when it has one) at the null device."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def say_where_possible(text: str, *streams: ForgivingStream) -> bool:
+    """Write the line ``text`` to the first of ``streams`` whose reader is still there;
+    whether one was."""
+    for stream in streams:
+        stream.write(text + "\n")
+        stream.flush()
+        if not stream.lost:
+            return True
+    return False
+
 
 # ---------------------------------------------------------------------------------------
 # Atomic writes: a temporary name in the same directory, fsync, rename
@@ -63,18 +129,28 @@ def atomic_open(path: PathInput) -> Iterator[BinaryIO]:
     the permissions of any new file (0666 less the umask).
     """
     path = Path(path)
-    fd, tmp = _open_temporary(path)
+    try:
+        fd, tmp = _open_temporary(path)
+    except OSError as e:
+        raise _naming(e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename == os.fspath(tmp):
+            raise _naming(e, path) from None
         raise
     fsync_dir(path.parent)
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """`e` naming `path`, the file the user asked for, not the hidden temporary one."""
+    return type(e)(e.errno, e.strerror, os.fspath(path))
 
 
 def atomic_write_bytes(path: PathInput, data: bytes) -> None:

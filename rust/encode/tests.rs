@@ -66,6 +66,21 @@ fn whole_token_and_merges() {
 }
 
 #[test]
+fn tokens_not_made_by_merges_are_those_bpe_never_outputs() {
+    // "abc" is a token, but merging its bytes joins (b, c) first and ends at [a, bc];
+    // "zq" is a token no merge makes. The specials: one is a token, one is appended.
+    let mut vocab: Vec<(u64, Vec<u8>)> = (0..256u64).map(|b| (b, vec![b as u8])).collect();
+    for (id, t) in [(256u64, "bc"), (257, "ab"), (258, "abc"), (259, "zq"), (260, "<s>")] {
+        vocab.push((id, t.as_bytes().to_vec()));
+    }
+    let merges = [("b", "c"), ("a", "b"), ("ab", "c")];
+    let merges = merges.iter().map(|(a, b)| (a.as_bytes().to_vec(), b.as_bytes().to_vec())).collect();
+    let enc = Encoder::new(vocab, merges, vec!["<s>".into(), "</s>".into()], "gpt2").unwrap();
+    assert_eq!(enc.tokens_not_made_by_merges(), vec![258, 259, 260, 261]);
+    assert!(toy().tokens_not_made_by_merges().iter().all(|&id| toy().token_bytes(id).unwrap().starts_with(b"<|")));
+}
+
+#[test]
 fn specials_longest_first_and_ordinary() {
     let e = toy();
     let eot = e.special_tokens()[0].1;

@@ -129,6 +129,7 @@ fn encode_shard<'py>(
     d.set_item("dtype", summary.dtype.name())?;
     d.set_item("byte_range", (summary.byte_range.0, summary.byte_range.1))?;
     d.set_item("resumed_tokens", summary.resumed_tokens)?;
+    d.set_item("text_bytes", summary.text_bytes)?;
     d.set_item("restart_reason", summary.restart_reason)?;
     d.set_item("partial_path", summary.partial_path)?;
     let records = PyList::empty(py);

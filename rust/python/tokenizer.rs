@@ -340,6 +340,13 @@ impl PyEncoder {
         })
     }
 
+    /// Ids of the tokens that merging their own bytes does not make
+    /// (`Encoder::tokens_not_made_by_merges`).
+    fn tokens_not_made_by_merges(&self, py: Python<'_>) -> Vec<u32> {
+        let inner = &self.inner;
+        py.detach(|| inner.tokens_not_made_by_merges())
+    }
+
     /// [(token, id)] in the order given (ids of appended tokens included).
     #[getter]
     fn special_tokens(&self) -> Vec<(String, u32)> {

@@ -97,16 +97,18 @@ impl PyBpeTrainer {
         Ok(PyBpeTrainer { inner: Some(t), ctl: Control::default() })
     }
 
-    /// Count the pre-tokens of these files (each its own text). `progress(done, total)`
-    /// is called with bytes.
-    #[pyo3(signature = (paths, progress = None))]
+    /// Count the pre-tokens of these files (each its own text), read as the shard writer
+    /// reads them: text, .gz/.zst, JSON Lines and Parquet, whose documents are in `field`.
+    /// `progress(done, total)` is called with bytes.
+    #[pyo3(signature = (paths, field = String::from("text"), progress = None))]
     fn count_files(
         &mut self,
         py: Python<'_>,
         paths: Vec<PathBuf>,
+        field: String,
         progress: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        self.run(py, progress, move |t, ctl| t.count_files(&paths, ctl))
+        self.run(py, progress, move |t, ctl| t.count_files(&paths, &field, ctl))
     }
 
     /// Feed text to the text stream: everything fed until `finish_text` is one

@@ -60,6 +60,29 @@ impl DocBatch {
     }
 }
 
+/// An error naming the first document of `batch` that is not UTF-8 (`before`: documents
+/// of `path` before the batch), if there is one.
+pub fn check_documents_utf8(path: &std::path::Path, batch: &DocBatch, before: u64) -> Result<(), ShardError> {
+    if crate::utf8::to_str(&batch.data).is_ok() {
+        return Ok(());
+    }
+    for i in 0..batch.len() {
+        if let Err(e) = crate::utf8::to_str(&batch.data[batch.start(i)..batch.ends[i]]) {
+            return Err(not_utf8(path, before + i as u64, e.valid_up_to()));
+        }
+    }
+    Ok(())
+}
+
+/// Document `index` of `path` is not UTF-8 from byte `at` of it.
+pub(crate) fn not_utf8(path: &std::path::Path, index: u64, at: usize) -> ShardError {
+    ShardError::Invalid(format!(
+        "{}: document {index} is not valid UTF-8 (at byte {at} of it; pass errors=\"replace\" or \
+         --errors replace to substitute U+FFFD)",
+        path.display()
+    ))
+}
+
 /// The caller's reader of `Format::Docs` inputs. Used on the thread that runs the job.
 pub trait DocSource {
     /// Start reading input `file` (an index into `EncodeJob::inputs`) from its first

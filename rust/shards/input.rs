@@ -19,7 +19,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::ShardError;
 
@@ -110,18 +110,63 @@ impl InputSpec {
 pub(crate) fn file_sizes(inputs: &[InputSpec]) -> Result<Vec<u64>, ShardError> {
     inputs
         .iter()
-        .map(|spec| {
-            if spec.path.as_os_str().is_empty() {
-                return Ok(0);
-            }
-            let meta = std::fs::metadata(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
-            if meta.is_dir() {
-                return Err(ShardError::Invalid(format!("input {} is a directory, not a file", spec.path.display())));
-            }
-            Ok(meta.len())
-        })
+        .map(|spec| if spec.path.as_os_str().is_empty() { Ok(0) } else { regular_file_size(&spec.path) })
         .collect()
 }
+
+/// The size of `path`, a regular file. Anything else is refused by name before a byte is
+/// read: a directory; a pipe or FIFO (`/dev/stdin`, `<(cmd)`), whose size reads as 0 and
+/// which cannot be sniffed, split into parts or reread to resume; a device such as
+/// `/dev/zero`, which never ends.
+pub fn regular_file_size(path: &Path) -> Result<u64, ShardError> {
+    let meta = std::fs::metadata(path).map_err(|e| ShardError::io(path, "reading input", e))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    if meta.is_dir() {
+        return Err(ShardError::Invalid(format!("input {} is a directory, not a file", path.display())));
+    }
+    let kind = {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_fifo() {
+            "a pipe or FIFO"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "not a file"
+        }
+    };
+    Err(ShardError::Invalid(format!(
+        "input {} is not a regular file ({kind}): inputs are read from files, which can be sized, \
+         checked and read again to resume; save the stream to a file first",
+        path.display()
+    )))
+}
+
+/// The bytes of `spec`'s file as its documents' text: decompressed for `.gz` / `.zst`.
+/// `raw`: the file, or a reader around it (the sniffer's head, the trainer's reads; the
+/// chunk reader builds its own decoders, to hash the raw bytes it reads through them).
+pub(crate) fn decoded<'r, R: Read + Send + 'r>(
+    spec: &InputSpec,
+    raw: R,
+) -> Result<Box<dyn Read + Send + 'r>, ShardError> {
+    Ok(match spec.compression {
+        Compression::None => Box::new(raw),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(raw)),
+        Compression::Zstd => Box::new(
+            zstd::stream::read::Decoder::new(raw)
+                .map_err(|e| ShardError::io(&spec.path, "opening zstd stream of", e))?,
+        ),
+    })
+}
+
+/// The UTF-8 byte-order mark, skipped at the start of a text or JSON Lines input.
+pub const BOM: &[u8] = b"\xef\xbb\xbf";
 
 fn global_starts(sizes: &[u64]) -> Vec<u64> {
     let mut starts = Vec::with_capacity(sizes.len() + 1);

@@ -7,11 +7,79 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 /// The string value of `field` in the JSON object `line`, or a message saying what is wrong.
+///
+/// A lone surrogate escape (`"\ud800"`, which Python's `json` writes for a str holding
+/// one) becomes U+FFFD, as `Tokenizer.encode(str)` treats such a str; an escaped pair is
+/// the one character it encodes.
 pub(crate) fn field<'a>(line: &'a str, field: &str) -> Result<Cow<'a, str>, String> {
+    match parse_field(line, field) {
+        Err(e) if e.contains("surrogate") || e.contains("hex escape") => match without_lone_surrogates(line) {
+            Some(fixed) => parse_field(&fixed, field).map(|doc| Cow::Owned(doc.into_owned())),
+            None => Err(e),
+        },
+        r => r,
+    }
+}
+
+fn parse_field<'a>(line: &'a str, field: &str) -> Result<Cow<'a, str>, String> {
     let mut de = serde_json::Deserializer::from_str(line);
     let found = FieldSeed { field }.deserialize(&mut de).map_err(|e| format!("invalid JSON Lines record: {e}"))?;
     de.end().map_err(|e| format!("invalid JSON Lines record: {e}"))?;
-    found.ok_or_else(|| format!("record has no {field:?} field (choose the field with --jsonl-field)"))
+    found.ok_or_else(|| format!("record has no {field:?} field (choose the field with --column)"))
+}
+
+/// `line` with each `\uXXXX` escape of a lone surrogate (a high one not followed by a
+/// low one, or a low one alone) written as `\ufffd`; `None` when it has none.
+fn without_lone_surrogates(line: &str) -> Option<String> {
+    let b = line.as_bytes();
+    let escape_at = |i: usize| -> Option<u32> {
+        let hex = b.get(i..i + 6)?;
+        if hex[0] != b'\\' || hex[1] != b'u' {
+            return None;
+        }
+        u32::from_str_radix(std::str::from_utf8(&hex[2..]).ok()?, 16).ok()
+    };
+    let mut out = String::with_capacity(line.len());
+    let (mut i, mut copied, mut fixed) = (0, 0, false);
+    while let Some(p) = memchr::memchr(b'\\', &b[i..]) {
+        let at = i + p;
+        match escape_at(at) {
+            Some(0xD800..=0xDBFF) if escape_at(at + 6).is_some_and(|lo| (0xDC00..=0xDFFF).contains(&lo)) => i = at + 12,
+            Some(0xD800..=0xDFFF) => {
+                out.push_str(&line[copied..at]);
+                out.push_str("\\ufffd");
+                (i, copied, fixed) = (at + 6, at + 6, true);
+            }
+            // Any other escape is two bytes or more; skipping two keeps `\\` apart.
+            _ => i = at + 2,
+        }
+        if i >= b.len() {
+            break;
+        }
+    }
+    fixed.then(|| {
+        out.push_str(&line[copied..]);
+        out
+    })
+}
+
+/// Calls `f` with the document of each non-blank line of `text` (whole lines of JSON
+/// Lines, `\n` or `\r\n` ended); an error is `(line number, message)`, counting
+/// `first_line` lines before `text`.
+pub(crate) fn for_each_document(
+    text: &str,
+    first_line: u64,
+    field_name: &str,
+    mut f: impl FnMut(&str),
+) -> Result<(), (u64, String)> {
+    for (line_no, line) in (first_line + 1..).zip(text.split('\n')) {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() {
+            continue;
+        }
+        f(&field(line, field_name).map_err(|message| (line_no, message))?);
+    }
+    Ok(())
 }
 
 struct FieldSeed<'f> {
@@ -101,6 +169,17 @@ mod tests {
         let line = r#"{"id": 3, "meta": {"a": [1, 2, {"text": "no"}]}, "text": "hi\nthere \u00e9", "x": null}"#;
         assert_eq!(field(line, "text").unwrap(), "hi\nthere é");
         assert_eq!(field(r#"{"story":"plain"}"#, "story").unwrap(), "plain");
+    }
+
+    #[test]
+    fn lone_surrogate_escapes_become_replacement_characters() {
+        // What Python's json.dumps writes for "a\ud800b", "\udc00", a pair, and a
+        // backslash followed by the letters of an escape.
+        assert_eq!(field(r#"{"text": "a\ud800b"}"#, "text").unwrap(), "a\u{fffd}b");
+        assert_eq!(field(r#"{"text": "\udc00\uD800"}"#, "text").unwrap(), "\u{fffd}\u{fffd}");
+        assert_eq!(field(r#"{"text": "\ud800\ud800\udc00"}"#, "text").unwrap(), "\u{fffd}\u{10000}");
+        assert_eq!(field(r#"{"text": "\\ud800 \ud83d\ude00", "x": "\ud800"}"#, "text").unwrap(), "\\ud800 \u{1f600}");
+        assert!(field(r#"{"text": "\ud800"#, "text").unwrap_err().contains("invalid JSON Lines record"));
     }
 
     #[test]

@@ -39,7 +39,8 @@ pub struct ParquetDocs {
 }
 
 impl ParquetDocs {
-    /// Open `path` and find its top-level text column `column`.
+    /// Open `path` and find its text column `column`: a top-level column's name, or the
+    /// dotted path of a column inside structs (`meta.text`).
     pub fn open(path: &Path, column: &str, batch_bytes: usize) -> Result<ParquetDocs, ShardError> {
         guarded(path, || Self::open_unguarded(path, column, batch_bytes))
     }
@@ -50,21 +51,40 @@ impl ParquetDocs {
         let meta = reader.metadata();
         let schema = meta.file_metadata().schema_descr();
         let fields = schema.root_schema().get_fields();
-        if !fields.iter().any(|f| f.name() == column) {
+        // A top-level column named with a dot wins over the path through a struct.
+        let parts: Vec<String> = if fields.iter().any(|f| f.name() == column) {
+            vec![column.to_string()]
+        } else {
+            column.split('.').map(str::to_string).collect()
+        };
+        let columns = schema.columns();
+        let leaf = columns.iter().position(|c| c.path().parts() == parts.as_slice());
+        let inside: Vec<String> = columns
+            .iter()
+            .filter(|c| c.path().parts().len() > parts.len() && c.path().parts().starts_with(&parts))
+            .map(|c| c.path().string())
+            .collect();
+        if leaf.is_none() && inside.is_empty() {
             let names: Vec<&str> = fields.iter().map(|f| f.name()).collect();
             let mut shown = names.iter().take(12).copied().collect::<Vec<_>>().join(", ");
             if names.len() > 12 {
                 shown.push_str(" ...");
             }
             return Err(ShardError::Invalid(format!(
-                "{} has no column '{column}' (its columns: {shown}); choose one with --column",
+                "{} has no column '{column}' (its columns: {shown}); choose one with --column \
+                 (a column inside a struct by its dotted path, e.g. meta.text)",
                 path.display()
             )));
         }
-        let leaf = schema.columns().iter().position(|c| c.path().parts() == [column.to_string()]);
-        let Some(index) = leaf.filter(|&i| schema.columns()[i].max_rep_level() == 0) else {
+        let Some(index) = leaf.filter(|&i| columns[i].max_rep_level() == 0) else {
+            let hint = if inside.is_empty() {
+                String::new()
+            } else {
+                let shown: Vec<&str> = inside.iter().take(12).map(String::as_str).collect();
+                format!(" (the columns inside it go by their dotted paths: {})", shown.join(", "))
+            };
             return Err(ShardError::Invalid(format!(
-                "column '{column}' of {} is nested (a list or struct), not a string column",
+                "column '{column}' of {} is nested (a list or struct), not a string column{hint}",
                 path.display()
             )));
         };

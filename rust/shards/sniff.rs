@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io::{self, Read};
 
-use super::input::{Compression, Format, InputSpec};
+use super::input::{decoded, Compression, Format, InputSpec, BOM};
 use super::ShardError;
 
 /// Bytes of (decompressed) content looked at.
@@ -78,6 +78,7 @@ fn unsupported(spec: &InputSpec, what: &str, fix: &str) -> ShardError {
 /// JSON Lines when the first line is a JSON object (with the document field, for names
 /// that do not say `.json`); an error for a `.json` file holding one JSON document.
 fn text_format(spec: &InputSpec, name: &str, head: &[u8], field: &str) -> Result<Format, ShardError> {
+    let head = head.strip_prefix(BOM).unwrap_or(head);
     let start = head.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(head.len());
     let json_name =
         has_ext(name.trim_end_matches(".gz").trim_end_matches(".zst").trim_end_matches(".zstd"), &[".json"]);
@@ -107,13 +108,7 @@ fn text_format(spec: &InputSpec, name: &str, head: &[u8], field: &str) -> Result
 /// Up to `SNIFF` bytes from the start of the file, decompressed with `compression`.
 fn read_head(spec: &InputSpec, compression: Compression) -> Result<Vec<u8>, ShardError> {
     let file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
-    let mut reader: Box<dyn Read> = match compression {
-        Compression::None => Box::new(file),
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(file)),
-        Compression::Zstd => Box::new(
-            zstd::stream::read::Decoder::new(file).map_err(|e| ShardError::io(&spec.path, "reading input", e))?,
-        ),
-    };
+    let mut reader = decoded(&InputSpec { compression, ..spec.clone() }, file)?;
     let mut head = Vec::with_capacity(SNIFF);
     // A corrupt stream is reported by the reader proper, with its offset.
     match reader.by_ref().take(SNIFF as u64).read_to_end(&mut head) {

@@ -238,6 +238,7 @@ impl Journal {
             byte_range: pair(s.get("byte_range")?)?,
             resumed_tokens: self.tokens,
             restart_reason: None,
+            text_bytes: 0,
             partial_path: partial.to_path_buf(),
         })
     }

@@ -12,9 +12,7 @@
 //! A chunk grows past the target size only when neither kind of cut exists in it
 //! (e.g. a custom pattern and no special token for megabytes).
 
-use std::fs::File;
 use std::io::{self, Read};
-use std::path::Path;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 
@@ -213,14 +211,17 @@ pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer)
     (starts[0] != usize::MAX && start + starts[0] > 0).then(|| Cut::from_matches(&matches, start + starts[0]))
 }
 
-/// Reads one file in chunks ending at cut positions chosen by `cut(buffer, at_end)`
-/// (None: read more first; at the end of the file it must cut at the end). `cut` also
-/// returns what it found about the chunk (`M`), handed to `f(chunk, found, file_offset)`
-/// with the chunk, on the calling thread. A reader thread reads and cuts the next chunk
-/// while `f` works on the current one (a few chunks exist at a time); the chunk buffers
-/// come from `bufs` and go back to it.
+/// Reads one input (a file, or the decompressed stream of one; `size`: its size when
+/// known) in chunks ending at cut positions chosen by `cut(buffer, at_end)` (None: read
+/// more first; at the end of the input it must cut at the end). `cut` also returns what
+/// it found about the chunk (`M`), handed to `f(chunk, found, offset)` with the chunk, on
+/// the calling thread. A reader thread reads and cuts the next chunk while `f` works on
+/// the current one (a few chunks exist at a time); the chunk buffers come from `bufs`
+/// and go back to it. A UTF-8 byte-order mark at the start is skipped (the first chunk
+/// then starts at offset 3).
 pub(crate) fn for_each_chunk<M: Send, E>(
-    path: &Path,
+    input: impl Read + Send,
+    size: Option<u64>,
     chunk_size: usize,
     bufs: &BufferPool,
     cut: impl Fn(&[u8], bool) -> Option<(usize, M)> + Sync,
@@ -230,15 +231,14 @@ pub(crate) fn for_each_chunk<M: Send, E>(
 where
     E: From<io::Error>,
 {
-    let file = File::open(path)?;
     // A small file needs no full-size buffer.
-    let file_len = file.metadata().map(|m| m.len() as usize).unwrap_or(usize::MAX);
+    let file_len = size.map_or(usize::MAX, |n| n.min(usize::MAX as u64) as usize);
     let chunk_size = chunk_size.min(file_len.saturating_add(1)).max(64);
     let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<(Vec<u8>, usize, M, u64)>>(1);
     std::thread::scope(|scope| {
         let cut = &cut;
         scope.spawn(move || {
-            let r = produce_chunks(file, chunk_size, cut, on_read, bufs, |chunk, len, found, offset| {
+            let r = produce_chunks(input, chunk_size, cut, on_read, bufs, |chunk, len, found, offset| {
                 tx.send(Ok((chunk, len, found, offset))).is_ok()
             });
             if let Err(e) = r {
@@ -269,7 +269,7 @@ const FIRST_CHUNK: usize = 1 << 20;
 /// chunk (the first `len` bytes of the buffer) and returns false to stop. Buffers keep
 /// their length when recycled, so they are zeroed only once.
 fn produce_chunks<M>(
-    mut file: File,
+    mut file: impl Read,
     chunk_size: usize,
     cut: &impl Fn(&[u8], bool) -> Option<(usize, M)>,
     mut on_read: impl FnMut(usize),
@@ -282,6 +282,7 @@ fn produce_chunks<M>(
     let mut step = chunk_size.min(FIRST_CHUNK);
     let mut target = step;
     let mut eof = false;
+    let mut first = true;
     loop {
         if buf.len() < target {
             buf.resize(target, 0);
@@ -293,6 +294,12 @@ fn produce_chunks<M>(
             }
             filled += n;
             on_read(n);
+        }
+        if std::mem::take(&mut first) && buf[..filled].starts_with(crate::shards::BOM) {
+            let bom = crate::shards::BOM.len();
+            buf.copy_within(bom..filled, 0);
+            filled -= bom;
+            offset = bom as u64;
         }
         if eof {
             if filled > 0 {
@@ -325,7 +332,7 @@ fn produce_chunks<M>(
     }
 }
 
-fn read_retry(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+fn read_retry(file: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         match file.read(buf) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -337,6 +344,8 @@ fn read_retry(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
+    use std::path::Path;
 
     fn test_cut(buf: &[u8], end: bool, sp: &SpecialSplitter, builtin: bool) -> Option<(usize, ())> {
         if end {
@@ -437,7 +446,8 @@ mod tests {
         let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
         let mut calls = 0;
         let r = for_each_chunk::<(), io::Error>(
-            &path,
+            File::open(&path).unwrap(),
+            None,
             1000,
             &BufferPool::default(),
             |b, end| test_cut(b, end, &sp, true),
@@ -467,7 +477,8 @@ mod tests {
         let read_all = |path: &Path| {
             let mut got = Vec::new();
             for_each_chunk::<(), io::Error>(
-                path,
+                File::open(path).unwrap(),
+                None,
                 2000,
                 &bufs,
                 |x, end| test_cut(x, end, &sp, true),
@@ -508,7 +519,8 @@ mod tests {
             let mut got = Vec::new();
             let mut n = 0;
             for_each_chunk::<(), io::Error>(
-                &path,
+                File::open(&path).unwrap(),
+                None,
                 1000,
                 &BufferPool::default(),
                 |b, end| test_cut(b, end, &sp, builtin),

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 import ferrolm
+from ferrolm._util import ForgivingStream, say_where_possible, silence
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +98,11 @@ def _run_train(args) -> int:
     import os
 
     if summary.status in ("done", "time") and summary.final_val_loss is not None and os.environ.get("RANK", "0") == "0":
-        print(f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}")
+        # the run is saved: a reader gone from stdout does not make it a failure
+        say_where_possible(
+            f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}",
+            ForgivingStream(sys.stdout),
+        )
     return {"done": 0, "time": 0, "interrupted": 130, "nan": 3}.get(summary.status, 1)
 
 
@@ -196,7 +201,11 @@ def add_generate_command(sub) -> None:
         help="nucleus sampling: the smallest most-probable set with mass >= P, P in (0, 1]",
     )
     p.add_argument(
-        "--seed", type=int, default=None, metavar="S", help="random seed (default: a fresh one, printed on stderr)"
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="random seed in [0, 2**63) (default: a fresh one, printed on stderr unless --temperature is 0)",
     )
     p.add_argument(
         "--num-samples", type=int, default=1, metavar="M", help="samples to draw, one after the other (default 1)"
@@ -212,8 +221,14 @@ def _drop_newline(text: str) -> str:
 def _prompts(args) -> list:
     prompts = [_drop_newline(sys.stdin.read()) if p == "-" else p for p in args.prompts]
     for path in args.prompt_files:
-        with open(path, encoding="utf-8") as f:
-            prompts.append(_drop_newline(f.read()))
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            prompts.append(_drop_newline(data.decode("utf-8")))
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"--prompt-file {path}: not UTF-8 text (byte {e.start:,} is {data[e.start]:#04x})"
+            ) from None
     if not prompts:
         raise ValueError("give --prompt TEXT (or --prompt-file FILE); --prompt '' starts a new document")
     return prompts
@@ -239,6 +254,7 @@ def _run_generate(args) -> int:
     import torch
 
     from ferrolm.lm.checkpoint import load_model
+    from ferrolm.lm.config import SEED_LIMIT
     from ferrolm.lm.generate import StopText, check_sampling_args, generate, iter_text, resolve_device
 
     check_sampling_args(args.temperature, args.top_k, args.top_p)  # before any loading
@@ -246,6 +262,8 @@ def _run_generate(args) -> int:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.seed is not None and not 0 <= args.seed < SEED_LIMIT:
+        raise ValueError(f"--seed must be an int in [0, 2**63), got {args.seed}")
     prompts = _prompts(args)
     device = resolve_device(args.device)
     model, tok, _ = load_model(args.checkpoint, device, tokenizer=args.tokenizer, require_tokenizer=True)
@@ -255,8 +273,9 @@ def _run_generate(args) -> int:
         raise ValueError("an empty prompt starts from the end-of-text token, but this tokenizer has none")
     seed = args.seed
     if seed is None:
-        seed = torch.Generator().seed() % (2**63)
-        print(f"seed {seed}", file=sys.stderr)
+        seed = torch.Generator().seed() % SEED_LIMIT
+        if args.temperature > 0:  # greedy decoding draws nothing: its seed is not worth reporting
+            _report(f"seed {seed}")
     generator = torch.Generator(device=device).manual_seed(seed)
     known = tok.vocab_size
 
@@ -301,6 +320,68 @@ def _batch_texts(model, rows, sampling, eos, generator, piece_of, stops) -> list
 
 COMMANDS.append(add_generate_command)
 
+
+def add_serve_command(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over the OpenAI HTTP API (needs the serve extra)",
+        description="Serve a checkpoint (or a folder written by `ferrolm export`) with OpenAI's API: POST "
+        "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models and /health. Concurrent "
+        'requests are decoded as one batch. Needs pip install "ferrolm[serve]". Ctrl-C or SIGTERM lets the '
+        "running requests finish, then exits.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a run folder, a checkpoint, a .safetensors file or a folder of `ferrolm export`",
+    )
+    p.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: the run's, or the export's)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one, printed on stderr)")
+    p.add_argument("--model-name", default=None, metavar="NAME", help="the model's name in the API (default: RUN/FILE)")
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template (default: the tokenizer folder's, else plain text)",
+    )
+    p.add_argument("--max-batch", type=int, default=16, metavar="N", help="sequences decoded together (default 16)")
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="the largest max_tokens a request may ask (default 4096)",
+    )
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="server log")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args) -> int:
+    from ferrolm.app.serve import serve
+
+    return serve(
+        args.checkpoint,
+        tokenizer=args.tokenizer,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        name=args.model_name,
+        chat_template=args.chat_template,
+        max_batch=args.max_batch,
+        max_tokens_limit=args.max_tokens_limit,
+        threads=args.threads,
+        log_level=args.log_level,
+    )
+
+
+COMMANDS.append(add_serve_command)
+
 # ---------------------------------------------------------------------------------------
 # Corpus commands: train-tokenizer, encode, decode, shards
 # ---------------------------------------------------------------------------------------
@@ -341,7 +422,27 @@ def _read_sample(path: str, limit: int, column: str = "text") -> str:
     else:
         f = open(path, "rb")
     with f:
-        return f.read(limit).decode("utf-8", errors="ignore")
+        text = f.read(limit).decode("utf-8", errors="ignore").removeprefix("\ufeff")
+    return _jsonl_documents(text, column) or text
+
+
+def _jsonl_documents(text: str, column: str) -> str | None:
+    """The documents of the whole JSON Lines records in `text`, one after another; None
+    when `text` does not start with one (it is then plain text)."""
+    import json
+
+    docs = []
+    for line in text.split("\n")[:-1] or [text]:
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)[column]
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not isinstance(doc, str):
+            return None
+        docs.append(doc)
+    return "".join(docs) if docs else None
 
 
 def _add_train_tokenizer(sub) -> None:
@@ -357,7 +458,17 @@ def _add_train_tokenizer(sub) -> None:
         nargs="+",
         default=None,
         metavar="FILE",
-        help="training files: text or Parquet; globs ('data/*.parquet') and folders are expanded, sorted",
+        help="training files, read as `ferrolm encode` reads them: text whose documents are separated by a "
+        "special token, .gz/.zst compressed text, JSON Lines, Parquet; globs ('data/*.parquet') and folders "
+        "are expanded, sorted",
+    )
+    p.add_argument(
+        "--column",
+        "--jsonl-field",
+        default="text",
+        dest="column",
+        metavar="NAME",
+        help="Parquet column or JSON Lines field holding the text (default: text)",
     )
     p.add_argument(
         "--counts",
@@ -387,7 +498,6 @@ def _add_train_tokenizer(sub) -> None:
     p.add_argument(
         "--parts", type=int, default=None, metavar="N", help="with --ray: number of parts (default: the cluster's CPUs)"
     )
-    p.add_argument("--column", default="text", metavar="NAME", help="text column of Parquet inputs (default: text)")
     p.add_argument(
         "--vocab-size",
         type=int,
@@ -432,8 +542,8 @@ def _run_train_tokenizer(args) -> int:
         if getattr(args, flag) is None:
             raise ValueError(f"--{flag.replace('_', '-')} is required")
     args.input = inputs.expand(args.input)  # folders and globs to their files
-    for path in args.input:
-        if not os.path.isfile(path):
+    for path in args.input:  # what exists but is no regular file, the core refuses by name
+        if not os.path.exists(path):
             raise FileNotFoundError(f"input file not found: {path}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
@@ -695,7 +805,6 @@ def _run_encode(args) -> int:
         raise
     elapsed = time.perf_counter() - t0
     bin_path, json_path = shards.output_paths(args.out, shards.parse_part(args.part))
-    in_bytes = (sc["byte_range"][1] - sc["byte_range"][0]) if sc["byte_range"] else sc["total_input_bytes"]
     if sc.get("restart_reason"):
         print(f"note: started over: {sc['restart_reason']}", file=sys.stderr)
     if sc.get("resumed_tokens"):
@@ -703,11 +812,14 @@ def _run_encode(args) -> int:
     print(
         f"wrote {bin_path} ({sc['num_tokens']:,} {sc['dtype']} tokens, {sc['num_documents']:,} documents) and {json_path}"
     )
-    print(
-        f"{in_bytes / 1e6:,.1f} MB in {elapsed:.2f} s: {in_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
-        f"{sc['num_tokens'] / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s"
-        + (f", {in_bytes / max(sc['num_tokens'], 1):.2f} bytes/token" if sc["num_tokens"] else "")
-    )
+    # Rates over the text this run encoded (decompressed, the JSON Lines and Parquet
+    # documents' own text), not the bytes on disk, which compression and markup skew.
+    text_bytes, tokens = sc["text_bytes"], sc["num_tokens"] - sc["resumed_tokens"]
+    if tokens:
+        print(
+            f"{text_bytes / 1e6:,.1f} MB of text in {elapsed:.2f} s: {text_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
+            f"{tokens / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s, {text_bytes / tokens:.2f} bytes/token"
+        )
     return 0
 
 
@@ -878,13 +990,27 @@ def add_export_command(sub) -> None:
         description="Write a folder that transformers loads with no ferrolm code: config.json (LlamaForCausalLM), "
         "model.safetensors, generation_config.json and the tokenizer files (AutoModelForCausalLM and "
         "AutoTokenizer .from_pretrained(DIR)). --format safetensors writes the weights alone under ferrolm's "
-        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it).",
+        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it). "
+        "--format gguf writes one GGUF file for llama.cpp and the tools built on it, tokenizer included "
+        '(needs the gguf extra: pip install "ferrolm[gguf]").',
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
-    p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors file)")
+    p.add_argument("--out", required=True, metavar="DIR|FILE", help="output folder (or .safetensors / .gguf file)")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help=TOKENIZER_HELP)
-    p.add_argument("--format", default="hf", choices=["hf", "safetensors"], help="hf (default) or safetensors")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (hf)")
+    p.add_argument(
+        "--format", default="hf", choices=["hf", "safetensors", "gguf"], help="hf (default), safetensors, gguf"
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights dtype (hf; gguf: no bf16)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a non-empty --out folder that is not an earlier export of this model (hf)",
+    )
     p.set_defaults(run=_run_export)
 
 
@@ -893,8 +1019,12 @@ def _run_export(args) -> int:
 
     if args.format == "safetensors":
         out = export_safetensors(args.checkpoint, args.out)
+    elif args.format == "gguf":
+        from ferrolm.lm.gguf_export import export_gguf
+
+        out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
     else:
-        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
+        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     print(out)
     return 0
 
@@ -902,18 +1032,32 @@ def _run_export(args) -> int:
 def add_eval_command(sub) -> None:
     p = sub.add_parser(
         "eval",
-        help="score a checkpoint on token shards: loss, perplexity, bits per byte",
+        help="score a checkpoint on token shards (loss, perplexity, bits per byte) or on lm-eval tasks",
         description="Run the model over the shards in consecutive context-length windows and report the mean loss "
         "(nats/token), perplexity, bits per byte (total nats / ln 2 / UTF-8 bytes of the text; special tokens "
         "count 0 bytes; needs the tokenizer) and tokens/s.",
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
-    p.add_argument("--data", required=True, nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
+    p.add_argument("--data", nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help=TOKENIZER_HELP)
-    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        metavar="B",
+        help="windows (or lm-eval requests) per forward pass (default 8)",
+    )
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    tasks = p.add_argument_group(
+        'lm-evaluation-harness tasks (instead of --data; needs the eval extra: pip install "ferrolm[eval]")'
+    )
+    tasks.add_argument("--tasks", metavar="A,B", help="lm-eval task names, comma-separated (hellaswag,arc_easy,...)")
+    tasks.add_argument("--num-fewshot", type=int, default=None, metavar="N", help="few-shot examples per prompt")
+    tasks.add_argument("--limit", type=float, default=None, metavar="N", help="examples per task (a fraction if < 1)")
+    tasks.add_argument("--include-path", default=None, metavar="DIR", help="a folder of task YAMLs of your own")
     p.set_defaults(run=_run_eval)
 
 
@@ -922,6 +1066,19 @@ def _run_eval(args) -> int:
 
     from ferrolm.lm.evaluate import evaluate
 
+    if bool(args.data) == bool(args.tasks):
+        raise ValueError("give --data SHARD (loss, bits per byte) or --tasks NAMES (lm-eval tasks)")
+    if args.tasks:
+        if args.max_tokens is not None:
+            raise ValueError("--max-tokens is for --data; with --tasks, --limit caps the examples per task")
+        return _run_eval_tasks(args)
+    for flag, value in (
+        ("--num-fewshot", args.num_fewshot),
+        ("--limit", args.limit),
+        ("--include-path", args.include_path),
+    ):
+        if value is not None:
+            raise ValueError(f"{flag} is for --tasks (lm-eval tasks), not --data")
     data = args.data if len(args.data) > 1 else args.data[0]
     r = evaluate(
         args.checkpoint,
@@ -930,6 +1087,7 @@ def _run_eval(args) -> int:
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
         device=args.device,
+        progress=not args.no_progress,
     )
     if args.json:
         print(json.dumps(r))
@@ -937,6 +1095,31 @@ def _run_eval(args) -> int:
     bpb = f"{r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else "n/a (no tokenizer)"
     print(f"loss {r['loss']:.4f}  perplexity {r['perplexity']:.2f}  bits/byte {bpb}")
     print(f"{r['tokens']:,} tokens in {r['seconds']:.2f} s ({r['tokens_per_s'] or 0:,.0f} tokens/s)")
+    return 0
+
+
+def _run_eval_tasks(args) -> int:
+    import json
+
+    from ferrolm.lm.harness import run_tasks
+
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    r = run_tasks(
+        args.checkpoint,
+        args.tasks,
+        args.tokenizer,
+        num_fewshot=args.num_fewshot,
+        limit=limit,
+        batch_size=args.batch_size,
+        device=args.device,
+        include_path=args.include_path,
+    )
+    if args.json:
+        print(json.dumps({k: r[k] for k in ("results", "n-shot", "n-samples") if k in r}, default=str))
+        return 0
+    from lm_eval.utils import make_table
+
+    print(make_table(r))
     return 0
 
 
@@ -1079,11 +1262,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _report("interrupted")
         return 130
+    except BrokenPipeError:  # the reader of the output went away (`| head`): nothing more to say
+        silence(sys.stdout)
+        silence(sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, OSError, ImportError) as e:
-        print(f"ferrolm {args.command}: error: {e}", file=sys.stderr)
+        _report(f"ferrolm {args.command}: error: {e}")
         return 2
+
+
+def _report(line: str) -> None:
+    """``line`` on stderr, or on stdout when stderr's reader is gone, or nowhere."""
+    say_where_possible(line, ForgivingStream(sys.stderr), ForgivingStream(sys.stdout))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import shutil
@@ -738,11 +739,25 @@ def _report(r: DemoResult, *, minutes: float, device: str) -> str:
         lines.append(f"| {names.get(k, k)} | {_fmt_s(v)} |")
     lines.append(f"| **total** | **{_fmt_s(r.total_s)}** |")
     lines += ["", "## Samples", ""]
+    if r.first_val_loss is not None and r.final_val_loss is not None:
+        lines += [what_to_expect(r.first_val_loss, r.final_val_loss, r.vocab_size), ""]
     for s in r.samples:
         lines += ["```", s, "```", ""]
     if r.plot is not None:
         lines += ["## Loss", "", f"![loss curve]({r.plot.name})", ""]
     return "\n".join(lines)
+
+
+def what_to_expect(first_val_loss: float, final_val_loss: float, vocab_size: int) -> str:
+    """What the samples can show, read from the losses the run reached: a few CPU minutes
+    give text with the look of the corpus, not its sense, and that is what the loss says."""
+    return (
+        f"what to expect: a model that knows nothing scores ln({vocab_size}) = {math.log(vocab_size):.2f} "
+        f"nats/token; this one went from {first_val_loss:.2f} to {final_val_loss:.2f}, as unsure at each "
+        f"token as a pick among {math.exp(min(final_val_loss, 700.0)):,.0f}. At such a loss samples take on "
+        "the look of the text (for the standard library's code: indentation, keywords, names, comments) "
+        "but not its sense; the loss keeps falling with longer training (--minutes N, or a GPU)."
+    )
 
 
 def _summary_text(r: DemoResult) -> str:
@@ -755,6 +770,7 @@ def _summary_text(r: DemoResult) -> str:
         lines.append(
             f"validation loss {r.first_val_loss:.3f} -> {r.final_val_loss:.3f} nats/token after {r.steps} steps"
         )
+        lines.append(what_to_expect(r.first_val_loss, r.final_val_loss, r.vocab_size))
     lines += [f"everything is in {r.out_dir.resolve()}:"] + _listing(r.out_dir)
     lines += [
         "",

@@ -41,8 +41,17 @@ _READ_BLOCK = 8 << 20
 _WHOLE_SUFFIXES = (".gz", ".zst", ".zstd", ".jsonl", ".ndjson", ".json", ".parquet")
 
 
+_WHOLE_MAGIC = (b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1")
+
+
 def _cuttable(path: str) -> bool:
-    return not (path.lower().endswith(_WHOLE_SUFFIXES) or _inputs.is_parquet(path))
+    """Plain text, which a part may cut; the reader tells the other formats by their first
+    bytes (a JSON Lines file by a first line that is an object), so these are checked too."""
+    if path.lower().endswith(_WHOLE_SUFFIXES):
+        return False
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return not (head.startswith(_WHOLE_MAGIC) or head.lstrip().startswith(b"{"))
 
 
 def _next_cut(path: str, pos: int, size: int, specials: list[bytes]) -> int:

@@ -8,12 +8,14 @@ A tokenizer directory holds:
 * ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``: the same
   tokenizer for HF ``tokenizers`` and ``transformers`` (``AutoTokenizer.from_pretrained(dir)``);
 * ``ferrolm_tokenizer.json``: ferrolm's own record: special tokens, the pattern, the Unicode
-  version of the pre-tokenizer's classes, the fingerprint and the sha256 of the three
-  files above it, all verified on load.
+  version of the pre-tokenizer's classes, the fingerprint and the sha256 of the five
+  files above it, all verified on load (a folder saved before the two config files were
+  covered lists three).
 
-A directory is written whole or not at all (a temporary sibling, then a rename). Folders
-written by ferrolm 0.1.0 kept the record in ``tokenizer.json``; they still load. tiktoken
-(after inverting the byte map) reads vocab.json and merges.txt.
+Every file is read only when it is a regular file of at most MAX_FILE_BYTES (see
+:func:`read_file_bytes`). A directory is written whole or not at all (a temporary sibling,
+then a rename). Folders written by ferrolm 0.1.0 kept the record in ``tokenizer.json``;
+they still load. tiktoken (after inverting the byte map) reads vocab.json and merges.txt.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import hashlib
 import itertools
 import json
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -41,9 +44,14 @@ LEGACY_RECORD_FILE = "tokenizer.json"  # where ferrolm 0.1.0 kept its record
 CONFIG_FILE = RECORD_FILE
 FORMAT = "ferrolm-tokenizer"
 FORMAT_VERSION = 2
-# The files whose sha256 the record keeps (the HF config files are the user's to edit).
-CHECKED_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE)
+# The files whose sha256 the record keeps: all but the record itself, since transformers
+# reads its special tokens' roles and model_max_length from the two config files.
+CHECKED_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE)
 TOKENIZER_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE, RECORD_FILE)
+# The largest tokenizer file read: several times the largest public tokenizer.json files
+# (a few tens of MB, for vocabularies of ~260k tokens), yet small enough that parsing one
+# fits in memory.
+MAX_FILE_BYTES = 256 << 20
 # transformers' model_max_length when no model's context length is known (GPT-2's).
 DEFAULT_MODEL_MAX_LENGTH = 1024
 EOT = "<|endoftext|>"
@@ -98,13 +106,17 @@ def tokens_to_strs(tokens: Iterable[bytes]) -> list[str]:
     return [text[e - len(t) : e] for t, e in zip(tokens, ends)]
 
 
+@lru_cache(maxsize=1)
+def _encoding_map():
+    return codecs.charmap_build(_decoding_table())
+
+
 def str_to_token(text: str, *, where: str = "token") -> bytes:
-    table = unicode_to_bytes()
     try:
-        return bytes(table[c] for c in text)
-    except KeyError as e:
+        return codecs.charmap_encode(text, "strict", _encoding_map())[0]
+    except UnicodeEncodeError as e:
         raise TokenizerFileError(
-            f"{where}: {text!r} contains {e.args[0]!r}, which is not in GPT-2's byte-to-unicode alphabet"
+            f"{where}: {text!r} contains {text[e.start]!r}, which is not in GPT-2's byte-to-unicode alphabet"
         ) from None
 
 
@@ -165,13 +177,37 @@ def vocab_bytes(vocab: dict[int, bytes], special_tokens: Sequence[str], where: s
     return json.dumps(items, ensure_ascii=False).encode("utf-8")
 
 
-def _read_text(path: Path, what: str) -> str:
+def read_file_bytes(path: str | os.PathLike, what: str) -> bytes:
+    """The content of the tokenizer file ``path``, read only when it is a regular file (a
+    link to one is followed) of at most MAX_FILE_BYTES: a FIFO, a device such as
+    /dev/zero or a huge file is refused by name, never read without end."""
+    path = Path(path)
     try:
-        return path.read_bytes().decode("utf-8")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then tells what it is.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} not found: {path}") from None
     except IsADirectoryError:
         raise TokenizerFileError(f"{path}: is a directory, expected the {what}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise TokenizerFileError(f"{path}: is a directory, expected the {what}")
+        if not stat.S_ISREG(st.st_mode):
+            raise TokenizerFileError(f"{path}: is not a regular file (a FIFO, socket or device), expected the {what}")
+        if st.st_size > MAX_FILE_BYTES:
+            raise TokenizerFileError(
+                f"{path}: is {st.st_size / 2**20:.1f} MiB, over the {MAX_FILE_BYTES >> 20} MiB a tokenizer file may be"
+            )
+        data = f.read(MAX_FILE_BYTES + 1)  # a file that grew since fstat is cut here
+    if len(data) > MAX_FILE_BYTES:
+        raise TokenizerFileError(f"{path}: is over the {MAX_FILE_BYTES >> 20} MiB a tokenizer file may be")
+    return data
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return read_file_bytes(path, what).decode("utf-8")
     except UnicodeDecodeError as e:
         raise TokenizerFileError(f"{path}: not UTF-8: {e}") from None
 
@@ -224,6 +260,8 @@ def parse_vocab(text: str, path: Path, special_tokens: Sequence[str] = (), *, fa
 def read_merges(path: str | os.PathLike, *, fast: bool = False) -> list[tuple[bytes, bytes]]:
     """Read a GPT-2-style merges.txt (an optional ``#version`` line, then ``a b`` per line).
 
+    A merge listed twice is refused: HF tokenizers' ``BPE.from_file`` ranks it at its last
+    line, the rank order of the file at its first; a trained merges.txt never repeats one.
     ``fast`` as for :func:`read_vocab`.
     """
     path = Path(path)
@@ -236,9 +274,10 @@ def parse_merges(text: str, path: Path, *, fast: bool = False) -> list[tuple[byt
         from ferrolm import _core
 
         merges = _core.read_merges_txt(text)
-        if merges is not None:
+        if merges is not None and len(set(merges)) == len(merges):
             return merges
     merges = []
+    first_line: dict[tuple[bytes, bytes], int] = {}
     for lineno, line in enumerate(text.split("\n"), start=1):
         line = line.rstrip("\r")
         if not line or (lineno == 1 and line.startswith("#version")):
@@ -247,7 +286,13 @@ def parse_merges(text: str, path: Path, *, fast: bool = False) -> list[tuple[byt
         if len(parts) != 2 or not parts[0] or not parts[1]:
             raise TokenizerFileError(f"{path}:{lineno}: expected two tokens separated by one space, got {line!r}")
         where = f"{path}:{lineno}"
-        merges.append((str_to_token(parts[0], where=where), str_to_token(parts[1], where=where)))
+        pair = (str_to_token(parts[0], where=where), str_to_token(parts[1], where=where))
+        seen = first_line.setdefault(pair, lineno)
+        if seen != lineno:
+            raise TokenizerFileError(
+                f"{where}: the merge {line!r} repeats line {seen}: a merge has one rank, so each is listed once"
+            )
+        merges.append(pair)
     return merges
 
 
@@ -450,7 +495,7 @@ def _checked_texts(directory: Path, rec: dict, record_path: Path) -> dict[str, s
     for name in dict.fromkeys([*sums, VOCAB_FILE, MERGES_FILE]):
         path = directory / name
         try:
-            data = path.read_bytes()
+            data = read_file_bytes(path, name)
         except FileNotFoundError:
             raise TokenizerFileError(
                 f"{directory}: incomplete tokenizer directory: {name} is missing (listed in {record_path.name})"
@@ -506,11 +551,8 @@ def read_tiktoken_ranks(path: str | os.PathLike) -> dict[bytes, int]:
     import base64
     import binascii
 
+    data = read_file_bytes(path, "tiktoken rank file")
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"tiktoken rank file not found: {path}") from None
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line.strip():

@@ -183,7 +183,11 @@ def read_hf_tokenizer(
     Every added token becomes a special token (matched in the text, never split). What
     ferrolm does not model is refused with a TokenizerFileError naming it: other models
     (Unigram, WordPiece, ...), normalizers, prefix spaces, added-token options. The
-    post-processor is ignored: ferrolm's encode adds no BOS or template tokens.
+    post-processor is ignored: ferrolm's encode adds no BOS or template tokens. What HF
+    refuses is refused (no merges, a merge of tokens not in the vocab); on the rest ids equal
+    HF's: a merge listed twice keeps the rank of its last line, and ``ignore_merges: false``
+    (HF's default: plain BPE) drops the tokens no merge makes from their own bytes, which
+    plain BPE never outputs, while ``true`` takes a pre-token that is a token whole.
     ``assume_normalized``: accept a normalizer (Qwen2's NFC, say), on the promise that the
     text is already normalized: ids then equal the original's for such text only.
     """
@@ -214,9 +218,18 @@ def read_hf_tokenizer(
     if decoder is not None and (not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel"):
         raise TokenizerFileError(f"{path}: decoder {_describe(decoder)} is not supported (ferrolm decodes bytes)")
     added = _hf_added_tokens(path, data.get("added_tokens") or [])
-    vocab = _hf_vocab(path, data["model"].get("vocab"), added)
-    merges = _hf_merges(path, data["model"].get("merges") or [])
-    return vocab, merges, [s for s, _ in sorted(added.items(), key=lambda kv: kv[1])], pattern
+    model = data["model"]
+    vocab = _hf_vocab(path, model.get("vocab"), added)
+    if "merges" not in model or model["merges"] is None:
+        raise TokenizerFileError(f'{path}: the BPE model has no "merges" list (HF tokenizers refuses it too)')
+    merges = _hf_merges(path, model["merges"], model["vocab"])
+    ignore_merges = model.get("ignore_merges", False)
+    if not isinstance(ignore_merges, bool):
+        raise TokenizerFileError(f"{path}: ignore_merges must be true or false, got {ignore_merges!r}")
+    specials = [s for s, _ in sorted(added.items(), key=lambda kv: kv[1])]
+    if not ignore_merges:
+        vocab, merges = _without_unmade_tokens(vocab, merges, specials)
+    return vocab, merges, specials, pattern
 
 
 def _describe(obj: Any) -> str:
@@ -316,14 +329,63 @@ def _hf_vocab(path: Path, raw: Any, added: dict[str, int]) -> dict[int, bytes]:
     return vocab
 
 
-def _hf_merges(path: Path, raw: Any) -> list[tuple[bytes, bytes]]:
+def _hf_merges(path: Path, raw: Any, model_vocab: dict[str, int]) -> list[tuple[bytes, bytes]]:
+    """The merges in effect, in rank order. Both sides and their concatenation must be in
+    the model's vocab (HF refuses the file otherwise). A pair listed more than once has the
+    rank of its last line, as in HF's tokenizers (its merge table keeps the last rank it
+    reads), so only that line is kept."""
     if not isinstance(raw, list):
         raise TokenizerFileError(f"{path}: the model's merges must be a list")
-    merges = []
+    sides: list[str] = []
     for k, m in enumerate(raw):
         parts = m.split(" ") if isinstance(m, str) else m
-        if not isinstance(parts, list) or len(parts) != 2 or not all(isinstance(x, str) and x for x in parts):
-            raise TokenizerFileError(f"{path}: merge {k} must be 'a b' or [a, b], got {m!r}")
-        where = f"{path}: merge {k}"
-        merges.append((str_to_token(parts[0], where=where), str_to_token(parts[1], where=where)))
-    return merges
+        if not (isinstance(parts, list) and len(parts) == 2):
+            _refuse_merge(path, k, m, model_vocab)
+        a, b = parts
+        if not (isinstance(a, str) and isinstance(b, str) and a in model_vocab and b in model_vocab):
+            _refuse_merge(path, k, m, model_vocab)
+        if a + b not in model_vocab:
+            _refuse_merge(path, k, m, model_vocab)
+        sides += parts
+    # Each character is one byte: the sides are slices of the whole at the same offsets.
+    data = str_to_token("".join(sides), where=f"{path}: merges")
+    ends = list(itertools.accumulate(map(len, sides)))
+    tokens = [data[e - len(t) : e] for t, e in zip(sides, ends)]
+    merges = list(zip(tokens[0::2], tokens[1::2]))
+    last = {pair: k for k, pair in enumerate(merges)}
+    if len(last) == len(merges):
+        return merges
+    return [pair for k, pair in enumerate(merges) if last[pair] == k]
+
+
+def _refuse_merge(path: Path, k: int, m: Any, model_vocab: dict[str, int]) -> None:
+    parts = m.split(" ") if isinstance(m, str) else m
+    if not isinstance(parts, list) or len(parts) != 2 or not all(isinstance(x, str) and x for x in parts):
+        raise TokenizerFileError(f"{path}: merge {k} must be 'a b' or [a, b], got {m!r}")
+    a, b = parts
+    for token, what in ((a, "left token"), (b, "right token"), (a + b, "merged token")):
+        if token not in model_vocab:
+            raise TokenizerFileError(f"{path}: merge {k} ({a} {b}): the {what} {token!r} is not in the vocab")
+
+
+def _without_unmade_tokens(
+    vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]], specials: list[str]
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+    """The vocab and merges of plain BPE (HF's ``ignore_merges: false``) for ferrolm's
+    encoder, which takes a pre-token that is a token as that token before merging.
+
+    The two agree once the tokens that merging their own bytes does not make are gone:
+    plain BPE never outputs those (inside a longer pre-token a token is made by the same
+    merges as from its bytes alone), nor applies a merge that has one as a side or result.
+    Their ids are then absent from the vocab: never produced, so never decoded."""
+    from ferrolm import _core
+
+    encoder = _core.Encoder(vocab, merges, specials, "gpt2")
+    unmade = set(encoder.tokens_not_made_by_merges()) - {i for _, i in encoder.special_tokens}
+    if not unmade:
+        return vocab, merges
+    kept = {i: b for i, b in vocab.items() if i not in unmade}
+    gone = {vocab[i] for i in unmade if i in vocab} - set(kept.values())
+    vocab = kept
+    merges = [(a, b) for a, b in merges if a not in gone and b not in gone and a + b not in gone]
+    return vocab, merges

@@ -2,9 +2,10 @@
 
 * ``expand(specs)``: paths, globs (``data/*.parquet``, ``**`` recursive) and folders (every
   file below, hidden ones skipped) to a list of files, each glob and folder sorted.
-* Parquet: the core reads a text column a batch of rows at a time (``parquet_batches``,
-  for the trainer; the shard writer reads Parquet inputs itself), as UTF-8 data plus int64
-  offsets, so no Python code runs per document and memory stays flat.
+* Parquet: the core reads a text column a batch of rows at a time, as UTF-8 data plus int64
+  offsets, so no Python code runs per document and memory stays flat. The trainer and the
+  shard writer read Parquet inputs themselves, through the core's one input reader;
+  ``parquet_batches`` hands the batches to Python (a sample for a summary).
 * ``text_batches``: an iterable of str in the same form (a loop per document is inherent).
 """
 

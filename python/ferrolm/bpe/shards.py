@@ -387,7 +387,7 @@ class _Job:
 
     def finish(self, result: dict, total_input_bytes: int, extra: dict) -> dict:
         """Write the sidecar, move the data to its final name; the sidecar (with how the
-        run started) is returned."""
+        run started and the bytes of text it encoded) is returned."""
         sidecar = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -408,6 +408,7 @@ class _Job:
         _finalize(Path(result["partial_path"]), self.bin_path, self.json_path, sidecar)
         sidecar["resumed_tokens"] = result["resumed_tokens"]
         sidecar["restart_reason"] = result["restart_reason"]
+        sidecar["text_bytes"] = result["text_bytes"]
         return sidecar
 
     def _record(self, r: dict, result: dict) -> dict:

@@ -45,6 +45,17 @@ def _split_chunk(chunk: str) -> Iterator[str]:
         start = end
 
 
+def _check_no_repeated_merges(merges: list) -> None:
+    """A merge listed twice has no single rank (the encoder would use its first, HF's
+    tokenizers reading the saved tokenizer.json its last): refuse it."""
+    pairs = [(bytes(a), bytes(b)) for a, b in merges]
+    if len(set(pairs)) != len(pairs):
+        first: dict[tuple[bytes, bytes], int] = {}
+        for k, pair in enumerate(pairs):
+            if first.setdefault(pair, k) != k:
+                raise ValueError(f"merges[{k}] {pair!r} repeats merges[{first[pair]}]: each merge is listed once")
+
+
 def _numpy():
     import numpy
 
@@ -75,6 +86,7 @@ class Tokenizer:
         specials = check_special_tokens(special_tokens)
         source = patterns.resolve(pattern)
         self._core = _core.Encoder(vocab, merges, specials, source)
+        _check_no_repeated_merges(merges)
         # The vocab and merges are not kept in Python (GPT-2's take ~20 MB as Python
         # objects): `_vocab` and `_merges` rebuild them from the compiled core when used.
         self._special_tokens = specials
@@ -107,7 +119,11 @@ class Tokenizer:
         special_tokens: Sequence[str] | None = None,
         pattern: str = "gpt2",
     ) -> Tokenizer:
-        """Load GPT-2-style vocab.json and merges.txt (byte-to-unicode form)."""
+        """Load GPT-2-style vocab.json and merges.txt (byte-to-unicode form).
+
+        A merge listed twice in merges.txt is refused (HF tokenizers' ``BPE.from_file``
+        accepts it and ranks it at its last line). A pre-token that is itself a token
+        encodes as that token, as in tiktoken (HF's ``ignore_merges``)."""
         specials = check_special_tokens(special_tokens)
         vocab = tf.read_vocab(vocab_path, specials, fast=True)
         merges = tf.read_merges(merges_path, fast=True)
@@ -149,7 +165,10 @@ class Tokenizer:
         GPT-2's, or the Split-regex + ByteLevel kind of Llama-3 and Qwen2, with their added
         tokens as special tokens. What ferrolm does not model (Unigram, WordPiece,
         normalizers, ...) raises a TokenizerFileError that names it; ``assume_normalized=True``
-        accepts a normalizer (Qwen2's NFC) for text that is already normalized."""
+        accepts a normalizer (Qwen2's NFC) for text that is already normalized. Ids equal
+        HF tokenizers' on every file both accept: a merge listed twice ranks at its last
+        line, and ``ignore_merges: false`` (the default) is plain BPE, the tokens no merge
+        makes from their own bytes left out of the vocab (BPE never outputs them)."""
         vocab, merges, specials, pattern = hf.read_hf_tokenizer(path, assume_normalized=assume_normalized)
         return cls(vocab, merges, specials, pattern)
 
@@ -169,7 +188,9 @@ class Tokenizer:
 
         ``input`` is a path, glob or folder, a list of them, or an iterable of str (each item
         a document); ``vocab_size`` counts the 256 bytes, the merges and the special tokens.
-        Parquet inputs give the documents of their ``column``.
+        Files are read as ``ferrolm encode`` reads them (text, ``.gz``/``.zst``, JSON Lines,
+        Parquet); JSON Lines and Parquet inputs give the documents of their ``column``
+        (a record's field; a Parquet column, ``meta.text`` inside a struct).
         """
         from ferrolm.bpe import trainer as bpe_trainer
 
@@ -525,8 +546,11 @@ class Tokenizer:
         """Write an HF ``tokenizer.json`` (ByteLevel BPE) that ``tokenizers.Tokenizer.from_file``
         loads and that encodes like this tokenizer. ``path`` is a file, or a directory to
         write it into with tokenizer_config.json and special_tokens_map.json (what
-        ``AutoTokenizer.from_pretrained`` reads): the same bytes :meth:`save` writes."""
+        ``AutoTokenizer.from_pretrained`` reads): the same bytes :meth:`save` writes. A
+        directory holding ferrolm's record is saved whole, so its checksums stay true."""
         path = Path(path)
+        if (path / tf.RECORD_FILE).is_file():
+            return self.save(path, model_max_length=model_max_length) / tf.HF_FILE
         files = hf.hf_files(self._vocab, self._merges, self._special_id_pairs(), self._pattern, model_max_length)
         if not path.is_dir():
             atomic_write_bytes(path, files[tf.HF_FILE])

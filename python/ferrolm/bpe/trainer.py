@@ -111,7 +111,11 @@ def train(
         str (e.g. ``iter(documents)``, a ``datasets`` column). Each file is its own text
         (no pre-token spans two files); each item of an iterable is a document of its own,
         as if the items were separated by a special token. A list of str is read as paths.
-        Parquet files give the documents of their ``column`` (read by the core).
+        Files are read as ``ferrolm encode`` reads them, with the same document boundaries:
+        plain text (documents separated by a special token), ``.gz``/``.zst`` compressed
+        text, JSON Lines (the ``column`` field of each record is a document) and Parquet
+        (the ``column`` of each row); a UTF-8 byte-order mark at the start is skipped. Only
+        regular files: a pipe or a device is refused by name.
     vocab_size: total size, 256 bytes + merges + special tokens, at most 2**32 - 1.
         Training stops early if no pair is left to merge (memory is sized by what the
         corpus allows, not by the request).
@@ -122,7 +126,7 @@ def train(
     errors: "strict" (invalid UTF-8 raises ValueError naming the file and byte offset)
         or "replace" (invalid bytes become U+FFFD, as bytes.decode(errors="replace")).
     stats: if a dict is given, it receives seconds per stage and sizes (for profiling).
-    column: the text column of Parquet inputs.
+    column: the text column of Parquet inputs, or field of JSON Lines records.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
@@ -170,22 +174,15 @@ def train(
 
 
 def _count_files(trainer, paths: list[str], input, column: str, report) -> None:
-    """Text files through the core's reader, Parquet files as batches of documents, in order."""
-    text: list[str] = []
-    for p in paths + [None]:
-        if p is not None and not _inputs.is_parquet(p):
-            text.append(p)
-            continue
-        if text:
-            try:
-                trainer.count_files(text, report)
-            except FileNotFoundError as e:
-                if isinstance(input, (list, tuple)):
-                    e.strerror = f"{e.strerror} (a list is read as file paths; to train on strings pass an iterator, e.g. iter(texts))"
-                raise
-            text = []
-        if p is not None:
-            _feed_documents(trainer, _inputs.parquet_batches(p, column), report)
+    """The files through the core's input reader, the one ``ferrolm encode`` reads with."""
+    try:
+        trainer.count_files(paths, column, report)
+    except FileNotFoundError as e:
+        if isinstance(input, (list, tuple)):
+            e.strerror = (
+                f"{e.strerror} (a list is read as file paths; to train on strings pass an iterator, e.g. iter(texts))"
+            )
+        raise
 
 
 def train_bpe(

@@ -2,10 +2,11 @@
 
 - ``model``: the Transformer and its parts
 - ``functional``: softmax, SiLU, cross-entropy and attention written out
-- ``optim``: AdamW, the cosine schedule, gradient clipping
+- ``optim``: AdamW, Muon, the cosine and warmup-stable-decay schedules, gradient clipping
 - ``data``: token shards as training batches
 - ``config``: the training config (TOML) and its presets
 - ``train``: the training loop
-- ``checkpoint``: saving and resuming
+- ``memory``: the memory a training configuration needs, checked before allocating
+- ``checkpoint``: saving and resuming; ``load_model`` for inference
 - ``generate``: sampling
 """

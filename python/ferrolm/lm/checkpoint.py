@@ -18,12 +18,14 @@ reads checkpoints for generate, eval, export and serving.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Optional, Union
 
@@ -157,10 +159,63 @@ def save_checkpoint(
     obj["checksum"] = content_checksum(obj)
     if isinstance(out, (str, os.PathLike)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        with atomic_open(out) as f:
-            torch.save(obj, f)
+        try:
+            with atomic_open(out) as f:
+                _torch_save(obj, f, Path(out))
+        except OSError as e:  # a full disk may show only when the last bytes are flushed
+            if e.errno in _DISK_FULL and "is full" not in str(e):
+                raise _write_error(e, Path(out)) from None
+            raise
     else:
         torch.save(obj, out)
+
+
+_DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+class _WriteRecorder:
+    """A binary file that remembers the OSError its write raised: torch.save reports a
+    failed write (a full disk) only as a RuntimeError about its zip writer."""
+
+    def __init__(self, f: BinaryIO):
+        self.f = f
+        self.error: Optional[OSError] = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def __getattr__(self, name: str) -> Any:  # seek, tell, ... of the file
+        return getattr(self.f, name)
+
+
+def _torch_save(obj: dict, f: BinaryIO, target: Path) -> None:
+    recorder = _WriteRecorder(f)
+    try:
+        torch.save(obj, recorder)
+    except RuntimeError:
+        if recorder.error is None:
+            raise
+        raise _write_error(recorder.error, target) from None
+
+
+def _write_error(err: OSError, target: Path) -> OSError:
+    """An OSError that says why ``target`` could not be written, and where."""
+    where = target.absolute().parent
+    if err.errno in _DISK_FULL:
+        try:
+            free = f", {shutil.disk_usage(where).free / 2**20:,.1f} MB free there"
+        except OSError:
+            free = ""
+        what = "No space left on device" if err.errno == errno.ENOSPC else "Disk quota exceeded"
+        return OSError(err.errno, f"{what}: the disk of {where} is full{free} (writing {target.name})")
+    return OSError(err.errno, f"{err.strerror or err} (writing {target})")
 
 
 # ---------------------------------------------------------------------------------------

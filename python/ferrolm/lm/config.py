@@ -2,8 +2,8 @@
 
     [model]      the Transformer's shape (ferrolm.lm.model.TransformerLM's arguments)
     [data]       train / validation shards, optionally the tokenizer to check them against
-    [optimizer]  AdamW and gradient clipping
-    [schedule]   steps, batch, tokens per step, warmup + cosine, time budget
+    [optimizer]  AdamW, or Muon with AdamW groups; gradient clipping
+    [schedule]   steps, batch, tokens per step, warmup + cosine or warmup-stable-decay, time budget
     [run]        output directory, seed, device, precision, evaluation, logging, checkpoints
 
 ``load_config("cpu-small", ["optimizer.lr=3e-3"])`` reads a preset (or a TOML path) and
@@ -83,6 +83,20 @@ class OptimizerSection:
     eps: float = 1e-8
     weight_decay: float = 0.1  # applied to matrices only (not embeddings, not norm gains)
     grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    # "adamw": AdamW for every parameter. "muon": Muon for the blocks' hidden matrices (at
+    # optimizer.lr, e.g. 0.02), AdamW (beta1, beta2, eps) for the rest at the lrs below;
+    # weight_decay then applies to the LM head, muon_weight_decay to the hidden matrices.
+    name: str = "adamw"
+    muon_momentum: float = 0.95
+    muon_momentum_start: float = 0.85  # momentum warm-up: from this to muon_momentum ...
+    muon_momentum_warmup_steps: int = 300  # ... linearly over these first steps (0: none)
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5  # Newton-Schulz iterations
+    muon_weight_decay: float = 0.0
+    embedding_lr: float = 0.2  # muon: the AdamW groups' peak lrs, set for d_model 768 ...
+    head_lr: float = 0.004
+    scalar_lr: float = 0.02  # norm gains and other small parameters
+    width_lr_scale: bool = True  # ... and multiplied by (768 / d_model)^0.5
 
 
 @dataclass
@@ -94,6 +108,8 @@ class ScheduleSection:
     tokens_per_step: int = 0  # tokens per optimizer step over all processes; 0: one micro-batch each
     max_time_s: float = 0.0  # stop after this much training time (s); 0: no limit
     schedule_by: str = "steps"  # "steps", or "time": the lr follows the fraction of max_time_s
+    lr_schedule: str = "cosine"  # "cosine", or "wsd": warmup, stable at the peak, linear warm-down
+    decay_frac: float = 0.2  # wsd: the warm-down's share of the schedule (it ends at cosine_steps or max_steps)
 
 
 @dataclass
@@ -244,8 +260,10 @@ def _check_signs(cfg: TrainConfig) -> None:
         "optimizer.min_lr": o.min_lr,
     }
     for k, v in non_negative.items():
-        if v < 0:
+        if not v >= 0 or (isinstance(v, float) and math.isinf(v)):  # NaN fails every comparison
             raise ConfigError(f"{k} must be >= 0, got {v}")
+    if not 0 <= r.seed < SEED_LIMIT:
+        raise ConfigError(f"run.seed must be an int in [0, 2**63), got {r.seed}")
     positive_numbers = {"optimizer.lr": o.lr, "optimizer.eps": o.eps, "model.rope_theta": m.rope_theta}
     for k, v in positive_numbers.items():
         if not (v > 0 and math.isfinite(v)):
@@ -262,14 +280,28 @@ def _check_model(m: ModelSection) -> None:
 def _check_optimizer(o: OptimizerSection) -> None:
     if o.min_lr > o.lr:
         raise ConfigError(f"optimizer.min_lr ({o.min_lr}) is above optimizer.lr ({o.lr}): the cosine decays to min_lr")
-    for k in ("beta1", "beta2"):
+    for k in ("beta1", "beta2", "muon_momentum", "muon_momentum_start"):
         if not 0 <= getattr(o, k) < 1:
             raise ConfigError(f"optimizer.{k} must be in [0, 1), got {getattr(o, k)}")
+    if o.name not in OPTIMIZER_CHOICES:
+        raise ConfigError(f"optimizer.name must be one of {OPTIMIZER_CHOICES}, got {o.name!r}")
+    for k in ("embedding_lr", "head_lr", "scalar_lr"):
+        if not (getattr(o, k) > 0 and math.isfinite(getattr(o, k))):
+            raise ConfigError(f"optimizer.{k} must be a positive number, got {getattr(o, k)}")
+    if o.muon_ns_steps < 1:
+        raise ConfigError(f"optimizer.muon_ns_steps must be at least 1, got {o.muon_ns_steps}")
+    for k in ("muon_weight_decay", "muon_momentum_warmup_steps"):
+        if getattr(o, k) < 0:
+            raise ConfigError(f"optimizer.{k} must be >= 0, got {getattr(o, k)}")
 
 
 def _check_schedule(s: ScheduleSection, m: ModelSection) -> None:
     if s.schedule_by not in ("steps", "time"):
         raise ConfigError(f"schedule.schedule_by must be 'steps' or 'time', got {s.schedule_by!r}")
+    if s.lr_schedule not in LR_SCHEDULE_CHOICES:
+        raise ConfigError(f"schedule.lr_schedule must be one of {LR_SCHEDULE_CHOICES}, got {s.lr_schedule!r}")
+    if not 0 < s.decay_frac <= 1:
+        raise ConfigError(f"schedule.decay_frac must be in (0, 1], got {s.decay_frac}")
     if s.schedule_by == "time" and s.max_time_s <= 0:
         raise ConfigError("schedule.schedule_by = 'time' needs schedule.max_time_s > 0")
     micro = s.batch_size * m.context_length
@@ -304,7 +336,10 @@ def _suggest_dotted(name: str) -> str:
 
 
 _SWITCHES = ("run.compile", "run.autocast_bf16")  # "auto" | "true" | "false"
+SEED_LIMIT = 2**63  # seeds are ints in [0, SEED_LIMIT): what a torch.Generator takes, with room to add steps
 CPU_MATMUL_CHOICES = ("auto", "blas", "onednn")  # run.cpu_matmul (see ferrolm.lm.gemm)
+OPTIMIZER_CHOICES = ("adamw", "muon")  # optimizer.name
+LR_SCHEDULE_CHOICES = ("cosine", "wsd")  # schedule.lr_schedule
 
 
 def _coerce(name: str, value: Any, default: Any, source: str) -> Any:

@@ -15,13 +15,18 @@ the text itself.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import time
 from typing import Any, Optional, Union
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
+from ferrolm._util import ForgivingStream
 from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.data import ShardError, TokenShards
 from ferrolm.lm.device import resolve_device
@@ -48,8 +53,28 @@ def _windows(n: int, context: int) -> list[tuple[int, int]]:
     return [(s, min(context, n - 1 - s)) for s in range(0, n - 1, context)]
 
 
+def _check_ids(tokens, vocab_size: int, shards) -> None:
+    """A ShardError naming the first id the model has no row for (the model would fail on it
+    with an IndexError, or a device-side assert on CUDA)."""
+    if len(tokens) and int(tokens.max()) >= vocab_size:
+        pos = int(np.argmax(tokens >= vocab_size))
+        raise ShardError(
+            f"{shards.paths[0]}: token {pos:,} of the data is id {int(tokens[pos])}, "
+            f"not below the model's vocab_size {vocab_size}: the data is corrupt or from another tokenizer"
+        )
+
+
+def _progress_bar(enabled: bool, total: int):
+    """A bar of tokens scored on stderr (nothing when not ``enabled``)."""
+    if not enabled:
+        return contextlib.nullcontext(None)
+    return tqdm(
+        total=total, desc="eval", unit="tok", unit_scale=True, file=ForgivingStream(sys.stderr), mininterval=1.0
+    )
+
+
 @torch.inference_mode()
-def _score(model, tokens, windows, batch_size, device, lengths):
+def _score(model, tokens, windows, batch_size, device, lengths, bar=None):
     """(total nats, total bytes) over ``windows`` of the numpy ``tokens`` (batches of equal widths)."""
     nats = torch.zeros((), dtype=torch.float64)
     nbytes = torch.zeros((), dtype=torch.float64)
@@ -64,6 +89,8 @@ def _score(model, tokens, windows, batch_size, device, lengths):
         nats += loss.double().cpu() * y.numel()
         if lengths is not None:
             nbytes += lengths[y.cpu()].sum()
+        if bar is not None:
+            bar.update(y.numel())
     return float(nats), float(nbytes)
 
 
@@ -75,13 +102,14 @@ def evaluate(
     batch_size: int = 8,
     max_tokens: Optional[int] = None,
     device: str = "cpu",
+    progress: bool = False,
 ) -> dict:
     """Score ``checkpoint`` (anything ``ferrolm.lm.checkpoint.load_model`` reads) on the
     shards ``data`` (a prefix, a list, ... as for training).
 
     ``tokenizer`` (a Tokenizer or its folder; default the one the checkpoint names) is
     needed for bits per byte only (None without one). ``max_tokens``: score only the first
-    that many tokens. Returns loss (mean nats per token), perplexity, bits_per_byte,
+    that many tokens. ``progress``: a bar of the tokens scored on stderr. Returns loss (mean nats per token), perplexity, bits_per_byte,
     tokens, bytes, seconds and tokens_per_s.
     """
     if batch_size < 1:
@@ -97,11 +125,19 @@ def evaluate(
     n = len(shards) if max_tokens is None else min(len(shards), max_tokens)
     if n < 2:
         raise ValueError(f"{shards.paths[0]}: needs at least 2 tokens to score, has {n}")
+    vocab = model.config.vocab_size
+    if shards.vocab_size is not None and shards.vocab_size > vocab:
+        raise ShardError(
+            f"{shards.paths[0]} was encoded with a {shards.vocab_size}-token vocabulary, "
+            f"but the model in {info['source']} has {vocab} tokens"
+        )
     tokens = shards[:n]
+    _check_ids(tokens, vocab, shards)
     windows = _windows(n, model.config.context_length)
-    lengths = token_byte_lengths(tok, model.config.vocab_size) if tok is not None else None
+    lengths = token_byte_lengths(tok, vocab) if tok is not None else None
     t0 = time.perf_counter()
-    nats, nbytes = _score(model, tokens, windows, batch_size, dev, lengths)
+    with _progress_bar(progress, n - 1) as bar:
+        nats, nbytes = _score(model, tokens, windows, batch_size, dev, lengths, bar)
     seconds = time.perf_counter() - t0
     scored = n - 1
     loss = nats / scored

@@ -84,20 +84,74 @@ def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata={"format": "pt", **metadata})
 
 
-def export_hf(checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dtype: str = "float32") -> Path:
+# config.json keys that may differ between two exports of one model.
+_EXPORT_CHOICES = ("torch_dtype", "dtype")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(tf.read_file_bytes(path, path.name))
+    except (OSError, ValueError):
+        return None
+
+
+def _same_model_export(out: Path, config: dict, fingerprint: str) -> bool:
+    """Whether ``out`` holds an export of the model ``config`` describes with the tokenizer
+    of ``fingerprint``: its config.json equal but for the dtype, its tokenizer record's
+    fingerprint equal."""
+    found = _read_json(out / "config.json")
+    record = _read_json(out / tf.RECORD_FILE)
+    if not isinstance(found, dict) or not isinstance(record, dict):
+        return False
+    drop = set(_EXPORT_CHOICES)
+    same_config = {k: v for k, v in found.items() if k not in drop} == {
+        k: v for k, v in json.loads(json.dumps(config)).items() if k not in drop
+    }
+    return same_config and record.get("fingerprint") == fingerprint
+
+
+def _check_out(out: Path, config: dict, fingerprint: str, force: bool) -> None:
+    """Refuse to replace a non-empty ``out`` unless it is an earlier export of the same model
+    or ``force`` is given (files an export does not write are never replaced)."""
+    if force or not out.is_dir():
+        return  # a file at `out` is refused by the writer
+    names = sorted(os.listdir(out))
+    if not names or _same_model_export(out, config, fingerprint):
+        return
+    if "config.json" in names and tf.RECORD_FILE in names:
+        what = "an export of another model or tokenizer"
+    elif tf.RECORD_FILE in names or tf.HF_FILE in names:
+        what = "a tokenizer folder"
+    else:
+        what = "other files"
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    raise FileExistsError(
+        f"{out} is not empty: it holds {what} ({shown}); export into a new or empty folder, "
+        "or pass --force (force=True) to replace it"
+    )
+
+
+def export_hf(
+    checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dtype: str = "float32", force: bool = False
+) -> Path:
     """Write the HF folder ``out`` for ``checkpoint`` (see the module docstring); return it.
 
     ``checkpoint``: anything ``ferrolm.lm.checkpoint.load_model`` reads. ``tokenizer``: a
     Tokenizer or its folder (default: the one the checkpoint names);
     its fingerprint must be the checkpoint's. ``dtype``: float32, bfloat16 or float16.
+    A non-empty ``out`` is replaced only when it is an earlier export of the same model
+    (config.json equal but for the dtype, the same tokenizer fingerprint), or with
+    ``force``; a folder holding files an export does not write is never replaced.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     model, tok, _ = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
     cfg = model.config
+    config = llama_config(cfg, tok, dtype)
+    _check_out(Path(out), config, tok.fingerprint, force)
     weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_llama_state_dict(model).items()}
     files = {
-        "config.json": _json(llama_config(cfg, tok, dtype)),
+        "config.json": _json(config),
         "generation_config.json": _json({**_special_ids(tok), "do_sample": True, "temperature": 1.0, "top_k": 0}),
         "model.safetensors": _safetensors_bytes(weights, {}),
     }

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -385,7 +385,7 @@ class CausalSelfAttention(nn.Module):
         *,
         mask: Optional[Tensor] = None,
         kv_cache: Optional[tuple[Tensor, Tensor]] = None,
-        start_pos: int = 0,
+        start_pos: Union[int, Tensor] = 0,
     ) -> Tensor:
         """x: (batch, seq, d_model) -> (batch, seq, d_model).
 
@@ -395,6 +395,9 @@ class CausalSelfAttention(nn.Module):
         (batch, heads, max_len, d_head); the new keys (already rotated) and values are
         written at [start_pos, start_pos + seq) and the queries attend over
         [0, start_pos + seq). Use the cache under ``torch.no_grad()`` (generation).
+        ``start_pos`` may be a (batch,) tensor for one new token per row, each at its own
+        position (continuous batching): row b's key goes to slot start_pos[b], the keys
+        cover [0, max(start_pos) + 1) and ``mask`` must hide each row's unused slots.
         """
         batch, seq, _ = x.shape
         heads, d_head = self.num_heads, self.d_head
@@ -412,7 +415,15 @@ class CausalSelfAttention(nn.Module):
             q = self.rope(q, token_positions, offset=start_pos)
             k = self.rope(k, token_positions, offset=start_pos)
 
-        if kv_cache is not None:
+        if kv_cache is not None and isinstance(start_pos, Tensor):  # one token per row
+            k_cache, v_cache = kv_cache
+            rows = torch.arange(batch, device=x.device)
+            end = int(start_pos.max()) + 1
+            k_cache[rows, :, start_pos] = k[:, :, 0]
+            v_cache[rows, :, start_pos] = v[:, :, 0]
+            k = k_cache[:, :, :end].to(q.dtype)
+            v = v_cache[:, :, :end].to(q.dtype)
+        elif kv_cache is not None:
             k_cache, v_cache = kv_cache
             end = start_pos + seq
             k_cache[:, :, start_pos:end] = k
@@ -553,7 +564,7 @@ class TransformerLM(nn.Module):
         ids: Tensor,
         *,
         kv_cache: Optional[KVCache] = None,
-        start_pos: Optional[int] = None,
+        start_pos: Union[int, Tensor, None] = None,
         attention_mask: Optional[Tensor] = None,
         token_positions: Optional[Tensor] = None,
         targets: Optional[Tensor] = None,
@@ -576,11 +587,24 @@ class TransformerLM(nn.Module):
           left padding with shared positions gives the real tokens the same logits as
           without padding. Padded query rows attend to themselves and are garbage.
         - ``token_positions`` (seq,) or (batch, seq): explicit RoPE positions.
+        - ``start_pos`` as a (batch,) LongTensor, with a cache and one new token per row:
+          row b's token is at position start_pos[b] and attends to its cache slots
+          [0, start_pos[b]] only; the rows of a continuous batch each at its own length.
+          ``attention_mask`` is not taken then (the lengths are the mask).
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must be (batch, seq), got shape {tuple(ids.shape)}")
         batch, seq = ids.shape
         cfg = self.config
+        if isinstance(start_pos, Tensor):
+            if kv_cache is None or seq != 1 or start_pos.shape != (batch,) or attention_mask is not None:
+                raise ValueError(
+                    "start_pos as a tensor needs a kv_cache, one new token per row, shape (batch,) and no attention_mask"
+                )
+            if bool((start_pos == start_pos[0]).all()):
+                start_pos = int(start_pos[0])  # every row at one length: the plain path
+            else:
+                return self._forward_rows(ids, kv_cache, start_pos.to(ids.device), targets)
         start = 0
         if kv_cache is not None:
             start = kv_cache.length if start_pos is None else int(start_pos)
@@ -608,6 +632,26 @@ class TransformerLM(nn.Module):
             x = layer(x, token_positions, mask=mask, kv_cache=layer_cache, start_pos=start)
         if kv_cache is not None:
             kv_cache.length = end
+        if targets is not None:
+            return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets)
+        return self.lm_head(self.ln_final(x))
+
+    def _forward_rows(self, ids: Tensor, kv_cache: KVCache, start_pos: Tensor, targets: Optional[Tensor]) -> Tensor:
+        """One token per row, row b at position start_pos[b] (see ``forward``)."""
+        end = int(start_pos.max()) + 1
+        if int(start_pos.min()) < 0 or end > kv_cache.max_seq_len or kv_cache.batch_size != ids.shape[0]:
+            raise ValueError(
+                f"start positions must lie in [0, {kv_cache.max_seq_len}) and the cache hold {ids.shape[0]} rows"
+            )
+        if self.config.positions == "rope" and end > self.config.context_length:
+            raise ValueError(f"sequence reaches position {end}, beyond context_length {self.config.context_length}")
+        # (batch, 1, 1, keys): row b sees its own slots 0..start_pos[b], none of another row's longer past
+        mask = (torch.arange(end, device=ids.device) <= start_pos[:, None])[:, None, None, :]
+        positions = start_pos[:, None]
+        x = self.token_embeddings(ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, mask=mask, kv_cache=(kv_cache.keys[i], kv_cache.values[i]), start_pos=start_pos)
+        kv_cache.length = end
         if targets is not None:
             return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets)
         return self.lm_head(self.ln_final(x))
@@ -666,6 +710,12 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def rows(self, start: int, stop: int) -> KVCache:
+        """A cache over rows [start, stop) of this one: views, so writes land here."""
+        view = KVCache([k[start:stop] for k in self.keys], [v[start:stop] for v in self.values])
+        view.length = self.length
+        return view
 
 
 # --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""AdamW, the cosine learning-rate schedule with warmup, and global-norm gradient clipping.
+"""AdamW, Muon, the learning-rate schedules (cosine, warmup-stable-decay) and global-norm clipping.
 
 AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", Algorithm 2), for
 each parameter θ with gradient g at step t = 1, 2, ...:
@@ -11,6 +11,24 @@ each parameter θ with gradient g at step t = 1, 2, ...:
 
 This is the same update (and the same placement of ε) as ``torch.optim.AdamW``; the
 tests hold the two together over 1,000 steps.
+
+Muon (``Muon``) updates each 2-D hidden matrix W with gradient G by its momentum,
+orthogonalised: with momentum μ, Nesterov on, lr η, decoupled decay λ,
+
+    M ← μ·M + (1 − μ)·G                      momentum (an average of gradients)
+    U = (1 − μ)·G + μ·M                       Nesterov: look one step ahead (U = M without)
+    O = NS₅(U)                                U's singular values pushed towards 1
+    W ← W − η·λ·W − η·s·O                     s = max(1, rows / cols)^½
+
+NS₅ is five Newton-Schulz iterations with the quintic of the public Muon implementations:
+X ← U / (‖U‖_F + 1e-7), then X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ and
+(a, b, c) = (3.4445, −4.7750, 2.0315), on the wide orientation (rows <= cols; a tall matrix
+is transposed and back). The iteration maps every singular value in (0, 1] into about
+[0.7, 1.2], so O is close to the orthogonal factor of U's polar decomposition without an
+SVD. The shape factor s gives a tall matrix (more outputs than inputs, such as the MLP's
+up-projection) the same per-entry size of update as a square one. The embeddings, the LM
+head, norm gains and other small parameters take AdamW in the same optimizer, each group
+with its own learning rate (``muon_param_groups``).
 """
 
 from __future__ import annotations
@@ -21,7 +39,20 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AdamW", "param_groups_for_decay", "cosine_lr", "clip_grad_norm"]
+__all__ = [
+    "AdamW",
+    "Muon",
+    "param_groups_for_decay",
+    "parameter_roles",
+    "muon_param_groups",
+    "newton_schulz",
+    "newton_schulz_reference",
+    "muon_shape_scale",
+    "muon_momentum_at",
+    "cosine_lr",
+    "wsd_lr",
+    "clip_grad_norm",
+]
 
 
 class AdamW(torch.optim.Optimizer):
@@ -82,25 +113,28 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdamW does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-            if not params:
-                continue
-            if not group.get("foreach", True):
-                self._update_loop(group, params)
-            elif _use_fused(group.get("fused"), params):
-                self._update_fused(group, params)
-            else:
-                self._update_foreach(group, params)
+            self._step_group(group)
         return loss
+
+    def _step_group(self, group: dict) -> None:
+        params = [p for p in group["params"] if p.grad is not None]
+        for p in params:
+            if p.grad.is_sparse:
+                raise RuntimeError("AdamW does not support sparse gradients")
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+        if not params:
+            return
+        if not group.get("foreach", True):
+            self._update_loop(group, params)
+        elif _use_fused(group.get("fused"), params):
+            self._update_fused(group, params)
+        else:
+            self._update_foreach(group, params)
 
     def _update_loop(self, group: dict, params: list[Tensor]) -> None:
         """The reference: the algorithm line by line, one parameter at a time."""
@@ -209,6 +243,289 @@ def param_groups_for_decay(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+# ---------------------------------------------------------------------------------------
+# Muon
+# ---------------------------------------------------------------------------------------
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic (a, b, c) of the public Muon implementations
+NS_EPS = 1e-7  # keeps a zero update zero in the first normalisation
+MUON_MIN_SIDE = 16  # a matrix with a side under this (a per-head gate, say) is a few numbers: AdamW
+
+
+def muon_shape_scale(rows: int, cols: int) -> float:
+    """The factor s of a (rows, cols) matrix's orthogonalised update: max(1, rows / cols)^½."""
+    return max(1.0, rows / cols) ** 0.5
+
+
+def newton_schulz_reference(u: Tensor, steps: int = 5) -> Tensor:
+    """NS₅ of one matrix, written out: the reference the batched ``newton_schulz`` is held to.
+
+    Computed in float32 on the wide orientation; returns a float32 matrix of ``u``'s shape.
+    """
+    a, b, c = NS_COEFFICIENTS
+    x = u.float()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / (x.norm() + NS_EPS)
+    for _ in range(steps):
+        gram = x @ x.T
+        poly = b * gram + c * (gram @ gram)
+        x = a * x + poly @ x
+    return x.T if tall else x
+
+
+def newton_schulz(u: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
+    """NS₅ of a stack of same-shape matrices (k, rows, cols) at once, in ``dtype``.
+
+    The same iteration as ``newton_schulz_reference``, as batched matrix products with the
+    polynomial's sums folded into them (``baddbmm``): one kernel per product for the whole
+    stack, whatever k is. bfloat16 is what a GPU runs it in; on a CPU without bf16 matrix
+    units float32 is the faster one (and the default).
+    """
+    a, b, c = NS_COEFFICIENTS
+    x = u.to(dtype)
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = x.mT
+    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + NS_EPS)
+    for _ in range(steps):
+        gram = torch.bmm(x, x.mT)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A·A
+        x = torch.baddbmm(x, poly, x, beta=a)  # a·X + poly·X
+    return x.mT if tall else x
+
+
+def muon_momentum_at(step: int, final: float, start: float, warmup_steps: int) -> float:
+    """Muon's momentum at optimizer step ``step`` (0-based): linear from ``start`` to
+    ``final`` over the first ``warmup_steps`` steps, then ``final`` (no warm-up at 0)."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return final
+    frac = step / warmup_steps
+    return (1.0 - frac) * start + frac * final
+
+
+def parameter_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Each trainable parameter of ``model`` by its role, for choosing its optimizer.
+
+    - ``"head"``: the LM head's weight (``model.lm_head``; a tied embedding is this matrix);
+    - ``"embedding"``: the weight of every embedding table (any ``nn.Embedding`` or
+      ``ferrolm.lm.model.Embedding`` module, wherever it sits: token or value embeddings);
+    - ``"matrix"``: every other 2-D parameter with both sides at least ``MUON_MIN_SIDE``:
+      the hidden maps of the blocks (attention and MLP projections, whatever their shapes);
+    - ``"scalar"``: everything else: norm gains, biases, scalars, small gate matrices, and
+      tensors of three or more dimensions.
+
+    The classes are told apart by the module a weight belongs to and by its shape, never by
+    its name, so parameters a model adds later land by what they are. Each parameter
+    appears once (a tied matrix is yielded once), in model order.
+    """
+    from ferrolm.lm.model import Embedding
+
+    head = getattr(model, "lm_head", None)
+    head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, (Embedding, nn.Embedding))}
+    roles: dict[str, list[nn.Parameter]] = {"matrix": [], "embedding": [], "head": [], "scalar": []}
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in head_ids:
+            roles["head"].append(p)
+        elif id(p) in embedding_ids:
+            roles["embedding"].append(p)
+        elif p.dim() == 2 and min(p.shape) >= MUON_MIN_SIDE:
+            roles["matrix"].append(p)
+        else:
+            roles["scalar"].append(p)
+    return roles
+
+
+def muon_param_groups(
+    model: nn.Module,
+    *,
+    lr: float,
+    embedding_lr: float,
+    head_lr: float,
+    scalar_lr: float,
+    weight_decay: float = 0.0,
+    head_weight_decay: float = 0.0,
+) -> list[dict]:
+    """Parameter groups for ``Muon``: the hidden matrices (Muon, ``lr``, ``weight_decay``)
+    and three AdamW groups, embeddings, LM head and scalars, each at its own learning rate.
+
+    The head decays with ``head_weight_decay`` unless it is tied to the embedding; the
+    embeddings and scalars never decay (as in ``param_groups_for_decay``). Each group
+    carries ``lr_scale`` = its learning rate / ``lr``: a schedule that sets every group's
+    lr to ``schedule(step) * lr_scale`` keeps their ratios. Empty groups are left out.
+    """
+    if not lr > 0:
+        raise ValueError(f"lr must be positive (the other groups' lrs are kept as multiples of it), got {lr}")
+    roles = parameter_roles(model)
+    tied = bool(roles["head"]) and any(roles["head"][0] is getattr(m, "weight", None) for m in _embeddings(model))
+    spec = [
+        ("matrix", "muon", lr, weight_decay),
+        ("embedding", "adamw", embedding_lr, 0.0),
+        ("head", "adamw", head_lr, 0.0 if tied else head_weight_decay),
+        ("scalar", "adamw", scalar_lr, 0.0),
+    ]
+    return [
+        {
+            "params": roles[role],
+            "kind": kind,
+            "role": role,
+            "lr": group_lr,
+            "lr_scale": group_lr / lr,
+            "weight_decay": wd,
+        }
+        for role, kind, group_lr, wd in spec
+        if roles[role]
+    ]
+
+
+def _embeddings(model: nn.Module) -> list[nn.Module]:
+    from ferrolm.lm.model import Embedding
+
+    return [m for m in model.modules() if isinstance(m, (Embedding, nn.Embedding))]
+
+
+class Muon(AdamW):
+    """Muon for the hidden matrices, AdamW for the rest, in one optimizer.
+
+    Each parameter group has ``kind`` "muon" (2-D parameters only) or "adamw" (default:
+    "muon"), its own ``lr`` and ``weight_decay``; Muon groups have ``momentum``,
+    ``nesterov`` and ``ns_steps``, AdamW groups ``betas`` and ``eps``, and their update is
+    ``AdamW``'s (fused kernel where it runs). Build the groups with ``muon_param_groups``.
+    The state of a Muon parameter is its ``momentum_buffer``: it is in ``state_dict()``, so a
+    checkpoint restores it.
+
+    Two ways to compute the Muon update, tested equal:
+
+    - ``fast=True`` (default): the momentum of every matrix with multi-tensor ops; then, for
+      each shape, the matrices' updates stacked and orthogonalised together by one batched
+      ``newton_schulz`` in ``ns_dtype`` (default: bfloat16 on CUDA, float32 elsewhere), and
+      the decay and update applied to the whole group at once.
+    - ``fast=False``: the readable loop over parameters, one ``newton_schulz_reference``
+      each, in float32: the reference.
+
+    Sharded parameters (FSDP2 DTensors) keep sharded momentum; the update of each matrix is
+    gathered whole for the orthogonalisation (which needs all of it), computed alike on
+    every process, and each keeps its own rows: the result equals one process's.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        fast: bool = True,
+        ns_dtype: torch.dtype | None = None,
+        fused: bool | None = None,
+    ):
+        self._muon_defaults = dict(kind="muon", momentum=momentum, nesterov=bool(nesterov), ns_steps=ns_steps)
+        self.fast = bool(fast)
+        self.ns_dtype = ns_dtype
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+
+    def add_param_group(self, param_group: dict) -> None:
+        for k, v in self._muon_defaults.items():
+            param_group.setdefault(k, v)
+        kind = param_group["kind"]
+        if kind not in ("muon", "adamw"):
+            raise ValueError(f"parameter group kind must be 'muon' or 'adamw', got {kind!r}")
+        if not 0.0 <= param_group["momentum"] < 1.0:
+            raise ValueError(f"invalid momentum: {param_group['momentum']}")
+        steps = param_group["ns_steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"ns_steps must be a positive integer, got {steps!r}")
+        if param_group.get("lr", 0.0) < 0 or param_group.get("weight_decay", 0.0) < 0:
+            raise ValueError("invalid learning rate or weight_decay in a parameter group")
+        params = param_group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        if kind == "muon":
+            for p in params:
+                if p.dim() != 2:
+                    raise ValueError(f"Muon takes 2-D matrices only, got a parameter of shape {tuple(p.shape)}")
+        super().add_param_group(param_group)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        kinds = [g["kind"] for g in self.param_groups]
+        saved = [g.get("kind") for g in state_dict.get("param_groups", [])]
+        if saved != kinds:
+            raise ValueError(f"the saved parameter groups are of kinds {saved}, this optimizer's are {kinds}")
+        super().load_state_dict(state_dict)
+
+    def _step_group(self, group: dict) -> None:
+        if group["kind"] == "adamw":
+            super()._step_group(group)
+            return
+        params = [p for p in group["params"] if p.grad is not None]
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if not params:
+            return
+        if self.fast:
+            self._muon_fast(group, params)
+        else:
+            self._muon_loop(group, params)
+
+    def _muon_loop(self, group: dict, params: list[Tensor]) -> None:
+        """The reference: the update of the module docstring, one matrix at a time."""
+        lr, wd, mu, steps = group["lr"], group["weight_decay"], group["momentum"], group["ns_steps"]
+        for p in params:
+            g, m = p.grad, self.state[p]["momentum_buffer"]
+            m.mul_(mu).add_(g, alpha=1.0 - mu)  # M ← μ M + (1−μ) G
+            u = (1.0 - mu) * g + mu * m if group["nesterov"] else m
+            full = u.full_tensor() if _is_sharded(u) else u
+            o = newton_schulz_reference(full, steps) * muon_shape_scale(*full.shape)
+            if _is_sharded(p):
+                o = _own_rows(o, p)
+            p.mul_(1.0 - lr * wd)  # W ← W − η λ W
+            p.add_(o.to(p.dtype), alpha=-lr)  # W ← W − η s O
+
+    def _muon_fast(self, group: dict, params: list[Tensor]) -> None:
+        """The same update: the momentum of the whole group with multi-tensor ops, then one
+        batched Newton-Schulz per shape of matrix."""
+        lr, wd, mu, steps = group["lr"], group["weight_decay"], group["momentum"], group["ns_steps"]
+        grads = [p.grad for p in params]
+        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        torch._foreach_lerp_(bufs, grads, 1.0 - mu)  # M ← μ M + (1−μ) G
+        updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
+        by_shape: dict[tuple, list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault((tuple(p.shape), p.dtype, p.device), []).append(i)
+        for (shape, dtype, device), idx in by_shape.items():
+            stack = torch.stack([updates[i].full_tensor() if _is_sharded(updates[i]) else updates[i] for i in idx])
+            ns_dtype = self.ns_dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+            ortho = newton_schulz(stack, steps, ns_dtype).to(dtype)
+            ps = [params[i] for i in idx]
+            outs = list(ortho.unbind(0))
+            if _is_sharded(ps[0]):
+                outs = [_own_rows(o, p) for o, p in zip(outs, ps)]
+            torch._foreach_mul_(ps, 1.0 - lr * wd)  # W ← W − η λ W
+            torch._foreach_add_(ps, outs, alpha=-lr * muon_shape_scale(*shape))  # W ← W − η s O
+
+
+def _is_sharded(t: Tensor) -> bool:
+    """A DTensor (an FSDP2 parameter, its gradient or state)."""
+    return hasattr(t, "full_tensor")
+
+
+def _own_rows(full: Tensor, like: Tensor) -> Tensor:
+    """``full`` as a DTensor placed as ``like`` is: this process's shard, no communication
+    (every process holds the same ``full``)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+
+
 def cosine_lr(it: int, max_lr: float, min_lr: float, warmup_iters: int, cosine_cycle_iters: int) -> float:
     """Learning rate at iteration ``it``: linear warmup, cosine decay, then constant.
 
@@ -226,6 +543,28 @@ def cosine_lr(it: int, max_lr: float, min_lr: float, warmup_iters: int, cosine_c
         return max_lr
     progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def wsd_lr(it: float, max_lr: float, min_lr: float, warmup_iters: int, end_iters: int, decay_frac: float) -> float:
+    """Learning rate at iteration ``it`` of a warmup-stable-decay schedule.
+
+    - it < warmup_iters:            it / warmup_iters · max_lr
+    - warmup_iters <= it < start:   max_lr                         (stable)
+    - start <= it <= end_iters:     max_lr − (max_lr − min_lr)·(it − start)/(end_iters − start)
+    - it > end_iters:               min_lr
+
+    with start = max(warmup_iters, end_iters − decay_frac·end_iters): the linear warm-down
+    takes the last ``decay_frac`` of the schedule (never the warmup). ``end_iters`` is an
+    iteration number, as ``cosine_lr``'s cycle end.
+    """
+    if it < warmup_iters:
+        return it / warmup_iters * max_lr
+    if it > end_iters:
+        return min_lr
+    start = max(float(warmup_iters), end_iters - decay_frac * end_iters)
+    if it < start or end_iters <= start:
+        return max_lr
+    return max_lr - (max_lr - min_lr) * (it - start) / (end_iters - start)
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@
     summary = train(cfg)                   # or: train(cfg, resume="runs/cpu-small")
 
 One optimizer step:
-    lr = warmup + cosine(step)             (or of the elapsed fraction of max_time_s)
+    lr = warmup + cosine or wsd(step)      (or of the elapsed fraction of max_time_s)
     repeat accum times:                    gradient accumulation up to tokens_per_step
         x, y = batches.next()              uniform random windows, seeded per process, drawn
                                            one ahead on a background thread
@@ -15,8 +15,8 @@ One optimizer step:
         (loss / accum).backward()          DDP all-reduces gradients on the last micro-batch
                                            (FSDP2 with run.parallel = "fsdp" reduce-scatters)
     norm = clip_grad_norm(...)             stop here, before the update, if loss/norm is NaN
-    optimizer.step()                       torch's fused AdamW kernel (on a GPU the NaN check
-                                           runs when due: `_flags_due`)
+    optimizer.step()                       torch's fused AdamW kernel, or Muon + AdamW groups
+                                           (on a GPU the NaN check runs when due: `_flags_due`)
 
 A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl`` (one JSON
 record per log step), ``checkpoints/step_XXXXXXXX.pt`` (the last ``keep_last``) and
@@ -53,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ferrolm import __version__
-from ferrolm._util import atomic_write_bytes, stale_temporaries
+from ferrolm._util import ForgivingStream, atomic_write_bytes, say_where_possible, stale_temporaries
 from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm import gemm
 from ferrolm.lm.checkpoint import (
@@ -86,9 +86,19 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
 from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_starts
 from ferrolm.lm.device import resolve_device, reuse_freed_memory, use_bf16, use_compile
 from ferrolm.lm.evaluate import token_byte_lengths
+from ferrolm.lm.memory import check_training_memory
 from ferrolm.lm.metrics import MetricsLog, read_metrics
-from ferrolm.lm.model import TransformerLM, flops_per_token
-from ferrolm.lm.optim import AdamW, clip_grad_norm, cosine_lr, param_groups_for_decay
+from ferrolm.lm.model import ModelConfig, TransformerLM, flops_per_token
+from ferrolm.lm.optim import (
+    AdamW,
+    Muon,
+    clip_grad_norm,
+    cosine_lr,
+    muon_momentum_at,
+    muon_param_groups,
+    param_groups_for_decay,
+    wsd_lr,
+)
 from ferrolm.lm.sharding import full_state_dicts, load_full_state_dicts, shard_model
 
 __all__ = [
@@ -190,6 +200,9 @@ class Run:
     peak: Optional[float]
     loggers: MetricsLog
     bar: Any  # tqdm bar on rank 0 when run.progress, else None
+    # stderr and stdout that never raise: a reader gone (a closed pipe) must not cost a checkpoint
+    err: ForgivingStream
+    out: ForgivingStream
     val_bytes_per_token: Optional[float] = None  # for bits per byte; None without a tokenizer folder
 
 
@@ -232,8 +245,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
             while state.step < sched.max_steps:
                 t0 = time.perf_counter()
                 lr = lr_at(cfg, state.step, time_sync)
-                for group in run.optimizer.param_groups:
-                    group["lr"] = lr
+                set_hyperparameters(run.optimizer, cfg.optimizer, state.step, lr)
                 loss_sum = forward_backward(run)
                 grad_norm = _clip(run.params, cfg.optimizer.grad_clip)
                 bad, stop_req, time_sync = agree(run, state, loss_sum, grad_norm, stop, t0)
@@ -295,6 +307,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
 
     torch.manual_seed(cfg.run.seed)
     train_data, val_data = _open_data(cfg)
+    shards = dist_.world if _sharded(cfg, dist_) else 1
+    check_training_memory(model_config(cfg.model), cfg.schedule.batch_size, device, shards)
     model = build_model(cfg.model).to(device)
     if _sharded(cfg, dist_):
         shard_model(model, device)  # in place, before the optimizer sees the parameters
@@ -320,7 +334,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = MetricsLog(run_dir, cfg, main, state.step if resume is not None else None)
     state.last_ckpt = latest_checkpoint(run_dir) if resume is not None else None
-    bar = progress_bar(cfg, state) if main and cfg.run.progress else None
+    err, out = ForgivingStream(sys.stderr), ForgivingStream(sys.stdout)
+    bar = progress_bar(cfg, state, err) if main and cfg.run.progress else None
     run = Run(
         cfg=cfg,
         dist=dist_,
@@ -344,6 +359,8 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
         peak=peak,
         loggers=loggers,
         bar=bar,
+        err=err,
+        out=out,
         val_bytes_per_token=val_bytes_per_token(cfg, val_data, val_starts, device, dist_),
     )
     return run, state
@@ -427,6 +444,12 @@ def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict
     if saved_model and saved_model != now:
         diff = {k: (saved_model.get(k), v) for k, v in now.items() if saved_model.get(k) != v}
         raise CheckpointError(f"{path} was saved with a different model config (checkpoint vs now: {diff})")
+    saved_optimizer = ((ckpt.get("config") or {}).get("optimizer") or {}).get("name", "adamw")
+    if saved_optimizer != cfg.optimizer.name:
+        raise CheckpointError(
+            f"{path} was trained with optimizer.name = {saved_optimizer!r}, not {cfg.optimizer.name!r}: "
+            f"resume with --set optimizer.name={saved_optimizer}"
+        )
     return ckpt, path
 
 
@@ -487,6 +510,20 @@ def _data_vocab_size(train: TokenShards, val: TokenShards, tokenizer) -> int:
     )
 
 
+def model_config(cfg: ModelSection) -> ModelConfig:
+    """The ModelConfig ``build_model`` builds (its arithmetic needs no allocation)."""
+    return ModelConfig(
+        cfg.vocab_size,
+        cfg.context_length,
+        cfg.d_model,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.d_ff,
+        cfg.rope_theta,
+        tie_embeddings=cfg.tie_embeddings,
+    )
+
+
 def build_model(cfg: ModelSection) -> torch.nn.Module:
     return TransformerLM(
         cfg.vocab_size,
@@ -501,8 +538,42 @@ def build_model(cfg: ModelSection) -> torch.nn.Module:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
-    groups = param_groups_for_decay(model, cfg.weight_decay)
-    return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    """AdamW with decay groups, or (optimizer.name = "muon") Muon with its AdamW groups."""
+    if cfg.name != "muon":
+        groups = param_groups_for_decay(model, cfg.weight_decay)
+        return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    width = 1.0
+    if cfg.width_lr_scale:  # the AdamW lrs are set for width 768 (as the anchors'): scale by its ratio
+        width = (768 / model.config.d_model) ** 0.5
+    groups = muon_param_groups(
+        model,
+        lr=cfg.lr,
+        embedding_lr=cfg.embedding_lr * width,
+        head_lr=cfg.head_lr * width,
+        scalar_lr=cfg.scalar_lr * width,
+        weight_decay=cfg.muon_weight_decay,
+        head_weight_decay=cfg.weight_decay,
+    )
+    return Muon(
+        groups,
+        lr=cfg.lr,
+        momentum=cfg.muon_momentum,
+        nesterov=cfg.muon_nesterov,
+        ns_steps=cfg.muon_ns_steps,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+    )
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, cfg: OptimizerSection, step: int, lr: float) -> None:
+    """Step `step`'s learning rates (`lr` times each group's `lr_scale`, 1 unless set) and
+    Muon's momentum (its warm-up)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+        if group.get("kind") == "muon":
+            group["momentum"] = muon_momentum_at(
+                step, cfg.muon_momentum, cfg.muon_momentum_start, cfg.muon_momentum_warmup_steps
+            )
 
 
 def micro_batches(cfg: TrainConfig, dist_: _Dist) -> tuple[int, int]:
@@ -617,6 +688,8 @@ def lr_at(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
     it: float = step
     if s.schedule_by == "time":
         it = min(elapsed_s / s.max_time_s, 1.0) * s.max_steps
+    if s.lr_schedule == "wsd":
+        return wsd_lr(it, o.lr, o.min_lr, s.warmup_steps, s.cosine_steps or s.max_steps, s.decay_frac)
     return cosine_lr(it, o.lr, o.min_lr, s.warmup_steps, s.cosine_steps or s.max_steps)
 
 
@@ -824,13 +897,15 @@ def make_record(run: Run, state: RunState, lr: float, grad_norm: Optional[float]
 
 
 def say(run: Run, msg: str) -> None:
-    """A line on stderr from rank 0 (above the progress bar when there is one)."""
+    """A line on stderr from rank 0 (above the progress bar when there is one); on stdout
+    when stderr's reader is gone, and nowhere when both are."""
     if not run.dist.is_main:
         return
-    if run.bar is not None:
-        run.bar.write(msg, file=sys.stderr)
-    else:
-        print(msg, file=sys.stderr)
+    if run.bar is not None and not run.err.lost:
+        run.bar.write(msg, file=run.err)
+        if not run.err.lost:
+            return
+    say_where_possible(msg, run.err, run.out)
 
 
 def _bar_by_time(cfg: TrainConfig) -> bool:
@@ -839,8 +914,8 @@ def _bar_by_time(cfg: TrainConfig) -> bool:
     return cfg.schedule.schedule_by == "time" and cfg.schedule.max_time_s > 0
 
 
-def progress_bar(cfg: TrainConfig, state: RunState):
-    common = dict(desc="train", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+def progress_bar(cfg: TrainConfig, state: RunState, file):
+    common = dict(desc="train", dynamic_ncols=True, file=file, mininterval=1.0)
     if not _bar_by_time(cfg):
         return tqdm(total=cfg.schedule.max_steps, initial=state.step, unit="step", **common)
     total = float(cfg.schedule.max_time_s)

@@ -1,0 +1,202 @@
+"""Serving speed: `ferrolm serve` with 1 and 16 concurrent streams, time to first token, and
+one stream's decode speed against `generate` (what `ferrolm generate` runs).
+
+The model has the `cpu-small` preset's shape with random weights (speed does not depend on
+what the weights learned), vocab 10,000, beside a byte-level tokenizer without an
+end-of-text token, so every request runs to max_tokens. The server runs in a subprocess
+with --threads 2 --max-batch 16 on 127.0.0.1; clients are plain HTTP threads reading the
+server-sent events (light, since they share the machine with the server). Each request
+sends a 32-token prompt (ids) and streams 128 tokens sampled with temperature 1.0, top-k
+50, top-p 0.95.
+
+    one stream      requests one after another: tokens/s over the whole request (prefill,
+                    HTTP and all), and decode tokens/s (tokens after the first / the time
+                    from the first token to the last)
+    16 streams      16 clients, each sending its requests back to back: all tokens / wall time
+    TTFT            median time from sending a request to its first token, idle server
+    generate        generate() in its own process (2 threads), the same model, prompt and
+                    sampling: decode tokens/s measured as for one stream, its runs
+                    alternated with the one-stream requests (a shared machine's load
+                    then weighs on both alike); medians. Also on 1 thread: on a loaded
+                    machine 2 threads can be far slower than 1 in the main thread
+
+    python benches/bench_serve.py                    # writes nothing; prints a markdown table
+    python benches/bench_serve.py --requests 4 --streams 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+CPU_SMALL = dict(
+    vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=683, rope_theta=10_000.0
+)
+PROMPT = [(7919 * i) % 10_000 for i in range(1, 33)]  # 32 ids, fixed
+NEW_TOKENS = 128
+SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 0.95}
+THREADS = 2
+
+
+def make_model(folder: Path) -> Path:
+    import torch
+
+    from ferrolm.bpe.tokenizer import Tokenizer
+    from ferrolm.lm.checkpoint import save_checkpoint
+    from ferrolm.lm.model import TransformerLM
+
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], [])  # bytes only, no end-of-text
+    tok.save(folder / "tok")
+    torch.manual_seed(0)
+    model = TransformerLM(**CPU_SMALL)
+    ckpt = folder / "bench" / "model.pt"
+    save_checkpoint(
+        model, None, 0, ckpt, config={"model": model.config.to_dict()}, tokenizer_fingerprint=tok.fingerprint
+    )
+    return ckpt
+
+
+def start_server(ckpt: Path, tok: Path):
+    cmd = [sys.executable, "-m", "ferrolm", "serve", "--checkpoint", str(ckpt), "--tokenizer", str(tok)]
+    cmd += ["--port", "0", "--device", "cpu", "--threads", str(THREADS), "--max-batch", "16"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    line = proc.stderr.readline()
+    if "serving " not in line:
+        proc.kill()
+        raise SystemExit(f"the server did not start: {line}{proc.stderr.read()}")
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+    return proc, port, line.split()[1]
+
+
+def stream_once(port: int, model: str, max_tokens: int = NEW_TOKENS) -> dict:
+    """One streamed request: when it was sent, its first and last token arrived, and its token count."""
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True, **SAMPLING})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    sent = time.perf_counter()
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    first = last = None
+    tokens = 0
+    for line in resp:
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"]["message"])
+        if chunk["choices"] and chunk["choices"][0]["text"]:
+            last = time.perf_counter()
+            first = first or last
+        elif not chunk["choices"]:
+            tokens = chunk["usage"]["completion_tokens"]
+    conn.close()
+    return {"sent": sent, "first": first, "last": last, "done": time.perf_counter(), "tokens": tokens}
+
+
+class GenerateProcess:
+    """generate() in its own process (2 threads), the model loaded once; ``speed()`` runs one
+    generation there and returns its decode tokens/s. Alternated with the server's single
+    stream, so the two see the same load on a shared machine."""
+
+    CODE = f"""
+import json, sys, time, torch
+from ferrolm.lm.checkpoint import load_model
+from ferrolm.lm.generate import generate
+torch.set_num_threads({THREADS})
+model, _, _ = load_model(sys.argv[1], "cpu", tokenizer=False)
+for run, threads in enumerate(sys.stdin):
+    torch.set_num_threads(int(threads))
+    g = torch.Generator().manual_seed(run)
+    stamps = [time.perf_counter() for _ in generate(model, {PROMPT}, {NEW_TOKENS}, generator=g, **{SAMPLING!r})]
+    print(json.dumps((len(stamps) - 1) / (stamps[-1] - stamps[0])), flush=True)
+"""
+
+    def __init__(self, ckpt: Path):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.CODE, str(ckpt)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def speed(self, threads: int = THREADS) -> float:
+        self.proc.stdin.write(f"{threads}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")
+    ap.add_argument("--streams", type=int, default=16, help="concurrent clients (default 16)")
+    ap.add_argument("--ttft", type=int, default=10, help="requests timed for TTFT (default 10)")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = make_model(Path(tmp))
+        gen = GenerateProcess(ckpt)
+        proc, port, name = start_server(ckpt, Path(tmp) / "tok")
+        try:
+            stream_once(port, name, 16)  # warm-ups
+            gen.speed()
+            ttft = [(r["first"] - r["sent"]) * 1e3 for r in (stream_once(port, name, 1) for _ in range(args.ttft))]
+            singles, gen_speeds, gen1_speeds = [], [], []
+            for _ in range(args.requests):  # alternated: all see the same load
+                gen_speeds.append(gen.speed())
+                singles.append(stream_once(port, name))
+                gen1_speeds.append(gen.speed(1))
+            gen.close()
+            gen_speed, gen1_speed = statistics.median(gen_speeds), statistics.median(gen1_speeds)
+            one_total = sum(r["tokens"] for r in singles) / sum(r["done"] - r["sent"] for r in singles)
+            one_decode = statistics.median((r["tokens"] - 1) / (r["last"] - r["first"]) for r in singles)
+            started = time.perf_counter()
+            with ThreadPoolExecutor(args.streams) as pool:
+                many = list(pool.map(lambda _: stream_once(port, name), range(args.streams * args.requests)))
+            wall = time.perf_counter() - started
+            many_total = sum(r["tokens"] for r in many) / wall
+            ttft_loaded = statistics.median((r["first"] - r["sent"]) * 1e3 for r in many)
+            assert all(r["tokens"] == NEW_TOKENS for r in singles + many), "a request ended early"
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+    print(
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores; torch threads {THREADS}; load average {os.getloadavg()[0]:.1f}"
+    )
+    print()
+    print("| measure | result | target |")
+    print("|---|---:|---|")
+    print(f"| one stream, tokens/s (whole requests) | {one_total:.1f} | |")
+    print(f"| one stream, decode tokens/s | {one_decode:.1f} | >= generate |")
+    print(f"| `generate`, decode tokens/s | {gen_speed:.1f} | |")
+    print(f"| `generate` on 1 thread, decode tokens/s | {gen1_speed:.1f} | |")
+    print(f"| one stream / generate (decode) | {one_decode / gen_speed:.2f}x | >= 1.0x |")
+    print(f"| one stream / generate on 1 thread (decode) | {one_decode / gen1_speed:.2f}x | |")
+    print(f"| {args.streams} streams, tokens/s (all) | {many_total:.1f} | |")
+    print(f"| {args.streams} streams / one stream | {many_total / one_total:.2f}x | >= 4x |")
+    print(f"| TTFT, idle server, median of {args.ttft} | {statistics.median(ttft):.1f} ms | < 100 ms |")
+    print(f"| TTFT under {args.streams} streams, median | {ttft_loaded:.1f} ms | |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,712 @@
+"""`ferrolm serve`: the OpenAI HTTP API over a ferrolm model, with continuous batching.
+
+Routes (the shapes of OpenAI's API):
+
+    POST /v1/completions         prompt: a string, a list of strings, a list of ids, a list of lists of ids
+    POST /v1/chat/completions    messages, rendered to one prompt by the chat template
+    GET  /v1/models              the one model served, under its name
+    GET  /health                 {"status": "ok", "running": N, "waiting": M}
+
+Both POST routes take model, max_tokens (chat also max_completion_tokens), temperature
+(0 to 2; 0 is greedy), top_p (0 < p <= 1), top_k (an extension: a positive int), n, stop
+(a string or up to 4), seed, stream. Every reply carries usage counts; a stream sends them
+in a last chunk with no choices, before ``data: [DONE]``. Choice j of a prompt is sampled
+with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
+
+A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
+server keeps serving. The decoding itself is ``ferrolm.lm.engine``; this module parses,
+checks, renders chat turns, and carries events to the client. A client that goes away
+(streaming or not) has its sequences cancelled at once, which frees their batch rows.
+
+Chat template: a Jinja template over ``messages`` (each with ``role`` and ``content``) and
+``add_generation_prompt``, as Hugging Face tokenizers carry them; the first found of
+``--chat-template FILE``, ``chat_template.jinja`` in the tokenizer folder, and the
+``chat_template`` string in its ``tokenizer_config.json``; else the plain-text default
+``PLAIN_CHAT_TEMPLATE`` ("User: ...", "Assistant: ..." turns, blank-line separated), with
+which a reply also ends where the model starts a new "User:" line (``PLAIN_CHAT_STOP``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+__all__ = ["ApiError", "ChatTemplate", "PLAIN_CHAT_TEMPLATE", "PLAIN_CHAT_STOP", "load_served_model", "create_app"]
+
+PLAIN_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+PLAIN_CHAT_STOP = ("\nUser:",)
+
+MAX_STOP_STRINGS = 4
+MAX_N = 64
+MAX_CHOICES = 256  # n times the number of prompts, per request
+MAX_BODY_BYTES = 8 << 20
+TEMPERATURE_MAX = 2.0
+ROLES = ("system", "developer", "user", "assistant")
+# OpenAI parameters accepted only at their neutral value (ferrolm does not implement them).
+NEUTRAL = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+def _missing_extra(e: ImportError) -> ImportError:
+    return ImportError(f'`ferrolm serve` needs the serve extra: pip install "ferrolm[serve]" ({e})')
+
+
+# --------------------------------------------------------------------------------------
+# Errors and argument checks
+# --------------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A caller's mistake: an HTTP status and OpenAI's error body."""
+
+    def __init__(
+        self, message: str, param: Optional[str] = None, *, status: int = 400, code: Optional[str] = None, kind=None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.body = {
+            "error": {
+                "message": message,
+                "type": kind or ("invalid_request_error" if status < 500 else "server_error"),
+                "param": param,
+                "code": code,
+            }
+        }
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+    x = body.get(name)
+    if x is None:
+        return default
+    if not _is_number(x) or x > high or x < low or (low_open and x == low):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ApiError(f"{name} must be a number in {interval}, got {json.dumps(x)}", name)
+    return float(x)
+
+
+def _int(body: dict, name: str, default: Optional[int], low: int, high: int) -> Optional[int]:
+    x = body.get(name)
+    if x is None:
+        return default
+    if not _is_int(x) or not low <= x <= high:
+        raise ApiError(f"{name} must be an integer in [{low}, {high}], got {json.dumps(x)}", name)
+    return x
+
+
+def _stop_strings(body: dict) -> Optional[tuple[str, ...]]:
+    stop = body.get("stop")
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
+        raise ApiError(f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings", "stop")
+    return tuple(s for s in stop if s)
+
+
+@dataclass
+class Request:
+    """A checked request: token-id prompts and how to sample each of their n choices."""
+
+    prompts: list[list[int]]
+    n: int
+    max_tokens: int
+    temperature: float
+    top_k: Optional[int]
+    top_p: Optional[float]
+    seed: Optional[int]
+    stop: tuple[str, ...]
+    stream: bool
+
+
+# --------------------------------------------------------------------------------------
+# The served model: weights, tokenizer, chat template
+# --------------------------------------------------------------------------------------
+
+
+class ChatTemplate:
+    """Renders chat messages to one prompt string with a Jinja template (sandboxed)."""
+
+    def __init__(self, source: str, origin: str, default_stop: tuple[str, ...] = ()):
+        try:
+            from jinja2.exceptions import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as e:
+            raise _missing_extra(e) from None
+        self._errors = TemplateError
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+        try:
+            self.template = env.from_string(source)
+        except TemplateError as e:
+            raise ValueError(f"chat template {origin} does not parse: {e}") from None
+        self.origin = origin
+        self.default_stop = default_stop
+
+    @classmethod
+    def find(cls, tokenizer_dir: Optional[Path], override: Optional[Union[str, os.PathLike]] = None) -> ChatTemplate:
+        """The template to use (see the module docstring for the order)."""
+        if override is not None:
+            return cls(Path(override).read_text(encoding="utf-8"), os.fspath(override))
+        if tokenizer_dir is not None:
+            path = Path(tokenizer_dir) / "chat_template.jinja"
+            if path.is_file():
+                return cls(path.read_text(encoding="utf-8"), str(path))
+            config = Path(tokenizer_dir) / "tokenizer_config.json"
+            if config.is_file():
+                try:
+                    source = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+                except (ValueError, AttributeError):
+                    source = None
+                if isinstance(source, str) and source:
+                    return cls(source, f"{config} (chat_template)")
+        return cls(PLAIN_CHAT_TEMPLATE, "the plain-text default", PLAIN_CHAT_STOP)
+
+    def render(self, messages: list[dict[str, str]], eos_token: str = "") -> str:
+        try:
+            return self.template.render(
+                messages=messages, add_generation_prompt=True, bos_token="", eos_token=eos_token
+            )
+        except self._errors as e:
+            raise ApiError(f"the chat template cannot render these messages: {e}", "messages") from None
+
+
+@dataclass
+class ServedModel:
+    name: str
+    model: Any
+    tokenizer: Any
+    chat_template: ChatTemplate
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.config.context_length)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def token_bytes(self, t: int) -> bytes:
+        # A model may have more ids than its tokenizer (a rounded-up vocab_size): such an
+        # id has no text; it shows as U+FFFD, as in `ferrolm generate`.
+        return self.tokenizer.token_bytes(t) if t < self.tokenizer.vocab_size else "\ufffd".encode()
+
+
+def load_served_model(
+    path: Union[str, os.PathLike],
+    tokenizer: Optional[Union[str, os.PathLike]] = None,
+    *,
+    device: str = "cpu",
+    name: Optional[str] = None,
+    chat_template: Optional[Union[str, os.PathLike]] = None,
+) -> ServedModel:
+    """What ``ferrolm.lm.checkpoint.load_model`` reads (a run folder, a checkpoint, a
+    ``.safetensors`` file, a folder of ``ferrolm export``), with its tokenizer and chat
+    template, ready to serve. The default name is RUN/FILE for a checkpoint, the folder's
+    name for an export."""
+    import torch
+
+    from ferrolm.lm.checkpoint import load_model
+    from ferrolm.lm.device import resolve_device
+
+    dev = resolve_device(device)
+    # float32 on a CPU whatever the file holds: bf16 matmuls crawl on CPUs without AMX.
+    dtype = torch.float32 if dev.type == "cpu" else None
+    model, tok, info = load_model(path, dev, dtype, tokenizer=tokenizer, require_tokenizer=True)
+    source = Path(info["source"]).resolve()
+    if source.is_dir():
+        default_name = source.name
+    else:
+        run = source.parent
+        default_name = (run.parent if run.name == "checkpoints" else run).name + "/" + source.stem
+    tok_dir = info.get("tokenizer_source")
+    tok_dir = Path(tok_dir) if tok_dir is not None and Path(tok_dir).is_dir() else None
+    return ServedModel(name or default_name, model, tok, ChatTemplate.find(tok_dir, chat_template))
+
+
+# --------------------------------------------------------------------------------------
+# The HTTP application
+# --------------------------------------------------------------------------------------
+
+
+def create_app(served: ServedModel, engine: Any, *, max_tokens_limit: int = 4096):
+    """The Starlette application serving ``served`` through ``engine`` (a started or
+    unstarted ``ferrolm.lm.engine.Engine``; the app's lifespan starts and closes it)."""
+    try:
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+    except ImportError as e:
+        raise _missing_extra(e) from None
+    from ferrolm.lm.engine import Failed, Finished, Piece, SamplingParams
+
+    created = int(time.time())
+    eos_id = served.tokenizer.eos_id
+    eos_text = next((s for s in served.tokenizer.special_tokens if s == "<|endoftext|>"), "")
+
+    # ---------------------------------------------------------------- parsing ---
+
+    async def read_body(request) -> dict:
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > MAX_BODY_BYTES:
+            raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
+        raw = b""
+        async for part in request.stream():  # counted as it comes: a body without a length is capped too
+            raw += part
+            if len(raw) > MAX_BODY_BYTES:
+                raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise ApiError("the request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise ApiError("model must be a string naming the served model (see GET /v1/models)", "model")
+        if model != served.name:
+            raise ApiError(
+                f"the model {model!r} does not exist; this server serves {served.name!r}",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
+        for name, allowed in NEUTRAL.items():
+            if name in body and body[name] not in allowed:
+                raise ApiError(f"{name} is not supported by this server", name, code="unsupported_parameter")
+        return body
+
+    def encode(text: str, param: str) -> list[int]:
+        ids = served.tokenizer.encode(text)
+        if not ids:
+            if eos_id is None:
+                raise ApiError("an empty prompt starts from the end-of-text token, which this tokenizer lacks", param)
+            ids = [eos_id]  # a new document, as `ferrolm generate --prompt ''` starts
+        return ids
+
+    def check_ids(ids: list, param: str) -> list[int]:
+        if not ids:
+            raise ApiError("a prompt of token ids must hold at least one id", param)
+        for t in ids:
+            if not _is_int(t) or not 0 <= t < served.vocab_size:
+                raise ApiError(
+                    f"token id {json.dumps(t)} is outside the model's vocabulary [0, {served.vocab_size})",
+                    param,
+                    code="invalid_token_id",
+                )
+        return ids
+
+    def sampling(body: dict, prompts: list[list[int]], param: str, default_max: int, template_stop=()) -> Request:
+        for ids in prompts:
+            if len(ids) > served.context_length:
+                raise ApiError(
+                    f"the prompt is {len(ids)} tokens; the model's context is {served.context_length}",
+                    param,
+                    code="context_length_exceeded",
+                )
+        max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_tokens = _int(body, max_name, default_max, 1, max_tokens_limit)
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise ApiError("stream must be a boolean", "stream")
+        seed = body.get("seed")
+        if seed is not None and not _is_int(seed):
+            raise ApiError(f"seed must be an integer, got {json.dumps(seed)}", "seed")
+        stop = _stop_strings(body)
+        top_k = _int(body, "top_k", None, 1, 1 << 30)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+        n = _int(body, "n", 1, 1, MAX_N)
+        if n * len(prompts) > MAX_CHOICES:
+            raise ApiError(f"n times the number of prompts must be at most {MAX_CHOICES}", "n")
+        return Request(
+            prompts=prompts,
+            n=n,
+            max_tokens=max_tokens,
+            temperature=_number(body, "temperature", 1.0, 0.0, TEMPERATURE_MAX),
+            top_k=top_k,
+            top_p=None if top_p >= 1.0 else top_p,
+            seed=None if seed is None else seed % (1 << 63),
+            stop=tuple(dict.fromkeys((*(stop or ()), *template_stop))),  # the caller's, then the template's
+            stream=bool(stream),
+        )
+
+    def completion_request(body: dict) -> Request:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompts = [encode(prompt, "prompt")]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompts = [encode(p, "prompt") for p in prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            prompts = [check_ids(p, "prompt") for p in prompt]
+        elif isinstance(prompt, list) and prompt and all(not isinstance(p, (list, str)) for p in prompt):
+            prompts = [check_ids(prompt, "prompt")]
+        else:
+            raise ApiError(
+                "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids",
+                "prompt",
+            )
+        return sampling(body, prompts, "prompt", 16)
+
+    def chat_request(body: dict) -> Request:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError("messages must be a non-empty list of {role, content} objects", "messages")
+        turns = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES:
+                raise ApiError(f"messages[{i}] must be an object with a role among {', '.join(ROLES)}", "messages")
+            content = m.get("content")
+            if isinstance(content, list):  # content parts: text only
+                if not all(
+                    isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+                ):
+                    raise ApiError(f"messages[{i}].content: only text parts are supported", "messages")
+                content = "".join(p["text"] for p in content)
+            if not isinstance(content, str):
+                raise ApiError(f"messages[{i}].content must be a string", "messages")
+            turns.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+        prompt = served.chat_template.render(turns, eos_text)
+        return sampling(
+            body, [encode(prompt, "messages")], "messages", served.context_length, served.chat_template.default_stop
+        )
+
+    # ---------------------------------------------------------------- running ---
+
+    def submit_all(req: Request, queue: asyncio.Queue, loop) -> list:
+        handles = []
+        try:
+            for p, ids in enumerate(req.prompts):
+                for j in range(req.n):
+                    index = p * req.n + j
+                    params = SamplingParams(
+                        max_tokens=req.max_tokens,
+                        temperature=req.temperature,
+                        top_k=req.top_k,
+                        top_p=req.top_p,
+                        seed=None if req.seed is None else (req.seed + j) % (1 << 63),
+                        stop=req.stop,
+                    )
+
+                    def on_event(event, index=index):
+                        with contextlib.suppress(RuntimeError):  # the loop has closed: no one is listening
+                            loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+
+                    handles.append(engine.submit(ids, params, on_event))
+        except RuntimeError as e:  # the engine is shutting down
+            for h in handles:
+                engine.cancel(h)
+            raise ApiError(str(e), status=503, kind="server_error") from None
+        return handles
+
+    def usage(req: Request, completion_tokens: int) -> dict:
+        prompt_tokens = sum(len(ids) for ids in req.prompts)
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+
+    async def events(req: Request, queue: asyncio.Queue) -> AsyncIterator[tuple[int, Any]]:
+        """(choice index, event) until every choice has finished."""
+        left = len(req.prompts) * req.n
+        while left:
+            index, event = await queue.get()
+            if isinstance(event, Failed):
+                raise ApiError(event.message, status=500, kind="server_error")
+            if isinstance(event, Finished):
+                left -= 1
+            yield index, event
+
+    async def run(request, req: Request, chat: bool):
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        handles = submit_all(req, queue, loop)
+
+        def cancel_all() -> None:
+            for h in handles:
+                if not h.done:
+                    engine.cancel(h)
+
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        head = {"id": rid, "object": "", "created": int(time.time()), "model": served.name}
+        if req.stream:
+            return _event_stream_class()(stream_events(req, queue, head, chat), on_close=cancel_all)
+        try:
+            texts = [""] * len(handles)
+            reasons: list = [None] * len(handles)
+            completion_tokens = 0
+
+            async def collect() -> None:
+                nonlocal completion_tokens
+                async for index, event in events(req, queue):
+                    if isinstance(event, Piece):
+                        texts[index] += event.text
+                    else:
+                        reasons[index] = event.reason
+                        completion_tokens += event.completion_tokens
+
+            if await _until_disconnect(request, collect()):
+                return JSONResponse({}, status_code=499)  # nobody is listening
+        finally:
+            cancel_all()
+        if chat:
+            choices = [
+                {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
+                for i, (t, r) in enumerate(zip(texts, reasons))
+            ]
+        else:
+            choices = [
+                {"index": i, "text": t, "logprobs": None, "finish_reason": r}
+                for i, (t, r) in enumerate(zip(texts, reasons))
+            ]
+        obj = "chat.completion" if chat else "text_completion"
+        return JSONResponse({**head, "object": obj, "choices": choices, "usage": usage(req, completion_tokens)})
+
+    async def stream_events(req: Request, queue: asyncio.Queue, head: dict, chat: bool) -> AsyncIterator[bytes]:
+        head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+
+        def chunk(choices: list, **extra) -> bytes:
+            return b"data: " + json.dumps({**head, "choices": choices, **extra}).encode() + b"\n\n"
+
+        def choice(index: int, text: Optional[str], reason: Optional[str] = None, first: bool = False) -> dict:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
+                return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+
+        if chat:
+            yield chunk([choice(i, None, first=True) for i in range(len(req.prompts) * req.n)])
+        completion_tokens = 0
+        try:
+            async for index, event in events(req, queue):
+                if isinstance(event, Piece):
+                    yield chunk([choice(index, event.text)])
+                else:
+                    completion_tokens += event.completion_tokens
+                    yield chunk([choice(index, None, event.reason)])
+        except ApiError as e:
+            yield b"data: " + json.dumps(e.body).encode() + b"\n\n"
+            return
+        yield chunk([], usage=usage(req, completion_tokens))
+        yield b"data: [DONE]\n\n"
+
+    # ---------------------------------------------------------------- routes ---
+
+    async def completions(request):
+        return await run(request, completion_request(await read_body(request)), chat=False)
+
+    async def chat_completions(request):
+        return await run(request, chat_request(await read_body(request)), chat=True)
+
+    async def models(request):
+        card = {"id": served.name, "object": "model", "created": created, "owned_by": "ferrolm"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(request):
+        running, waiting = engine.counts()
+        return JSONResponse({"status": "ok", "model": served.name, "running": running, "waiting": waiting})
+
+    async def api_error(request, exc: ApiError):
+        return JSONResponse(exc.body, status_code=exc.status)
+
+    async def http_error(request, exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse(ApiError(str(exc.detail), status=exc.status_code, code=code).body, exc.status_code)
+
+    async def server_error(request, exc: Exception):
+        return JSONResponse(ApiError(f"internal error: {exc}", status=500).body, status_code=500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        engine.start()
+        try:
+            yield
+        finally:
+            # uvicorn has let the open requests finish; what is left (nothing, normally) runs out here.
+            await asyncio.get_running_loop().run_in_executor(None, engine.close)
+
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan,
+    )
+
+
+async def _until_disconnect(request, work) -> bool:
+    """Run ``work``; True if the client disconnected first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        task.result()  # re-raises an ApiError from the engine
+        return False
+    return True
+
+
+@functools.cache
+def _event_stream_class():
+    from starlette.responses import StreamingResponse
+
+    class EventStream(StreamingResponse):
+        """Server-sent events that stop, and call ``on_close``, as soon as the client leaves."""
+
+        def __init__(self, content, on_close: Callable[[], None]):
+            super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            self.on_close = on_close
+
+        async def __call__(self, scope, receive, send) -> None:
+            import anyio
+
+            try:
+                async with anyio.create_task_group() as group:
+
+                    async def stream() -> None:
+                        with contextlib.suppress(OSError):  # the client left mid-send
+                            await self.stream_response(send)
+                        group.cancel_scope.cancel()
+
+                    async def listen() -> None:
+                        await self.listen_for_disconnect(receive)
+                        group.cancel_scope.cancel()
+
+                    group.start_soon(stream)
+                    group.start_soon(listen)
+            finally:
+                self.on_close()
+
+    return EventStream
+
+
+# --------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------
+
+
+def serve(
+    checkpoint: Union[str, os.PathLike],
+    *,
+    tokenizer=None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "auto",
+    name: Optional[str] = None,
+    chat_template=None,
+    max_batch: int = 16,
+    max_tokens_limit: int = 4096,
+    threads: Optional[int] = None,
+    log_level: str = "warning",
+) -> int:
+    """Load the model and serve it until Ctrl-C or SIGTERM, which let the running requests
+    finish before the process exits (a second Ctrl-C forces it)."""
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise _missing_extra(e) from None
+    import torch
+
+    from ferrolm.lm.engine import Engine
+
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    if max_batch < 1 or max_tokens_limit < 1:
+        raise ValueError("--max-batch and --max-tokens-limit must be >= 1")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {port}")
+    served = load_served_model(checkpoint, tokenizer, device=device, name=name, chat_template=chat_template)
+    engine = Engine(served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=max_batch)
+    app = create_app(served, engine, max_tokens_limit=max_tokens_limit)
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)  # before the address is announced: early clients wait in the backlog, never refused
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    print(
+        f"serving {served.name} on http://{shown}:{bound}/v1 (chat template: {served.chat_template.origin}; "
+        f"batch up to {max_batch}; Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
+    server = _server_class()(uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=None))
+    server.run(sockets=[sock])
+    print("stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that a handled Ctrl-C or SIGTERM ends in a normal exit
+        (uvicorn raises the signal again after its graceful shutdown)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            handled = (signal.SIGINT, signal.SIGTERM)
+            before = {s: signal.signal(s, self.handle_exit) for s in handled}
+            try:
+                yield
+            finally:
+                for s, handler in before.items():
+                    signal.signal(s, handler)
+
+    return Server

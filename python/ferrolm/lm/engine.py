@@ -1,0 +1,293 @@
+"""Continuous batching: many sequences decoded together, each joining and leaving between steps.
+
+``Engine(model, token_bytes, eos_id)`` owns one KV cache of ``max_batch`` rows and a thread
+that runs the loop:
+
+    admit     each waiting sequence takes the next free row: its prompt runs through the
+              model alone into that row (a prefill), and its first token is sampled
+    step      one forward pass feeds every running row its last token, each row at its own
+              position (``TransformerLM.forward`` with per-row ``start_pos``), and each row
+              samples its next token with its own settings and its own generator
+    leave     rows that finished (end-of-text, a stop string, max_tokens) or were cancelled
+              free their row at once; the last rows move down so the running ones stay
+              in rows [0, n) and a step computes only them
+
+A sequence's tokens are exactly those ``generate`` samples for its prompt alone: the same
+prefill, the same cache layout, ``sample`` on its own (1, vocab) logits with its own
+``torch.Generator`` seeded with its seed. The batch changes only the matrix shapes of a
+step, which may round the logits differently in the last bit, never the rules. Past the
+context a row slides its window as ``generate`` does for one prompt: it keeps its last
+``window_keep`` tokens (default context_length // 2) and recomputes them into its row.
+
+Text comes out as ``generate``'s CLI prints it: end-of-text ends the sequence and is not
+shown, ids are turned into text at UTF-8 character boundaries (``iter_text``), and the text
+is cut before the first stop string (``StopText``), which ends the sequence too.
+
+Events go to each sequence's ``on_event`` callable, called on the engine's thread:
+``Piece(text)`` for new text, then one ``Finished(reason, completion_tokens)`` with reason
+"stop" (end-of-text or a stop string) or "length" (max_tokens), or ``Failed(message)``.
+A cancelled sequence gets no further events.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import secrets
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from ferrolm.lm.generate import StopText, check_sampling_args, sample
+
+__all__ = ["SamplingParams", "Piece", "Finished", "Failed", "Handle", "Engine"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence is sampled; ``seed`` None draws a fresh one."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_sampling_args(self.temperature, self.top_k, self.top_p)
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" or "length"
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+class Handle:
+    """One submitted sequence; ``Engine.cancel(handle)`` stops it and frees its row."""
+
+    def __init__(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Any], None], device):
+        self.prompt = prompt
+        self.params = params
+        self.on_event = on_event
+        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        self.history = list(prompt)  # prompt and sampled tokens: what a sliding window keeps
+        self.length = 0  # positions filled in its cache row
+        self.next_token = -1  # sampled, not yet fed
+        self.generated = 0
+        self.text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stop = StopText(params.stop)
+        self.cancelled = False  # set by any thread; read by the engine between steps
+        self.done = False
+
+
+class Engine:
+    """Decode many sequences as one batch; see the module docstring.
+
+    ``token_bytes(id)`` gives a token's bytes (ids the tokenizer lacks may map to U+FFFD);
+    ``eos_id`` ends a sequence (None: only max_tokens and stop strings do).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        token_bytes: Callable[[int], bytes],
+        eos_id: Optional[int],
+        *,
+        max_batch: int = 16,
+        window_keep: Optional[int] = None,
+    ):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        self.model = model
+        self.vocab_size = int(model.config.vocab_size)
+        self.context_length = int(model.config.context_length)
+        self.window_keep = max(1, self.context_length // 2) if window_keep is None else window_keep
+        if not 1 <= self.window_keep <= self.context_length:
+            raise ValueError(f"window_keep must be in [1, {self.context_length}], got {self.window_keep!r}")
+        self.token_bytes = token_bytes
+        self.eos_id = eos_id
+        self.max_batch = max_batch
+        self.device = next(model.parameters()).device
+        self.cache = model.make_kv_cache(max_batch, self.context_length)
+        self._rows: list[Handle] = []  # running, row i of the cache is self._rows[i]
+        self._waiting: deque[Handle] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread: Optional[threading.Thread] = None
+
+    # ---------------------------------------------------------------- outside the loop ---
+
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="ferrolm-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Finish every submitted sequence, then stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams, on_event: Callable[[Any], None]) -> Handle:
+        """Queue a sequence; events arrive through ``on_event`` on the engine's thread."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("a prompt must hold at least one token (start a new document with the eos id)")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {self.vocab_size})")
+        handle = Handle(prompt, params, on_event, self.device)
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the engine is shutting down")
+            self._waiting.append(handle)
+            self._cond.notify()
+        return handle
+
+    def cancel(self, handle: Handle) -> None:
+        """Stop a sequence: it leaves the batch before the next step (no more events)."""
+        handle.cancelled = True
+        with self._cond:
+            self._cond.notify()
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting) sequences."""
+        return len(self._rows), len(self._waiting)
+
+    # ---------------------------------------------------------------- the loop ---
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not self._closing and not self._waiting and not self._rows:
+                        self._cond.wait()
+                    if self._closing and not self._waiting and not self._rows:
+                        return
+                    admitted = []
+                    while self._waiting and len(self._rows) + len(admitted) < self.max_batch:
+                        handle = self._waiting.popleft()
+                        if not handle.cancelled:
+                            admitted.append(handle)
+                try:
+                    self._leave()
+                    for handle in admitted:
+                        self._admit(handle)
+                    self._leave()
+                    if self._rows:
+                        self._step()
+                        self._leave()
+                except Exception as e:  # noqa: BLE001 -- a failed step fails its sequences, not the server
+                    for handle in self._rows + admitted:
+                        if not handle.done:
+                            handle.done = True
+                            with contextlib.suppress(Exception):  # a failing callback must not end the loop
+                                handle.on_event(Failed(f"generation failed: {e}"))
+                    self._rows = []
+
+    def _prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
+        """Run ``tokens`` from position 0 into cache row ``slot``; the next-token logits (1, vocab)."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        out = self.model(ids, kv_cache=self.cache.rows(slot, slot + 1), start_pos=0)
+        return out[:, -1].float()
+
+    def _admit(self, handle: Handle) -> None:
+        slot = len(self._rows)
+        self._rows.append(handle)
+        tokens = handle.history[-self.context_length :]
+        logits = self._prefill(slot, tokens)
+        handle.length = len(tokens)
+        self._take(handle, logits)
+
+    def _step(self) -> None:
+        rows = self._rows
+        positions = []
+        sliding = []
+        for slot, h in enumerate(rows):
+            if h.length + 1 > self.context_length:
+                # The row's context is full: keep its last window_keep tokens (the one to
+                # feed among them) and recompute them into its row, as generate does.
+                keep = h.history[-self.window_keep :]
+                sliding.append((h, self._prefill(slot, keep)))
+                h.length = len(keep)
+                positions.append(h.length)  # a placeholder slot, written over by its next token
+            else:
+                positions.append(h.length)
+        feed = torch.tensor([[h.next_token] for h in rows], dtype=torch.long, device=self.device)
+        # Rows all at one length (one stream, say) take the plain path with no tensor of positions.
+        at = positions[0] if len(set(positions)) == 1 else torch.tensor(positions, device=self.device)
+        out = self.model(feed, kv_cache=self.cache.rows(0, len(rows)), start_pos=at)
+        logits = out[:, -1].float()
+        slid = {id(h): lg for h, lg in sliding}
+        for slot, h in enumerate(rows):
+            if id(h) in slid:
+                self._take(h, slid[id(h)])
+            else:
+                h.length += 1
+                self._take(h, logits[slot : slot + 1])
+
+    def _take(self, h: Handle, logits: torch.Tensor) -> None:
+        """Sample ``h``'s next token from ``logits`` (1, vocab) and emit what it adds."""
+        if h.cancelled:
+            return
+        p = h.params
+        try:
+            token = int(sample(logits, p.temperature, p.top_k, p.top_p, h.generator)[0])
+        except ValueError as e:
+            h.done = True
+            h.on_event(Failed(str(e)))
+            return
+        h.generated += 1
+        if token == self.eos_id:
+            return self._finish(h, "stop")
+        text = h.stop.feed(h.text.decode(self.token_bytes(token)))
+        if text:
+            h.on_event(Piece(text))
+        if h.stop.done:
+            return self._finish(h, "stop")
+        if h.generated >= p.max_tokens:
+            return self._finish(h, "length")
+        h.next_token = token
+        h.history.append(token)
+
+    def _finish(self, h: Handle, reason: str) -> None:
+        tail = "" if h.stop.done else h.stop.feed(h.text.decode(b"", final=True)) + h.stop.flush()
+        if tail:
+            h.on_event(Piece(tail))
+        h.done = True
+        h.on_event(Finished(reason, h.generated))
+
+    def _leave(self) -> None:
+        """Drop finished and cancelled rows; move the rest down to rows [0, n) in order."""
+        keep = [h for h in self._rows if not (h.done or h.cancelled)]
+        if len(keep) == len(self._rows):
+            return
+        old_slot = {id(h): i for i, h in enumerate(self._rows)}
+        for new, h in enumerate(keep):
+            old = old_slot[id(h)]
+            if old != new:  # new < old, and row new is free or already moved out
+                for buf in (*self.cache.keys, *self.cache.values):
+                    buf[new, :, : h.length] = buf[old, :, : h.length]
+        self._rows = keep
