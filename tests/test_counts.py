@@ -4,6 +4,7 @@ counts files, equal to one run over the whole input (and to the reference traine
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -50,8 +51,6 @@ def test_merges_from_counts_equal_one_run(corpus, whole_run, tmp_path, n, thread
 
 
 def test_parts_tile_the_inputs(corpus):
-    import os
-
     sizes = {p: os.path.getsize(p) for p in corpus}
     for n in (1, 2, 5, 8, 40):
         seen = {p: [] for p in corpus}
@@ -168,3 +167,21 @@ def test_header_records_pattern_specials_and_unicode_version(corpus, tmp_path):
     # The file depends on the counts only: the same for any thread count.
     counts.count(corpus[:1], tmp_path / "h2.counts", SPECIALS, num_threads=2, progress=False)
     assert (tmp_path / "h.counts").read_bytes() == (tmp_path / "h2.counts").read_bytes()
+
+
+def test_files_that_are_not_plain_text_go_whole_to_one_part(corpus, tmp_path):
+    import gzip
+
+    docs = stdlib_text(40_000).split("\n" + EOT + "\n")
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    gz = tmp_path / "more.txt.gz"
+    gz.write_bytes(gzip.compress(multilingual_text(20_000).encode("utf-8")))
+    inputs = [str(jsonl), corpus[0], str(gz)]
+    assert not counts._cuttable(str(jsonl)) and not counts._cuttable(str(gz)) and counts._cuttable(corpus[0])
+    for n in (2, 5):
+        for i in range(n):
+            for p, a, b in counts.part_ranges(inputs, (i, n), SPECIALS):
+                assert p == corpus[0] or (a, b) == (0, os.path.getsize(p))
+    files = _count_parts(inputs, tmp_path, 5, 2)
+    assert counts.train_from_counts(files, 900, progress=False) == trainer.train_bpe(inputs, 900, SPECIALS)
