@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-WEBTEXT = HERE.parent.parent / "shared" / "corpora" / "webtext"
+#: The shared data folder beside the clone (FERROLM_SHARED overrides it), as the other benches.
+SHARED = Path(os.environ.get("FERROLM_SHARED", HERE.parent.parent / "shared"))
+WEBTEXT = SHARED / "corpora" / "webtext"
 EOT = "<|endoftext|>"
 
 
@@ -52,6 +54,8 @@ def build_corpus(path: Path, size: int) -> None:
     docs = []
     for f in sorted(WEBTEXT.glob("*.txt")):
         docs += [d.strip() for d in f.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    if not docs:
+        sys.exit(f"no web text found under {WEBTEXT} (set FERROLM_SHARED to the shared data folder)")
     written, rep = 0, 0
     with open(path, "w", encoding="utf-8") as out:
         while written < size:

@@ -136,8 +136,13 @@ def encode(
         raise ValueError(f"threads_per_part must be >= 1, got {threads_per_part}")
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-    options = {"threads": threads_per_part, "dtype": dtype, "errors": errors, "chunk_size": chunk_size}
-    options["hash_inputs"] = hash_inputs
+    options = {
+        "threads": threads_per_part,
+        "dtype": dtype,
+        "errors": errors,
+        "chunk_size": chunk_size,
+        "hash_inputs": hash_inputs,
+    }
     dtype_resolved = shards.pick_dtype(dtype, tok.vocab_size)
     tok_ref = ray.put(tok)
     task_options = {"num_cpus": threads_per_part, "max_retries": max_retries, "retry_exceptions": False}
