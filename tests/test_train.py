@@ -359,7 +359,9 @@ def test_disk_full_when_saving_keeps_the_previous_checkpoint(shards, tmp_path, m
 
 
 def run_cli(*args, cwd=None, timeout=120):
-    env = dict(os.environ, PYTHONPATH=str(REPO / "tests"), OMP_NUM_THREADS="1")
+    # tests/ for its helper modules, before whatever path finds ferrolm (a source tree's python/)
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, "-m", "ferrolm", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
     )
