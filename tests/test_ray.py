@@ -207,3 +207,13 @@ def test_train_tokenizer_ray_gives_the_merges_of_one_run(cluster, tmp_path, corp
     )
     assert run.returncode == 0, run.stderr
     assert Tokenizer.load(tmp_path / "tok").merges == merges
+
+
+def test_train_tokenizer_on_a_dataset_gives_the_merges_of_its_documents(cluster, tmp_path):
+    from ferrolm.bpe import trainer
+
+    docs = stdlib_text(200_000).split(SEPARATOR)
+    ds = ray.data.from_items([{"text": d} for d in docs], override_num_blocks=3)
+    vocab, merges, _, _ = fray.train_tokenizer(ds, 700, work_dir=tmp_path / "c", progress=False)
+    assert (vocab, merges) == trainer.train_bpe(iter(docs), 700, [EOT])
+    assert len(list((tmp_path / "c").iterdir())) == 3

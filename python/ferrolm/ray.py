@@ -304,6 +304,17 @@ def _count_part(paths: list[str], counts_out: str, special_tokens: list[str], pa
     return counts_out
 
 
+def _count_block(block, column: str, counts_out: str, special_tokens: list[str], part, source, options: dict):
+    from ferrolm.bpe import counts
+
+    if column not in block.column_names:
+        raise ValueError(f"the dataset has no column {column!r} (its columns: {', '.join(block.column_names)})")
+    counts.count_texts(
+        block.column(column).to_pylist(), counts_out, special_tokens, part=part, source=source, **options
+    )
+    return counts_out
+
+
 def train_tokenizer(
     inputs: Any,
     vocab_size: int,
@@ -329,6 +340,11 @@ def train_tokenizer(
     ray = init()
     specials = check_special_tokens(special_tokens)
     resolved = patterns.resolve(pattern)
+    task_options = {"num_cpus": threads_per_part, "max_retries": max_retries, "retry_exceptions": False}
+    if _is_dataset(inputs):
+        return _train_tokenizer_on_dataset(
+            ray, inputs, vocab_size, specials, pattern, Path(work_dir), column, num_threads, task_options, progress
+        )
     given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
     paths = [os.path.abspath(p) for p in _inputs.expand(given)]
     for p in paths:
@@ -365,5 +381,31 @@ def train_tokenizer(
     _gather(ray, pending, n, progress)
     vocab, merges = counts.train_from_counts(
         files, vocab_size, specials, pattern=resolved, num_threads=num_threads, progress=progress
+    )
+    return vocab, merges, specials, pattern
+
+
+def _train_tokenizer_on_dataset(
+    ray, ds, vocab_size, specials, pattern, work, column, num_threads, task_options, progress
+):
+    """Each block of the Dataset counted by a task (its documents each a text of its own),
+    then the merges learned here."""
+    from ferrolm.bpe import counts
+
+    blocks = ds.to_arrow_refs()
+    n = len(blocks)
+    rows = ray.get([ray.remote(_num_rows).options(num_cpus=0).remote(b) for b in blocks])
+    source = [["ray-dataset", column, rows]]
+    work.mkdir(parents=True, exist_ok=True)
+    remote = ray.remote(_count_block).options(**task_options)
+    options = {"pattern": pattern, "num_threads": task_options["num_cpus"]}
+    files = [work / f"part-{i}-of-{n}.counts" for i in range(n)]
+    pending = {
+        i: remote.remote(block, column, os.fspath(files[i]), specials, (i, n), source, options)
+        for i, block in enumerate(blocks)
+    }
+    _gather(ray, pending, n, progress)
+    vocab, merges = counts.train_from_counts(
+        files, vocab_size, specials, pattern=pattern, num_threads=num_threads, progress=progress
     )
     return vocab, merges, specials, pattern

@@ -32,7 +32,7 @@ from ferrolm.bpe import inputs as _inputs
 from ferrolm.bpe import patterns
 from ferrolm.bpe import trainer as _trainer
 
-__all__ = ["count", "train_from_counts", "part_ranges", "read_header"]
+__all__ = ["count", "count_texts", "train_from_counts", "part_ranges", "read_header"]
 
 PathInput = Union[str, "os.PathLike[str]"]
 FORMAT = "ferrolm-pretoken-counts"
@@ -211,7 +211,33 @@ def count(
         "part": list(split) if split else None,
         "ranges": [[os.path.abspath(p), a, b] for p, a, b in ranges] if ranges is not None else None,
     }
-    header = _header(specials, pattern, extra)
+    return _write(trainer, counts_out, _header(specials, pattern, extra))
+
+
+def count_texts(
+    texts: Iterable[str],
+    counts_out: PathInput,
+    special_tokens: Iterable[str] | None = ("<|endoftext|>",),
+    *,
+    pattern: str = "gpt2",
+    num_threads: int | None = None,
+    part: tuple[int, int] | None = None,
+    source: object = None,
+) -> dict:
+    """Count the pre-tokens of documents (each a text of its own, as ``trainer.train`` reads
+    an iterable) into ``counts_out``. ``part`` and ``source`` (any JSON value naming the
+    whole of which these documents are part ``part``) let ``train_from_counts`` check that
+    every part of the whole is given once."""
+    specials = check_special_tokens(special_tokens)
+    patterns.resolve(pattern)
+    trainer = _core.BpeTrainer(specials, pattern, num_threads, "strict", _trainer._CHUNK_SIZE)
+    _trainer._feed_documents(trainer, _inputs.text_batches(texts), None)
+    extra = {"inputs": source, "part": list(part) if part else None, "ranges": None}
+    return _write(trainer, counts_out, _header(specials, pattern, extra))
+
+
+def _write(trainer, counts_out: PathInput, header: str) -> dict:
+    """The trainer's counts to ``counts_out``, whole or not at all; returns the header."""
     out = Path(counts_out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
