@@ -49,7 +49,7 @@ def _ray():
 
 
 def init() -> Any:
-    """The ``ray`` module, connected: to the running session, else to the cluster that
+    """The ``ray`` module, connected: as this process already is, else to the cluster that
     ``RAY_ADDRESS`` names, else to a new local cluster."""
     ray = _ray()
     if not ray.is_initialized():
