@@ -509,11 +509,15 @@ def test_count_parameters_equals_numel(ablation):
     assert count_parameters(cfg) == model.num_parameters() == sum(p.numel() for p in model.parameters())
 
 
-def test_silu_ffn_is_parameter_matched():
+@pytest.mark.parametrize("ffn", ["silu", "relu2"])
+def test_ungated_ffns_are_parameter_matched(ffn):
     cfg = ModelConfig(**{**SMALL, "d_ff": 1344, "d_model": 512})
-    silu = ModelConfig(**{**SMALL, "d_ff": 1344, "d_model": 512, "ffn": "silu"})
-    assert silu.d_ff_silu == 2016
-    assert count_parameters(cfg) == count_parameters(silu)
+    ungated = ModelConfig(**{**SMALL, "d_ff": 1344, "d_model": 512, "ffn": ffn})
+    assert ungated.ffn_hidden == 2016  # 3/2 x 1344: two matrices of 2016 = three of 1344
+    assert count_parameters(cfg) == count_parameters(ungated)
+    assert ModelConfig(**{**SMALL, "ffn": ffn, "d_ff_ungated": 40}).ffn_hidden == 40
+    # configs saved before the rename read as the same model
+    assert ModelConfig.from_dict({**SMALL, "ffn": ffn, "d_ff_silu": 40}).ffn_hidden == 40
 
 
 def test_tinystories_shape_accounting_by_hand():

@@ -503,7 +503,7 @@ def load_model(
     the caller has read it already (it is not read again).
     """
     from ferrolm.lm.checkpoint import CheckpointError, apply_checkpoint
-    from ferrolm.lm.model import TransformerLM
+    from ferrolm.lm.model import ModelConfig, TransformerLM
 
     name = os.fspath(checkpoint)
     if ckpt is None:
@@ -518,8 +518,8 @@ def load_model(
             )
     cfg = _model_config_from_checkpoint(ckpt, name)
     try:
-        model = TransformerLM(**cfg)
-    except TypeError as e:
+        model = TransformerLM.from_config(ModelConfig.from_dict(cfg))
+    except (TypeError, ValueError) as e:
         raise CheckpointError(
             f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})"
         ) from None

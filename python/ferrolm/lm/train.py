@@ -69,6 +69,7 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     CONFIG_NAME,
     ConfigError,
     DataSection,
+    ModelConfig,
     ModelSection,
     OptimizerSection,
     RunSection,
@@ -423,6 +424,8 @@ def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict
                     warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=5)
     saved_model = (ckpt.get("config") or {}).get("model")
     now = cfg.to_dict()["model"]
+    if saved_model:  # fields a checkpoint predates are its defaults (switches off)
+        saved_model = ModelConfig.from_dict(saved_model).to_dict()
     if saved_model and saved_model != now:
         diff = {k: (saved_model.get(k), v) for k, v in now.items() if saved_model.get(k) != v}
         raise CheckpointError(f"{path} was saved with a different model config (checkpoint vs now: {diff})")
@@ -486,17 +489,8 @@ def _data_vocab_size(train: TokenShards, val: TokenShards, tokenizer) -> int:
     )
 
 
-def build_model(cfg: ModelSection) -> torch.nn.Module:
-    return TransformerLM(
-        cfg.vocab_size,
-        cfg.context_length,
-        cfg.d_model,
-        cfg.num_layers,
-        cfg.num_heads,
-        cfg.d_ff,
-        cfg.rope_theta,
-        tie_embeddings=cfg.tie_embeddings,
-    )
+def build_model(cfg: ModelConfig) -> torch.nn.Module:
+    return TransformerLM.from_config(cfg)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
