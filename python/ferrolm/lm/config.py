@@ -139,9 +139,7 @@ class ModelConfig:
         if self.positions == "rope" and self.d_head % 2:
             raise ValueError(f"RoPE needs an even head size: model.d_model / model.num_heads = {self.d_head}")
         if self.num_heads % self.kv_heads:
-            raise ValueError(
-                f"model.num_kv_heads ({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})"
-            )
+            raise ValueError(f"model.num_kv_heads ({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})")
         return self
 
     @property
