@@ -88,6 +88,8 @@ __all__ = [
     "causal_mask",
     "count_parameters",
     "flops_per_token",
+    "hf_architecture",
+    "to_hf_state_dict",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -736,24 +738,49 @@ def _matmul_weights_per_layer(cfg: ModelConfig) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
-    """The weights of ``model`` under HF ``LlamaForCausalLM``'s names, for a LlamaConfig with
-    hidden_size = d_model, intermediate_size = d_ff, num_key_value_heads = num_heads,
-    rms_norm_eps = norm_eps, rope theta = rope_theta, no biases, and tie_word_embeddings =
-    tie_embeddings (a tied model has no ``lm_head.weight``: HF ties it to the embedding).
+def hf_architecture(cfg: ModelConfig) -> str:
+    """The Hugging Face architecture that computes ``cfg``'s logits: "llama", or "qwen3"
+    with ``qk_norm`` (Qwen3's per-head q_norm/k_norm, exported with unit weights). Raise
+    ValueError naming each setting neither expresses.
 
-    Only the architecture Llama has maps (RMSNorm, pre-norm, RoPE, SwiGLU). HF rotates
-    halves of each head (x[i], x[i + d_head/2]) where ferrolm rotates pairs (x[2i], x[2i+1]),
-    so each head's rows of W_Q and W_K are permuted, evens then odds: the logits are equal.
-    Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary buffers are not weights).
+    Qwen3 normalizes q and k before RoPE where ferrolm does after; RoPE rotates pairs and so
+    keeps each head's norm, and with unit weights the two orders give the same vectors.
+    Grouped-query attention maps to num_key_value_heads, tying to tie_word_embeddings;
+    zero_init_output is only an initialization; doc_mask changes nothing for a sequence
+    with no end-of-text token after its first position (HF attends across documents).
+    """
+    wanted = {"norm": "rms", "norm_position": "pre", "positions": "rope", "ffn": "swiglu", "logit_softcap": 0.0}
+    bad = [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)}: the Hugging Face architectures ferrolm exports to (Llama, and Qwen3 for "
+            "model.qk_norm) have only RMSNorm, pre-norm, RoPE, SwiGLU and uncapped logits, so this model "
+            "cannot be exported"
+        )
+    return "qwen3" if cfg.qk_norm else "llama"
+
+
+def to_hf_state_dict(model: TransformerLM) -> dict[str, Tensor]:
+    """The weights of ``model`` under HF ``LlamaForCausalLM``'s names (``Qwen3ForCausalLM``'s,
+    which adds ``self_attn.{q,k}_norm.weight``, with ``qk_norm``), for a config with
+    hidden_size = d_model, intermediate_size = d_ff, num_key_value_heads = the model's
+    key/value heads, head_dim = d_head, rms_norm_eps = norm_eps, rope theta = rope_theta,
+    no biases, and tie_word_embeddings = tie_embeddings (a tied model has no
+    ``lm_head.weight``: HF ties it to the embedding). See ``hf_architecture``.
+
+    HF rotates halves of each head (x[i], x[i + d_head/2]) where ferrolm rotates pairs
+    (x[2i], x[2i+1]), so each head's rows of W_Q and W_K are permuted, evens then odds:
+    the logits are equal. Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary
+    buffers are not weights).
     """
     cfg = model.config
-    check_llama_compatible(cfg)
+    hf_architecture(cfg)
     dh = cfg.d_head
     perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
-    rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
     sd = model.state_dict()
-    rows = rows.to(sd["lm_head.weight"].device)
+    device = sd["lm_head.weight"].device
+    q_rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)]).to(device)
+    k_rows = torch.cat([h * dh + perm for h in range(cfg.kv_heads)]).to(device)
     out = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"]}
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
@@ -766,20 +793,17 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
         "input_layernorm": "ln1",
         "post_attention_layernorm": "ln2",
     }
+    unit = sd["ln_final.weight"].new_ones(dh)
     for i in range(cfg.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][rows]
-        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][rows]
+        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][q_rows]
+        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][k_rows]
         for hf_name, name in names.items():
             out[theirs + hf_name + ".weight"] = sd[ours + name + ".weight"]
+        if cfg.qk_norm:  # ferrolm's QK-norm has no weight: Qwen3's with unit weights
+            out[theirs + "self_attn.q_norm.weight"] = unit.clone()  # one tensor per name (safetensors)
+            out[theirs + "self_attn.k_norm.weight"] = unit.clone()
     return out
 
 
-def check_llama_compatible(cfg: ModelConfig) -> None:
-    """Raise ValueError naming each ablation that HF Llama cannot express."""
-    wanted = {"norm": "rms", "norm_position": "pre", "positions": "rope", "ffn": "swiglu"}
-    bad = [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
-    if bad:
-        raise ValueError(
-            f"{', '.join(bad)}: HF Llama has only RMSNorm, pre-norm, RoPE and SwiGLU, so this model cannot be exported"
-        )
+to_hf_llama_state_dict = to_hf_state_dict  # the name from when Llama was the only target
