@@ -41,6 +41,8 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, tmp
     transformers = pytest.importorskip("transformers")
     run_dir, tok, _ = run
     ckpt = run_dir / "best.pt"
+    if load_model(ckpt)[0].config.qk_norm and not hasattr(transformers, "Qwen3ForCausalLM"):
+        pytest.skip("transformers before 4.51 has no Qwen3")
     out = export_hf(ckpt, tmp_path / "hf")  # the tokenizer comes from the run's config
     ours, _ = load_model(ckpt)
     cfg = ours.config
