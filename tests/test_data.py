@@ -339,3 +339,13 @@ def test_document_rows_need_end_of_text_tokens():
         DocumentRows(np.arange(1, 100), 0, 2, 8, torch.Generator())
     with pytest.raises(ShardError, match="no document of 2 tokens"):
         DocumentRows(np.zeros(50, dtype=np.int64), 0, 2, 8, torch.Generator()).next_rows()
+
+
+def test_document_rows_refuse_an_id_past_the_vocab(tmp_path):
+    from ferrolm.lm.data import DocumentRows
+
+    tokens = _documents([5, 6, 7, 8])
+    tokens[22] = 300  # inside the longest document, which fills the first row
+    shards = TokenShards(write_shard(tmp_path / "bad", tokens, vocab_size=256))
+    with pytest.raises(ShardError, match="token id 300, not below their vocab_size 256"):
+        DocumentRows(shards, 0, 2, 8, torch.Generator().manual_seed(0), buffer_size=4).next_rows()

@@ -591,6 +591,12 @@ class DocumentRows:
                 start, take = self._take(self.row_len - filled)
                 rows[r, filled : filled + take] = self.tokens[start : start + take]
                 filled += take
+        vocab_size = getattr(self.tokens, "vocab_size", None)
+        if vocab_size is not None and rows.max() >= vocab_size:  # as TokenShards' windows check
+            raise ShardError(
+                f"the training shards hold token id {int(rows.max())}, not below their vocab_size {vocab_size}: "
+                "a shard is corrupt (`ferrolm shards --deep` lists such ids)"
+            )
         return rows
 
     def state(self) -> torch.Tensor:
