@@ -242,3 +242,110 @@ def test_a_bin_without_sidecar_opens_with_its_dtype(tmp_path):
     write_shard(tmp_path / "s", [1, 2, 3])
     with pytest.raises(ShardError, match="uint32"):
         TokenShards(tmp_path / "s", dtype="uint32")
+
+
+# ------------------------------------------------------------- document-aligned rows ---
+
+
+def _documents(lengths, eos=0, seed=0):
+    """A stream of documents of the given lengths (content ids 1..49), each followed by eos."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([np.append(rng.integers(1, 50, size=n), eos) for n in lengths]).astype(np.uint16)
+
+
+def _best_fit_by_hand(tokens, eos, batch, context, begin, buffer_size, n_batches):
+    """The packing rule written plainly: documents run from one eos to the next, read in
+    order from the first eos at or after `begin`, wrapping around; a document longer than a
+    row is cropped to one; each row takes the longest buffered document that fits (the
+    oldest among equals), or else the shortest (the oldest among equals), cropped."""
+    row_len = context + 1
+    eos_at = [i for i, t in enumerate(tokens) if t == eos]
+    order = [p for p in eos_at if p >= begin] + [p for p in eos_at if p < begin]
+
+    def stream():
+        while True:
+            for p in order:
+                nxt = [q for q in eos_at if q > p]
+                end = nxt[0] if nxt else len(tokens)
+                if end - p >= 2:
+                    yield (p, min(end - p, row_len))
+
+    docs, buffer, out = stream(), [], []
+    for _ in range(n_batches):
+        rows = []
+        for _ in range(batch):
+            row = []
+            while len(row) < row_len:
+                while len(buffer) < buffer_size:
+                    buffer.append(next(docs))  # arrival order
+                room = row_len - len(row)
+                fits = [d for d in buffer if d[1] <= room]
+                if fits:
+                    pick = max(fits, key=lambda d: d[1])  # max() keeps the first (oldest) of equals
+                    take = pick[1]
+                else:
+                    pick = min(buffer, key=lambda d: d[1])
+                    take = room
+                buffer.remove(pick)
+                row += [int(t) for t in tokens[pick[0] : pick[0] + take]]
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+@pytest.mark.parametrize("buffer_size", [1, 4, 50])
+def test_document_rows_start_at_a_document_and_pack_best_fit(tmp_path, buffer_size):
+    from ferrolm.lm.data import DocumentRows
+
+    rng = np.random.default_rng(1)
+    tokens = _documents(rng.integers(1, 40, size=30), seed=2)  # some documents longer than a row
+    shards = TokenShards(write_shard(tmp_path / "d", tokens, vocab_size=64))
+    begin = int(torch.randint(0, len(tokens), (1,), generator=torch.Generator().manual_seed(5)))
+    want = _best_fit_by_hand(tokens.tolist(), 0, 3, 16, begin, buffer_size, 20)  # > one pass of the stream
+    rows = DocumentRows(shards, 0, 3, 16, torch.Generator().manual_seed(5), buffer_size=buffer_size)
+    got = [rows.next_rows().tolist() for _ in range(20)]
+    assert got == want
+    assert all(r[0] == 0 for batch in got for r in batch)  # every row opens with an eos
+    assert rows.passes >= 1
+
+
+def test_document_rows_state_replays_the_same_rows_through_the_prefetcher():
+    from ferrolm.lm.data import BatchPrefetcher, DocumentRows
+
+    tokens = _documents(np.random.default_rng(3).integers(2, 30, size=300), seed=4)
+    straight = DocumentRows(tokens, 0, 4, 16, torch.Generator().manual_seed(7), buffer_size=8)
+    expected = [straight.next_rows() for _ in range(6)]
+    pre = BatchPrefetcher(
+        tokens, 4, 16, "cpu", rows=DocumentRows(tokens, 0, 4, 16, torch.Generator().manual_seed(7), 8)
+    )
+    try:
+        got = [pre.next() for _ in range(3)]
+        state = pre.loader_state()  # before batch 3, although batch 3 is already built
+    finally:
+        pre.close()
+    for (x, y), rows in zip(got, expected):
+        assert torch.equal(x, torch.from_numpy(rows[:, :-1])) and torch.equal(y, torch.from_numpy(rows[:, 1:]))
+    other_seed = DocumentRows(tokens, 0, 4, 16, torch.Generator().manual_seed(99), buffer_size=8)
+    other_seed.set_state(state)
+    assert all(np.array_equal(other_seed.next_rows(), rows) for rows in expected[3:])
+    with pytest.raises(ValueError, match="buffer of 9"):
+        DocumentRows(tokens, 0, 4, 16, torch.Generator(), buffer_size=9).set_state(state)
+
+
+def test_document_rows_need_end_of_text_tokens():
+    from ferrolm.lm.data import DocumentRows
+
+    with pytest.raises(ShardError, match="end-of-text id 0"):
+        DocumentRows(np.arange(1, 100), 0, 2, 8, torch.Generator())
+    with pytest.raises(ShardError, match="no document of 2 tokens"):
+        DocumentRows(np.zeros(50, dtype=np.int64), 0, 2, 8, torch.Generator()).next_rows()
+
+
+def test_document_rows_refuse_an_id_past_the_vocab(tmp_path):
+    from ferrolm.lm.data import DocumentRows
+
+    tokens = _documents([5, 6, 7, 8])
+    tokens[22] = 300  # inside the longest document, which fills the first row
+    shards = TokenShards(write_shard(tmp_path / "bad", tokens, vocab_size=256))
+    with pytest.raises(ShardError, match="token id 300, not below their vocab_size 256"):
+        DocumentRows(shards, 0, 2, 8, torch.Generator().manual_seed(0), buffer_size=4).next_rows()

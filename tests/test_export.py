@@ -19,24 +19,39 @@ CPU_SMALL = {k: v for k, v in vars(load_config("cpu-small").model).items() if k 
 TINY_TIED = dict(
     context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64, rope_theta=5000.0, tie_embeddings=True
 )
+# Llama with grouped-query attention, tied; Qwen3 for QK-norm (with GQA and zero-initialised outputs)
+MODELS = {
+    "cpu-small": CPU_SMALL,
+    "tiny-tied-gqa": {**TINY_TIED, "num_kv_heads": 2},
+    "tiny-qk-norm": {
+        **TINY_TIED,
+        "tie_embeddings": False,
+        "num_kv_heads": 1,
+        "qk_norm": True,
+        "zero_init_output": True,
+    },
+}
 
 
-@pytest.fixture(scope="module", params=["cpu-small", "tiny-tied"])
+@pytest.fixture(scope="module", params=list(MODELS))
 def run(request, tmp_path_factory):
-    model = CPU_SMALL if request.param == "cpu-small" else TINY_TIED
-    return trained_run(tmp_path_factory.mktemp(request.param), model, steps=3)
+    return trained_run(tmp_path_factory.mktemp(request.param), MODELS[request.param], steps=3)
 
 
 def test_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     run_dir, tok, _ = run
     ckpt = run_dir / "best.pt"
+    if load_model(ckpt)[0].config.qk_norm and not hasattr(transformers, "Qwen3ForCausalLM"):
+        pytest.skip("transformers before 4.51 has no Qwen3")
     out = export_hf(ckpt, tmp_path / "hf")  # the tokenizer comes from the run's config
     ours, _, _ = load_model(ckpt)
     cfg = ours.config
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
-    assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.tie_word_embeddings == cfg.tie_embeddings
+    arch = "Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"
+    assert type(hf).__name__ == arch and hf.config.tie_word_embeddings == cfg.tie_embeddings
+    assert hf.config.num_key_value_heads == cfg.kv_heads
     assert hf.config.rope_parameters["rope_theta"] == cfg.rope_theta
     assert hf_tok.model_max_length == cfg.context_length and hf_tok.eos_token_id == tok.eos_id
     text = "Once upon a time, there was a little girl named Lily. She liked to play"
@@ -57,11 +72,11 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, tmp
     printed = capsys.readouterr().out
     assert printed == text + tok.decode([t for t in want if t != tok.eos_id]) + "\n"
     cfg_json = json.loads((out / "config.json").read_text())
-    assert cfg_json["architectures"] == ["LlamaForCausalLM"]
+    assert cfg_json["architectures"] == [arch]
     assert cfg_json["max_position_embeddings"] == cfg.context_length
 
 
-def test_export_refuses_what_llama_cannot_express(tmp_path):
+def test_export_refuses_by_name_what_no_exported_architecture_expresses(tmp_path):
     from ferrolm.lm.checkpoint import save_checkpoint
     from ferrolm.lm.model import TransformerLM
 
@@ -73,6 +88,15 @@ def test_export_refuses_what_llama_cannot_express(tmp_path):
     with pytest.raises(ValueError, match="model.norm_position = 'post'"):
         export_hf(tmp_path / "post.pt", tmp_path / "out", tok)
     assert not (tmp_path / "out").exists()
+    for switch, name in (
+        ({"ffn": "relu2"}, "model.ffn = 'relu2'"),
+        ({"logit_softcap": 30.0}, "model.logit_softcap = 30.0"),
+    ):
+        model = TransformerLM(300, 16, 32, 1, 4, 64, qk_norm=True, **switch)
+        save_checkpoint(model, None, 0, tmp_path / "s.pt", config={"model": model.config.to_dict()})
+        with pytest.raises(ValueError, match=f"{name}.*cannot be exported"):
+            export_hf(tmp_path / "s.pt", tmp_path / "out", tok)
+        assert not (tmp_path / "out").exists()
 
 
 def test_export_cli_and_safetensors_roundtrip(run, tmp_path):

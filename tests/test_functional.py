@@ -271,3 +271,48 @@ def test_attention_gradcheck_float64():
     v = torch.randn(2, 5, 2, dtype=torch.float64, generator=g, requires_grad=True)
     mask = torch.ones(4, 5, dtype=torch.bool).tril(diagonal=1)
     assert torch.autograd.gradcheck(lambda a, b, c: functional.scaled_dot_product_attention(a, b, c, mask), (q, k, v))
+
+
+# ------------------------------------------------------------- model switches ---------
+
+
+def test_qk_norm_relu_squared_and_softcap_by_hand():
+    # qk_norm of (3, 4): mean of squares 12.5, sqrt(12.5 + 1e-5) = 3.5355353; (0.848528, 1.131371)
+    x = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    rms = math.sqrt((9 + 16) / 2 + 1e-5)
+    assert functional.qk_norm(x, 1e-5).tolist() == pytest.approx([3 / rms, 4 / rms], abs=1e-12)
+    assert [3 / rms, 4 / rms] == pytest.approx([0.848528, 1.131371], abs=1e-6)
+    assert functional.qk_norm(x.to(torch.bfloat16)).dtype == torch.bfloat16
+    assert functional.relu_squared(torch.tensor([-2.0, 0.0, 0.5, 3.0])).tolist() == [0.0, 0.0, 0.25, 9.0]
+    # softcap(z, c) = c tanh(z / c): c = 10 gives 10 tanh(0.5) = 4.621172 for 5 and 10 tanh(10) = 9.999999959 for 100
+    got = functional.softcap(torch.tensor([5.0, -100.0, 0.0], dtype=torch.float64), 10.0).tolist()
+    assert got == pytest.approx([10 * math.tanh(0.5), -10 * math.tanh(10.0), 0.0], abs=1e-12)
+    assert got[0] == pytest.approx(4.621172, abs=1e-6)
+
+
+def test_grouped_query_attention_repeats_each_key_value_head_in_place():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 5, 4, dtype=torch.float64, generator=g)
+    k = torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=g)
+    v = torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=g)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    got = functional.grouped_query_attention(q, k, v, mask)
+    for h in range(6):  # 3 query heads per key/value head: heads 0-2 read 0, heads 3-5 read 1
+        want = functional.scaled_dot_product_attention(q[:, h], k[:, h // 3], v[:, h // 3], mask)
+        torch.testing.assert_close(got[:, h], want)
+    with pytest.raises(ValueError, match="do not divide"):
+        functional.grouped_query_attention(q, k[:, :1].expand(2, 4, 5, 4), v, mask)
+
+
+def test_document_ids_and_mask_by_hand():
+    ids = torch.tensor([7, 0, 3, 4, 0, 5])  # eos = 0 opens a document
+    assert functional.document_ids(ids, 0).tolist() == [0, 1, 1, 1, 2, 2]
+    want = [
+        [1, 0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0],
+        [0, 1, 1, 0, 0, 0],
+        [0, 1, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 1, 1],
+    ]
+    assert functional.document_mask(functional.document_ids(ids, 0)).int().tolist() == want

@@ -23,10 +23,13 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["mha", "gqa-qk-norm"])
+def model(request):
+    """The plain model, and one with grouped-query attention (2 key/value heads for 4 query
+    heads: a narrower cache) and QK-norm (keys cached after the norm)."""
     torch.manual_seed(1234)
-    m = TransformerLM(VOCAB, CTX, d_model=32, num_layers=2, num_heads=4, d_ff=64)
+    switches = {} if request.param == "mha" else {"num_kv_heads": 2, "qk_norm": True}
+    m = TransformerLM(VOCAB, CTX, d_model=32, num_layers=2, num_heads=4, d_ff=64, **switches)
     m.eval()
     return m
 

@@ -18,6 +18,7 @@ from ferrolm.lm.model import (
     Embedding,
     Linear,
     ModelConfig,
+    ReLU2FFN,
     RMSNorm,
     RotaryEmbedding,
     SiLUFFN,
@@ -406,14 +407,24 @@ def test_config_round_trip():
 # ------------------------------------------------------------- KV cache ---------------
 
 
-@pytest.mark.parametrize("ablation", [{}, {"attention": "reference"}, {"positions": "none"}])
+@pytest.mark.parametrize(
+    "ablation",
+    [
+        {},
+        {"attention": "reference"},
+        {"positions": "none"},
+        {"num_kv_heads": 2, "qk_norm": True},
+        {"num_kv_heads": 1, "attention": "reference"},
+    ],
+)
 def test_kv_cache_stepwise_equals_full_recomputation(ablation):
     model = small_model(7, **ablation)
     ids = random_ids(3, 20, seed=8)
     with torch.no_grad():
         full = model(ids)
         cache = model.make_kv_cache(batch_size=3)
-        assert cache.keys[0].shape == (3, 4, 24, 8) and cache.length == 0
+        kv_heads = ablation.get("num_kv_heads", 4)
+        assert cache.keys[0].shape == (3, kv_heads, 24, 8) and cache.length == 0
         pieces = [model(ids[:, :5], kv_cache=cache)]  # prefill 5 positions
         assert cache.length == 5
         for t in range(5, 12):  # decode one at a time
@@ -525,7 +536,15 @@ def test_model_in_bfloat16_parameters():
 
 @pytest.mark.parametrize(
     "ablation",
-    [{}, {"tie_embeddings": True}, {"norm": "none"}, {"ffn": "silu"}, {"positions": "none", "norm_position": "post"}],
+    [
+        {},
+        {"tie_embeddings": True},
+        {"norm": "none"},
+        {"ffn": "silu"},
+        {"ffn": "relu2", "d_ff_ungated": 50},
+        {"positions": "none", "norm_position": "post"},
+        {"num_kv_heads": 2, "qk_norm": True, "logit_softcap": 15.0, "zero_init_output": True},
+    ],
 )
 def test_count_parameters_equals_numel(ablation):
     cfg = ModelConfig(**SMALL, **ablation)
@@ -533,11 +552,15 @@ def test_count_parameters_equals_numel(ablation):
     assert count_parameters(cfg) == model.num_parameters() == sum(p.numel() for p in model.parameters())
 
 
-def test_silu_ffn_is_parameter_matched():
+@pytest.mark.parametrize("ffn", ["silu", "relu2"])
+def test_ungated_ffns_are_parameter_matched(ffn):
     cfg = ModelConfig(**{**SMALL, "d_ff": 1344, "d_model": 512})
-    silu = ModelConfig(**{**SMALL, "d_ff": 1344, "d_model": 512, "ffn": "silu"})
-    assert silu.d_ff_silu == 2016
-    assert count_parameters(cfg) == count_parameters(silu)
+    ungated = ModelConfig(**{**SMALL, "d_ff": 1344, "d_model": 512, "ffn": ffn})
+    assert ungated.ffn_hidden == 2016  # 3/2 x 1344: two matrices of 2016 = three of 1344
+    assert count_parameters(cfg) == count_parameters(ungated)
+    assert ModelConfig(**{**SMALL, "ffn": ffn, "d_ff_ungated": 40}).ffn_hidden == 40
+    # configs saved before the rename read as the same model
+    assert ModelConfig.from_dict({**SMALL, "ffn": ffn, "d_ff_silu": 40}).ffn_hidden == 40
 
 
 def test_tinystories_shape_accounting_by_hand():
@@ -662,3 +685,129 @@ def test_compiled_step_equals_eager_forward_and_backward(fused_head):
     torch.testing.assert_close(loss_compiled, loss_eager, atol=1e-5, rtol=1e-5)
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+# ------------------------------------------------------------- switches ---------------
+
+
+def test_every_switch_is_off_by_default_and_adds_no_state_dict_key():
+    cfg = ModelConfig(**SMALL)
+    assert (cfg.num_kv_heads, cfg.qk_norm, cfg.logit_softcap, cfg.zero_init_output, cfg.doc_mask) == (
+        0,
+        False,
+        0.0,
+        False,
+        False,
+    )
+    plain = small_model().state_dict()
+    on = small_model(num_kv_heads=2, qk_norm=True, logit_softcap=30.0, zero_init_output=True, doc_mask=True)
+    assert list(on.state_dict()) == list(plain)
+    assert on.state_dict()["layers.0.attn.k_proj.weight"].shape == (16, 32)  # 2 heads x d_head 8
+    for bad, message in (
+        ({"num_kv_heads": 3}, r"model.num_kv_heads \(3\) must divide model.num_heads \(4\)"),
+        ({"logit_softcap": -1.0}, "model.logit_softcap must be >= 0"),
+        ({"ffn": "gelu"}, "model.ffn must be one of"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ModelConfig(**SMALL, **bad)
+
+
+def _switched_attention_by_hand(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    """The attention equation written per head: query head h reads key/value head
+    h // (H / H_kv); with qk_norm, q and k are divided by their RMS after RoPE."""
+    seq, H, Hkv, dh = x.shape[1], attn.num_heads, attn.num_kv_heads, attn.d_head
+    pos = torch.arange(seq)
+    heads = []
+    for h in range(H):
+        g = h // (H // Hkv)
+        outs = []
+        for b in range(x.shape[0]):
+            q = x[b] @ attn.q_proj.weight[h * dh : (h + 1) * dh].T
+            k = x[b] @ attn.k_proj.weight[g * dh : (g + 1) * dh].T
+            v = x[b] @ attn.v_proj.weight[g * dh : (g + 1) * dh].T
+            q, k = attn.rope(q, pos), attn.rope(k, pos)
+            if attn.qk_norm:
+                q = q / torch.sqrt((q * q).mean(-1, keepdim=True) + attn.eps)
+                k = k / torch.sqrt((k * k).mean(-1, keepdim=True) + attn.eps)
+            scores = q @ k.T / math.sqrt(dh) + torch.full((seq, seq), float("-inf"), dtype=x.dtype).triu(1)
+            outs.append(torch.softmax(scores, -1) @ v)
+        heads.append(torch.stack(outs))
+    return torch.cat(heads, dim=-1) @ attn.output_proj.weight.T
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+@pytest.mark.parametrize("kv_heads,qk_norm", [(2, False), (1, False), (4, True), (2, True)])
+def test_grouped_query_attention_and_qk_norm_against_the_per_head_equation(path, kv_heads, qk_norm):
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(10000.0, 8, 16)
+    attn = CausalSelfAttention(32, 4, rope, attention=path, num_kv_heads=kv_heads, qk_norm=qk_norm).double()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), _switched_attention_by_hand(attn, x))
+
+
+def test_qk_norm_after_rope_equals_before_rope():
+    # RoPE rotates pairs, which keeps a head's norm: normalizing after it (ferrolm) equals
+    # normalizing before it (Qwen3's order) -- what lets the export carry this switch.
+    rope = RotaryEmbedding(10000.0, 8, 16)
+    q = torch.randn(2, 3, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    pos = torch.arange(16)
+    torch.testing.assert_close(functional.qk_norm(rope(q, pos)), rope(functional.qk_norm(q), pos))
+
+
+def test_relu_squared_ffn_against_formula():
+    torch.manual_seed(0)
+    ffn = ReLU2FFN(16, 24).double()
+    x = torch.randn(3, 16, dtype=torch.float64)
+    hidden = x @ ffn.w1.weight.T
+    want = (torch.where(hidden > 0, hidden, torch.zeros_like(hidden)) ** 2) @ ffn.w2.weight.T
+    torch.testing.assert_close(ffn(x), want)
+    model = small_model(ffn="relu2")
+    assert isinstance(model.layers[0].ffn, ReLU2FFN) and model.layers[0].ffn.w1.weight.shape == (72, 32)
+
+
+def test_logit_softcap_caps_the_logits_and_the_loss_uses_the_capped_logits():
+    plain, capped = small_model(4).train(), small_model(4, logit_softcap=2.0).train()
+    x, y = random_ids(2, 12), random_ids(2, 12, seed=3)
+    z = plain(x)
+    torch.testing.assert_close(capped(x), 2.0 * torch.tanh(z / 2.0))
+    assert capped(x).abs().max() < 2.0 < z.abs().max()
+    want = F.cross_entropy((2.0 * torch.tanh(z / 2.0)).flatten(0, 1), y.flatten())
+    got = capped(x, targets=y)
+    torch.testing.assert_close(got, want)
+    got.backward()
+    want.backward()
+    for (name, p), q in zip(capped.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_zero_init_output_makes_every_block_the_identity():
+    model = small_model(5, zero_init_output=True)
+    plain = small_model(5)
+    for layer, ref in zip(model.layers, plain.layers):
+        assert layer.attn.output_proj.weight.abs().sum() == 0 and layer.ffn.w2.weight.abs().sum() == 0
+        torch.testing.assert_close(layer.attn.q_proj.weight, ref.attn.q_proj.weight)  # the rest as before
+    ids = random_ids(2, 10)
+    torch.testing.assert_close(model(ids), model.lm_head(model.ln_final(model.token_embeddings(ids))))
+
+
+def test_document_ids_mask_attention_to_each_document():
+    model = small_model(6, doc_mask=True)
+    eos = 0
+    first, second = [eos, 5, 9, 13, 2], [eos, 7, 7, 3, 40, 11]
+    row = torch.tensor([first + second])
+    docs = functional.document_ids(row, eos)
+    assert docs.tolist() == [[1] * 5 + [2] * 6]
+    with torch.no_grad():
+        masked = model(row, document_ids=docs)
+        # each document's logits are those of the document alone (RoPE sees only distances)
+        torch.testing.assert_close(masked[0, :5], model(torch.tensor([first]))[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(masked[0, 5:], model(torch.tensor([second]))[0], atol=1e-5, rtol=0)
+        assert not torch.allclose(model(row)[0, 5:], masked[0, 5:], atol=1e-4)  # unmasked, the first leaks in
+        ref = small_model(6, doc_mask=True, attention="reference")
+        torch.testing.assert_close(ref(row, document_ids=docs), masked, atol=1e-5, rtol=0)
+        y = torch.tensor([first[1:] + second + [eos]])
+        torch.testing.assert_close(
+            model(row, targets=y, document_ids=docs), functional.cross_entropy(masked, y), atol=1e-6, rtol=0
+        )
+    with pytest.raises(ValueError, match="document_ids must be"):
+        model(row, document_ids=docs[:, :3])

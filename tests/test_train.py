@@ -123,6 +123,19 @@ def test_overrides_types_and_errors():
         load_config("cpu-smal")
 
 
+def test_model_switches_are_config_keys_that_build_the_model():
+    from ferrolm.lm.model import ModelConfig
+    from ferrolm.lm.train import build_model
+
+    switches = ["model.num_kv_heads=2", "model.qk_norm=true", "model.ffn=relu2", "model.logit_softcap=30"]
+    cfg = load_config("cpu-small", switches + ["model.zero_init_output=true", "model.vocab_size=300"])
+    assert isinstance(cfg.model, ModelConfig)  # the [model] section is the model's config
+    model = build_model(cfg.model)
+    assert model.config == cfg.model and model.layers[0].attn.num_kv_heads == 2
+    assert model.layers[0].ffn.w1.weight.shape == (round(3 * 683 / 2), 256)
+    assert "qk_norm = true" in to_toml(cfg) and "logit_softcap = 30.0" in to_toml(cfg)
+
+
 def test_config_round_trips_through_toml(tmp_path):
     cfg = load_config("tinystories", ["data.train=['x', 'y']", 'run.out_dir=some dir/with "quotes"'])
     (tmp_path / "c.toml").write_text(to_toml(cfg))
@@ -222,6 +235,43 @@ def test_resume_after_sigterm_is_exact(shards, tmp_path, optimizer):
         "step_00000020.pt",
     ]
     assert (tmp_path / "resumed" / "best.pt").is_file()
+
+
+def test_document_batches_resume_bit_exact(shards, tmp_path):
+    """data.batching = "documents" with model.doc_mask: the loader's state (stream position and
+    buffer) is in the checkpoint, so 6 steps + resume + 6 equal 12 straight."""
+    doc = {"data": {"batching": "documents", "doc_buffer": 16}, "schedule": {"max_steps": 12}}
+    doc["run"] = {"eval_every": 3, "log_every": 3, "checkpoint_every": 3}
+
+    def config(out):
+        cfg = tiny_config(shards, out, **doc)
+        cfg.update({"model": {"doc_mask": True}})
+        return cfg.validate()
+
+    straight = train(config(tmp_path / "straight"))
+    assert straight.status == "done" and straight.step == 12
+
+    def stop_at_6(step, record):
+        if step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    first = train(config(tmp_path / "resumed"), on_step=stop_at_6)
+    assert first.status == "interrupted" and first.step == 6
+    ckpt = read_checkpoint(first.last_checkpoint)
+    assert ckpt["batching"] == "documents" and ckpt["sampler_states"][0].dtype == torch.int64
+    second = train(config(tmp_path / "resumed"), resume=tmp_path / "resumed")
+    assert second.step == 12
+
+    def losses(run):
+        return [(r["step"], r["train_loss"], r["val_loss"]) for r in read_metrics(run)]
+
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "straight")
+    a, b = final_weights(tmp_path / "straight", 12), final_weights(tmp_path / "resumed", 12)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the same run with random windows learns from other batches
+    random_run = train(tiny_config(shards, tmp_path / "random", **{**doc, "data": {}}))
+    assert read_metrics(tmp_path / "random")[1]["train_loss"] != losses(tmp_path / "straight")[1][1]
+    assert random_run.status == "done"
 
 
 def test_existing_run_dir_needs_resume(shards, tmp_path):
@@ -636,6 +686,11 @@ def test_flags_are_read_every_step_on_cpu_and_only_when_due_elsewhere():
         ("schedule.lr_schedule=linear", r"schedule.lr_schedule must be one of \('cosine', 'wsd'\), got 'linear'"),
         ("schedule.decay_frac=0", r"schedule.decay_frac must be in \(0, 1\], got 0"),
         ("schedule.decay_frac=1.5", r"schedule.decay_frac must be in \(0, 1\], got 1.5"),
+        ("model.num_kv_heads=3", r"model.num_kv_heads \(3\) must divide model.num_heads \(8\)"),
+        ("model.ffn=gelu", r"model.ffn must be one of \('swiglu', 'silu', 'relu2'\)"),
+        ("model.logit_softcap=-1", r"model.logit_softcap must be >= 0"),
+        ("data.batching=windows", r"data.batching must be one of \('random', 'documents'\)"),
+        ("data.doc_buffer=0", r"data.doc_buffer must be positive"),
     ],
 )
 def test_nonsense_config_values_are_refused(override, message):

@@ -433,7 +433,8 @@ def _read_safetensors(path: Path) -> dict[str, Any]:
 
 
 def _read_hf_folder(path: Path) -> dict[str, Any]:
-    """A checkpoint dict from an exported Hugging Face Llama folder (``ferrolm export``)."""
+    """A checkpoint dict from an exported Hugging Face folder (``ferrolm export``: Llama, or
+    Qwen3 for a model with QK-norm)."""
     safe_open = _safe_open()
     if not (path / "model.safetensors").is_file():
         raise CheckpointError(f"{path}: weights split over several files are not supported (no model.safetensors)")
@@ -441,15 +442,15 @@ def _read_hf_folder(path: Path) -> dict[str, Any]:
         hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path / 'config.json'} is not readable JSON ({e})") from None
-    if not isinstance(hf, dict) or hf.get("model_type") != "llama":
+    if not isinstance(hf, dict) or hf.get("model_type") not in ("llama", "qwen3"):
         raise CheckpointError(
-            f"{path}: only Llama models (as ferrolm exports them) load; config.json says {hf.get('model_type')!r}"
+            f"{path}: only Llama and Qwen3 models (as ferrolm exports them) load; "
+            f"config.json says {hf.get('model_type')!r}"
         )
     heads = hf.get("num_attention_heads")
     odd = [
         f"{k} = {hf.get(k)!r}"
         for k, ok in (
-            ("num_key_value_heads", hf.get("num_key_value_heads", heads) == heads),
             ("hidden_act", hf.get("hidden_act", "silu") == "silu"),
             ("attention_bias", not hf.get("attention_bias", False)),
             ("mlp_bias", not hf.get("mlp_bias", False)),
@@ -467,6 +468,8 @@ def _read_hf_folder(path: Path) -> dict[str, Any]:
             d_model=hf["hidden_size"],
             num_layers=hf["num_hidden_layers"],
             num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            qk_norm=hf["model_type"] == "qwen3",
             d_ff=hf["intermediate_size"],
             rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
             norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
@@ -641,8 +644,8 @@ def load_model(
         raise CheckpointError(f"{name}: names no tokenizer folder; give it (--tokenizer DIR on the command line)")
     cfg = _model_config(ckpt, name)
     try:
-        model = TransformerLM(**cfg)
-    except TypeError as e:
+        model = TransformerLM.from_config(ModelConfig.from_dict(cfg))
+    except (TypeError, ValueError) as e:
         raise CheckpointError(
             f"{name}: its model config {cfg} does not fit this ferrolm's TransformerLM ({e})"
         ) from None

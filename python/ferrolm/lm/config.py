@@ -1,6 +1,6 @@
 """Training configuration: five dataclass sections read from TOML, overridable by ``--set``.
 
-    [model]      the Transformer's shape (ferrolm.lm.model.TransformerLM's arguments)
+    [model]      ModelConfig: the Transformer's shape and switches (TransformerLM's config)
     [data]       train / validation shards, optionally the tokenizer to check them against
     [optimizer]  AdamW, or Muon with AdamW groups; gradient clipping
     [schedule]   steps, batch, tokens per step, warmup + cosine or warmup-stable-decay, time budget
@@ -29,6 +29,7 @@ else:  # pragma: no cover - exercised on 3.9/3.10 only
     import tomli as tomllib
 
 __all__ = [
+    "ModelConfig",
     "ModelSection",
     "DataSection",
     "OptimizerSection",
@@ -50,18 +51,132 @@ class ConfigError(ValueError):
     """A configuration file or override is invalid; the message names the field."""
 
 
-@dataclass
-class ModelSection:
-    """Arguments of ferrolm.lm.model.TransformerLM."""
+_MODEL_CHOICES = {
+    "norm": ("rms", "none"),
+    "norm_position": ("pre", "post"),
+    "positions": ("rope", "none"),
+    "ffn": ("swiglu", "silu", "relu2"),
+    "attention": ("fast", "reference"),
+}
 
-    vocab_size: int = 0  # 0: the training shards' vocabulary size (their sidecar's)
+
+@dataclass
+class ModelConfig:
+    """The Transformer's shape and switches: the [model] section of a training config and
+    the argument of ``ferrolm.lm.model.TransformerLM`` (one definition for both).
+
+    The first fields are the ``cs336`` recipe; every switch after them is off by default,
+    and the default model is that recipe exactly (see ``TransformerLM``'s docstring for
+    each switch's equation).
+
+    - ``vocab_size``: 0 in a training config means the training shards' vocabulary size.
+    - ``norm``: "rms" (RMSNorm everywhere) or "none" (no normalization at all).
+    - ``norm_position``: "pre" (h = x + Attn(N(x))) or "post" (h = N(x + Attn(x))).
+    - ``positions``: "rope" or "none" (no positional information; causal masking alone).
+    - ``ffn``: "swiglu" W2 (SiLU(W1 x) * W3 x), "silu" W2 SiLU(W1 x) or "relu2"
+      W2 relu(W1 x)^2. The two ungated FFNs have two matrices instead of three, so their
+      hidden width is ``d_ff_ungated``, which when 0 is round(3 d_ff / 2): the parameter
+      count of a SwiGLU of width d_ff.
+    - ``tie_embeddings``: one (vocab, d_model) matrix for the embedding and the LM head,
+      initialized like the LM head (std sqrt(2/(vocab+d_model))).
+    - ``attention``: "fast" (torch's fused SDPA) or "reference" (the literal equation).
+    - ``num_kv_heads``: grouped-query attention, num_kv_heads key/value heads each shared
+      by num_heads / num_kv_heads query heads; 0 means num_heads (plain multi-head).
+    - ``qk_norm``: RMSNorm, with no weight, of each head's query and key after RoPE.
+    - ``logit_softcap``: c > 0 maps the logits z to c tanh(z / c); 0 is off.
+    - ``zero_init_output``: the attention output projection and the FFN's W2 start at
+      zero, so each block starts as the identity.
+    - ``doc_mask``: attention does not cross document boundaries (a document starts at
+      the end-of-text token); training passes the documents of each row to the model.
+    """
+
+    vocab_size: int = 0
     context_length: int = 256
     d_model: int = 512
     num_layers: int = 4
     num_heads: int = 16
     d_ff: int = 1344
-    rope_theta: float = 10_000.0
-    tie_embeddings: bool = False  # one matrix for the embedding and the LM head
+    rope_theta: float = 10000.0
+    norm: str = "rms"
+    norm_position: str = "pre"
+    positions: str = "rope"
+    ffn: str = "swiglu"
+    tie_embeddings: bool = False
+    attention: str = "fast"
+    d_ff_ungated: int = 0
+    norm_eps: float = 1e-5
+    num_kv_heads: int = 0
+    qk_norm: bool = False
+    logit_softcap: float = 0.0
+    zero_init_output: bool = False
+    doc_mask: bool = False
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> ModelConfig:
+        """Raise ValueError naming the first invalid field or relation (as ``model.NAME``)."""
+        for name, allowed in _MODEL_CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"model.{name} must be one of {allowed}, got {value!r}")
+        for name in ("context_length", "d_model", "num_layers", "num_heads", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"model.{name} must be a positive int, got {value!r}")
+        for name in ("vocab_size", "d_ff_ungated", "num_kv_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"model.{name} must be an int >= 0, got {value!r}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"model.{name} must be a positive number, got {value}")
+        if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
+            raise ValueError(f"model.logit_softcap must be >= 0 (0: off), got {self.logit_softcap}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
+        if self.positions == "rope" and self.d_head % 2:
+            raise ValueError(f"RoPE needs an even head size: model.d_model / model.num_heads = {self.d_head}")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"model.num_kv_heads ({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})")
+        return self
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: num_kv_heads, or num_heads when that is 0."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        """Width of the FFN's hidden layer for the chosen FFN."""
+        if self.ffn == "swiglu":
+            return self.d_ff
+        return self.d_ff_ungated or round(3 * self.d_ff / 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python dict (safe inside a ``weights_only=True`` checkpoint)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """The config a dict describes; fields it lacks take their defaults (switches off),
+        so configs saved before a switch existed read as the model they were."""
+        d = dict(d)
+        if "d_ff_silu" in d:  # the earlier name of d_ff_ungated
+            d["d_ff_ungated"] = d.pop("d_ff_silu") or 0
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+ModelSection = ModelConfig  # the [model] section is the model's own config
 
 
 @dataclass
@@ -72,6 +187,10 @@ class DataSection:
     val: Any = ""  # str or list of str
     tokenizer: str = ""  # optional tokenizer dir / fingerprint the shards must match
     dtype: str = ""  # uint16 / uint32 for .bin files without a sidecar (nanoGPT's train.bin)
+    # "random": windows at uniform random positions; "documents": each row starts at a
+    # document (its end-of-text token), documents packed best-fit (ferrolm.lm.data.DocumentRows)
+    batching: str = "random"
+    doc_buffer: int = 1000  # documents the best-fit packing chooses from ("documents" only)
 
 
 @dataclass
@@ -137,7 +256,7 @@ class RunSection:
 
 
 SECTIONS = {
-    "model": ModelSection,
+    "model": ModelConfig,
     "data": DataSection,
     "optimizer": OptimizerSection,
     "schedule": ScheduleSection,
@@ -147,7 +266,7 @@ SECTIONS = {
 
 @dataclass
 class TrainConfig:
-    model: ModelSection = field(default_factory=ModelSection)
+    model: ModelConfig = field(default_factory=ModelConfig)
     data: DataSection = field(default_factory=DataSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
@@ -217,6 +336,10 @@ class TrainConfig:
             v = getattr(self.data, k)
             if isinstance(v, list) and not v:
                 raise ConfigError(f"data.{k} is an empty list")
+        if self.data.batching not in BATCHING_CHOICES:
+            raise ConfigError(f"data.batching must be one of {BATCHING_CHOICES}, got {self.data.batching!r}")
+        if self.data.doc_buffer < 1:
+            raise ConfigError(f"data.doc_buffer must be positive, got {self.data.doc_buffer}")
         if self.data.dtype not in ("", "uint16", "uint32"):
             raise ConfigError(
                 f"data.dtype must be uint16 or uint32 (or empty: from the sidecar), got {self.data.dtype!r}"
@@ -270,11 +393,11 @@ def _check_signs(cfg: TrainConfig) -> None:
             raise ConfigError(f"{k} must be a positive number, got {v}")
 
 
-def _check_model(m: ModelSection) -> None:
-    if m.d_model % m.num_heads:
-        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})")
-    if (m.d_model // m.num_heads) % 2:
-        raise ConfigError(f"RoPE needs an even head size: model.d_model / model.num_heads = {m.d_model // m.num_heads}")
+def _check_model(m: ModelConfig) -> None:
+    try:
+        m.check()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_optimizer(o: OptimizerSection) -> None:
@@ -295,7 +418,7 @@ def _check_optimizer(o: OptimizerSection) -> None:
             raise ConfigError(f"optimizer.{k} must be >= 0, got {getattr(o, k)}")
 
 
-def _check_schedule(s: ScheduleSection, m: ModelSection) -> None:
+def _check_schedule(s: ScheduleSection, m: ModelConfig) -> None:
     if s.schedule_by not in ("steps", "time"):
         raise ConfigError(f"schedule.schedule_by must be 'steps' or 'time', got {s.schedule_by!r}")
     if s.lr_schedule not in LR_SCHEDULE_CHOICES:
@@ -340,6 +463,7 @@ SEED_LIMIT = 2**63  # seeds are ints in [0, SEED_LIMIT): what a torch.Generator 
 CPU_MATMUL_CHOICES = ("auto", "blas", "onednn")  # run.cpu_matmul (see ferrolm.lm.gemm)
 OPTIMIZER_CHOICES = ("adamw", "muon")  # optimizer.name
 LR_SCHEDULE_CHOICES = ("cosine", "wsd")  # schedule.lr_schedule
+BATCHING_CHOICES = ("random", "documents")  # data.batching
 
 
 def _coerce(name: str, value: Any, default: Any, source: str) -> Any:

@@ -7,10 +7,17 @@ array (numpy, np.memmap or torch) at uniformly random start positions and return
 `TokenShards` opens the ``.bin`` + ``.json`` shard pairs written by ``ferrolm encode``
 (the format is described in its docstring) with ``np.memmap``: nothing is read into RAM
 until a window is drawn.
+
+Training draws its rows from one of two sources, both with a state a checkpoint saves so
+that a resumed run sees exactly the rows an uninterrupted one would have:
+`RandomWindows` (windows at uniform random starts: get_batch's) and `DocumentRows` (each
+row begins at a document start, documents packed best-fit). `BatchPrefetcher` prepares
+the next batch of either on a background thread.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections.abc import Sequence
@@ -24,7 +31,15 @@ import torch
 from ferrolm.bpe.shards import FORMAT, MANIFEST_FORMAT, ShardError, read_json_object
 from ferrolm.lm.device import unavailable
 
-__all__ = ["get_batch", "TokenShards", "ShardError", "tokenizer_fingerprint", "BatchPrefetcher"]
+__all__ = [
+    "get_batch",
+    "TokenShards",
+    "ShardError",
+    "tokenizer_fingerprint",
+    "RandomWindows",
+    "DocumentRows",
+    "BatchPrefetcher",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -455,31 +470,192 @@ class TokenShards:
 
 
 # ---------------------------------------------------------------------------------------
+# Row sources: random windows and document-aligned rows
+# ---------------------------------------------------------------------------------------
+
+
+class RandomWindows:
+    """``batch_size`` windows of ``context_length + 1`` tokens at uniform random starts
+    (get_batch's draw); the state is the generator's."""
+
+    def __init__(self, tokens, batch_size: int, context_length: int, generator: torch.Generator):
+        self.tokens, self.batch_size, self.context_length = tokens, batch_size, context_length
+        self.generator = generator
+
+    def next_rows(self) -> np.ndarray:
+        starts = sample_starts(len(self.tokens), self.batch_size, self.context_length, self.generator)
+        return _gather_windows(self.tokens, starts, self.context_length + 1)
+
+    def state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+class DocumentRows:
+    """Rows of ``context_length + 1`` tokens that each begin at a document start, with
+    documents packed best-fit.
+
+    A document is the span from an end-of-text token up to the next one (shards put eos
+    after each document, so the eos before a document opens it and a row's first token
+    is an eos: the model always sees where a document begins). Documents are read in
+    stream order, from a start drawn from ``generator`` (then moved to the next eos),
+    wrapping around at the end; the span before the stream's first eos is not used.
+    Each row is filled from a buffer of ``buffer_size`` documents: repeatedly the longest
+    document that fits in what is left of the row (the oldest among equals), and when
+    none fits, the shortest, cropped to fill the row. A document longer than a row is
+    cropped to one row when it enters the buffer; a cropped tail is dropped.
+
+    Deterministic from the generator's seed; ``state()`` (an int64 tensor of fixed length
+    for a given buffer size: the stream position, pass count, and the buffer) and
+    ``set_state`` replay the exact rows.
+    """
+
+    _SCAN = 1 << 16  # tokens read at a time when looking for the next eos
+
+    def __init__(
+        self,
+        tokens,
+        eos_id: int,
+        batch_size: int,
+        context_length: int,
+        generator: torch.Generator,
+        buffer_size: int = 1000,
+    ):
+        if buffer_size < 1 or batch_size < 1 or context_length < 1:
+            raise ValueError("batch_size, context_length and buffer_size must be >= 1")
+        self.tokens, self.eos_id = tokens, int(eos_id)
+        self.batch_size, self.row_len, self.buffer_size = batch_size, context_length + 1, buffer_size
+        self._n = len(tokens)
+        begin = int(torch.randint(0, max(self._n, 1), (1,), generator=generator))
+        first = self._find_eos(begin)
+        if first is None:
+            first = self._find_eos(0)
+        if first is None:
+            raise ShardError(
+                f"data.batching = 'documents' needs documents separated by the end-of-text id {eos_id}, "
+                "and the training shards hold none"
+            )
+        self.cursor = first  # the eos that opens the next document not yet in the buffer
+        self.passes = 0  # times the stream wrapped around
+        self.serial = 0  # documents read so far: the age order among equal lengths
+        self.buffer: list[tuple[int, int, int]] = []  # sorted (length, serial, start)
+
+    def _find_eos(self, pos: int) -> int | None:
+        """The first eos position >= pos, or None before the end of the stream."""
+        while pos < self._n:
+            chunk = np.asarray(self.tokens[pos : min(pos + self._SCAN, self._n)])
+            hits = np.flatnonzero(chunk == self.eos_id)
+            if len(hits):
+                return pos + int(hits[0])
+            pos += len(chunk)
+        return None
+
+    def _read_document(self) -> None:
+        start = self.cursor
+        nxt = self._find_eos(start + 1)
+        if nxt is None:  # the last document: the stream wraps around
+            end, nxt = self._n, self._find_eos(0)
+            self.passes += 1
+        else:
+            end = nxt
+        self.cursor = nxt
+        length = min(end - start, self.row_len)
+        if length >= 2:  # an eos alone carries nothing to learn
+            bisect.insort(self.buffer, (length, self.serial, start))
+        self.serial += 1
+
+    def _take(self, room: int) -> tuple[int, int]:
+        """(start, tokens taken) of the document chosen for ``room`` free tokens."""
+        passes = self.passes
+        while len(self.buffer) < self.buffer_size:
+            self._read_document()
+            if not self.buffer and self.passes > passes + 1:
+                raise ShardError(
+                    "data.batching = 'documents': the training shards hold no document of 2 tokens or more"
+                )
+        i = bisect.bisect_right(self.buffer, (room, float("inf"))) - 1
+        if i < 0:  # nothing fits: the shortest, cropped
+            length, _, start = self.buffer.pop(0)
+            return start, room
+        i = bisect.bisect_left(self.buffer, (self.buffer[i][0], -1))  # the oldest of that length
+        length, _, start = self.buffer.pop(i)
+        return start, length
+
+    def next_rows(self) -> np.ndarray:
+        rows = np.empty((self.batch_size, self.row_len), dtype=np.int64)
+        for r in range(self.batch_size):
+            filled = 0
+            while filled < self.row_len:
+                start, take = self._take(self.row_len - filled)
+                rows[r, filled : filled + take] = self.tokens[start : start + take]
+                filled += take
+        vocab_size = getattr(self.tokens, "vocab_size", None)
+        if vocab_size is not None and rows.max() >= vocab_size:  # as TokenShards' windows check
+            raise ShardError(
+                f"the training shards hold token id {int(rows.max())}, not below their vocab_size {vocab_size}: "
+                "a shard is corrupt (`ferrolm shards --deep` lists such ids)"
+            )
+        return rows
+
+    def state(self) -> torch.Tensor:
+        head = [self.cursor, self.passes, self.serial, len(self.buffer)]
+        body = np.full((self.buffer_size, 3), -1, dtype=np.int64)
+        if self.buffer:
+            body[: len(self.buffer)] = np.asarray(self.buffer, dtype=np.int64)
+        return torch.from_numpy(np.concatenate([np.asarray(head, dtype=np.int64), body.reshape(-1)]))
+
+    def set_state(self, state: torch.Tensor) -> None:
+        values = state.tolist()
+        if state.dtype != torch.int64 or len(values) != 4 + 3 * self.buffer_size:
+            raise ValueError(
+                f"not a document loader state for a buffer of {self.buffer_size} documents "
+                f"(saved with another data.batching or data.doc_buffer?)"
+            )
+        self.cursor, self.passes, self.serial, count = values[:4]
+        body = values[4 : 4 + 3 * count]
+        self.buffer = [tuple(body[i : i + 3]) for i in range(0, len(body), 3)]
+
+
+# ---------------------------------------------------------------------------------------
 # Batches prepared ahead of the step
 # ---------------------------------------------------------------------------------------
 
 
 class BatchPrefetcher:
-    """The batches of ``get_batch(tokens, ..., generator=generator)``, in the same order, each
-    drawn and gathered on a background thread while the step before it runs.
+    """The batches of a row source (default: ``RandomWindows(tokens, ..., generator)``, i.e.
+    get_batch's draws), in order, each gathered on a background thread while the step
+    before it runs.
 
-    On CUDA the windows are gathered into pinned host memory there too, so the step itself
-    only queues a non-blocking copy. One batch is drawn ahead, so ``generator_state()`` is
-    the generator's state *before* the next batch not yet handed out: what a checkpoint
+    On CUDA the rows are gathered into pinned host memory there too, so the step itself
+    only queues a non-blocking copy. One batch is drawn ahead, so ``loader_state()`` is
+    the source's state *before* the next batch not yet handed out: what a checkpoint
     saves for a resume that replays exactly the batches this run would have seen.
     """
 
-    def __init__(self, tokens, batch_size: int, context_length: int, device, generator: torch.Generator):
-        self.tokens, self.batch_size, self.context_length = tokens, batch_size, context_length
+    def __init__(
+        self,
+        tokens,
+        batch_size: int,
+        context_length: int,
+        device,
+        generator: torch.Generator | None = None,
+        *,
+        rows: RandomWindows | DocumentRows | None = None,
+    ):
+        if rows is None:
+            if generator is None:
+                raise ValueError("BatchPrefetcher needs a generator or a row source")
+            rows = RandomWindows(tokens, batch_size, context_length, generator)
+        self.rows = rows
         self.device = _check_device(device)
-        self.generator = generator
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferrolm-batches")
         self._next = self._pool.submit(self._load)
 
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        state = self.generator.get_state()
-        starts = sample_starts(len(self.tokens), self.batch_size, self.context_length, self.generator)
-        both = torch.from_numpy(_gather_windows(self.tokens, starts, self.context_length + 1))
+        state = self.rows.state()
+        both = torch.from_numpy(self.rows.next_rows())
         x, y = both[:, :-1].contiguous(), both[:, 1:].contiguous()
         if self.device.type == "cuda":
             x, y = x.pin_memory(), y.pin_memory()
@@ -491,8 +667,10 @@ class BatchPrefetcher:
         self._next = self._pool.submit(self._load)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
-    def generator_state(self) -> torch.Tensor:
+    def loader_state(self) -> torch.Tensor:
         return self._next.result()[0]
+
+    generator_state = loader_state  # the name from when random windows were the only source
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

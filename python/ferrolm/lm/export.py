@@ -1,14 +1,17 @@
 """Export a checkpoint as a Hugging Face model folder that transformers loads with no
-ferrolm code: config.json (LlamaForCausalLM), model.safetensors, generation_config.json
-and the tokenizer files (tokenizer.json, tokenizer_config.json, ... and ferrolm's own).
+ferrolm code: config.json (LlamaForCausalLM, or Qwen3ForCausalLM for a model with
+QK-norm), model.safetensors, generation_config.json and the tokenizer files
+(tokenizer.json, tokenizer_config.json, ... and ferrolm's own).
 
     export_hf("runs/x/best.pt", "hf_model")          # tokenizer: the run's data.tokenizer
     AutoModelForCausalLM.from_pretrained("hf_model"); AutoTokenizer.from_pretrained("hf_model")
 
-ferrolm's architecture is Llama's (RMSNorm, pre-norm, RoPE, SwiGLU, no biases); HF rotates
-halves of each head where ferrolm rotates pairs, so q/k rows are permuted
-(``ferrolm.lm.model.to_hf_llama_state_dict``) and the logits are equal. Ablations Llama
-has no switch for are refused. The folder is written whole or not at all.
+ferrolm's default architecture is Llama's (RMSNorm, pre-norm, RoPE, SwiGLU, no biases);
+grouped-query attention maps to num_key_value_heads, and QK-norm to Qwen3's q_norm/k_norm.
+HF rotates halves of each head where ferrolm rotates pairs, so q/k rows are permuted
+(``ferrolm.lm.model.to_hf_state_dict``) and the logits are equal. Settings no exported
+architecture has are refused by name (``ferrolm.lm.model.hf_architecture``). The folder
+is written whole or not at all.
 
 ``export_safetensors`` writes the weights alone, under ferrolm's own names, with the model
 config in the file's metadata: a checkpoint that needs no pickle reader.
@@ -27,9 +30,9 @@ from ferrolm._util import atomic_write_bytes, atomic_write_dir
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import hf
 from ferrolm.lm.checkpoint import load_model
-from ferrolm.lm.model import ModelConfig, check_llama_compatible, to_hf_llama_state_dict
+from ferrolm.lm.model import ModelConfig, hf_architecture, to_hf_state_dict
 
-__all__ = ["export_hf", "export_safetensors", "llama_config", "MODEL_FILES"]
+__all__ = ["export_hf", "export_safetensors", "hf_config", "llama_config", "MODEL_FILES"]
 
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -49,18 +52,22 @@ def _special_ids(tokenizer: Any) -> dict[str, int | None]:
     return {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": ids.get(roles.get("pad_token", ""))}
 
 
-def llama_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> dict:
-    """config.json for LlamaForCausalLM with ``cfg``'s shape (RoPE theta and tying included)."""
-    check_llama_compatible(cfg)
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def hf_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> dict:
+    """config.json for the HF architecture of ``cfg`` (``hf_architecture``): its shape, RoPE
+    theta, key/value heads and tying."""
+    arch = hf_architecture(cfg)
+    config = {
+        "architectures": [_ARCHITECTURES[arch]],
+        "model_type": arch,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.kv_heads,
         "head_dim": cfg.d_head,
         "hidden_act": "silu",
         "max_position_embeddings": cfg.context_length,
@@ -69,13 +76,25 @@ def llama_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> di
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "mlp_bias": False,
         "tie_word_embeddings": cfg.tie_embeddings,
         "torch_dtype": dtype,  # transformers 4; 5 reads "dtype"
         "dtype": dtype,
         "use_cache": True,
         **_special_ids(tokenizer),
     }
+    if arch == "llama":
+        config["mlp_bias"] = False
+    else:  # Qwen3: every layer full attention
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
+        config["layer_types"] = ["full_attention"] * cfg.num_layers
+    return config
+
+
+def llama_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> dict:
+    """config.json for LlamaForCausalLM; refuses a model that needs another architecture."""
+    if hf_architecture(cfg) != "llama":
+        raise ValueError("this model has model.qk_norm: its HF architecture is Qwen3 (hf_config)")
+    return hf_config(cfg, tokenizer, dtype)
 
 
 def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
@@ -147,9 +166,9 @@ def export_hf(
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     model, tok, _ = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
     cfg = model.config
-    config = llama_config(cfg, tok, dtype)
+    config = hf_config(cfg, tok, dtype)
     _check_out(Path(out), config, tok.fingerprint, force)
-    weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_llama_state_dict(model).items()}
+    weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_state_dict(model).items()}
     files = {
         "config.json": _json(config),
         "generation_config.json": _json({**_special_ids(tok), "do_sample": True, "temperature": 1.0, "top_k": 0}),

@@ -7,6 +7,12 @@ These are the literal definitions the model is checked against:
     cross_entropy  = mean over positions of  logsumexp(logits) - logits[target]
     linear_cross_entropy(h, W, t) = cross_entropy(h W^T, t), without the logits tensor
     attention      = softmax(Q K^T / sqrt(d_k) + mask) V
+    grouped_query_attention: attention with key/value head h // (H / H_kv) for query head h
+    qk_norm(x)     = x / sqrt(mean(x^2) + eps)              over each head's d_head
+    relu_squared(x)= max(x, 0)^2
+    softcap(z, c)  = c * tanh(z / c)
+    document_ids   = number of end-of-text tokens at or before each position
+    document_mask  = causal mask AND (query and key in one document)
 
 The model's default (fast) path uses torch's fused kernels for SiLU and attention,
 which compute the same functions; ``tests/test_functional.py`` holds both to the
@@ -22,7 +28,19 @@ from torch import Tensor
 
 from ferrolm.lm import gemm
 
-__all__ = ["softmax", "silu", "cross_entropy", "linear_cross_entropy", "scaled_dot_product_attention"]
+__all__ = [
+    "softmax",
+    "silu",
+    "cross_entropy",
+    "linear_cross_entropy",
+    "scaled_dot_product_attention",
+    "grouped_query_attention",
+    "qk_norm",
+    "relu_squared",
+    "softcap",
+    "document_ids",
+    "document_mask",
+]
 
 
 def softmax(x: Tensor, dim: int) -> Tensor:
@@ -191,3 +209,47 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return softmax(scores, dim=-1) @ v
+
+
+def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Attention of H query heads over H_kv key/value heads (H_kv divides H): query head h
+    reads key/value head h // (H / H_kv), i.e. each K and V head is repeated H / H_kv times
+    in place. q (..., H, n, d_k), k (..., H_kv, m, d_k), v (..., H_kv, m, d_v); with
+    H_kv = H this is ``scaled_dot_product_attention``."""
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if heads % kv_heads:
+        raise ValueError(f"grouped_query_attention: {kv_heads} key/value heads do not divide {heads} query heads")
+    group = heads // kv_heads
+    return scaled_dot_product_attention(q, k.repeat_interleave(group, -3), v.repeat_interleave(group, -3), mask)
+
+
+def qk_norm(x: Tensor, eps: float = 1e-5) -> Tensor:
+    """RMS normalization of each head's vector, no weight: x / sqrt(mean(x^2) + eps) over the
+    last dim, computed in (at least) float32 and cast back."""
+    work = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (work / torch.sqrt(work.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def relu_squared(x: Tensor) -> Tensor:
+    """ReLU(x)^2 = max(x, 0)^2."""
+    return torch.clamp(x, min=0) ** 2
+
+
+def softcap(z: Tensor, cap: float) -> Tensor:
+    """Soft-capping c * tanh(z / c): about z for |z| << c, never beyond +-c."""
+    return cap * torch.tanh(z / cap)
+
+
+def document_ids(ids: Tensor, eos_id: int) -> Tensor:
+    """For ids (..., seq): the number of ``eos_id`` tokens at or before each position. A
+    document starts at its end-of-text token, so each eos opens the next document."""
+    return torch.cumsum(ids == eos_id, dim=-1)
+
+
+def document_mask(doc_ids: Tensor) -> Tensor:
+    """Bool (..., seq, seq) from doc_ids (..., seq): query i may attend key j iff j <= i and
+    both are in one document."""
+    seq = doc_ids.shape[-1]
+    pos = torch.arange(seq, device=doc_ids.device)
+    causal = pos[None, :] <= pos[:, None]
+    return causal & (doc_ids.unsqueeze(-1) == doc_ids.unsqueeze(-2))

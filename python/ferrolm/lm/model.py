@@ -14,6 +14,24 @@ Read top to bottom, this file is the model:
 Initialization: every Linear is truncated normal with std sqrt(2 / (in + out)) cut at
 +-3 std; the embedding is truncated normal with std 1 cut at +-3.
 
+Switches (``ModelConfig``), each off by default; each one's equation is a function of
+``ferrolm.lm.functional`` that the tests hold the model to:
+
+    num_kv_heads   grouped-query attention: query head h uses key/value head
+                   h // (num_heads / num_kv_heads); W_K, W_V: (num_kv_heads d_head, d)
+                   (functional.grouped_query_attention)
+    qk_norm        q <- q / sqrt(mean(q^2) + eps), k likewise, per head, after RoPE, with
+                   no weight (functional.qk_norm); RoPE keeps each head's norm, so this
+                   equals normalizing before RoPE
+    ffn="relu2"    W2 relu(W1 x)^2 (functional.relu_squared), width d_ff_ungated
+                   (default round(3 d_ff / 2): SwiGLU's parameter count)
+    logit_softcap  logits <- c tanh(logits / c) (functional.softcap)
+    zero_init_output  W_O and the FFN's W2 start at 0: every block starts as the identity
+    doc_mask       attention masked to the query's own document (functional.document_mask
+                   with the document of each position); RoPE positions run on across
+                   documents, which changes nothing since attention never crosses them and
+                   RoPE sees only distances
+
 The checkpoint format is ``TransformerLM.state_dict()``; its keys are
 
     token_embeddings.weight
@@ -24,8 +42,9 @@ The checkpoint format is ``TransformerLM.state_dict()``; its keys are
     ln_final.weight
     lm_head.weight
 
-Ablations (``ModelConfig``) change only what they must: ``norm="none"`` drops every
-``ln*`` key, ``ffn="silu"`` has no ``w3``; with ``tie_embeddings=True`` both
+Ablations and switches change only what they must: ``norm="none"`` drops every
+``ln*`` key, ``ffn="silu"`` and ``ffn="relu2"`` have no ``w3``, ``num_kv_heads`` makes
+``k_proj``/``v_proj`` narrower; no switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
 RoPE's cos/sin tables are non-persistent buffers and never saved.
 
@@ -42,7 +61,6 @@ Accounting for a ``ModelConfig``: ``count_parameters(cfg)`` and ``flops_per_toke
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional, Union
 
 import torch
@@ -50,6 +68,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ferrolm.lm import functional, gemm
+from ferrolm.lm.config import _MODEL_CHOICES as _CHOICES
+from ferrolm.lm.config import ModelConfig
 from ferrolm.lm.device import is_compiling
 
 __all__ = [
@@ -59,6 +79,7 @@ __all__ = [
     "RMSNorm",
     "SwiGLU",
     "SiLUFFN",
+    "ReLU2FFN",
     "RotaryEmbedding",
     "CausalSelfAttention",
     "TransformerBlock",
@@ -67,93 +88,12 @@ __all__ = [
     "causal_mask",
     "count_parameters",
     "flops_per_token",
+    "hf_architecture",
+    "to_hf_state_dict",
     "to_hf_llama_state_dict",
     "from_hf_llama_state_dict",
+    "check_llama_compatible",
 ]
-
-# --------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------
-
-_CHOICES = {
-    "norm": ("rms", "none"),
-    "norm_position": ("pre", "post"),
-    "positions": ("rope", "none"),
-    "ffn": ("swiglu", "silu"),
-    "attention": ("fast", "reference"),
-}
-
-
-@dataclass
-class ModelConfig:
-    """Shape of a TransformerLM plus the ablation switches of the seed's experiments.
-
-    - ``norm``: "rms" (RMSNorm everywhere) or "none" (no normalization at all: the
-      per-block norms and the final norm become identities and have no weights).
-    - ``norm_position``: "pre" (h = x + Attn(N(x))) or "post" (h = N(x + Attn(x))); the
-      final norm before the LM head is kept in both.
-    - ``positions``: "rope" or "none" (no positional information; causal masking alone).
-    - ``ffn``: "swiglu" or "silu"; the SiLU FFN W2 SiLU(W1 x) has two matrices instead of
-      three, so it uses ``d_ff_silu`` (default round(3 d_ff / 2)) to match parameters.
-    - ``tie_embeddings``: share one (vocab, d_model) matrix between the embedding and the
-      LM head. It is initialized like the LM head (std sqrt(2/(vocab+d_model))), since a
-      std-1 output projection would start with logits of std sqrt(d_model).
-    - ``attention``: "fast" (torch's fused SDPA) or "reference" (the literal equation).
-    """
-
-    vocab_size: int
-    context_length: int
-    d_model: int
-    num_layers: int
-    num_heads: int
-    d_ff: int
-    rope_theta: float = 10000.0
-    norm: str = "rms"
-    norm_position: str = "pre"
-    positions: str = "rope"
-    ffn: str = "swiglu"
-    tie_embeddings: bool = False
-    attention: str = "fast"
-    d_ff_silu: Optional[int] = None
-    norm_eps: float = 1e-5
-
-    def __post_init__(self) -> None:
-        for name, allowed in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"ModelConfig.{name} must be one of {allowed}, got {value!r}")
-        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        if self.positions == "rope" and self.d_head % 2:
-            raise ValueError(f"RoPE needs an even head dimension, got d_head={self.d_head}")
-        if self.d_ff_silu is None:
-            self.d_ff_silu = round(3 * self.d_ff / 2)
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.num_heads
-
-    @property
-    def ffn_hidden(self) -> int:
-        """Width of the FFN's hidden layer for the chosen FFN."""
-        return self.d_ff if self.ffn == "swiglu" else int(self.d_ff_silu)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python dict (safe inside a ``weights_only=True`` checkpoint)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
-        return cls(**d)
-
 
 # --------------------------------------------------------------------------------------
 # Parameters: Linear and Embedding
@@ -256,6 +196,21 @@ class SiLUFFN(nn.Module):
         return self.w2(F.silu(self.w1(x)))
 
 
+class ReLU2FFN(nn.Module):
+    """The squared-ReLU FFN: FFN(x) = W2 relu(W1 x)^2."""
+
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.relu(self.w1(x)).square())
+
+
+_FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN, "relu2": ReLU2FFN}
+
+
 # --------------------------------------------------------------------------------------
 # Rotary position embedding
 # --------------------------------------------------------------------------------------
@@ -337,6 +292,9 @@ class RotaryEmbedding(nn.Module):
 # --------------------------------------------------------------------------------------
 
 
+_SDPA_HAS_GQA = torch.__version__ >= "2.5"  # F.scaled_dot_product_attention(..., enable_gqa=True)
+
+
 def causal_mask(num_queries: int, num_keys: int, device=None) -> Tensor:
     """Bool (num_queries, num_keys): query i (at absolute position num_keys - num_queries + i)
     may attend key j iff j <= its position."""
@@ -351,7 +309,10 @@ class CausalSelfAttention(nn.Module):
 
     For each head h:  head_h = softmax(Q_h K_h^T / sqrt(d_head) + M) V_h,  with M the
     causal mask (-inf above the diagonal); out = W_O concat(head_1..head_H).
-    RoPE (when given) rotates Q and K; V is never rotated.
+    RoPE (when given) rotates Q and K; V is never rotated. With ``num_kv_heads`` < num_heads
+    (grouped-query attention) K and V have num_kv_heads heads and query head h reads
+    key/value head h // (num_heads / num_kv_heads). With ``qk_norm`` each head's q and k
+    are divided by their RMS after RoPE (``functional.qk_norm``, no weight).
     """
 
     def __init__(
@@ -362,19 +323,30 @@ class CausalSelfAttention(nn.Module):
         attention: str = "fast",
         device=None,
         dtype=None,
+        *,
+        num_kv_heads: Optional[int] = None,
+        qk_norm: bool = False,
+        eps: float = 1e-5,
     ):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
         if attention not in _CHOICES["attention"]:
             raise ValueError(f"attention must be one of {_CHOICES['attention']}, got {attention!r}")
+        num_kv_heads = num_kv_heads or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
         self.d_model = d_model
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         self.d_head = d_model // num_heads
         self.attention = attention
+        self.qk_norm = qk_norm
+        self.eps = eps
+        kv_dim = num_kv_heads * self.d_head
         self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        self.k_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.k_proj = Linear(d_model, kv_dim, device=device, dtype=dtype)
+        self.v_proj = Linear(d_model, kv_dim, device=device, dtype=dtype)
         self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
         self.rope = rope
 
@@ -392,28 +364,32 @@ class CausalSelfAttention(nn.Module):
         ``mask``: optional bool mask broadcastable to (batch, heads, seq, keys), True =
         may attend; None means causal (query i, at position start_pos + i, sees keys
         0 .. start_pos + i). ``kv_cache``: this layer's (k, v) buffers of shape
-        (batch, heads, max_len, d_head); the new keys (already rotated) and values are
-        written at [start_pos, start_pos + seq) and the queries attend over
+        (batch, kv_heads, max_len, d_head); the new keys (already rotated and normed) and
+        values are written at [start_pos, start_pos + seq) and the queries attend over
         [0, start_pos + seq). Use the cache under ``torch.no_grad()`` (generation).
         ``start_pos`` may be a (batch,) tensor for one new token per row, each at its own
         position (continuous batching): row b's key goes to slot start_pos[b], the keys
         cover [0, max(start_pos) + 1) and ``mask`` must hide each row's unused slots.
         """
         batch, seq, _ = x.shape
-        heads, d_head = self.num_heads, self.d_head
+        d_head = self.d_head
 
-        def split_heads(t: Tensor) -> Tensor:  # (batch, seq, d_model) -> (batch, heads, seq, d_head)
-            return t.view(batch, seq, heads, d_head).transpose(1, 2)
+        def split_heads(t: Tensor) -> Tensor:  # (batch, seq, heads * d_head) -> (batch, heads, seq, d_head)
+            return t.view(batch, seq, -1, d_head).transpose(1, 2)
 
         # Q, K, V = x W_Q^T, x W_K^T, x W_V^T as one GEMM against the stacked weights:
         # a wider matrix runs closer to peak than three narrow ones (the weights and their
         # checkpoint keys stay separate; the concatenation is 3 d^2 floats per call).
         qkv = gemm.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
-        q, k, v = (split_heads(t) for t in qkv.split(self.d_model, dim=-1))
+        kv_dim = self.num_kv_heads * d_head
+        q, k, v = (split_heads(t) for t in qkv.split((self.d_model, kv_dim, kv_dim), dim=-1))
 
         if self.rope is not None:  # positions default to start_pos, ..., start_pos + seq - 1
             q = self.rope(q, token_positions, offset=start_pos)
             k = self.rope(k, token_positions, offset=start_pos)
+        if self.qk_norm:
+            q = functional.qk_norm(q, self.eps)
+            k = functional.qk_norm(k, self.eps)
 
         if kv_cache is not None and isinstance(start_pos, Tensor):  # one token per row
             k_cache, v_cache = kv_cache
@@ -439,11 +415,18 @@ class CausalSelfAttention(nn.Module):
             mask = causal_mask(seq, num_keys, device=x.device)
 
         if self.attention == "fast":
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+            grouped = {}
+            if self.num_kv_heads != self.num_heads:
+                if _SDPA_HAS_GQA:
+                    grouped = {"enable_gqa": True}
+                else:
+                    group = self.num_heads // self.num_kv_heads
+                    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, **grouped)
         else:
             if is_causal:
                 mask = causal_mask(seq, num_keys, device=x.device)
-            out = functional.scaled_dot_product_attention(q, k, v, mask)
+            out = functional.grouped_query_attention(q, k, v, mask)
 
         out = out.transpose(1, 2).reshape(batch, seq, self.d_model)  # concat heads
         return self.output_proj(out)
@@ -470,22 +453,31 @@ class TransformerBlock(nn.Module):
         ffn: str = "swiglu",
         attention: str = "fast",
         eps: float = 1e-5,
+        num_kv_heads: Optional[int] = None,
+        qk_norm: bool = False,
         device=None,
         dtype=None,
     ):
         super().__init__()
         if norm_position not in _CHOICES["norm_position"]:
             raise ValueError(f"norm_position must be one of {_CHOICES['norm_position']}, got {norm_position!r}")
+        if ffn not in _FFNS:
+            raise ValueError(f"ffn must be one of {_CHOICES['ffn']}, got {ffn!r}")
         self.norm_position = norm_position
         self.ln1 = _make_norm(norm, d_model, eps, device, dtype)
-        self.attn = CausalSelfAttention(d_model, num_heads, rope, attention=attention, device=device, dtype=dtype)
+        self.attn = CausalSelfAttention(
+            d_model,
+            num_heads,
+            rope,
+            attention=attention,
+            device=device,
+            dtype=dtype,
+            num_kv_heads=num_kv_heads,
+            qk_norm=qk_norm,
+            eps=eps,
+        )
         self.ln2 = _make_norm(norm, d_model, eps, device, dtype)
-        if ffn == "swiglu":
-            self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
-        elif ffn == "silu":
-            self.ffn = SiLUFFN(d_model, d_ff, device=device, dtype=dtype)
-        else:
-            raise ValueError(f"ffn must be one of {_CHOICES['ffn']}, got {ffn!r}")
+        self.ffn = _FFNS[ffn](d_model, d_ff, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, token_positions: Optional[Tensor] = None, **attn_kwargs) -> Tensor:
         if self.norm_position == "pre":
@@ -505,7 +497,10 @@ def _make_norm(norm: str, d_model: int, eps: float, device, dtype) -> nn.Module:
 
 class TransformerLM(nn.Module):
     """ids (batch, seq) -> logits (batch, seq, vocab):
-    embedding -> num_layers blocks -> final norm -> LM head."""
+    embedding -> num_layers blocks -> final norm -> LM head (-> soft-cap, when on).
+
+    Built from a ``ModelConfig`` (``from_config``) or from its fields as arguments; the
+    switches and their equations are listed in this module's docstring."""
 
     def __init__(
         self,
@@ -519,10 +514,12 @@ class TransformerLM(nn.Module):
         *,
         device=None,
         dtype=None,
-        **ablations: Any,
+        **switches: Any,
     ):
         super().__init__()
-        cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **ablations)
+        cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **switches)
+        if cfg.vocab_size <= 0:
+            raise ValueError(f"model.vocab_size must be a positive int, got {cfg.vocab_size!r}")
         self.config = cfg
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         rope = None
@@ -539,6 +536,8 @@ class TransformerLM(nn.Module):
                 ffn=cfg.ffn,
                 attention=cfg.attention,
                 eps=cfg.norm_eps,
+                num_kv_heads=cfg.kv_heads,
+                qk_norm=cfg.qk_norm,
                 device=device,
                 dtype=dtype,
             )
@@ -549,6 +548,12 @@ class TransformerLM(nn.Module):
         if cfg.tie_embeddings:
             # One matrix, initialized as the LM head (see ModelConfig.tie_embeddings).
             self.token_embeddings.weight = self.lm_head.weight
+        if cfg.zero_init_output:
+            # After the other inits, so the random stream of every other weight is unchanged.
+            with torch.no_grad():
+                for layer in self.layers:
+                    layer.attn.output_proj.weight.zero_()
+                    layer.ffn.w2.weight.zero_()
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> TransformerLM:
@@ -568,6 +573,7 @@ class TransformerLM(nn.Module):
         attention_mask: Optional[Tensor] = None,
         token_positions: Optional[Tensor] = None,
         targets: Optional[Tensor] = None,
+        document_ids: Optional[Tensor] = None,
     ) -> Tensor:
         """Logits (batch, seq, vocab) for ``ids`` (batch, seq); with ``targets`` (batch, seq),
         the mean cross-entropy loss instead.
@@ -591,6 +597,10 @@ class TransformerLM(nn.Module):
           row b's token is at position start_pos[b] and attends to its cache slots
           [0, start_pos[b]] only; the rows of a continuous batch each at its own length.
           ``attention_mask`` is not taken then (the lengths are the mask).
+        - ``document_ids`` (batch, seq) ints, non-decreasing along each row: a query attends
+          only to earlier keys of its own document (``functional.document_mask``); what
+          training passes with ``doc_mask`` (``functional.document_ids`` of the inputs).
+          Not with a cache or an ``attention_mask``.
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must be (batch, seq), got shape {tuple(ids.shape)}")
@@ -626,15 +636,27 @@ class TransformerLM(nn.Module):
             # every query may see itself, so a row of padding never becomes all -inf (NaN)
             mask = mask | (torch.arange(end, device=ids.device) == torch.arange(start, end, device=ids.device)[:, None])
 
+        if document_ids is not None:
+            if kv_cache is not None or attention_mask is not None:
+                raise ValueError("document_ids cannot be combined with a kv_cache or an attention_mask")
+            if document_ids.shape != (batch, seq):
+                raise ValueError(f"document_ids must be (batch, seq) = {(batch, seq)}, got {tuple(document_ids.shape)}")
+            mask = functional.document_mask(document_ids)[:, None]  # (batch, 1, seq, seq): over heads
+
         x = self.token_embeddings(ids)
         for i, layer in enumerate(self.layers):
             layer_cache = None if kv_cache is None else (kv_cache.keys[i], kv_cache.values[i])
             x = layer(x, token_positions, mask=mask, kv_cache=layer_cache, start_pos=start)
         if kv_cache is not None:
             kv_cache.length = end
-        if targets is not None:
+        if targets is not None and not cfg.logit_softcap:
             return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets)
-        return self.lm_head(self.ln_final(x))
+        logits = self.lm_head(self.ln_final(x))
+        if cfg.logit_softcap:
+            logits = functional.softcap(logits, cfg.logit_softcap)
+        if targets is not None:  # soft-capped logits: the loss needs them whole
+            return functional.cross_entropy(logits, targets)
+        return logits
 
     def _forward_rows(self, ids: Tensor, kv_cache: KVCache, start_pos: Tensor, targets: Optional[Tensor]) -> Tensor:
         """One token per row, row b at position start_pos[b] (see ``forward``)."""
@@ -667,7 +689,7 @@ class TransformerLM(nn.Module):
         return KVCache.empty(
             cfg.num_layers,
             batch_size,
-            cfg.num_heads,
+            cfg.kv_heads,
             max_seq_len,
             cfg.d_head,
             device=p.device if device is None else device,
@@ -680,7 +702,7 @@ class TransformerLM(nn.Module):
 
 
 class KVCache:
-    """Preallocated per-layer keys and values, (batch, heads, max_seq_len, d_head) each.
+    """Preallocated per-layer keys and values, (batch, kv_heads, max_seq_len, d_head) each.
 
     Keys are stored after RoPE. ``length`` is how many positions are filled; the model
     advances it. ``reset()`` reuses the buffers for a new batch of prompts.
@@ -727,16 +749,15 @@ def count_parameters(cfg: ModelConfig) -> int:
     """Number of parameters of ``TransformerLM.from_config(cfg)`` (tied matrix once):
 
       V d                          token embedding
-    + L (4 d^2                     q, k, v, output projections
-         + 3 d d_ff | 2 d d_ff'    SwiGLU | SiLU FFN
+    + L (2 d^2 + 2 d d_kv          q, output | k, v projections (d_kv = kv_heads d_head)
+         + 3 d d_ff | 2 d d_ff'    SwiGLU | SiLU or ReLU^2 FFN (d_ff' = ffn_hidden)
          + 2 d)                    ln1, ln2 gains        (0 with norm="none")
     + d                            final norm gain       (0 with norm="none")
     + V d                          LM head               (0 when tied)
     """
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
-    ffn = 3 * d * cfg.d_ff if cfg.ffn == "swiglu" else 2 * d * cfg.ffn_hidden
     norms = d if cfg.norm == "rms" else 0
-    per_layer = 4 * d * d + ffn + 2 * norms
+    per_layer = _matmul_weights_per_layer(cfg) + 2 * norms
     return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d)
 
 
@@ -745,8 +766,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: Optional[int] = None) -> int:
 
         2 N_matmul  +  2 * 2 * L * T * d
 
-    N_matmul counts the weights used in matrix multiplies: per layer 4 d^2 (attention
-    projections) plus the FFN's, plus V d for the LM head (the embedding is a lookup,
+    N_matmul counts the weights used in matrix multiplies: per layer 2 d^2 + 2 d d_kv
+    (attention projections) plus the FFN's, plus V d for the LM head (the embedding is a lookup,
     norms are elementwise). A multiply-add is 2 FLOPs. The second term is attention:
     per layer, Q K^T and (softmax) V each cost 2 T d per token, counted over the whole
     window T, not halved for causality (the convention of Kaplan et al. and PaLM's MFU).
@@ -754,9 +775,15 @@ def flops_per_token(cfg: ModelConfig, seq_len: Optional[int] = None) -> int:
     """
     T = cfg.context_length if seq_len is None else seq_len
     d, L = cfg.d_model, cfg.num_layers
-    ffn = 3 * d * cfg.d_ff if cfg.ffn == "swiglu" else 2 * d * cfg.ffn_hidden
-    n_matmul = L * (4 * d * d + ffn) + cfg.vocab_size * d
+    n_matmul = L * _matmul_weights_per_layer(cfg) + cfg.vocab_size * d
     return 2 * n_matmul + 2 * 2 * L * T * d
+
+
+def _matmul_weights_per_layer(cfg: ModelConfig) -> int:
+    """One block's matrix weights: q and output (d^2 each), k and v (d d_kv each), the FFN's."""
+    d = cfg.d_model
+    ffn = 3 * d * cfg.d_ff if cfg.ffn == "swiglu" else 2 * d * cfg.ffn_hidden
+    return 2 * d * d + 2 * d * cfg.kv_heads * cfg.d_head + ffn
 
 
 # --------------------------------------------------------------------------------------
@@ -764,24 +791,49 @@ def flops_per_token(cfg: ModelConfig, seq_len: Optional[int] = None) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
-    """The weights of ``model`` under HF ``LlamaForCausalLM``'s names, for a LlamaConfig with
-    hidden_size = d_model, intermediate_size = d_ff, num_key_value_heads = num_heads,
-    rms_norm_eps = norm_eps, rope theta = rope_theta, no biases, and tie_word_embeddings =
-    tie_embeddings (a tied model has no ``lm_head.weight``: HF ties it to the embedding).
+def hf_architecture(cfg: ModelConfig) -> str:
+    """The Hugging Face architecture that computes ``cfg``'s logits: "llama", or "qwen3"
+    with ``qk_norm`` (Qwen3's per-head q_norm/k_norm, exported with unit weights). Raise
+    ValueError naming each setting neither expresses.
 
-    Only the architecture Llama has maps (RMSNorm, pre-norm, RoPE, SwiGLU). HF rotates
-    halves of each head (x[i], x[i + d_head/2]) where ferrolm rotates pairs (x[2i], x[2i+1]),
-    so each head's rows of W_Q and W_K are permuted, evens then odds: the logits are equal.
-    Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary buffers are not weights).
+    Qwen3 normalizes q and k before RoPE where ferrolm does after; RoPE rotates pairs and so
+    keeps each head's norm, and with unit weights the two orders give the same vectors.
+    Grouped-query attention maps to num_key_value_heads, tying to tie_word_embeddings;
+    zero_init_output is only an initialization; doc_mask changes nothing for a sequence
+    with no end-of-text token after its first position (HF attends across documents).
+    """
+    wanted = {"norm": "rms", "norm_position": "pre", "positions": "rope", "ffn": "swiglu", "logit_softcap": 0.0}
+    bad = [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)}: the Hugging Face architectures ferrolm exports to (Llama, and Qwen3 for "
+            "model.qk_norm) have only RMSNorm, pre-norm, RoPE, SwiGLU and uncapped logits, so this model "
+            "cannot be exported"
+        )
+    return "qwen3" if cfg.qk_norm else "llama"
+
+
+def to_hf_state_dict(model: TransformerLM) -> dict[str, Tensor]:
+    """The weights of ``model`` under HF ``LlamaForCausalLM``'s names (``Qwen3ForCausalLM``'s,
+    which adds ``self_attn.{q,k}_norm.weight``, with ``qk_norm``), for a config with
+    hidden_size = d_model, intermediate_size = d_ff, num_key_value_heads = the model's
+    key/value heads, head_dim = d_head, rms_norm_eps = norm_eps, rope theta = rope_theta,
+    no biases, and tie_word_embeddings = tie_embeddings (a tied model has no
+    ``lm_head.weight``: HF ties it to the embedding). See ``hf_architecture``.
+
+    HF rotates halves of each head (x[i], x[i + d_head/2]) where ferrolm rotates pairs
+    (x[2i], x[2i+1]), so each head's rows of W_Q and W_K are permuted, evens then odds:
+    the logits are equal. Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary
+    buffers are not weights).
     """
     cfg = model.config
-    check_llama_compatible(cfg)
+    hf_architecture(cfg)
     dh = cfg.d_head
     perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
-    rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
     sd = model.state_dict()
-    rows = rows.to(sd["lm_head.weight"].device)
+    device = sd["lm_head.weight"].device
+    q_rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)]).to(device)
+    k_rows = torch.cat([h * dh + perm for h in range(cfg.kv_heads)]).to(device)
     out = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"]}
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
@@ -794,23 +846,33 @@ def to_hf_llama_state_dict(model: TransformerLM) -> dict[str, Tensor]:
         "input_layernorm": "ln1",
         "post_attention_layernorm": "ln2",
     }
+    unit = sd["ln_final.weight"].new_ones(dh)
     for i in range(cfg.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][rows]
-        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][rows]
+        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][q_rows]
+        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][k_rows]
         for hf_name, name in names.items():
             out[theirs + hf_name + ".weight"] = sd[ours + name + ".weight"]
+        if cfg.qk_norm:  # ferrolm's QK-norm has no weight: Qwen3's with unit weights
+            out[theirs + "self_attn.q_norm.weight"] = unit.clone()  # one tensor per name (safetensors)
+            out[theirs + "self_attn.k_norm.weight"] = unit.clone()
     return out
 
 
+to_hf_llama_state_dict = to_hf_state_dict  # the name from when Llama was the only target
+
+
 def from_hf_llama_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """The inverse of ``to_hf_llama_state_dict``: HF ``LlamaForCausalLM`` weights under
-    ferrolm's names, each head's q/k rows put back from halves order into pairs order. A
-    tied model's ``lm_head.weight`` is the embedding. Raises KeyError on a missing weight."""
-    check_llama_compatible(cfg)
+    """The inverse of ``to_hf_state_dict``: HF ``LlamaForCausalLM`` (or, with ``qk_norm``,
+    ``Qwen3ForCausalLM``) weights under ferrolm's names, each head's q/k rows put back from
+    halves order into pairs order. A tied model's ``lm_head.weight`` is the embedding.
+    Raises KeyError on a missing weight, ValueError on q/k norm weights other than ones
+    (ferrolm's QK-norm has no weight)."""
+    hf_architecture(cfg)
     dh = cfg.d_head
     perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
-    rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
+    q_rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
+    k_rows = torch.cat([h * dh + perm for h in range(cfg.kv_heads)])
     embed = sd["model.embed_tokens.weight"]
     out = {"token_embeddings.weight": embed, "ln_final.weight": sd["model.norm.weight"]}
     out["lm_head.weight"] = embed if cfg.tie_embeddings else sd["lm_head.weight"]
@@ -825,21 +887,31 @@ def from_hf_llama_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[st
     }
     for i in range(cfg.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        for proj in ("q_proj", "k_proj"):
+        for proj, rows in (("q_proj", q_rows), ("k_proj", k_rows)):
             hf_weight = sd[theirs + f"self_attn.{proj}.weight"]
             w = torch.empty_like(hf_weight)
             w[rows.to(w.device)] = hf_weight  # export took w[rows]; this undoes it
             out[ours + f"attn.{proj}.weight"] = w
         for name, hf_name in names.items():
             out[ours + name + ".weight"] = sd[theirs + hf_name + ".weight"]
+        if cfg.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                if not bool((sd[theirs + f"self_attn.{norm}.weight"] == 1).all()):
+                    raise ValueError(
+                        f"{theirs}self_attn.{norm}.weight is not all ones: ferrolm's QK-norm has no weight"
+                    )
     return out
 
 
 def check_llama_compatible(cfg: ModelConfig) -> None:
-    """Raise ValueError naming each ablation that HF Llama cannot express."""
-    wanted = {"norm": "rms", "norm_position": "pre", "positions": "rope", "ffn": "swiglu"}
-    bad = [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
-    if bad:
+    """Raise ValueError naming each setting that llama.cpp's "llama" architecture, as
+    ferrolm writes it to GGUF, cannot express (everything Llama cannot, QK-norm and
+    grouped-query attention)."""
+    if hf_architecture(cfg) != "llama":
         raise ValueError(
-            f"{', '.join(bad)}: HF Llama has only RMSNorm, pre-norm, RoPE and SwiGLU, so this model cannot be exported"
+            "model.qk_norm = True: the llama architecture has no QK-norm, so this model cannot be exported"
+        )
+    if cfg.kv_heads != cfg.num_heads:
+        raise ValueError(
+            f"model.num_kv_heads = {cfg.kv_heads}: grouped-query attention is not written to GGUF by this ferrolm"
         )

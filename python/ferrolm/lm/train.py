@@ -7,8 +7,10 @@
 One optimizer step:
     lr = warmup + cosine or wsd(step)      (or of the elapsed fraction of max_time_s)
     repeat accum times:                    gradient accumulation up to tokens_per_step
-        x, y = batches.next()              uniform random windows, seeded per process, drawn
-                                           one ahead on a background thread
+        x, y = batches.next()              rows per data.batching (uniform random windows, or
+                                           rows that start at documents, packed best-fit),
+                                           seeded per process, one batch ahead on a
+                                           background thread
         loss = model_loss(model, x, y)     model(x, targets=y): the LM head fused with the
                                            cross-entropy (compiled as one graph with
                                            run.compile), bf16 autocast when enabled
@@ -21,7 +23,7 @@ One optimizer step:
 A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl`` (one JSON
 record per log step), ``checkpoints/step_XXXXXXXX.pt`` (the last ``keep_last``) and
 ``best.pt`` (lowest validation loss). Checkpoints carry everything needed to continue
-exactly: model, optimizer, step, config, RNG states, each process's sampler state, the
+exactly: model, optimizer, step, config, RNG states, each process's loader state, the
 elapsed time and the tokenizer fingerprint. SIGINT/SIGTERM finish the current step (on a
 GPU: the next step that reads the flags), save, and return. Under ``torchrun`` each process trains on its own sampler stream; rank 0 logs
 and saves.
@@ -55,7 +57,7 @@ from tqdm.auto import tqdm
 from ferrolm import __version__
 from ferrolm._util import ForgivingStream, atomic_write_bytes, say_where_possible, stale_temporaries
 from ferrolm.bpe.tokenizer import Tokenizer
-from ferrolm.lm import gemm
+from ferrolm.lm import functional, gemm
 from ferrolm.lm.checkpoint import (
     BEST_FILE,
     CHECKPOINT_DIR,
@@ -73,6 +75,7 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     CONFIG_NAME,
     ConfigError,
     DataSection,
+    ModelConfig,
     ModelSection,
     OptimizerSection,
     RunSection,
@@ -83,12 +86,12 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     preset_names,
     to_toml,
 )
-from ferrolm.lm.data import BatchPrefetcher, ShardError, TokenShards, sample_starts
+from ferrolm.lm.data import BatchPrefetcher, DocumentRows, RandomWindows, ShardError, TokenShards, sample_starts
 from ferrolm.lm.device import resolve_device, reuse_freed_memory, use_bf16, use_compile
 from ferrolm.lm.evaluate import token_byte_lengths
 from ferrolm.lm.memory import check_training_memory
 from ferrolm.lm.metrics import MetricsLog, read_metrics
-from ferrolm.lm.model import ModelConfig, TransformerLM, flops_per_token
+from ferrolm.lm.model import TransformerLM, flops_per_token
 from ferrolm.lm.optim import (
     AdamW,
     Muon,
@@ -308,7 +311,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     torch.manual_seed(cfg.run.seed)
     train_data, val_data = _open_data(cfg)
     shards = dist_.world if _sharded(cfg, dist_) else 1
-    check_training_memory(model_config(cfg.model), cfg.schedule.batch_size, device, shards)
+    check_training_memory(cfg.model, cfg.schedule.batch_size, device, shards)
     model = build_model(cfg.model).to(device)
     if _sharded(cfg, dist_):
         shard_model(model, device)  # in place, before the optimizer sees the parameters
@@ -317,16 +320,21 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     accum, tokens_per_step = micro_batches(cfg, dist_)
     sampler = torch.Generator()
     sampler.manual_seed(_sampler_seed(cfg.run.seed, dist_.rank))
-    state = RunState()
+    state, loader_state = RunState(), None
     if ckpt is not None:
-        state = resume_state(ckpt, ckpt_path, cfg, dist_, model, optimizer, sampler, train_data)
+        state, loader_state = resume_state(ckpt, ckpt_path, cfg, dist_, model, optimizer, train_data)
         del ckpt  # free the loaded tensors
+        if loader_state is None:
+            sampler.manual_seed(_sampler_seed(cfg.run.seed + state.step, dist_.rank))
+    rows = make_rows(cfg, train_data, sampler)
+    if loader_state is not None:
+        rows.set_state(loader_state)
     state.loss_sum = torch.tensor(float(state.loss_sum or 0.0), dtype=torch.float64, device=device)
 
     flops_per_tok = training_flops_per_token(model)
     peak = peak_flops(device, bf16)
     step_model, eval_model, loss = wrap_model(model, cfg, dist_, device)
-    batches = BatchPrefetcher(train_data, cfg.schedule.batch_size, cfg.model.context_length, device, sampler)
+    batches = BatchPrefetcher(train_data, cfg.schedule.batch_size, cfg.model.context_length, device, rows=rows)
     val_starts = validation_starts(cfg, val_data, dist_)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -441,6 +449,8 @@ def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict
                     warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=5)
     saved_model = (ckpt.get("config") or {}).get("model")
     now = cfg.to_dict()["model"]
+    if saved_model:  # fields a checkpoint predates are its defaults (switches off)
+        saved_model = ModelConfig.from_dict(saved_model).to_dict()
     if saved_model and saved_model != now:
         diff = {k: (saved_model.get(k), v) for k, v in now.items() if saved_model.get(k) != v}
         raise CheckpointError(f"{path} was saved with a different model config (checkpoint vs now: {diff})")
@@ -477,6 +487,8 @@ def _open_data(cfg: TrainConfig) -> tuple[TokenShards, TokenShards]:
     if not cfg.model.vocab_size:
         cfg.model.vocab_size = _data_vocab_size(train_data, val_data, tok)
     model_vocab = cfg.model.vocab_size
+    if cfg.model.doc_mask:
+        _eos_id(train_data, "model.doc_mask")
     if train_data.fingerprint != val_data.fingerprint:
         raise ShardError(
             f"train and val shards come from different tokenizers ({train_data.fingerprint[:16]}... vs {val_data.fingerprint[:16]}...)"
@@ -510,31 +522,8 @@ def _data_vocab_size(train: TokenShards, val: TokenShards, tokenizer) -> int:
     )
 
 
-def model_config(cfg: ModelSection) -> ModelConfig:
-    """The ModelConfig ``build_model`` builds (its arithmetic needs no allocation)."""
-    return ModelConfig(
-        cfg.vocab_size,
-        cfg.context_length,
-        cfg.d_model,
-        cfg.num_layers,
-        cfg.num_heads,
-        cfg.d_ff,
-        cfg.rope_theta,
-        tie_embeddings=cfg.tie_embeddings,
-    )
-
-
-def build_model(cfg: ModelSection) -> torch.nn.Module:
-    return TransformerLM(
-        cfg.vocab_size,
-        cfg.context_length,
-        cfg.d_model,
-        cfg.num_layers,
-        cfg.num_heads,
-        cfg.d_ff,
-        cfg.rope_theta,
-        tie_embeddings=cfg.tie_embeddings,
-    )
+def build_model(cfg: ModelConfig) -> torch.nn.Module:
+    return TransformerLM.from_config(cfg)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
@@ -595,8 +584,25 @@ def _sampler_seed(seed: int, rank: int) -> int:
     return (seed * 1_000_003 + 7919 * (rank + 1)) % (2**63)
 
 
-def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, model, optimizer, sampler, train_data):
-    """Load `ckpt` into the model, optimizer, RNGs and sampler; return the run state it saved."""
+def make_rows(cfg: TrainConfig, train_data: TokenShards, sampler: torch.Generator) -> RandomWindows | DocumentRows:
+    """This process's row source per data.batching, drawing from ``sampler``."""
+    B, T = cfg.schedule.batch_size, cfg.model.context_length
+    if cfg.data.batching == "random":
+        return RandomWindows(train_data, B, T, sampler)
+    return DocumentRows(
+        train_data, _eos_id(train_data, "data.batching = 'documents'"), B, T, sampler, cfg.data.doc_buffer
+    )
+
+
+def _eos_id(data: TokenShards, what: str) -> int:
+    if data.eos_id is None:
+        raise ConfigError(f"{what} needs shards that record their end-of-text id (a sidecar's eos_id); these have none")
+    return data.eos_id
+
+
+def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, model, optimizer, train_data):
+    """Load `ckpt` into the model, optimizer and RNGs; return the run state it saved and this
+    process's saved loader state (None when the batches cannot be replayed: reseeded)."""
     if ckpt.get("tokenizer_fingerprint") not in (None, train_data.fingerprint):
         raise CheckpointError(
             f"{ckpt_path} was trained on shards of another tokenizer than data.train {train_data.paths[0]}"
@@ -611,15 +617,18 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, mo
     if "rng" in ckpt:
         set_rng_state(ckpt["rng"])
     states = ckpt.get("sampler_states") or []
-    if len(states) == dist_.world:
-        sampler.set_state(states[dist_.rank])
+    saved_batching = ckpt.get("batching", "random")
+    loader_state = None
+    if saved_batching != cfg.data.batching:
+        why = f"checkpoint was trained with data.batching = {saved_batching!r}, now {cfg.data.batching!r}"
+    elif cfg.data.batching == "documents" and states and len(states[0]) != 4 + 3 * cfg.data.doc_buffer:
+        why = "checkpoint was trained with another data.doc_buffer"
+    elif len(states) != dist_.world:
+        why = f"checkpoint has sampler states for {len(states)} process(es), now {dist_.world}"
     else:
-        sampler.manual_seed(_sampler_seed(cfg.run.seed + step, dist_.rank))
-        if dist_.is_main:
-            warnings.warn(
-                f"checkpoint has sampler states for {len(states)} process(es), now {dist_.world}: batches are reseeded, not replayed",
-                stacklevel=5,
-            )
+        why, loader_state = "", states[dist_.rank]
+    if why and dist_.is_main:
+        warnings.warn(f"{why}: batches are reseeded, not replayed", stacklevel=5)
     if dist_.is_main:
         print(f"resuming from {ckpt_path} at step {step}", file=sys.stderr)
     return RunState(
@@ -631,7 +640,7 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, mo
         loss_count=int(log_state.get("count", 0)),
         last_log_step=int(log_state.get("last_step", step)),
         last_log_time=float(log_state.get("last_time", time_s)),
-    )
+    ), loader_state
 
 
 def wrap_model(model, cfg: TrainConfig, dist_: _Dist, device: torch.device):
@@ -699,14 +708,26 @@ def _autocast(device: torch.device, enabled: bool):
     return contextlib.nullcontext()
 
 
-def model_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> torch.Tensor:
+def model_loss(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool, document_ids: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """The training loss of one micro-batch: what run.compile compiles, as one graph.
 
     The model computes the LM head and the loss together (``targets=``), so the
     (tokens, vocab) logits are never held; the softmax is reduced in float32 under bf16.
+    ``document_ids`` (model.doc_mask): attention stays inside each document.
     """
     with _autocast(x.device, bf16):
-        return model(x, targets=y)
+        if document_ids is None:
+            return model(x, targets=y)
+        return model(x, targets=y, document_ids=document_ids)
+
+
+def documents_of(run: Run, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The document ids of each row's positions when model.doc_mask is on, else None."""
+    if not run.cfg.model.doc_mask:
+        return None
+    return functional.document_ids(x, run.train_data.eos_id)
 
 
 def forward_backward(run: Run) -> torch.Tensor:
@@ -717,7 +738,7 @@ def forward_backward(run: Run) -> torch.Tensor:
         last = micro == run.accum - 1
         accumulate = run.dist.enabled and not last and run.cfg.run.parallel == "ddp"
         with run.model.no_sync() if accumulate else contextlib.nullcontext():  # DDP: all-reduce once per step
-            loss = run.loss(run.model, x, y, run.bf16)
+            loss = run.loss(run.model, x, y, run.bf16, documents_of(run, x))
             (loss / run.accum).backward()
         loss_sum += loss.detach().float()
     return loss_sum
@@ -821,8 +842,7 @@ def evaluate(run: Run) -> float:
     with torch.no_grad():
         for i in range(0, len(run.val_starts), B):
             x, y = run.val_data.windows_at(run.val_starts[i : i + B], T, run.device)
-            with _autocast(run.device, run.bf16):
-                loss = run.eval_model(x, targets=y)
+            loss = model_loss(run.eval_model, x, y, run.bf16, documents_of(run, x))
             total[0] += loss.double() * x.shape[0]
             total[1] += x.shape[0]
     if run.dist.enabled:
@@ -961,7 +981,8 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
     return dict(
         config=run.cfg.to_dict(),
         rng=get_rng_state(),
-        sampler_states=_gather_states(run.batches.generator_state(), run.dist, run.device),
+        sampler_states=_gather_states(run.batches.loader_state(), run.dist, run.device),
+        batching=run.cfg.data.batching,
         world_size=run.dist.world,
         tokenizer_fingerprint=run.train_data.fingerprint,
         **tokenizer_location(run.cfg, run.run_dir),
