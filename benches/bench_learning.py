@@ -1,0 +1,267 @@
+"""How much a model learns per token and per second: ferrolm's recipes against nanochat's.
+
+Every contender trains the same widths (d_model 256, 4 layers, 4 heads, context 256,
+16 x 256 tokens a step) on the same shards with the same ferrolm tokenizer and is scored
+on the same validation windows, each in its own process, one after the other, with the
+same number of torch threads:
+
+- ``cs336``, ``cpu-small`` (or any preset named with --contenders): `ferrolm train
+  --config PRESET` with only the shape, batch, data and evaluation forced;
+- ``nanochat``: nanochat's own `GPT` and `MuonAdamW` with its schedules
+  (benches/nanochat_peer.py), from a checkout given with --nanochat.
+
+Two races: equal steps (--steps, the schedule by steps) and equal wall-clock (--minutes
+of training time, the schedule by time). Data, made once under --work: a tokenizer of
+--vocab ids trained on English Wikipedia, the training shards of those articles, and
+validation shards of Wikinews (text the tokenizer never saw). The report is
+benches/results/learning.md with a plot of validation loss against tokens and seconds.
+
+    python benches/bench_learning.py --nanochat ../nanochat            # both races (~30 min)
+    python benches/bench_learning.py --nanochat ../nanochat --races steps --steps 60 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+SHARED = Path(os.environ.get("FERROLM_SHARED", REPO.parent / "shared"))
+WEB = SHARED / "corpora" / "webtext"
+TRAIN_TEXTS = ["enwiki_2021_wikiextractor_part01.txt", "enwiki_2021_wikiextractor_part02.txt"]
+VAL_TEXT = "enwikinews_wikiextractor.txt"
+
+# The widths every contender trains at (the cpu-small shape with 4 heads).
+SHAPE = {
+    "model.d_model": 256,
+    "model.num_layers": 4,
+    "model.num_heads": 4,
+    "model.context_length": 256,
+    "schedule.batch_size": 16,
+    "schedule.tokens_per_step": 0,
+    "run.eval_batches": 6,  # 96 validation windows
+    "run.device": "cpu",
+    "run.seed": 1337,
+    "run.progress": "false",
+    "run.checkpoint_every": 0,
+    "run.keep_best": "false",
+    "run.log_every": 10,
+}
+
+
+def run(cmd: list, log: Path, env=None) -> float:
+    """Run one contender's process, its output to `log`; return its wall time."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"bench_learning: {' '.join(map(str, cmd[:4]))} ... failed (exit {proc.returncode}); see {log}")
+    return time.perf_counter() - t0
+
+
+def ferrolm(*args) -> list:
+    return [sys.executable, "-m", "ferrolm", *args]
+
+
+def prepare(work: Path, vocab: int, quick: bool) -> dict:
+    """The tokenizer and shards (made once; reused when present)."""
+    for name in [*TRAIN_TEXTS, VAL_TEXT]:
+        if not (WEB / name).is_file():
+            sys.exit(f"bench_learning: {WEB / name} not found (set FERROLM_SHARED to the folder holding corpora/)")
+    train_inputs = [WEB / TRAIN_TEXTS[0]] if quick else [WEB / n for n in TRAIN_TEXTS]
+    tok, train, val = work / f"tok{vocab}", work / "data" / "wiki.train", work / "data" / "news.val"
+    if not (tok / "vocab.json").is_file():
+        run(
+            ferrolm("train-tokenizer", "--input", *train_inputs, "--vocab-size", vocab, "--out", tok),
+            work / "tokenizer.log",
+        )
+    if not train.with_suffix(".json").is_file():
+        run(ferrolm("encode", "--tokenizer", tok, "--input", *train_inputs, "--out", train), work / "encode.log")
+    if not val.with_suffix(".json").is_file():
+        run(ferrolm("encode", "--tokenizer", tok, "--input", WEB / VAL_TEXT, "--out", val), work / "encode_val.log")
+    return {"tok": tok, "train": train, "val": val}
+
+
+def race_settings(race: str, steps: int, minutes: float) -> dict:
+    if race == "steps":
+        return {"schedule.max_steps": steps, "schedule.max_time_s": 0.0, "schedule.schedule_by": "steps"}
+    return {"schedule.max_steps": 1_000_000, "schedule.max_time_s": minutes * 60, "schedule.schedule_by": "time"}
+
+
+def train_ferrolm(preset: str, data: dict, out: Path, race: dict, threads: int, eval_every: int) -> None:
+    sets = {
+        **SHAPE,
+        **race,
+        "data.train": data["train"],
+        "data.val": data["val"],
+        "data.tokenizer": data["tok"],
+        "run.out_dir": out,
+        "run.num_threads": threads,
+        "run.eval_every": eval_every,
+    }
+    args = ["train", "--config", preset]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run(ferrolm(*args), out.parent / f"{out.name}.log")
+
+
+def train_nanochat(nanochat: Path, config: Path, out: Path, race: dict, threads: int) -> None:
+    cmd = [sys.executable, HERE / "nanochat_peer.py", "--nanochat", nanochat, "--config", config, "--out", out]
+    cmd += ["--threads", threads]
+    if race["schedule.schedule_by"] == "steps":
+        cmd += ["--max-steps", race["schedule.max_steps"]]
+    else:
+        cmd += ["--max-time", race["schedule.max_time_s"]]
+    run(cmd, out.parent / f"{out.name}.log")
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def evals(run_dir: Path) -> list[dict]:
+    return [r for r in records(run_dir) if r.get("val_loss") is not None]
+
+
+def tokens_to_reach(run_evals: list[dict], loss: float):
+    """Tokens at the first evaluation whose validation loss is at most `loss` (None: never)."""
+    for r in run_evals:
+        if r["val_loss"] <= loss:
+            return r["tokens"]
+    return None
+
+
+def plot(results: dict, out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    races = [r for r in ("steps", "time") if r in results]
+    fig, axes = plt.subplots(1, len(races), figsize=(6.5 * len(races), 4.2), squeeze=False)
+    for ax, race in zip(axes[0], races):
+        xkey = "tokens" if race == "steps" else "time_s"
+        for name, run_dir in results[race].items():
+            ev = evals(run_dir)
+            ax.plot([r[xkey] for r in ev], [r["val_loss"] for r in ev], marker=".", label=name)
+        ax.set_xlabel("training tokens" if race == "steps" else "training seconds")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_title("equal steps" if race == "steps" else "equal wall-clock")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def report(results: dict, args, command: str) -> str:
+    lines = [
+        "# Learning per token and per second: ferrolm's recipes and nanochat's",
+        "",
+        "Same widths (d_model 256, 4 layers, 4 heads, context 256, 16 x 256 tokens a step),",
+        f"same {args.vocab:,}-id ferrolm tokenizer and Wikipedia shards, the same 96 validation windows",
+        f"of Wikinews; each contender in its own process, one after the other, {args.threads} torch threads, float32.",
+        "nanochat: its own `GPT` and `MuonAdamW` with its schedules (benches/nanochat_peer.py).",
+        "",
+        f"Machine: {cpu_model()}, {os.cpu_count()} cores.",
+        "",
+        "    " + command,
+        "",
+    ]
+    for race, runs in results.items():
+        title = f"equal steps ({args.steps})" if race == "steps" else f"equal wall-clock ({args.minutes:g} minutes)"
+        lines += [
+            f"## {title}",
+            "",
+            "| contender | steps | tokens | seconds | val loss | bits/byte |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        finals = {}
+        for name, run_dir in runs.items():
+            last = evals(run_dir)[-1]
+            finals[name] = last
+            bpb = f"{last['val_bpb']:.3f}" if last.get("val_bpb") else "-"
+            lines.append(
+                f"| {name} | {last['step']} | {last['tokens']:,} | {last['time_s']:.0f} | {last['val_loss']:.3f} | {bpb} |"
+            )
+        lines.append("")
+        if "nanochat" in finals:
+            ref = finals["nanochat"]["val_loss"]
+            for name, last in finals.items():
+                if name != "nanochat":
+                    lines.append(
+                        f"- {name}: validation loss {100 * (1 - last['val_loss'] / ref):+.1f} % lower than nanochat's"
+                    )
+        if race == "steps" and "cs336" in finals:
+            target = finals["cs336"]["val_loss"]
+            for name, run_dir in runs.items():
+                if name == "cs336":
+                    continue
+                reached = tokens_to_reach(evals(run_dir), target)
+                share = f"{reached / finals['cs336']['tokens']:.2f}" if reached else "not reached"
+                lines.append(f"- {name}: reaches cs336's final loss ({target:.3f}) in {share} of its tokens")
+        lines.append("")
+    lines += ["![validation loss against tokens and seconds](learning.png)", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nanochat", type=Path, help="a checkout of nanochat's repository (the peer); omit to skip it")
+    ap.add_argument("--contenders", default="cs336,cpu-small", help="ferrolm presets, comma-separated")
+    ap.add_argument("--races", default="steps,time", help="steps, time or both")
+    ap.add_argument("--steps", type=int, default=250, help="steps of the equal-steps race")
+    ap.add_argument("--minutes", type=float, default=6.0, help="training minutes of the equal-wall-clock race")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of every contender")
+    ap.add_argument("--vocab", type=int, default=8192, help="tokenizer size")
+    ap.add_argument("--eval-every", type=int, default=25, help="steps between validation evaluations")
+    ap.add_argument("--work", type=Path, default=REPO / "benches" / "out" / "learning", help="data and runs")
+    ap.add_argument("--quick", action="store_true", help="one Wikipedia file for the tokenizer and shards")
+    ap.add_argument("--results", type=Path, default=HERE / "results", help="where learning.md and learning.png go")
+    args = ap.parse_args()
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    data = prepare(args.work, args.vocab, args.quick)
+    presets = [p for p in args.contenders.split(",") if p]
+    results: dict = {}
+    for race in [r for r in args.races.split(",") if r]:
+        settings = race_settings(race, args.steps, args.minutes)
+        runs = results.setdefault(race, {})
+        for preset in presets:
+            out = args.work / race / preset
+            print(f"[{race}] {preset} ...", file=sys.stderr, flush=True)
+            train_ferrolm(preset, data, out, settings, args.threads, args.eval_every)
+            runs[preset] = out
+        if args.nanochat:
+            # The peer reads data, shape and validation windows from a ferrolm run's config.
+            base = runs[presets[0]] / "config.toml"
+            out = args.work / race / "nanochat"
+            print(f"[{race}] nanochat ...", file=sys.stderr, flush=True)
+            train_nanochat(args.nanochat, base, out, settings, args.threads)
+            runs["nanochat"] = out
+    args.results.mkdir(parents=True, exist_ok=True)
+    plot(results, args.results / "learning.png")
+    command = "python benches/bench_learning.py " + " ".join(sys.argv[1:])
+    (args.results / "learning.md").write_text(report(results, args, command))
+    print((args.results / "learning.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
