@@ -95,7 +95,15 @@ def race_settings(race: str, steps: int, minutes: float) -> dict:
     return {"schedule.max_steps": 1_000_000, "schedule.max_time_s": minutes * 60, "schedule.schedule_by": "time"}
 
 
-def train_ferrolm(preset: str, data: dict, out: Path, race: dict, threads: int, eval_every: int) -> None:
+def parse_contender(spec: str) -> tuple[str, str, dict]:
+    """``LABEL=PRESET+KEY=VALUE+...`` (or a bare preset name) as (label, preset, overrides)."""
+    label, _, rest = spec.partition("=") if "=" in spec.split("+", 1)[0] else ("", "", spec)
+    preset, *sets = rest.split("+")
+    return label or preset, preset, dict(s.split("=", 1) for s in sets)
+
+
+def train_ferrolm(spec: str, data: dict, out: Path, race: dict, threads: int, eval_every: int) -> None:
+    _, preset, overrides = parse_contender(spec)
     sets = {
         **SHAPE,
         **race,
@@ -105,6 +113,7 @@ def train_ferrolm(preset: str, data: dict, out: Path, race: dict, threads: int, 
         "run.out_dir": out,
         "run.num_threads": threads,
         "run.eval_every": eval_every,
+        **overrides,
     }
     args = ["train", "--config", preset]
     for k, v in sets.items():
@@ -225,7 +234,12 @@ def report(results: dict, args, command: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nanochat", type=Path, help="a checkout of nanochat's repository (the peer); omit to skip it")
-    ap.add_argument("--contenders", default="cs336,cpu-small", help="ferrolm presets, comma-separated")
+    ap.add_argument(
+        "--contenders",
+        default="cs336,cpu-small",
+        help="ferrolm presets, comma-separated; LABEL=PRESET+KEY=VALUE+... adds settings "
+        "(muon=cpu-small+optimizer.name=muon+optimizer.lr=0.02)",
+    )
     ap.add_argument("--races", default="steps,time", help="steps, time or both")
     ap.add_argument("--steps", type=int, default=250, help="steps of the equal-steps race")
     ap.add_argument("--minutes", type=float, default=6.0, help="training minutes of the equal-wall-clock race")
@@ -244,14 +258,15 @@ def main() -> None:
     for race in [r for r in args.races.split(",") if r]:
         settings = race_settings(race, args.steps, args.minutes)
         runs = results.setdefault(race, {})
-        for preset in presets:
-            out = args.work / race / preset
-            print(f"[{race}] {preset} ...", file=sys.stderr, flush=True)
-            train_ferrolm(preset, data, out, settings, args.threads, args.eval_every)
-            runs[preset] = out
+        for spec in presets:
+            label = parse_contender(spec)[0]
+            out = args.work / race / label
+            print(f"[{race}] {label} ...", file=sys.stderr, flush=True)
+            train_ferrolm(spec, data, out, settings, args.threads, args.eval_every)
+            runs[label] = out
         if args.nanochat:
             # The peer reads data, shape and validation windows from a ferrolm run's config.
-            base = runs[presets[0]] / "config.toml"
+            base = runs[parse_contender(presets[0])[0]] / "config.toml"
             out = args.work / race / "nanochat"
             print(f"[{race}] nanochat ...", file=sys.stderr, flush=True)
             train_nanochat(args.nanochat, base, out, settings, args.threads)

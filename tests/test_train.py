@@ -75,7 +75,7 @@ def final_weights(run_dir: Path, step: int) -> dict:
 
 
 def test_presets_load_and_have_the_documented_shapes():
-    assert {"cpu-small", "tinystories", "owt"} <= set(preset_names())
+    assert {"cs336", "cpu-small", "tinystories", "owt"} <= set(preset_names())
     ts = load_config("tinystories")
     m = ts.model
     # vocab_size 0: the model takes the shards' vocabulary.
@@ -92,6 +92,24 @@ def test_presets_load_and_have_the_documented_shapes():
     assert (owt.model.vocab_size, owt.model.context_length) == (0, 512)
     small = load_config("cpu-small")
     assert small.run.device == "cpu" and small.model.vocab_size == 0
+
+
+def test_the_cs336_preset_is_the_assignments_recipe():
+    """AdamW, SwiGLU, pre-norm RMSNorm, RoPE, untied head, cosine with warmup, random windows:
+    every switch off, whatever the defaults become."""
+    cfg = load_config("cs336")
+    m = cfg.model
+    assert (m.norm, m.norm_position, m.positions, m.ffn) == ("rms", "pre", "rope", "swiglu")
+    assert (m.tie_embeddings, m.kv_heads, m.qk_norm, m.logit_softcap, m.zero_init_output, m.doc_mask) == (
+        False,
+        m.num_heads,
+        False,
+        0.0,
+        False,
+        False,
+    )
+    assert (cfg.optimizer.name, cfg.schedule.lr_schedule, cfg.data.batching) == ("adamw", "cosine", "random")
+    assert (cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.weight_decay) == (0.9, 0.95, 0.1)
 
 
 def test_typo_in_a_config_file_names_the_field(tmp_path):
