@@ -168,7 +168,7 @@ def test_bad_sources_are_clear_errors(tmp_path):
         load_model(tmp_path, dtype="float8")
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(CheckpointError, match="only Llama models"):
+    with pytest.raises(CheckpointError, match="only Llama and Qwen3 models"):
         load_model(tmp_path)
     (tmp_path / "w.safetensors").write_bytes(b"not safetensors")
     pytest.importorskip("safetensors")
