@@ -36,6 +36,18 @@ COMMANDS: list = []
 # ---------------------------------------------------------------------------------------
 
 
+def add_text_column_option(p) -> None:
+    """--column / --jsonl-field: where encode and train-tokenizer find a document's text."""
+    p.add_argument(
+        "--column",
+        "--jsonl-field",
+        default="text",
+        dest="column",
+        metavar="NAME",
+        help="Parquet column or JSON Lines field holding the text (default: text)",
+    )
+
+
 def add_train_command(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -462,14 +474,7 @@ def _add_train_tokenizer(sub) -> None:
         "special token, .gz/.zst compressed text, JSON Lines, Parquet; globs ('data/*.parquet') and folders "
         "are expanded, sorted",
     )
-    p.add_argument(
-        "--column",
-        "--jsonl-field",
-        default="text",
-        dest="column",
-        metavar="NAME",
-        help="Parquet column or JSON Lines field holding the text (default: text)",
-    )
+    add_text_column_option(p)
     p.add_argument(
         "--counts",
         nargs="+",
@@ -708,14 +713,7 @@ def _add_encode(sub) -> None:
         help="encode only the I-th (0-based) of N byte ranges of the inputs, cut at document boundaries, "
         "into PREFIX.part-I-of-N.bin/.json (for N machines or jobs; `ferrolm shards PREFIX` checks the set)",
     )
-    p.add_argument(
-        "--column",
-        "--jsonl-field",
-        default="text",
-        dest="column",
-        metavar="NAME",
-        help="Parquet column or JSON Lines field holding the text (default: text)",
-    )
+    add_text_column_option(p)
     p.add_argument(
         "--format",
         default="auto",
