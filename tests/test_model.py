@@ -415,6 +415,7 @@ def test_config_round_trip():
         {"positions": "none"},
         {"num_kv_heads": 2, "qk_norm": True},
         {"num_kv_heads": 1, "attention": "reference"},
+        {"value_embeds": True, "x0_mix": True, "num_kv_heads": 2},
     ],
 )
 def test_kv_cache_stepwise_equals_full_recomputation(ablation):
@@ -434,7 +435,15 @@ def test_kv_cache_stepwise_equals_full_recomputation(ablation):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("ablation", [{}, {"attention": "reference"}, {"positions": "none"}])
+@pytest.mark.parametrize(
+    "ablation",
+    [
+        {},
+        {"attention": "reference"},
+        {"positions": "none"},
+        {"value_embeds": True, "x0_mix": True, "logit_softcap": 3.0},
+    ],
+)
 def test_kv_cache_rows_at_their_own_positions_get_their_own_logits(ablation):
     # Continuous batching: each row of one step at its own length, seeing only its own slots.
     model = small_model(11, **ablation)
@@ -544,6 +553,7 @@ def test_model_in_bfloat16_parameters():
         {"ffn": "relu2", "d_ff_ungated": 50},
         {"positions": "none", "norm_position": "post"},
         {"num_kv_heads": 2, "qk_norm": True, "logit_softcap": 15.0, "zero_init_output": True},
+        {"value_embeds": True, "x0_mix": True, "num_kv_heads": 2},
     ],
 )
 def test_count_parameters_equals_numel(ablation):
@@ -624,7 +634,13 @@ def test_hf_export_refuses_an_ablation_it_cannot_map():
     model = TransformerLM(64, 16, 32, 1, 4, 64, ffn="silu")
     with pytest.raises(ValueError, match="model.ffn = 'silu'.*cannot be exported"):
         to_hf_llama_state_dict(model)
-    for ablation in ({"norm": "none"}, {"norm_position": "post"}, {"positions": "none"}):
+    for ablation in (
+        {"norm": "none"},
+        {"norm_position": "post"},
+        {"positions": "none"},
+        {"value_embeds": True},
+        {"x0_mix": True},
+    ):
         with pytest.raises(ValueError, match=f"model.{next(iter(ablation))}"):
             to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, **ablation))
     tied = to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, tie_embeddings=True))
@@ -692,16 +708,15 @@ def test_compiled_step_equals_eager_forward_and_backward(fused_head):
 
 def test_every_switch_is_off_by_default_and_adds_no_state_dict_key():
     cfg = ModelConfig(**SMALL)
-    assert (cfg.num_kv_heads, cfg.qk_norm, cfg.logit_softcap, cfg.zero_init_output, cfg.doc_mask) == (
-        0,
-        False,
-        0.0,
-        False,
-        False,
-    )
+    switches = ("num_kv_heads", "qk_norm", "logit_softcap", "zero_init_output", "doc_mask", "value_embeds", "x0_mix")
+    assert [getattr(cfg, name) for name in switches] == [0, False, 0.0, False, False, False, False]
     plain = small_model().state_dict()
     on = small_model(num_kv_heads=2, qk_norm=True, logit_softcap=30.0, zero_init_output=True, doc_mask=True)
     assert list(on.state_dict()) == list(plain)
+    # the two switches that add parameters add only their own keys
+    more = small_model(num_kv_heads=2, value_embeds=True, x0_mix=True).state_dict()
+    assert set(more) - set(plain) == {"residual_scales", "x0_scales", "value_embeddings.1.weight"}
+    assert set(plain) <= set(more)
     assert on.state_dict()["layers.0.attn.k_proj.weight"].shape == (16, 32)  # 2 heads x d_head 8
     for bad, message in (
         ({"num_kv_heads": 3}, r"model.num_kv_heads \(3\) must divide model.num_heads \(4\)"),
@@ -811,3 +826,54 @@ def test_document_ids_mask_attention_to_each_document():
         )
     with pytest.raises(ValueError, match="document_ids must be"):
         model(row, document_ids=docs[:, :3])
+
+
+@pytest.mark.parametrize("num_layers,layers", [(1, [0]), (2, [1]), (3, [0, 2]), (4, [1, 3]), (5, [0, 2, 4])])
+def test_value_embeddings_sit_in_the_last_layer_and_every_second_before_it(num_layers, layers):
+    cfg = ModelConfig(**{**SMALL, "num_layers": num_layers}, value_embeds=True, num_kv_heads=2)
+    assert cfg.value_embed_layers == layers
+    model = TransformerLM.from_config(cfg)
+    assert sorted(model.value_embeddings) == [str(i) for i in layers]
+    assert all(table.weight.shape == (SMALL["vocab_size"], 16) for table in model.value_embeddings.values())
+    assert ModelConfig(**SMALL).value_embed_layers == []
+
+
+def test_value_embeds_and_x0_mix_against_the_equations_by_hand():
+    """Three layers, written out: block i reads a_i x + b_i x0, and layers 0 and 2 (the
+    last and every second before it) attend over values x W_V^T + E_v[ids]."""
+    model = small_model(8, num_layers=3, value_embeds=True, x0_mix=True).double()
+    with torch.no_grad():  # scalars away from their (1, 0) start, so the mix matters
+        model.residual_scales.copy_(torch.tensor([0.9, 1.2, 0.7]))
+        model.x0_scales.copy_(torch.tensor([0.3, -0.5, 0.25]))
+    ids = random_ids(2, 11)
+    seq = ids.shape[1]
+    x = x0 = model.token_embeddings.weight[ids]
+    for i, layer in enumerate(model.layers):
+        x = model.residual_scales[i] * x + model.x0_scales[i] * x0
+        attn, h = layer.attn, layer.ln1(x)
+
+        def heads(t, d_head=attn.d_head):
+            return t.view(2, seq, -1, d_head).transpose(1, 2)
+
+        q, k, v = h @ attn.q_proj.weight.T, h @ attn.k_proj.weight.T, h @ attn.v_proj.weight.T
+        if i in (0, 2):
+            v = v + model.value_embeddings[str(i)].weight[ids]
+        pos = torch.arange(seq)
+        q, k, v = attn.rope(heads(q), pos), attn.rope(heads(k), pos), heads(v)
+        mixed = functional.scaled_dot_product_attention(q, k, v, torch.ones(seq, seq).tril().bool())
+        x = x + mixed.transpose(1, 2).reshape(2, seq, -1) @ attn.output_proj.weight.T
+        x = x + layer.ffn(layer.ln2(x))
+    want = model.ln_final(x) @ model.lm_head.weight.T
+    torch.testing.assert_close(model(ids), want)
+    assert "1" not in model.value_embeddings
+    torch.testing.assert_close(functional.x0_mix(x, x0, 2.0, 0.5), 2.0 * x + 0.5 * x0)
+
+
+def test_x0_mix_starts_as_the_plain_residual_and_value_embeds_train():
+    plain, mixed = small_model(3), small_model(3, x0_mix=True)
+    ids = random_ids(2, 9)
+    torch.testing.assert_close(mixed(ids), plain(ids))  # a = 1, b = 0: the same model
+    model = small_model(3, value_embeds=True, x0_mix=True).train()
+    model(ids, targets=random_ids(2, 9, seed=4)).backward()
+    for name in ("value_embeddings.1.weight", "residual_scales", "x0_scales"):
+        assert dict(model.named_parameters())[name].grad.abs().sum() > 0, name

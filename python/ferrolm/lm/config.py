@@ -88,6 +88,11 @@ class ModelConfig:
       zero, so each block starts as the identity.
     - ``doc_mask``: attention does not cross document boundaries (a document starts at
       the end-of-text token); training passes the documents of each row to the model.
+    - ``value_embeds``: in the last layer and every second layer before it, the attention
+      values add a learned embedding of the input token: v = x W_V^T + E_v[ids], with
+      E_v a (vocab, num_kv_heads d_head) table of its own in each such layer.
+    - ``x0_mix``: each block's input is a_i x + b_i x0, x0 the token embeddings and a_i,
+      b_i two learned scalars per layer that start at 1 and 0 (the plain residual).
     """
 
     vocab_size: int = 0
@@ -110,6 +115,8 @@ class ModelConfig:
     logit_softcap: float = 0.0
     zero_init_output: bool = False
     doc_mask: bool = False
+    value_embeds: bool = False
+    x0_mix: bool = False
 
     def __post_init__(self) -> None:
         self.check()
@@ -150,6 +157,14 @@ class ModelConfig:
     def kv_heads(self) -> int:
         """Key/value heads: num_kv_heads, or num_heads when that is 0."""
         return self.num_kv_heads or self.num_heads
+
+    @property
+    def value_embed_layers(self) -> list[int]:
+        """The layers with a value embedding (``value_embeds``): the last and every second one
+        before it."""
+        if not self.value_embeds:
+            return []
+        return list(range(self.num_layers - 1, -1, -2))[::-1]
 
     @property
     def ffn_hidden(self) -> int:

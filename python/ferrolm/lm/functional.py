@@ -11,6 +11,7 @@ These are the literal definitions the model is checked against:
     qk_norm(x)     = x / sqrt(mean(x^2) + eps)              over each head's d_head
     relu_squared(x)= max(x, 0)^2
     softcap(z, c)  = c * tanh(z / c)
+    x0_mix(x, x0, a, b) = a x + b x0
     document_ids   = number of end-of-text tokens at or before each position
     document_mask  = causal mask AND (query and key in one document)
 
@@ -38,6 +39,7 @@ __all__ = [
     "qk_norm",
     "relu_squared",
     "softcap",
+    "x0_mix",
     "document_ids",
     "document_mask",
 ]
@@ -238,6 +240,11 @@ def relu_squared(x: Tensor) -> Tensor:
 def softcap(z: Tensor, cap: float) -> Tensor:
     """Soft-capping c * tanh(z / c): about z for |z| << c, never beyond +-c."""
     return cap * torch.tanh(z / cap)
+
+
+def x0_mix(x: Tensor, x0: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """A block's input a x + b x0: the residual stream x scaled, the token embeddings x0 mixed in."""
+    return a * x + b * x0
 
 
 def document_ids(ids: Tensor, eos_id: int) -> Tensor:

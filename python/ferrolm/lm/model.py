@@ -31,6 +31,10 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
                    with the document of each position); RoPE positions run on across
                    documents, which changes nothing since attention never crosses them and
                    RoPE sees only distances
+    value_embeds   in layer L-1, L-3, ...: v = x W_V^T + E_v[ids], a (vocab, d_kv) table per
+                   such layer (a value residual straight from the token)
+    x0_mix         block i reads a_i x + b_i x0 (functional.x0_mix), x0 the token
+                   embeddings, a_i and b_i learned and starting at 1 and 0
 
 The checkpoint format is ``TransformerLM.state_dict()``; its keys are
 
@@ -44,7 +48,9 @@ The checkpoint format is ``TransformerLM.state_dict()``; its keys are
 
 Ablations and switches change only what they must: ``norm="none"`` drops every
 ``ln*`` key, ``ffn="silu"`` and ``ffn="relu2"`` have no ``w3``, ``num_kv_heads`` makes
-``k_proj``/``v_proj`` narrower; no switch adds a key; with ``tie_embeddings=True`` both
+``k_proj``/``v_proj`` narrower; ``value_embeds`` adds ``value_embeddings.{i}.weight`` for
+its layers and ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer);
+no other switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
 RoPE's cos/sin tables are non-persistent buffers and never saved.
 
@@ -358,6 +364,7 @@ class CausalSelfAttention(nn.Module):
         mask: Optional[Tensor] = None,
         kv_cache: Optional[tuple[Tensor, Tensor]] = None,
         start_pos: Union[int, Tensor] = 0,
+        value_embed: Optional[Tensor] = None,
     ) -> Tensor:
         """x: (batch, seq, d_model) -> (batch, seq, d_model).
 
@@ -370,6 +377,8 @@ class CausalSelfAttention(nn.Module):
         ``start_pos`` may be a (batch,) tensor for one new token per row, each at its own
         position (continuous batching): row b's key goes to slot start_pos[b], the keys
         cover [0, max(start_pos) + 1) and ``mask`` must hide each row's unused slots.
+        ``value_embed``: (batch, seq, kv_heads * d_head), added to the values (before the
+        cache, so cached values hold it too).
         """
         batch, seq, _ = x.shape
         d_head = self.d_head
@@ -383,6 +392,8 @@ class CausalSelfAttention(nn.Module):
         qkv = gemm.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
         kv_dim = self.num_kv_heads * d_head
         q, k, v = (split_heads(t) for t in qkv.split((self.d_model, kv_dim, kv_dim), dim=-1))
+        if value_embed is not None:
+            v = v + split_heads(value_embed)
 
         if self.rope is not None:  # positions default to start_pos, ..., start_pos + seq - 1
             q = self.rope(q, token_positions, offset=start_pos)
@@ -554,6 +565,17 @@ class TransformerLM(nn.Module):
                 for layer in self.layers:
                     layer.attn.output_proj.weight.zero_()
                     layer.ffn.w2.weight.zero_()
+        # Made last for the same reason; an Embedding's std-1 init matches the values' scale
+        # (unit-RMS input through W_V's init).
+        self.value_embeddings = nn.ModuleDict(
+            {
+                str(i): Embedding(vocab_size, cfg.kv_heads * cfg.d_head, device=device, dtype=dtype)
+                for i in cfg.value_embed_layers
+            }
+        )
+        if cfg.x0_mix:
+            self.residual_scales = nn.Parameter(torch.ones(num_layers, device=device, dtype=dtype))
+            self.x0_scales = nn.Parameter(torch.zeros(num_layers, device=device, dtype=dtype))
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> TransformerLM:
@@ -643,17 +665,38 @@ class TransformerLM(nn.Module):
                 raise ValueError(f"document_ids must be (batch, seq) = {(batch, seq)}, got {tuple(document_ids.shape)}")
             mask = functional.document_mask(document_ids)[:, None]  # (batch, 1, seq, seq): over heads
 
-        x = self.token_embeddings(ids)
-        for i, layer in enumerate(self.layers):
-            layer_cache = None if kv_cache is None else (kv_cache.keys[i], kv_cache.values[i])
-            x = layer(x, token_positions, mask=mask, kv_cache=layer_cache, start_pos=start)
+        x = self._blocks(ids, token_positions, mask, kv_cache, start)
         if kv_cache is not None:
             kv_cache.length = end
-        if targets is not None and not cfg.logit_softcap:
+        return self._head(x, targets)
+
+    def _blocks(
+        self, ids: Tensor, positions: Optional[Tensor], mask: Optional[Tensor], kv_cache: Optional[KVCache], start_pos
+    ) -> Tensor:
+        """Embedding and blocks: the final hidden states of ``ids``."""
+        x = x0 = self.token_embeddings(ids)
+        for i, layer in enumerate(self.layers):
+            if self.config.x0_mix:
+                x = functional.x0_mix(x, x0, self.residual_scales[i], self.x0_scales[i])
+            table = self.value_embeddings[str(i)] if str(i) in self.value_embeddings else None
+            x = layer(
+                x,
+                positions,
+                mask=mask,
+                kv_cache=None if kv_cache is None else (kv_cache.keys[i], kv_cache.values[i]),
+                start_pos=start_pos,
+                value_embed=None if table is None else table(ids),
+            )
+        return x
+
+    def _head(self, x: Tensor, targets: Optional[Tensor]) -> Tensor:
+        """Final norm and LM head (soft-capped when on): logits, or the loss with ``targets``."""
+        cap = self.config.logit_softcap
+        if targets is not None and not cap:
             return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets)
         logits = self.lm_head(self.ln_final(x))
-        if cfg.logit_softcap:
-            logits = functional.softcap(logits, cfg.logit_softcap)
+        if cap:
+            logits = functional.softcap(logits, cap)
         if targets is not None:  # soft-capped logits: the loss needs them whole
             return functional.cross_entropy(logits, targets)
         return logits
@@ -669,14 +712,9 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence reaches position {end}, beyond context_length {self.config.context_length}")
         # (batch, 1, 1, keys): row b sees its own slots 0..start_pos[b], none of another row's longer past
         mask = (torch.arange(end, device=ids.device) <= start_pos[:, None])[:, None, None, :]
-        positions = start_pos[:, None]
-        x = self.token_embeddings(ids)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, mask=mask, kv_cache=(kv_cache.keys[i], kv_cache.values[i]), start_pos=start_pos)
+        x = self._blocks(ids, start_pos[:, None], mask, kv_cache, start_pos)
         kv_cache.length = end
-        if targets is not None:
-            return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets)
-        return self.lm_head(self.ln_final(x))
+        return self._head(x, targets)
 
     def make_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None, device=None, dtype=None) -> KVCache:
         """A zeroed KVCache for ``batch_size`` sequences of up to ``max_seq_len`` positions
@@ -754,11 +792,13 @@ def count_parameters(cfg: ModelConfig) -> int:
          + 2 d)                    ln1, ln2 gains        (0 with norm="none")
     + d                            final norm gain       (0 with norm="none")
     + V d                          LM head               (0 when tied)
+    + V d_kv per value-embedding layer, 2 L with x0_mix
     """
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
     norms = d if cfg.norm == "rms" else 0
     per_layer = _matmul_weights_per_layer(cfg) + 2 * norms
-    return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d)
+    extras = len(cfg.value_embed_layers) * V * cfg.kv_heads * cfg.d_head + (2 * L if cfg.x0_mix else 0)
+    return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d) + extras
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: Optional[int] = None) -> int:
@@ -802,12 +842,21 @@ def hf_architecture(cfg: ModelConfig) -> str:
     zero_init_output is only an initialization; doc_mask changes nothing for a sequence
     with no end-of-text token after its first position (HF attends across documents).
     """
-    wanted = {"norm": "rms", "norm_position": "pre", "positions": "rope", "ffn": "swiglu", "logit_softcap": 0.0}
+    wanted = {
+        "norm": "rms",
+        "norm_position": "pre",
+        "positions": "rope",
+        "ffn": "swiglu",
+        "logit_softcap": 0.0,
+        "value_embeds": False,
+        "x0_mix": False,
+    }
     bad = [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
     if bad:
         raise ValueError(
             f"{', '.join(bad)}: the Hugging Face architectures ferrolm exports to (Llama, and Qwen3 for "
-            "model.qk_norm) have only RMSNorm, pre-norm, RoPE, SwiGLU and uncapped logits, so this model "
+            "model.qk_norm) have only RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and neither value "
+            "embeddings nor x0 mixing, so this model "
             "cannot be exported"
         )
     return "qwen3" if cfg.qk_norm else "llama"
