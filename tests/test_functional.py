@@ -161,10 +161,29 @@ def test_linear_cross_entropy_equals_cross_entropy_of_the_logits(chunk_rows):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
-def test_linear_cross_entropy_gradcheck_float64():
+@pytest.mark.parametrize("chunk_rows", [1, 10, None])
+def test_soft_capped_linear_cross_entropy_equals_cross_entropy_of_the_capped_logits(chunk_rows):
+    h, w, t = _head_problem()
+    h = h * 3  # logits well past the cap, where tanh bends
+    want = _loss_and_grads(lambda h, w, t: F.cross_entropy(2.5 * torch.tanh((h @ w.T) / 2.5), t), h, w, t)
+    got = _loss_and_grads(
+        lambda h, w, t: functional.linear_cross_entropy(h, w, t, softcap_at=2.5, chunk_rows=chunk_rows), h, w, t
+    )
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(functional.linear_cross_entropy(h, w, t, softcap_at=2.5), want[0])
+    with pytest.raises(ValueError, match="softcap_at"):
+        functional.linear_cross_entropy(h, w, t, softcap_at=-1.0)
+
+
+@pytest.mark.parametrize("cap", [0.0, 1.5])
+def test_linear_cross_entropy_gradcheck_float64(cap):
     h, w, t = _head_problem(n=9, d=4, vocab=7, dtype=torch.float64)
     h.requires_grad_(), w.requires_grad_()
-    assert torch.autograd.gradcheck(lambda h, w: functional.linear_cross_entropy(h, w, t, chunk_rows=4), (h, w))
+    assert torch.autograd.gradcheck(
+        lambda h, w: functional.linear_cross_entropy(h, w, t, softcap_at=cap, chunk_rows=4), (h, w)
+    )
 
 
 def test_linear_cross_entropy_without_grad_and_with_batch_dims():

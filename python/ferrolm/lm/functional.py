@@ -109,8 +109,11 @@ class _CrossEntropy(torch.autograd.Function):
         return grad.to(logits.dtype), None
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_rows: int | None = None) -> Tensor:
-    """``cross_entropy(hidden @ weight.T, targets)`` without the (N, vocab) logits.
+def linear_cross_entropy(
+    hidden: Tensor, weight: Tensor, targets: Tensor, *, softcap_at: float = 0.0, chunk_rows: int | None = None
+) -> Tensor:
+    """``cross_entropy(hidden @ weight.T, targets)`` without the (N, vocab) logits; with
+    ``softcap_at`` c > 0, of the soft-capped logits ``softcap(hidden @ weight.T, c)``.
 
     The LM head and the loss as one step: the positions are taken ``chunk_rows`` at a
     time, and for each chunk the logits are computed, reduced to the loss and, when a
@@ -121,6 +124,9 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chu
     cache on a CPU and training memory drops by two (N, vocab) float32 tensors. The
     gradients are computed in the forward pass (the loss is the end of the graph, so
     the backward only scales them by the incoming gradient).
+
+    With the cap, the gradient of the capped logits is multiplied by the derivative of
+    c tanh(z / c), 1 - tanh(z / c)^2, kept for the chunk only.
 
     ``hidden`` (..., d), ``weight`` (vocab, d), ``targets`` (...) class ids. Under
     autocast the GEMMs run in the autocast dtype and the softmax in float32. The default
@@ -137,11 +143,13 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chu
     t = targets.reshape(-1).long()
     if chunk_rows is None:
         chunk_rows = _chunk_rows(weight.shape[0], h.device)
+    if not (softcap_at >= 0 and math.isfinite(softcap_at)):
+        raise ValueError(f"linear_cross_entropy: softcap_at must be >= 0 (0: off), got {softcap_at}")
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, t, chunk_rows)
+        return _LinearCrossEntropy.apply(h, weight, t, chunk_rows, float(softcap_at))
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, h.shape[0], chunk_rows):
-        logits = _head_logits(h[start : start + chunk_rows], weight)
+        logits, _ = _capped(_head_logits(h[start : start + chunk_rows], weight), softcap_at)
         total = total + _chunk_loss(logits, t[start : start + chunk_rows])
     return total / max(t.numel(), 1)
 
@@ -158,6 +166,15 @@ def _head_logits(h: Tensor, weight: Tensor) -> Tensor:
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
+def _capped(logits: Tensor, cap: float) -> tuple[Tensor, Tensor | None]:
+    """(c tanh(z / c), tanh(z / c)) of a chunk's logits z with cap c > 0 (z overwritten by
+    the tanh); (z, None) without a cap."""
+    if not cap:
+        return logits, None
+    squashed = logits.div_(cap).tanh_()
+    return squashed * cap, squashed
+
+
 def _chunk_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Sum over the chunk of logsumexp(o) - o[t]; leaves ``logits`` holding exp(o - max o)."""
     top = logits.amax(dim=-1, keepdim=True)
@@ -172,18 +189,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
     folded into d h = G W and d W = G^T h chunk by chunk."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int) -> Tensor:
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int, cap: float) -> Tensor:
         n = targets.numel()
         total = h.new_zeros((), dtype=torch.float32)
         grad_h = []
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, h.shape[0], chunk_rows):
             hc, tc = h[start : start + chunk_rows], targets[start : start + chunk_rows]
-            logits = _head_logits(hc, weight)
+            logits, squashed = _capped(_head_logits(hc, weight), cap)
             total = total + _chunk_loss(logits, tc)
             # exp(o - max) / sum = softmax; minus onehot(t): the gradient of the summed loss
             grad = logits.div_(logits.sum(dim=-1, keepdim=True))
             grad.scatter_add_(-1, tc.unsqueeze(-1), grad.new_full((grad.shape[0], 1), -1.0))
+            if squashed is not None:  # through the cap: d o / d z = 1 - tanh^2
+                grad.mul_(squashed.square_().neg_().add_(1.0))
             grad = grad.to(weight.dtype)  # a no-op in float32; under autocast the GEMMs cast
             grad_h.append(gemm.matmul(grad, weight))
             gemm.add_matmul_(grad_w, grad.t(), hc)
@@ -196,7 +215,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss / max(ctx.n, 1)
-        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None, None
+        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None, None, None
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -692,14 +692,10 @@ class TransformerLM(nn.Module):
     def _head(self, x: Tensor, targets: Optional[Tensor]) -> Tensor:
         """Final norm and LM head (soft-capped when on): logits, or the loss with ``targets``."""
         cap = self.config.logit_softcap
-        if targets is not None and not cap:
-            return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets)
+        if targets is not None:
+            return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets, softcap_at=cap)
         logits = self.lm_head(self.ln_final(x))
-        if cap:
-            logits = functional.softcap(logits, cap)
-        if targets is not None:  # soft-capped logits: the loss needs them whole
-            return functional.cross_entropy(logits, targets)
-        return logits
+        return functional.softcap(logits, cap) if cap else logits
 
     def _forward_rows(self, ids: Tensor, kv_cache: KVCache, start_pos: Tensor, targets: Optional[Tensor]) -> Tensor:
         """One token per row, row b at position start_pos[b] (see ``forward``)."""
