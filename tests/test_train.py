@@ -100,14 +100,9 @@ def test_the_cs336_preset_is_the_assignments_recipe():
     cfg = load_config("cs336")
     m = cfg.model
     assert (m.norm, m.norm_position, m.positions, m.ffn) == ("rms", "pre", "rope", "swiglu")
-    assert (m.tie_embeddings, m.kv_heads, m.qk_norm, m.logit_softcap, m.zero_init_output, m.doc_mask) == (
-        False,
-        m.num_heads,
-        False,
-        0.0,
-        False,
-        False,
-    )
+    switches = (m.tie_embeddings, m.kv_heads, m.qk_norm, m.logit_softcap, m.zero_init_output, m.doc_mask)
+    assert switches == (False, m.num_heads, False, 0.0, False, False)
+    assert (m.value_embeds, m.x0_mix) == (False, False)
     assert (cfg.optimizer.name, cfg.schedule.lr_schedule, cfg.data.batching) == ("adamw", "cosine", "random")
     assert (cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.weight_decay) == (0.9, 0.95, 0.1)
 
