@@ -538,6 +538,7 @@ def learning_race(device: torch.device, shards: dict, work: Path, args, report_d
             lines += ["", "![validation loss against training seconds](gpu_race.png)"]
         except ImportError as e:
             lines += ["", f"(no plot: {e})"]
+    print("\n".join(lines), flush=True)  # the console too: it may be all that comes back from a machine
     if failed:
         raise PartlyFailed(lines, f"{', '.join(failed)} failed")
     return lines
