@@ -56,13 +56,17 @@ SHAPE = {
 }
 
 
+class ContenderFailed(RuntimeError):
+    """A step's process failed (an exception, so that a caller racing several can go on)."""
+
+
 def run(cmd: list, log: Path, env=None) -> float:
     """Run one contender's process, its output to `log`; return its wall time."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
-        sys.exit(f"bench_learning: {' '.join(map(str, cmd[:4]))} ... failed (exit {proc.returncode}); see {log}")
+        raise ContenderFailed(f"{' '.join(map(str, cmd[:4]))} ... failed (exit {proc.returncode}); see {log}")
     return time.perf_counter() - t0
 
 
@@ -102,10 +106,12 @@ def parse_contender(spec: str) -> tuple[str, str, dict]:
     return label or preset, preset, dict(s.split("=", 1) for s in sets)
 
 
-def train_ferrolm(spec: str, data: dict, out: Path, race: dict, threads: int, eval_every: int) -> None:
+def train_ferrolm(
+    spec: str, data: dict, out: Path, race: dict, threads: int, eval_every: int, shape: dict = SHAPE
+) -> None:
     _, preset, overrides = parse_contender(spec)
     sets = {
-        **SHAPE,
+        **shape,
         **race,
         "data.train": data["train"],
         "data.val": data["val"],
@@ -122,14 +128,16 @@ def train_ferrolm(spec: str, data: dict, out: Path, race: dict, threads: int, ev
     run(ferrolm(*args), out.parent / f"{out.name}.log")
 
 
-def train_nanochat(nanochat: Path, config: Path, out: Path, race: dict, threads: int) -> None:
+def train_nanochat(
+    nanochat: Path, config: Path, out: Path, race: dict, threads: int, compile: bool = False, env=None
+) -> None:
     cmd = [sys.executable, HERE / "nanochat_peer.py", "--nanochat", nanochat, "--config", config, "--out", out]
-    cmd += ["--threads", threads]
+    cmd += ["--threads", threads] + (["--compile"] if compile else [])
     if race["schedule.schedule_by"] == "steps":
         cmd += ["--max-steps", race["schedule.max_steps"]]
     else:
         cmd += ["--max-time", race["schedule.max_time_s"]]
-    run(cmd, out.parent / f"{out.name}.log")
+    run(cmd, out.parent / f"{out.name}.log", env)
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -140,12 +148,25 @@ def evals(run_dir: Path) -> list[dict]:
     return [r for r in records(run_dir) if r.get("val_loss") is not None]
 
 
+def reached(run_evals: list[dict], loss: float):
+    """The first evaluation whose validation loss is at most `loss` (None: never)."""
+    return next((r for r in run_evals if r["val_loss"] <= loss), None)
+
+
 def tokens_to_reach(run_evals: list[dict], loss: float):
     """Tokens at the first evaluation whose validation loss is at most `loss` (None: never)."""
-    for r in run_evals:
-        if r["val_loss"] <= loss:
-            return r["tokens"]
-    return None
+    first = reached(run_evals, loss)
+    return first["tokens"] if first else None
+
+
+def lower_than(finals: dict, ref: str) -> list[str]:
+    """One line per contender: its final validation loss, % lower than `ref`'s."""
+    base = finals[ref]["val_loss"]
+    return [
+        f"- {name}: validation loss {100 * (1 - last['val_loss'] / base):+.1f} % lower than {ref}'s"
+        for name, last in finals.items()
+        if name != ref
+    ]
 
 
 def plot(results: dict, out_png: Path) -> None:
@@ -212,12 +233,7 @@ def report(results: dict, args, command: str) -> str:
             )
         lines.append("")
         if "nanochat" in finals:
-            ref = finals["nanochat"]["val_loss"]
-            for name, last in finals.items():
-                if name != "nanochat":
-                    lines.append(
-                        f"- {name}: validation loss {100 * (1 - last['val_loss'] / ref):+.1f} % lower than nanochat's"
-                    )
+            lines += lower_than(finals, "nanochat")
         if race == "steps" and "cs336" in finals:
             target = finals["cs336"]["val_loss"]
             for name, run_dir in runs.items():
@@ -232,6 +248,13 @@ def report(results: dict, args, command: str) -> str:
 
 
 def main() -> None:
+    try:
+        race_all()
+    except ContenderFailed as e:
+        sys.exit(f"bench_learning: {e}")
+
+
+def race_all() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nanochat", type=Path, help="a checkout of nanochat's repository (the peer); omit to skip it")
     ap.add_argument(

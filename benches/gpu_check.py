@@ -1,4 +1,4 @@
-"""Everything ferrolm's LM half should do on one GPU, checked in one command (at most ~8
+"""Everything ferrolm's LM half should do on one GPU, checked in one command (at most ~9
 minutes on an H100/H200), with the findings written to benches/results/gpu.md.
 
 The GPU machine needs Python with torch (CUDA), transformers and numpy; no internet, no
@@ -19,12 +19,21 @@ What it does, in order (each stage's result goes into the report even when a lat
    and the nanoGPT-style GPT of the same widths (eager and compiled): benches/bench_model.py.
 4. Training: 2 minutes of the `tinystories` preset on text found on the machine (the Python
    standard library's source, as `ferrolm demo` uses), with its loss curve.
+5. Learning race: the presets of --race-contenders (default cs336 and tinystories, each
+   forced to the `tinystories` shape and batch) for --race-seconds of training clock each
+   (default 60), on the same shards and validation windows, as benches/bench_learning.py
+   races on a CPU; nanochat's own model and optimizer too with --nanochat CHECKOUT. On
+   TinyStories text (--tinystories FOLDER_OR_FILE: a 10,000-id tokenizer and shards made
+   from its first --tinystories-mb MB) the report gives each one's seconds and tokens to
+   validation loss 1.45; otherwise the race runs on the stage-4 text.
 
     python benches/gpu_check.py --device cpu --tiny     # a dry run of every code path, in seconds
+    python benches/gpu_check.py --stages race --race-seconds 300 --tinystories TS --nanochat NC
 
 The dry run uses a tiny model, a few seconds of training, and torch.compile's "eager"
 backend for the compiled rows (dynamo traces the same graphs; no code is generated); its
-report goes to a temporary directory unless --out is given. Exit status 1 when a stage
+report goes to a temporary directory unless --out is given. --stages picks stages 2-5
+(checks, speed, training, race; the data stage always runs). Exit status 1 when a stage
 or check failed (the report says which), 2 when CUDA was asked for and is not there.
 """
 
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import shutil
 import sys
@@ -45,12 +55,15 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import bench_model  # noqa: E402  (benches/ is not a package)
+import bench_learning  # noqa: E402  (benches/ is not a package)
+import bench_model  # noqa: E402
 
 from ferrolm import __version__  # noqa: E402
 from ferrolm.lm.model import TransformerLM  # noqa: E402
 
 TINY = dict(vocab_size=512, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64)
+STAGES = ("checks", "speed", "training", "race")
+RACE_TARGET = 1.45  # the validation loss TinyStories runs are held to (CS336's target)
 
 
 # ---------------------------------------------------------------------------------------
@@ -196,17 +209,16 @@ def run_check(name: str, fn, *args) -> tuple[str, bool, str]:
 # ---------------------------------------------------------------------------------------
 
 
-def prepare_shards(work: Path, tiny: bool) -> dict:
-    from ferrolm.app.demo import EOT, prepare_data
+def tokenize(train_path: Path, val_path: Path, work: Path, vocab: int) -> dict:
+    """A tokenizer of `vocab` ids trained on the training text, and shards of both texts."""
+    from ferrolm.app.demo import EOT
     from ferrolm.bpe import shards
     from ferrolm.bpe.tokenizer import Tokenizer
 
-    info = prepare_data(work / "text", max_bytes=int(0.4e6 if tiny else 40e6))
-    vocab = 512 if tiny else 10_000
-    tok = Tokenizer.train(str(info.train_path), vocab, [EOT], progress=False)
+    tok = Tokenizer.train(str(train_path), vocab, [EOT], progress=False)
     tok.save(work / "tokenizer")
-    train_side = shards.encode(tok, [info.train_path], work / "train", progress=False)
-    val_side = shards.encode(tok, [info.val_path], work / "val", progress=False)
+    train_side = shards.encode(tok, [train_path], work / "train", progress=False)
+    val_side = shards.encode(tok, [val_path], work / "val", progress=False)
     return dict(
         train=str(work / "train"),
         val=str(work / "val"),
@@ -214,8 +226,15 @@ def prepare_shards(work: Path, tiny: bool) -> dict:
         vocab_size=tok.vocab_size,
         train_tokens=int(train_side["num_tokens"]),
         val_tokens=int(val_side["num_tokens"]),
-        text_mb=(info.train_bytes + info.val_bytes) / 1e6,
     )
+
+
+def prepare_shards(work: Path, tiny: bool) -> dict:
+    from ferrolm.app.demo import prepare_data
+
+    info = prepare_data(work / "text", max_bytes=int(0.4e6 if tiny else 40e6))
+    sides = tokenize(info.train_path, info.val_path, work, 512 if tiny else 10_000)
+    return dict(sides, text_mb=(info.train_bytes + info.val_bytes) / 1e6)
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,6 +310,241 @@ def training_run(device: torch.device, shards: dict, work: Path, tiny: bool, rep
 
 
 # ---------------------------------------------------------------------------------------
+# 5. The learning race at the tinystories shape
+# ---------------------------------------------------------------------------------------
+
+
+class PartlyFailed(Exception):
+    """A stage whose report is worth keeping although a part of it failed."""
+
+    def __init__(self, lines: list[str], why: str):
+        super().__init__(why)
+        self.lines = lines
+
+
+def _story_end(data: bytes, at: int) -> int:
+    """The offset just past the first end-of-story separator at or after `at` (len: none)."""
+    from ferrolm.app.demo import EOT
+
+    i = data.find(EOT.encode(), at)
+    if i < 0:
+        return len(data)
+    i += len(EOT)
+    return i + 1 if data[i : i + 1] == b"\n" else i
+
+
+def _head(path: Path, max_bytes: int) -> bytes:
+    """The file's first `max_bytes`, cut after the last whole story."""
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) <= max_bytes:
+        return data
+    from ferrolm.app.demo import EOT
+
+    last = data.rfind(EOT.encode(), 0, max_bytes)
+    return data[: _story_end(data, last)] if last > 0 else data[:max_bytes]
+
+
+def tinystories_text(src: Path, work: Path, max_bytes: int) -> tuple[Path, Path, str]:
+    """TinyStories' training and validation text, each cut at a story boundary.
+
+    `src` is a folder holding its ``*train*.txt`` and ``*valid*.txt`` files, or a training
+    file (its ``valid`` sibling is used when there, else its last 2 % is held out)."""
+
+    def pick(folder: Path, word: str):
+        # The GPT-4 stories (V2) first: the set the 1.45 target was set on.
+        found = sorted(folder.glob(f"*{word}*.txt"), key=lambda p: ("V2" not in p.name, p.name))
+        return found[0] if found else None
+
+    if src.is_dir():
+        train, val = pick(src, "train"), pick(src, "valid")
+        if train is None:
+            raise FileNotFoundError(f"--tinystories {src}: no *train*.txt in it")
+    elif src.is_file():
+        train, sibling = src, src.with_name(src.name.replace("train", "valid"))
+        val = sibling if sibling != src and sibling.is_file() else None
+    else:
+        raise FileNotFoundError(f"--tinystories {src}: no such file or folder")
+    work.mkdir(parents=True, exist_ok=True)
+    text = _head(train, max_bytes)
+    if val is None:
+        cut = _story_end(text, len(text) * 98 // 100)
+        text, held = text[:cut], text[cut:]
+        if not held:
+            raise ValueError(f"--tinystories {src}: too few stories to hold some out for validation")
+        source = f"{train.name} (its last 2 % held out for validation)"
+    else:
+        held = _head(val, max(max_bytes // 10, 1 << 20))
+        source = f"{train.name}, validation {val.name}"
+    (work / "train.txt").write_bytes(text)
+    (work / "valid.txt").write_bytes(held)
+    return work / "train.txt", work / "valid.txt", source
+
+
+def race_data(shards: dict, work: Path, tinystories, tinystories_mb: float, tiny: bool) -> tuple[dict, str]:
+    """bench_learning's data (tok, train, val) and a sentence saying what it is."""
+    if tinystories is None:
+        data = dict(tok=shards["tokenizer"], train=shards["train"], val=shards["val"])
+        return data, (
+            f"the data stage's local text ({shards['text_mb']:.1f} MB, {shards['train_tokens']:,} training tokens, "
+            f"vocabulary {shards['vocab_size']:,})"
+        )
+    train_txt, val_txt, source = tinystories_text(Path(tinystories), work / "text", int(tinystories_mb * 1e6))
+    sides = tokenize(train_txt, val_txt, work, 512 if tiny else 10_000)
+    data = dict(tok=sides["tokenizer"], train=sides["train"], val=sides["val"])
+    return data, (
+        f"TinyStories: {train_txt.stat().st_size / 1e6:.1f} MB of {source}, a tokenizer of "
+        f"{sides['vocab_size']:,} ids trained on it, {sides['train_tokens']:,} training tokens"
+    )
+
+
+def race_shape(device: torch.device, tiny: bool) -> dict:
+    """What every contender is forced to: the tinystories preset's widths and batch, the device."""
+    from ferrolm.lm.train import load_config
+
+    ts = load_config("tinystories")
+    m, s = ts.model, ts.schedule
+    shape = {f"model.{k}": getattr(m, k) for k in ("d_model", "num_layers", "num_heads", "d_ff", "context_length")}
+    shape.update({"schedule.batch_size": s.batch_size, "schedule.tokens_per_step": s.tokens_per_step})
+    if tiny:
+        shape.update({f"model.{k}": v for k, v in TINY.items() if k != "vocab_size"})
+        shape.update({"schedule.batch_size": 4, "schedule.tokens_per_step": 0})
+    gpu = "true" if device.type == "cuda" and not tiny else "false"
+    return {
+        **shape,
+        "run.device": str(device),
+        "run.autocast_bf16": "true" if device.type == "cuda" else "false",
+        "run.compile": gpu,
+        "run.eval_batches": 1 if tiny else 10,
+        "run.seed": 1337,
+        "run.progress": "false",
+        "run.checkpoint_every": 0,
+        "run.keep_best": "false",
+        "run.log_every": 2 if tiny else 50,
+    }
+
+
+def timed_spec(spec: str, steps: int) -> str:
+    """The contender with its warmup kept at its preset's share of the run.
+
+    A time-scheduled run maps elapsed time onto max_steps, which the race sets to `steps`
+    (race_settings' stand-in for "until the clock runs out"); unscaled, a preset's warmup
+    would be over in the first milliseconds."""
+    from ferrolm.lm.train import load_config
+
+    label, preset, overrides = bench_learning.parse_contender(spec)
+    s = load_config(preset, [f"{k}={v}" for k, v in overrides.items()]).schedule
+    overrides["schedule.warmup_steps"] = round(s.warmup_steps / max(s.max_steps, 1) * steps)
+    return f"{label}={preset}+" + "+".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def _why(err: Exception, log: Path) -> str:
+    """The failure and the last line its log holds (the report is all a GPU machine sends)."""
+    try:
+        tail = [line for line in log.read_text().splitlines() if line.strip()][-1:]
+    except OSError:
+        tail = []
+    return f"{err}" + (f": `{tail[0].strip()[:200]}`" if tail else "")
+
+
+def learning_race(device: torch.device, shards: dict, work: Path, args, report_dir: Path) -> list[str]:
+    t0 = time.perf_counter()
+    data, what = race_data(shards, work / "race-data", args.tinystories, args.tinystories_mb, args.tiny)
+    prep_s = time.perf_counter() - t0
+    seconds = args.race_seconds if args.race_seconds is not None else (3 if args.tiny else 60)
+    settings = bench_learning.race_settings("time", 0, seconds / 60)
+    shape = race_shape(device, args.tiny)
+    threads = 1 if device.type == "cpu" else 0  # 0: torch's default
+    eval_every = 5 if args.tiny else 100
+    runs, failed, notes = {}, {}, []
+    for spec in [c for c in args.race_contenders.split(",") if c]:
+        label = bench_learning.parse_contender(spec)[0]
+        out = work / "race" / label
+        print(f"   {label} ...", flush=True)
+        try:
+            spec = timed_spec(spec, settings["schedule.max_steps"])
+            bench_learning.train_ferrolm(spec, data, out, settings, threads, eval_every, shape)
+            runs[label] = out
+        except Exception as e:  # one contender's failure is a finding; the others still race
+            failed[label] = _why(e, out.parent / f"{out.name}.log")
+    if args.nanochat is None:
+        notes.append("nanochat: skipped (give a nanochat checkout with --nanochat DIR to race it).")
+    elif not runs:
+        notes.append("nanochat: skipped (it takes its data, shape and windows from a ferrolm contender's run).")
+    else:
+        out = work / "race" / "nanochat"
+        print("   nanochat ...", flush=True)
+        base = next(iter(runs.values())) / "config.toml"
+        try:
+            # The dry run checks the path, not the speed: nanochat's optimizer steps (compiled by
+            # nanochat itself) run eagerly instead of spending minutes in CPU code generation.
+            env = dict(os.environ, TORCHDYNAMO_DISABLE="1") if args.tiny else None
+            compile = shape["run.compile"] == "true"
+            bench_learning.train_nanochat(args.nanochat, base, out, settings, threads, compile=compile, env=env)
+            runs["nanochat"] = out
+        except Exception as e:
+            failed["nanochat"] = _why(e, out.parent / f"{out.name}.log")
+
+    on_ts = args.tinystories is not None
+    lines = [
+        f"Each contender trains at the tinystories preset's shape (d_model {shape['model.d_model']}, "
+        f"{shape['model.num_layers']} layers, {shape['model.num_heads']} heads, d_ff {shape['model.d_ff']}, "
+        f"context {shape['model.context_length']}, batch {shape['schedule.batch_size']}) for **{seconds:g} s of "
+        "training clock** (the sum of step times, compilation included, evaluations not), in its own process, one "
+        f"after the other, {'bf16 autocast' if shape['run.autocast_bf16'] == 'true' else 'float32'}"
+        f"{', torch.compile' if shape['run.compile'] == 'true' else ''}; on {what} (made in {prep_s:.0f} s); "
+        f"validation loss every {eval_every} steps on the same {int(shape['run.eval_batches']) * int(shape['schedule.batch_size']):,} "
+        "windows. ferrolm contenders: `ferrolm train --config PRESET` with only the shape, batch, data, device and "
+        "evaluation forced, the schedule by time (its warmup at the preset's share). nanochat: its own `GPT` and "
+        "`MuonAdamW` with its schedules (benches/nanochat_peer.py).",
+        "",
+        f"| contender | steps | tokens | seconds | final val loss | seconds to {RACE_TARGET} | tokens to {RACE_TARGET} |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    finals = {}
+    for name, run_dir in runs.items():
+        ev = bench_learning.evals(run_dir)
+        if not ev:
+            failed[name] = "no validation loss recorded"
+            continue
+        last, best = ev[-1], min(r["val_loss"] for r in ev)
+        finals[name] = last
+        first = bench_learning.reached(ev, RACE_TARGET)
+        if not on_ts:
+            to_time = to_tokens = "needs --tinystories"
+        elif first:
+            to_time, to_tokens = f"{first['time_s']:.0f}", f"{first['tokens']:,}"
+        else:
+            to_time, to_tokens = f"not reached (best {best:.3f})", "-"
+        lines.append(
+            f"| {name} | {last['step']:,} | {last['tokens']:,} | {last['time_s']:.0f} | {last['val_loss']:.3f} "
+            f"| {to_time} | {to_tokens} |"
+        )
+    lines += [f"| {name} | **FAILED** | {why} | | | | |" for name, why in failed.items()]
+    lines.append("")
+    if not on_ts:
+        lines += [
+            f"Time and tokens to validation loss {RACE_TARGET} are measured on TinyStories only "
+            "(--tinystories DIR_OR_FILE); losses on this text are not comparable with it.",
+            "",
+        ]
+    for ref in ("cs336", "nanochat"):
+        if ref in finals and len(finals) > 1:
+            lines += [f"At equal time, against {ref}:", "", *bench_learning.lower_than(finals, ref), ""]
+    lines += notes
+    if finals:
+        try:  # matplotlib is optional on a bare GPU machine: the table holds the result
+            bench_learning.plot({"time": {n: runs[n] for n in finals}}, report_dir / "gpu_race.png")
+            lines += ["", "![validation loss against training seconds](gpu_race.png)"]
+        except ImportError as e:
+            lines += ["", f"(no plot: {e})"]
+    print("\n".join(lines), flush=True)  # the console too: it may be all that comes back from a machine
+    if failed:
+        raise PartlyFailed(lines, f"{', '.join(failed)} failed")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------
 
@@ -300,6 +554,9 @@ def stage(title: str, fn, *args) -> tuple[list[str], bool]:
     t0 = time.perf_counter()
     try:
         lines, ok = fn(*args), True
+    except PartlyFailed as e:
+        lines, ok = [*e.lines, "", f"**FAILED**: {e}"], False
+        print(f"   FAILED: {e}", flush=True)
     except Exception as e:
         traceback.print_exc()
         lines, ok = [f"**FAILED**: {type(e).__name__}: {e}"], False
@@ -313,7 +570,25 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and seconds-long stages (a dry run)")
     ap.add_argument("--out", help="the report (default benches/results/gpu.md; with --tiny a temporary file)")
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"the stages to run after the data ({','.join(STAGES)})")
+    ap.add_argument(
+        "--race-contenders",
+        default="cs336,tinystories",
+        help="ferrolm presets of the learning race, comma-separated; LABEL=PRESET+KEY=VALUE+... adds settings",
+    )
+    ap.add_argument("--race-seconds", type=float, help="training seconds of each contender (default 60; 3 with --tiny)")
+    ap.add_argument(
+        "--nanochat", type=Path, help="a checkout of nanochat's repository, to race its model and optimizer"
+    )
+    ap.add_argument(
+        "--tinystories",
+        help="TinyStories text (a folder with its train and valid .txt files, or a training file) to race on",
+    )
+    ap.add_argument("--tinystories-mb", type=float, default=500, help="megabytes of TinyStories training text read")
     args = ap.parse_args()
+    stages = set(args.stages.split(","))
+    if stages - set(STAGES):
+        ap.error(f"--stages: unknown {', '.join(sorted(stages - set(STAGES)))}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_check: CUDA is not available here (for a dry run: --device cpu --tiny)", file=sys.stderr)
@@ -331,7 +606,7 @@ def main() -> int:
     print(json.dumps(env), flush=True)
     peak = env.get("datasheet_tflops") or env["measured_tflops"]
     report = [
-        "# ferrolm on one GPU: checks, speed and a short training run",
+        "# ferrolm on one GPU: checks, speed, a short training run and a learning race",
         "",
         f"Written by `python benches/gpu_check.py{' --device ' + args.device if args.device != 'cuda' else ''}"
         f"{' --tiny' if args.tiny else ''}` on {time.strftime('%Y-%m-%d %H:%M')}: ferrolm {env['ferrolm']}, "
@@ -352,21 +627,28 @@ def main() -> int:
     lines, all_ok = stage("Data: local text, tokenizer, shards", data)
     report += lines
 
-    print("== Checks", flush=True)
-    checks = [run_check("logits, device vs CPU", check_logits, device, shape)]
-    checks.append(run_check("generate with the KV cache", check_generate, device, shape))
-    if shards:
-        checks.append(run_check("resume on the device", check_resume, device, shards, work / "resume"))
-    report += ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
-    report += [f"| {name} | {'ok' if ok else '**FAILED**'} | {detail} |" for name, ok, detail in checks]
-    report.append("")
-    all_ok &= all(ok for _, ok, _ in checks)
+    if "checks" in stages:
+        print("== Checks", flush=True)
+        checks = [run_check("logits, device vs CPU", check_logits, device, shape)]
+        checks.append(run_check("generate with the KV cache", check_generate, device, shape))
+        if shards:
+            checks.append(run_check("resume on the device", check_resume, device, shards, work / "resume"))
+        report += ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
+        report += [f"| {name} | {'ok' if ok else '**FAILED**'} | {detail} |" for name, ok, detail in checks]
+        report.append("")
+        all_ok &= all(ok for _, ok, _ in checks)
 
-    lines, ok = stage("Speed: the tinystories shape, side by side", speed, device, args.tiny, peak)
-    report += lines
-    all_ok &= ok
-    if shards:
+    if "speed" in stages:
+        lines, ok = stage("Speed: the tinystories shape, side by side", speed, device, args.tiny, peak)
+        report += lines
+        all_ok &= ok
+    if shards and "training" in stages:
         lines, ok = stage("Training: the tinystories preset", training_run, device, shards, work, args.tiny, out.parent)
+        report += lines
+        all_ok &= ok
+    if (shards or args.tinystories) and "race" in stages:
+        title = "Learning race: the tinystories shape, equal wall-clock"
+        lines, ok = stage(title, learning_race, device, shards, work, args, out.parent)
         report += lines
         all_ok &= ok
     report.append(
@@ -376,7 +658,8 @@ def main() -> int:
     tmp.write_text("\n".join(report) + "\n")
     tmp.replace(out)
     print(f"wrote {out}", flush=True)
-    shutil.rmtree(work / "data", ignore_errors=True)
+    for bulky in ("data", "race-data"):  # the shards; the runs' logs stay for a look
+        shutil.rmtree(work / bulky, ignore_errors=True)
     return 0 if all_ok else 1
 
 

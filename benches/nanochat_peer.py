@@ -80,6 +80,11 @@ def main() -> None:
     ap.add_argument("--max-time", type=float, default=None, help="override schedule.max_time_s (seconds of training)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the config's)")
     ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="train through torch.compile(model), as nanochat's script does (evaluations run the plain model)",
+    )
+    ap.add_argument(
         "--lr-scale",
         default="auto",
         help="learning-rate factor: 'auto' scales by sqrt(batch tokens / 2^19) as nanochat's script does",
@@ -109,6 +114,8 @@ def main() -> None:
     torch.manual_seed(r.seed)
     model = build(GPT, GPTConfig, V, T, m.d_model, m.num_layers, m.num_heads, device)
     n_params = sum(p.numel() for p in model.parameters())
+    # Fixed shapes in training; evaluations (a shorter last batch) stay uncompiled, as in the script.
+    step_model = torch.compile(model, dynamic=False) if args.compile else model
 
     # The script's scaling rules: learning rates by sqrt(B / 2^19); weight decay so that
     # B / (lr * wd * D) stays at the reference's, D the horizon of 12 tokens per parameter.
@@ -213,7 +220,7 @@ def main() -> None:
             if group["kind"] == "muon":
                 group["momentum"], group["weight_decay"] = momentum, wd
         x, y = batches.next()
-        loss = model(x, y)
+        loss = step_model(x, y)
         loss.backward()
         optimizer.step()
         model.zero_grad(set_to_none=True)
