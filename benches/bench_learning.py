@@ -106,6 +106,20 @@ def parse_contender(spec: str) -> tuple[str, str, dict]:
     return label or preset, preset, dict(s.split("=", 1) for s in sets)
 
 
+def timed_spec(spec: str, steps: int) -> str:
+    """The contender with its warmup kept at its preset's share of the run.
+
+    A time-scheduled run maps elapsed time onto max_steps, which the race sets to `steps`
+    (race_settings' stand-in for "until the clock runs out"); unscaled, a preset's warmup
+    would be over in the first milliseconds."""
+    from ferrolm.lm.config import load_config
+
+    label, preset, overrides = parse_contender(spec)
+    s = load_config(preset, [f"{k}={v}" for k, v in overrides.items()]).schedule
+    overrides["schedule.warmup_steps"] = round(s.warmup_steps / max(s.max_steps, 1) * steps)
+    return f"{label}={preset}+" + "+".join(f"{k}={v}" for k, v in overrides.items())
+
+
 def train_ferrolm(
     spec: str, data: dict, out: Path, race: dict, threads: int, eval_every: int, shape: dict = SHAPE
 ) -> None:
@@ -285,6 +299,8 @@ def race_all() -> None:
             label = parse_contender(spec)[0]
             out = args.work / race / label
             print(f"[{race}] {label} ...", file=sys.stderr, flush=True)
+            if race == "time":
+                spec = timed_spec(spec, settings["schedule.max_steps"])
             train_ferrolm(spec, data, out, settings, args.threads, args.eval_every)
             runs[label] = out
         if args.nanochat:

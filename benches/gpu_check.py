@@ -424,20 +424,6 @@ def race_shape(device: torch.device, tiny: bool) -> dict:
     }
 
 
-def timed_spec(spec: str, steps: int) -> str:
-    """The contender with its warmup kept at its preset's share of the run.
-
-    A time-scheduled run maps elapsed time onto max_steps, which the race sets to `steps`
-    (race_settings' stand-in for "until the clock runs out"); unscaled, a preset's warmup
-    would be over in the first milliseconds."""
-    from ferrolm.lm.train import load_config
-
-    label, preset, overrides = bench_learning.parse_contender(spec)
-    s = load_config(preset, [f"{k}={v}" for k, v in overrides.items()]).schedule
-    overrides["schedule.warmup_steps"] = round(s.warmup_steps / max(s.max_steps, 1) * steps)
-    return f"{label}={preset}+" + "+".join(f"{k}={v}" for k, v in overrides.items())
-
-
 def _why(err: Exception, log: Path) -> str:
     """The failure and the last line its log holds (the report is all a GPU machine sends)."""
     try:
@@ -462,7 +448,7 @@ def learning_race(device: torch.device, shards: dict, work: Path, args, report_d
         out = work / "race" / label
         print(f"   {label} ...", flush=True)
         try:
-            spec = timed_spec(spec, settings["schedule.max_steps"])
+            spec = bench_learning.timed_spec(spec, settings["schedule.max_steps"])
             bench_learning.train_ferrolm(spec, data, out, settings, threads, eval_every, shape)
             runs[label] = out
         except Exception as e:  # one contender's failure is a finding; the others still race

@@ -64,8 +64,8 @@ def test_tinystories_folder_prefers_the_v2_files(gpu_check, tmp_path):
 
 def test_the_race_keeps_each_presets_warmup_share(gpu_check):
     # tinystories: 200 of 10,000 steps; cs336: 50 of 1,000 (and an override is honoured).
-    assert gpu_check.timed_spec("tinystories", 1_000_000).endswith("schedule.warmup_steps=20000")
-    spec = gpu_check.timed_spec("w=cs336+schedule.warmup_steps=100+optimizer.lr=0.01", 1_000_000)
+    assert gpu_check.bench_learning.timed_spec("tinystories", 1_000_000).endswith("schedule.warmup_steps=20000")
+    spec = gpu_check.bench_learning.timed_spec("w=cs336+schedule.warmup_steps=100+optimizer.lr=0.01", 1_000_000)
     assert spec == "w=cs336+schedule.warmup_steps=100000+optimizer.lr=0.01"
 
 
