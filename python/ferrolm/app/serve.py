@@ -29,6 +29,7 @@ which a reply also ends where the model starts a new "User:" line (``PLAIN_CHAT_
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -665,8 +666,18 @@ def serve(
         raise ValueError("--max-batch and --max-tokens-limit must be >= 1")
     if not 0 <= port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {port}")
-    served = load_served_model(checkpoint, tokenizer, device=device, name=name, chat_template=chat_template)
-    engine = Engine(served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=max_batch)
+
+    def load() -> tuple[ServedModel, Engine]:
+        served = load_served_model(checkpoint, tokenizer, device=device, name=name, chat_template=chat_template)
+        return served, Engine(served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=max_batch)
+
+    # Loaded on a thread that ends here, so that the engine's thread is the only one that has run
+    # torch work. Under OpenMP (torch on a CPU) each such thread keeps a team of worker threads; one
+    # idle team more puts the process over one OpenMP thread per core, and libgomp then stops
+    # spinning: the engine's workers sleep after every parallel region and are woken for the next,
+    # dozens of times a token (one stream decoded at 0.7x the speed of `ferrolm generate`).
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrolm-load") as pool:
+        served, engine = pool.submit(load).result()
     app = create_app(served, engine, max_tokens_limit=max_tokens_limit)
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

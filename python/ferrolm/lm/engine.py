@@ -27,6 +27,12 @@ Events go to each sequence's ``on_event`` callable, called on the engine's threa
 ``Piece(text)`` for new text, then one ``Finished(reason, completion_tokens)`` with reason
 "stop" (end-of-text or a stop string) or "length" (max_tokens), or ``Failed(message)``.
 A cancelled sequence gets no further events.
+
+On a CPU, let the engine's thread be the only one that runs torch work: under OpenMP each
+such thread keeps its own team of worker threads, and once the teams hold more threads
+than there are cores, libgomp puts idle workers to sleep instead of spinning, so every
+parallel region of a step pays for waking them (``ferrolm serve`` loads the model on a
+thread that ends before the engine starts).
 """
 
 from __future__ import annotations
