@@ -322,7 +322,7 @@ def test_demo_reports_a_diverged_training(tmp_path, capsys):
         "--device",
         "cpu",
         "--no-progress",
-    ] + _set_args(TINY + ["optimizer.lr=1e30", "schedule.warmup_steps=0"])
+    ] + _set_args(TINY + ["optimizer.name=adamw", "optimizer.lr=1e30", "schedule.warmup_steps=0"])
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "ferrolm demo: error: training stopped (nan)" in err and "NaN" in err

@@ -676,7 +676,14 @@ def _loss_of(model, fused_head: bool = True):
 
 
 @pytest.mark.parametrize("fused_head", [True, False])
-@pytest.mark.parametrize("ablation", [{}, dict(norm="none", positions="none", ffn="silu", tie_embeddings=True)])
+@pytest.mark.parametrize(
+    "ablation",
+    [
+        {},
+        dict(norm="none", positions="none", ffn="silu", tie_embeddings=True),
+        dict(ffn="relu2", qk_norm=True, value_embeds=True, x0_mix=True, logit_softcap=15.0, num_kv_heads=2),
+    ],
+)
 def test_model_and_loss_trace_as_one_graph(ablation, fused_head):
     # a graph break would split the step into several compiled pieces with Python between
     torch._dynamo.reset()

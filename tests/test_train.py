@@ -120,9 +120,9 @@ def test_typo_in_a_config_file_names_the_field(tmp_path):
 def test_overrides_types_and_errors():
     cfg = load_config(
         "cpu-small",
-        ["optimizer.lr=3e-4", "schedule.max_steps=1e3", "run.compile=true", "data.train=['a', 'b']", "seed=5"],
+        ["optimizer.lr=3e-2", "schedule.max_steps=1e3", "run.compile=true", "data.train=['a', 'b']", "seed=5"],
     )
-    assert cfg.optimizer.lr == 3e-4 and cfg.schedule.max_steps == 1000 and cfg.run.compile == "true"
+    assert cfg.optimizer.lr == 3e-2 and cfg.schedule.max_steps == 1000 and cfg.run.compile == "true"
     assert cfg.data.train == ["a", "b"] and cfg.run.seed == 5
     with pytest.raises(ConfigError, match=r"unknown config field 'model.d_modle' \(did you mean 'model.d_model'\?\)"):
         load_config("cpu-small", ["model.d_modle=128"])
@@ -570,7 +570,7 @@ def test_lr_follows_steps_or_the_time_budget():
     from ferrolm.lm.train import lr_at
 
     cfg = load_config(
-        "cpu-small",
+        "cs336",
         [
             "schedule.schedule_by=steps",
             "schedule.max_steps=100",
@@ -583,7 +583,7 @@ def test_lr_follows_steps_or_the_time_budget():
     assert lr_at(cfg, 10, 0.0) == pytest.approx(1e-3)
     assert lr_at(cfg, 100, 0.0) == pytest.approx(1e-4)
     cfg = load_config(
-        "cpu-small",
+        "cs336",
         [
             "schedule.schedule_by=time",
             "schedule.max_time_s=600",
@@ -598,26 +598,26 @@ def test_lr_follows_steps_or_the_time_budget():
     assert lr_at(cfg, 0, elapsed_s=330.0) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half-way through the cosine
     assert lr_at(cfg, 0, elapsed_s=5000.0) == pytest.approx(1e-4)
     with pytest.raises(ConfigError, match="max_time_s > 0"):
-        load_config("cpu-small", ["schedule.max_time_s=0"])
+        load_config("cs336", ["schedule.max_time_s=0"])
 
 
 def test_wsd_schedule_by_steps_or_time():
     from ferrolm.lm.train import lr_at
 
     common = ["schedule.max_steps=100", "schedule.warmup_steps=10", "optimizer.lr=1e-3", "optimizer.min_lr=1e-4"]
-    cfg = load_config("cpu-small", [*common, "schedule.schedule_by=steps", "schedule.lr_schedule=wsd"])
+    cfg = load_config("cs336", [*common, "schedule.schedule_by=steps", "schedule.lr_schedule=wsd"])
     assert cfg.schedule.decay_frac == 0.2  # the warm-down takes steps 80..100
     assert lr_at(cfg, 5, 0.0) == pytest.approx(5e-4)
     assert lr_at(cfg, 50, 0.0) == lr_at(cfg, 80, 0.0) == 1e-3  # stable
     assert lr_at(cfg, 90, 0.0) == pytest.approx(1e-3 - 9e-4 * 10 / 20)
     assert lr_at(cfg, 100, 0.0) == pytest.approx(1e-4)
     cfg = load_config(
-        "cpu-small", [*common, "schedule.lr_schedule=wsd", "schedule.decay_frac=0.5", "schedule.max_time_s=600"]
+        "cs336", [*common, "schedule.lr_schedule=wsd", "schedule.decay_frac=0.5", "schedule.max_time_s=600"]
     )
     assert cfg.schedule.schedule_by == "time"  # the preset's
     assert lr_at(cfg, 0, elapsed_s=240.0) == 1e-3  # step 40: stable until 50
     assert lr_at(cfg, 0, elapsed_s=450.0) == pytest.approx(1e-3 - 9e-4 * 25 / 50)  # step 75
-    cfg = load_config("cpu-small", [*common, "schedule.schedule_by=steps"])
+    cfg = load_config("cs336", [*common, "schedule.schedule_by=steps"])
     assert lr_at(cfg, 50, 0.0) < 1e-3  # cosine, as before
 
 

@@ -162,9 +162,12 @@ class ModelConfig:
     def value_embed_layers(self) -> list[int]:
         """The layers with a value embedding (``value_embeds``): the last and every second one
         before it."""
-        if not self.value_embeds:
-            return []
-        return list(range(self.num_layers - 1, -1, -2))[::-1]
+        return list(range(self.num_layers - 1 - 2 * (self.num_value_embeds - 1), self.num_layers, 2))
+
+    @property
+    def num_value_embeds(self) -> int:
+        """How many layers have a value embedding (counted without listing them)."""
+        return (self.num_layers + 1) // 2 if self.value_embeds else 0
 
     @property
     def ffn_hidden(self) -> int:

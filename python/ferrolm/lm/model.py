@@ -793,7 +793,7 @@ def count_parameters(cfg: ModelConfig) -> int:
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
     norms = d if cfg.norm == "rms" else 0
     per_layer = _matmul_weights_per_layer(cfg) + 2 * norms
-    extras = len(cfg.value_embed_layers) * V * cfg.kv_heads * cfg.d_head + (2 * L if cfg.x0_mix else 0)
+    extras = cfg.num_value_embeds * V * cfg.kv_heads * cfg.d_head + (2 * L if cfg.x0_mix else 0)
     return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d) + extras
 
 
