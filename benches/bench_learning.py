@@ -258,7 +258,48 @@ def report(results: dict, args, command: str) -> str:
                 lines.append(f"- {name}: reaches cs336's final loss ({target:.3f}) in {share} of its tokens")
         lines.append("")
     lines += ["![validation loss against tokens and seconds](learning.png)", ""]
-    return "\n".join(lines)
+    return "\n".join(lines[:2] + latest_result(results, args) + lines[2:])
+
+
+def latest_result(results: dict, args) -> list[str]:
+    """The summary benches/run.py puts in RESULTS.md: the main ferrolm contender (cpu-small,
+    else the last one named) against nanochat and against the cs336 recipe."""
+    names = [n for n in next(iter(results.values()), {}) if n not in ("nanochat", "cs336")]
+    if not names:
+        return []
+    main = "cpu-small" if "cpu-small" in names else names[-1]
+    rows = []
+    for race, runs in results.items():
+        finals = {name: evals(run_dir)[-1] for name, run_dir in runs.items()}
+        what = f"equal steps ({args.steps})" if race == "steps" else f"equal wall-clock ({args.minutes:g} min)"
+        if "nanochat" in finals:
+            ours, peer = finals[main]["val_loss"], finals["nanochat"]["val_loss"]
+            lower = 100 * (1 - ours / peer)
+            rows.append(
+                f"| {main}: val loss, {what} | nanochat (GPT + MuonAdamW) | "
+                f"**{abs(lower):.1f} % {'lower' if lower >= 0 else 'higher'}** ({ours:.3f} vs {peer:.3f}) |"
+            )
+        if "cs336" in finals and race == "steps":
+            reached = tokens_to_reach(evals(runs[main]), finals["cs336"]["val_loss"])
+            share = f"**{reached / finals['cs336']['tokens']:.2f}x** the tokens" if reached else "not reached"
+            rows.append(f"| {main}: tokens to cs336's final val loss | cs336 recipe | {share} |")
+        if "cs336" in finals and race == "time":
+            per_step = {n: finals[n]["time_s"] / max(finals[n]["step"], 1) for n in (main, "cs336")}
+            rows.append(
+                f"| {main}: time per step (same tokens) | cs336 recipe | "
+                f"**{per_step[main] / per_step['cs336']:.2f}x** ({1000 * per_step[main]:.0f} vs "
+                f"{1000 * per_step['cs336']:.0f} ms) |"
+            )
+    return [
+        "## Latest result",
+        "",
+        f"Machine: {cpu_model()}, {os.cpu_count()} cores. {args.threads} torch threads, float32.",
+        "",
+        "| job | compared with | result |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def main() -> None:
