@@ -36,6 +36,13 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
     x0_mix         block i reads a_i x + b_i x0 (functional.x0_mix), x0 the token
                    embeddings, a_i and b_i learned and starting at 1 and 0
 
+Two recipes are built from these: the default model (every switch off) is the CS336
+assignment's, trained with AdamW and a cosine schedule (the ``cs336`` preset); the
+``cpu-small``, ``tinystories`` and ``owt`` presets turn on qk_norm, ffn="relu2",
+zero_init_output, value_embeds, x0_mix and logit_softcap=15, and train with Muon and a
+warmup-stable-decay schedule, which learned the most per token and per second at the
+cpu-small size (benches/results/learning.md).
+
 The checkpoint format is ``TransformerLM.state_dict()``; its keys are
 
     token_embeddings.weight
