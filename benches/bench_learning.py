@@ -18,6 +18,10 @@ benches/results/learning.md with a plot of validation loss against tokens and se
 
     python benches/bench_learning.py --nanochat ../nanochat            # both races (~30 min)
     python benches/bench_learning.py --nanochat ../nanochat --races steps --steps 60 --quick
+
+The races may run in separate calls with the same --work (say, the equal-steps race while
+the machine is shared and the wall-clock race when it is quiet); `--report-only` then
+writes the report from the runs there, with the commands that trained them and --note.
 """
 
 from __future__ import annotations
@@ -215,7 +219,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def report(results: dict, args, command: str) -> str:
+def report(results: dict, args, command_lines: list[str]) -> str:
     lines = [
         "# Learning per token and per second: ferrolm's recipes and nanochat's",
         "",
@@ -226,8 +230,9 @@ def report(results: dict, args, command: str) -> str:
         "",
         f"Machine: {cpu_model()}, {os.cpu_count()} cores.",
         "",
-        "    " + command,
+        *["    " + line for line in command_lines],
         "",
+        *([args.note, ""] if args.note else []),
     ]
     for race, runs in results.items():
         title = f"equal steps ({args.steps})" if race == "steps" else f"equal wall-clock ({args.minutes:g} minutes)"
@@ -327,15 +332,30 @@ def race_all() -> None:
     ap.add_argument("--work", type=Path, default=REPO / "benches" / "out" / "learning", help="data and runs")
     ap.add_argument("--quick", action="store_true", help="one Wikipedia file for the tokenizer and shards")
     ap.add_argument("--results", type=Path, default=HERE / "results", help="where learning.md and learning.png go")
+    ap.add_argument("--note", default="", help="a sentence for the report (how the races were run)")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: write the report from the runs already under --work (races run in separate calls)",
+    )
     args = ap.parse_args()
 
+    presets = [p for p in args.contenders.split(",") if p]
+    races = [r for r in args.races.split(",") if r]
+    command = "python benches/bench_learning.py " + " ".join(sys.argv[1:])
+    if args.report_only:
+        results = {race: finished_runs(args.work / race, presets) for race in races}
+        write_report(results, args, commands(args.work, races))
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     data = prepare(args.work, args.vocab, args.quick)
-    presets = [p for p in args.contenders.split(",") if p]
     results: dict = {}
-    for race in [r for r in args.races.split(",") if r]:
+    for race in races:
         settings = race_settings(race, args.steps, args.minutes)
         runs = results.setdefault(race, {})
+        (args.work / race).mkdir(parents=True, exist_ok=True)
+        with open(args.work / race / "commands.txt", "a") as f:
+            f.write(command + "\n")
         for spec in presets:
             label = parse_contender(spec)[0]
             out = args.work / race / label
@@ -351,10 +371,34 @@ def race_all() -> None:
             print(f"[{race}] nanochat ...", file=sys.stderr, flush=True)
             train_nanochat(args.nanochat, base, out, settings, args.threads)
             runs["nanochat"] = out
+    write_report(results, args, [command])
+
+
+def finished_runs(race_dir: Path, presets: list[str]) -> dict:
+    """The runs of one race under --work: each contender named, then nanochat's, if there."""
+    labels = [parse_contender(spec)[0] for spec in presets] + ["nanochat"]
+    runs = {label: race_dir / label for label in labels if (race_dir / label / "metrics.jsonl").is_file()}
+    missing = [label for label in labels[:-1] if label not in runs]
+    if missing:
+        raise ContenderFailed(f"no finished run of {', '.join(missing)} under {race_dir}")
+    return runs
+
+
+def commands(work: Path, races: list[str]) -> list[str]:
+    """The commands that trained the races' runs (each race's calls, in order, once each)."""
+    lines = []
+    for race in races:
+        path = work / race / "commands.txt"
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            if line and line not in lines:
+                lines.append(line)
+    return lines
+
+
+def write_report(results: dict, args, command_lines: list[str]) -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     plot(results, args.results / "learning.png")
-    command = "python benches/bench_learning.py " + " ".join(sys.argv[1:])
-    (args.results / "learning.md").write_text(report(results, args, command))
+    (args.results / "learning.md").write_text(report(results, args, command_lines))
     print((args.results / "learning.md").read_text())
 
 
