@@ -8,6 +8,7 @@ pub mod encode;
 pub mod fault;
 pub mod pretokenize;
 pub mod shards;
+pub mod specials;
 pub mod threads;
 pub mod train;
 pub mod unicode_classes;

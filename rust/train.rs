@@ -34,12 +34,12 @@ use crate::pretokenize::{PatternError, PreTokenizer};
 use crate::shards::PARQUET_BATCH_BYTES;
 use crate::shards::{self, sniff::sniff, Compression, DocBatch, Format, InputSpec, ParquetDocs, ShardError};
 
+use crate::specials::SpecialMatcher;
 pub use crate::utf8::Utf8Errors;
 pub use count::PieceCounts;
 use count::{Counter, Segment};
 pub use merge::Merges;
 use merge::{learn_merges, MergeTimes, Words};
-use read::SpecialSplitter;
 
 /// Ask Linux to back the spare capacity of `v` with 2 MiB pages (transparent huge pages
 /// on request); call it before the memory is first written. The trainer's big tables
@@ -187,7 +187,7 @@ pub struct Stats {
 pub struct Trainer {
     pre: PreTokenizer,
     builtin: bool,
-    splitter: SpecialSplitter,
+    splitter: SpecialMatcher,
     pool: std::sync::Arc<rayon::ThreadPool>,
     counter: Option<Counter>,
     /// Counts added from counts files (`add_counts_file`), merged with the counted ones
@@ -225,7 +225,7 @@ impl Trainer {
         Ok(Trainer {
             pre,
             builtin,
-            splitter: SpecialSplitter::new(special_tokens),
+            splitter: SpecialMatcher::from_strings(special_tokens),
             pool,
             counter,
             loaded: PieceCounts::default(),

@@ -219,7 +219,7 @@ fn cuts_between_matches(enc: &Encoder, text: &str, specials: bool, every: usize)
     // Special-token matches are hard boundaries (when specials are in force) and must
     // not be cut through.
     let matches: Vec<(usize, usize)> =
-        if specials { enc.specials.find_iter(text).map(|(s, e, _)| (s, e)).collect() } else { Vec::new() };
+        if specials { enc.specials.find_iter(text.as_bytes()).map(|(s, e, _)| (s, e)).collect() } else { Vec::new() };
     let mut cuts = Vec::new();
     let mut target = every;
     let mut mi = 0; // first match ending after `target`

@@ -14,60 +14,9 @@
 
 use std::io::{self, Read};
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
-
 use crate::buffers::BufferPool;
 use crate::pretokenize::PreTokenizer;
-
-/// Finds special tokens: leftmost match first, the longest one among those starting there.
-pub struct SpecialSplitter {
-    ac: Option<AhoCorasick>,
-    max_len: usize,
-}
-
-impl SpecialSplitter {
-    pub fn new(specials: &[String]) -> Self {
-        let pats: Vec<&[u8]> = specials.iter().map(|s| s.as_bytes()).filter(|s| !s.is_empty()).collect();
-        if pats.is_empty() {
-            return SpecialSplitter { ac: None, max_len: 0 };
-        }
-        let max_len = pats.iter().map(|p| p.len()).max().unwrap_or(0);
-        let ac = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(&pats)
-            .expect("special tokens are short literal strings");
-        SpecialSplitter { ac: Some(ac), max_len }
-    }
-
-    /// Length of the longest special token (0 when there are none).
-    pub fn max_len(&self) -> usize {
-        self.max_len
-    }
-
-    /// Calls `f(start, end)` for each special-token occurrence in `hay`, in order.
-    pub fn for_each_match(&self, hay: &[u8], mut f: impl FnMut(usize, usize)) {
-        if let Some(ac) = &self.ac {
-            for m in ac.find_iter(hay) {
-                f(m.start(), m.end());
-            }
-        }
-    }
-
-    /// The non-special spans of `hay` (possibly empty ones are dropped), appended to `out`
-    /// with `base` added to each offset.
-    pub fn segments(&self, hay: &[u8], base: usize, out: &mut Vec<(usize, usize)>) {
-        let mut pos = 0;
-        self.for_each_match(hay, |s, e| {
-            if s > pos {
-                out.push((base + pos, base + s));
-            }
-            pos = e;
-        });
-        if hay.len() > pos {
-            out.push((base + pos, base + hay.len()));
-        }
-    }
-}
+use crate::specials::SpecialMatcher;
 
 #[inline]
 fn is_printable_ascii(b: u8) -> bool {
@@ -117,7 +66,7 @@ pub struct Cut {
 
 impl Cut {
     /// The cut at the end of `buf` (the end of the input).
-    pub fn whole(buf: &[u8], splitter: &SpecialSplitter) -> Cut {
+    pub fn whole(buf: &[u8], splitter: &SpecialMatcher) -> Cut {
         let mut segments = Vec::new();
         splitter.segments(buf, 0, &mut segments);
         Cut { at: buf.len(), segments }
@@ -146,7 +95,7 @@ impl Cut {
 /// Special-token matches are trusted only when they start at least `max_len` bytes
 /// before the end of the buffer: then no longer special token, and no earlier one,
 /// could be hiding behind the end of the buffer.
-pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option<Cut> {
+pub fn find_cut(buf: &[u8], splitter: &SpecialMatcher, builtin: bool) -> Option<Cut> {
     let limit = buf.len().saturating_sub(splitter.max_len());
     let mut last_safe_end: Option<usize> = None;
     let mut last_end = 0usize;
@@ -182,7 +131,7 @@ pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option
 /// special token at the end), as `ferrolm.reference` does when streaming. Exact for the
 /// built-in patterns; for a custom pattern it assumes no match depends on text more
 /// than two pre-tokens ahead.
-pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer) -> Option<Cut> {
+pub fn hold_back_cut(buf: &[u8], splitter: &SpecialMatcher, pre: &PreTokenizer) -> Option<Cut> {
     let limit = buf.len().saturating_sub(splitter.max_len().saturating_sub(1));
     let mut start = 0;
     let mut end = limit;
@@ -347,7 +296,7 @@ mod tests {
     use std::fs::File;
     use std::path::Path;
 
-    fn test_cut(buf: &[u8], end: bool, sp: &SpecialSplitter, builtin: bool) -> Option<(usize, ())> {
+    fn test_cut(buf: &[u8], end: bool, sp: &SpecialMatcher, builtin: bool) -> Option<(usize, ())> {
         if end {
             return Some((buf.len(), ()));
         }
@@ -356,7 +305,7 @@ mod tests {
 
     #[test]
     fn segments_skip_specials_longest_first() {
-        let sp = SpecialSplitter::new(&["<s>".into(), "<s><s>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<s>".into(), "<s><s>".into()]);
         let mut out = vec![];
         sp.segments(b"a<s><s>b<s>", 0, &mut out);
         assert_eq!(out, vec![(0, 1), (7, 8)]);
@@ -366,7 +315,7 @@ mod tests {
     fn a_cut_brings_the_segments_a_search_of_its_part_finds() {
         // Overlapping and nested specials, text cuts and specials near the buffer's end:
         // the segments found while cutting must be those of searching the part again.
-        let sp = SpecialSplitter::new(&["<s>".into(), "<s><s>".into(), "<|end|>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<s>".into(), "<s><s>".into(), "<|end|>".into()]);
         let mut rng: u64 = 7;
         let mut next = |n: u64| {
             rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -419,7 +368,7 @@ mod tests {
 
     #[test]
     fn hold_back_keeps_two_pieces_and_partial_specials() {
-        let sp = SpecialSplitter::new(&["<|end|>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<|end|>".into()]);
         let pre = PreTokenizer::new("gpt2").unwrap();
         // Only "one two three four fi" is surely free of a special-token start.
         assert_eq!(hold_back_cut(b"one two three four five six", &sp, &pre).map(|c| c.at), Some(13));
@@ -443,7 +392,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("a.txt");
         std::fs::write(&path, "word<|endoftext|>".repeat(10_000)).unwrap();
-        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<|endoftext|>".into()]);
         let mut calls = 0;
         let r = for_each_chunk::<(), io::Error>(
             File::open(&path).unwrap(),
@@ -472,7 +421,7 @@ mod tests {
         std::fs::write(&a, "aaaa aaaa\nAaaa<|endoftext|>".repeat(3000)).unwrap();
         let text_b: String = (0..900).map(|i| format!("b{i} bb\nBb<|endoftext|>")).collect();
         std::fs::write(&b, &text_b).unwrap();
-        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<|endoftext|>".into()]);
         let bufs = BufferPool::default();
         let read_all = |path: &Path| {
             let mut got = Vec::new();
@@ -514,7 +463,7 @@ mod tests {
             text.push_str(&format!("doc {i} says hi.\nAnd more\n<|endoftext|>"));
         }
         std::fs::write(&path, &text).unwrap();
-        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<|endoftext|>".into()]);
         for builtin in [false, true] {
             let mut got = Vec::new();
             let mut n = 0;
