@@ -30,11 +30,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::cut::{self, Cut};
 use crate::pretokenize::{PatternError, PreTokenizer};
 use crate::shards::PARQUET_BATCH_BYTES;
 use crate::shards::{self, sniff::sniff, Compression, DocBatch, Format, InputSpec, ParquetDocs, ShardError};
-
 use crate::specials::SpecialMatcher;
+
 pub use crate::utf8::Utf8Errors;
 pub use count::PieceCounts;
 use count::{Counter, Segment};
@@ -148,7 +149,7 @@ impl From<ShardError> for TrainError {
 
 /// Where a chunk of JSON Lines may end: the shard writer's rule (after a newline).
 fn jsonl_cut(buf: &[u8]) -> Option<usize> {
-    shards::input::last_cut(buf, Format::Jsonl, None, false)
+    shards::input::last_cut(buf, Format::Jsonl, &SpecialMatcher::default(), false)
 }
 
 impl From<PatternError> for TrainError {
@@ -401,16 +402,16 @@ impl Trainer {
 
     /// Where to cut a buffer of text that continues beyond it: an exact cut (a special
     /// token, or a safe point for a built-in pattern) if there is one; in a buffer over
-    /// twice the chunk size without one, the hold-back cut of `read::hold_back_cut`;
+    /// twice the chunk size without one, the hold-back cut of `cut::hold_back_cut`;
     /// else None (read more first). At the end of the input (`at_end`), the cut is at the
     /// end. With the cut come the spans before it that hold no special token.
-    fn cut(&self, buf: &[u8], at_end: bool) -> Option<read::Cut> {
+    fn cut(&self, buf: &[u8], at_end: bool) -> Option<Cut> {
         if at_end {
-            return Some(read::Cut::whole(buf, &self.splitter));
+            return Some(Cut::whole(buf, &self.splitter));
         }
-        read::find_cut(buf, &self.splitter, self.builtin).or_else(|| {
+        cut::last_cut(buf, &self.splitter, self.builtin).or_else(|| {
             if buf.len() >= 2 * self.chunk_size {
-                read::hold_back_cut(buf, &self.splitter, &self.pre)
+                cut::hold_back_cut(buf, &self.splitter, &self.pre)
             } else {
                 None
             }
@@ -418,7 +419,7 @@ impl Trainer {
     }
 
     /// Pre-tokenize and count the spans `segments` of `buf` (those free of special
-    /// tokens, as `read::Cut` gives them). `offset`: where `buf` starts in its source,
+    /// tokens, as `cut::Cut` gives them). `offset`: where `buf` starts in its source,
     /// for error messages.
     fn count_buffer(
         &self,
@@ -483,7 +484,7 @@ impl Trainer {
     /// End the text stream: count what is left of it.
     pub fn finish_text(&mut self, ctl: &Control) -> Result<(), TrainError> {
         self.counter()?;
-        let cut = read::Cut::whole(&self.text_buf, &self.splitter);
+        let cut = Cut::whole(&self.text_buf, &self.splitter);
         self.count_stream(cut, ctl)?;
         self.text_buf = Vec::new();
         self.stream_offset = 0;
@@ -491,7 +492,7 @@ impl Trainer {
     }
 
     /// Count the text stream's buffer up to `cut` and drop that part.
-    fn count_stream(&mut self, cut: read::Cut, ctl: &Control) -> Result<(), TrainError> {
+    fn count_stream(&mut self, cut: Cut, ctl: &Control) -> Result<(), TrainError> {
         let t = Instant::now();
         let buf = std::mem::take(&mut self.text_buf);
         let at = cut.at;
