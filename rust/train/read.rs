@@ -14,12 +14,14 @@ use crate::buffers::BufferPool;
 /// it found about the chunk (`M`), handed to `f(chunk, found, offset)` with the chunk, on
 /// the calling thread. A reader thread reads and cuts the next chunk while `f` works on
 /// the current one (a few chunks exist at a time); the chunk buffers come from `bufs`
-/// and go back to it. A UTF-8 byte-order mark at the start is skipped (the first chunk
-/// then starts at offset 3).
+/// and go back to it. With `skip_bom`, a UTF-8 byte-order mark at the start is skipped
+/// (the first chunk then starts at offset 3): an input read from its start, not a part.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn for_each_chunk<M: Send, E>(
     input: impl Read + Send,
     size: Option<u64>,
     chunk_size: usize,
+    skip_bom: bool,
     bufs: &BufferPool,
     cut: impl Fn(&[u8], bool) -> Option<(usize, M)> + Sync,
     on_read: impl FnMut(usize) + Send,
@@ -35,7 +37,7 @@ where
     std::thread::scope(|scope| {
         let cut = &cut;
         scope.spawn(move || {
-            let r = produce_chunks(input, chunk_size, cut, on_read, bufs, |chunk, len, found, offset| {
+            let r = produce_chunks(input, chunk_size, skip_bom, cut, on_read, bufs, |chunk, len, found, offset| {
                 tx.send(Ok((chunk, len, found, offset))).is_ok()
             });
             if let Err(e) = r {
@@ -68,6 +70,7 @@ const FIRST_CHUNK: usize = 1 << 20;
 fn produce_chunks<M>(
     mut file: impl Read,
     chunk_size: usize,
+    skip_bom: bool,
     cut: &impl Fn(&[u8], bool) -> Option<(usize, M)>,
     mut on_read: impl FnMut(usize),
     bufs: &BufferPool,
@@ -92,7 +95,7 @@ fn produce_chunks<M>(
             filled += n;
             on_read(n);
         }
-        if std::mem::take(&mut first) && buf[..filled].starts_with(crate::shards::BOM) {
+        if std::mem::take(&mut first) && skip_bom && buf[..filled].starts_with(crate::shards::BOM) {
             let bom = crate::shards::BOM.len();
             buf.copy_within(bom..filled, 0);
             filled -= bom;
@@ -164,6 +167,7 @@ mod tests {
             File::open(&path).unwrap(),
             None,
             1000,
+            true,
             &BufferPool::default(),
             |b, end| test_cut(b, end, &sp, true),
             |_| {},
@@ -195,6 +199,7 @@ mod tests {
                 File::open(path).unwrap(),
                 None,
                 2000,
+                true,
                 &bufs,
                 |x, end| test_cut(x, end, &sp, true),
                 |_| {},
@@ -237,6 +242,7 @@ mod tests {
                 File::open(&path).unwrap(),
                 None,
                 1000,
+                true,
                 &BufferPool::default(),
                 |b, end| test_cut(b, end, &sp, builtin),
                 |_| {},
