@@ -106,6 +106,60 @@ pub fn first_special_cut(bytes: &[u8], lo: usize, specials: &SpecialMatcher, at_
         .map(|(_, e)| e)
 }
 
+/// The bytes at the end of a buffer that [`last_cut_at`] searches first.
+const TAIL: usize = 64 << 10;
+
+/// A late exact cut `> 0` of a buffer whose text goes on after it (the last one in the
+/// buffer's last `TAIL` bytes, else in a tail four times as long, and so on), or None.
+/// For callers that need the position only: unlike [`last_cut`] it does not search the
+/// whole buffer for special tokens.
+pub fn last_cut_at(buf: &[u8], specials: &SpecialMatcher, text_cuts: bool) -> Option<usize> {
+    last_cut_in_tails(buf, specials, text_cuts, TAIL)
+}
+
+fn last_cut_in_tails(buf: &[u8], specials: &SpecialMatcher, text_cuts: bool, mut tail: usize) -> Option<usize> {
+    loop {
+        let lo = buf.len().saturating_sub(tail);
+        if let Some(c) = last_cut_from(buf, lo, specials, text_cuts) {
+            return Some(c);
+        }
+        if lo == 0 {
+            return None;
+        }
+        tail = tail.saturating_mul(4).max(1);
+    }
+}
+
+/// The last exact cut `c >= lo` of `buf` (whose text goes on after it), judged from the
+/// bytes around each candidate, as in [`first_special_cut`]: a match `[s, e)` counts when
+/// no occurrence straddles `s` or `e` and no longer token starting at `s` could end past
+/// the buffer; a text cut when no occurrence straddles it, all of which would lie within
+/// the buffer.
+fn last_cut_from(buf: &[u8], lo: usize, specials: &SpecialMatcher, text_cuts: bool) -> Option<usize> {
+    let max_len = specials.max_len();
+    let len = buf.len();
+    // Room before `lo` for the occurrences that could straddle a match's start.
+    let from = lo.saturating_sub(2 * max_len);
+    let mut best = None;
+    for (s, e, _) in specials.find_iter(&buf[from..]) {
+        let (s, e) = (from + s, from + e);
+        if (s >= lo || from == 0) && s + max_len <= len && !specials.straddles(buf, s) && !specials.straddles(buf, e) {
+            best = Some(e);
+        }
+    }
+    if text_cuts {
+        let floor = best.map_or(lo, |b| b + 1);
+        let mut hi = len.saturating_sub(max_len);
+        while let Some(c) = last_text_cut(buf, floor, hi) {
+            if !specials.straddles(buf, c) {
+                return Some(c);
+            }
+            hi = c;
+        }
+    }
+    best
+}
+
 /// Where a buffer of text is cut, and the spans free of special tokens before the cut
 /// (found by the same search, so that the text is searched for special tokens once).
 #[derive(Debug, PartialEq, Eq)]

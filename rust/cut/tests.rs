@@ -122,7 +122,7 @@ fn cuts_found_in_a_window_are_exact_for_the_whole_text() {
     let sp = specials();
     let pres = builtin_pretokenizers();
     let mut rng = Rng(5);
-    let mut found = [0; 3];
+    let mut found = [0; 4];
     for _ in 0..600 {
         let text = adversarial(&mut rng) + &adversarial(&mut rng);
         let bytes = text.as_bytes();
@@ -136,6 +136,10 @@ fn cuts_found_in_a_window_are_exact_for_the_whole_text() {
             sp.segments(&bytes[..cut.at], 0, &mut again);
             assert_eq!(cut.segments, again, "{text:?}");
             at.push((0, cut.at));
+        }
+        let tail = if rng.below(2) == 0 { TAIL } else { 1 + rng.below(24) };
+        if let Some(c) = last_cut_in_tails(&bytes[..len], &sp, true, tail) {
+            at.push((3, c));
         }
         let lo = rng.below(bytes.len());
         let from = lo.saturating_sub(sp.max_len());

@@ -324,6 +324,6 @@ pub(crate) fn last_cut(buf: &[u8], format: Format, specials: &SpecialMatcher, te
     match format {
         Format::Docs => None,
         Format::Jsonl => memchr::memrchr(b'\n', buf).map(|p| p + 1),
-        Format::Text => cut::last_cut(buf, specials, text_cuts).map(|c| c.at),
+        Format::Text => cut::last_cut_at(buf, specials, text_cuts),
     }
 }
