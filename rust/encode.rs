@@ -25,7 +25,6 @@ pub mod cancel;
 mod hugebuf;
 mod pairs;
 mod parallel;
-mod specials;
 mod stream;
 
 use std::fmt;
@@ -37,8 +36,8 @@ use rustc_hash::FxHashSet;
 
 use crate::pretokenize::{PatternError, PreTokenizer, MAX_BATCH};
 
+use crate::specials::SpecialMatcher;
 pub use parallel::{map_text_file, read_text_file, BatchIds, FileText, IdElem, ThreadCount};
-use specials::Specials;
 pub use stream::StreamEncoder;
 
 /// Why an [`Encoder`] could not be built, or an id could not be decoded.
@@ -113,7 +112,7 @@ pub struct Encoder {
     /// The table lookups go to: the base plus merged pieces. Replaced when it outgrows
     /// its slots or side storage (see `cache::SharedTable`).
     live: ArcSwap<cache::SharedTable>,
-    specials: Specials,
+    specials: SpecialMatcher,
     pretok: PreTokenizer,
     /// The merges as given, (left id, right id) in rank order (duplicates kept).
     merge_ids: Vec<(u32, u32)>,
@@ -178,7 +177,7 @@ impl Encoder {
             byte_ids,
             pairs: merges.pairs,
             base,
-            specials: Specials::new(special_ids),
+            specials: SpecialMatcher::new(special_ids),
             pretok,
             merge_ids: merges.merge_ids,
             merges_rise,
@@ -271,7 +270,7 @@ impl Encoder {
     ) {
         if allow_special && !self.specials.is_empty() {
             let mut pos = 0;
-            for (s, e, id) in self.specials.find_iter(text) {
+            for (s, e, id) in self.specials.find_iter(text.as_bytes()) {
                 self.encode_span(&text[pos..s], held, out, flush);
                 out.push(id);
                 pos = e;

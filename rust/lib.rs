@@ -4,10 +4,12 @@
 //! converts types and releases the GIL, so `cargo test` needs no Python.
 
 mod buffers;
+pub mod cut;
 pub mod encode;
 pub mod fault;
 pub mod pretokenize;
 pub mod shards;
+pub mod specials;
 pub mod threads;
 pub mod train;
 pub mod unicode_classes;

@@ -125,8 +125,8 @@ pub struct EncodeJob {
     pub window: usize,
     /// `Some((i, n))`: encode only the i-th (0-based) of n byte ranges of the inputs.
     pub part: Option<(u64, u64)>,
-    /// Allow cutting a document without separator at a newline between two printable ASCII
-    /// characters (exact for the built-in gpt2/cl100k/o200k patterns, see `input.rs`).
+    /// Allow text cuts inside a document (`crate::cut`: exact for the built-in
+    /// gpt2/cl100k/o200k patterns when no special token holds a space or a newline).
     pub newline_cuts: bool,
     /// Opaque description of the job (tokenizer fingerprint, options, input sizes...):
     /// a journal is resumed only if it records exactly this string.
@@ -138,6 +138,10 @@ pub struct EncodeJob {
 }
 
 impl EncodeJob {
+    /// The matcher of the cuts at special tokens in plain text: the end-of-text separator.
+    pub(crate) fn separator(&self) -> crate::specials::SpecialMatcher {
+        crate::specials::SpecialMatcher::new(self.eos.iter().cloned().collect())
+    }
     pub fn partial_path(&self) -> PathBuf {
         with_suffix(&self.out_bin, ".partial")
     }
@@ -544,7 +548,7 @@ fn sniffed(job: &EncodeJob) -> Result<EncodeJob, ShardError> {
 /// The range of the concatenated raw inputs that this job's part covers.
 fn byte_range(job: &EncodeJob, sizes: &[u64]) -> Result<(u64, u64), ShardError> {
     match job.part {
-        Some((i, n)) => part_range(&job.inputs, sizes, i, n, job.eos.as_ref().map(|e| e.0.as_str()), job.newline_cuts),
+        Some((i, n)) => part_range(&job.inputs, sizes, i, n, &job.separator(), job.newline_cuts),
         None => Ok((0, sizes.iter().sum())),
     }
 }

@@ -30,16 +30,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::cut::{self, Cut};
 use crate::pretokenize::{PatternError, PreTokenizer};
 use crate::shards::PARQUET_BATCH_BYTES;
 use crate::shards::{self, sniff::sniff, Compression, DocBatch, Format, InputSpec, ParquetDocs, ShardError};
+use crate::specials::SpecialMatcher;
 
 pub use crate::utf8::Utf8Errors;
 pub use count::PieceCounts;
 use count::{Counter, Segment};
 pub use merge::Merges;
 use merge::{learn_merges, MergeTimes, Words};
-use read::SpecialSplitter;
 
 /// Ask Linux to back the spare capacity of `v` with 2 MiB pages (transparent huge pages
 /// on request); call it before the memory is first written. The trainer's big tables
@@ -148,7 +149,47 @@ impl From<ShardError> for TrainError {
 
 /// Where a chunk of JSON Lines may end: the shard writer's rule (after a newline).
 fn jsonl_cut(buf: &[u8]) -> Option<usize> {
-    shards::input::last_cut(buf, Format::Jsonl, None, false)
+    shards::input::last_cut(buf, Format::Jsonl, &SpecialMatcher::default(), false)
+}
+
+/// An input and the byte range of it that a part reads.
+type PartFile = (usize, (u64, u64));
+
+/// Part `i` of `n` of the inputs `specs` as (input, byte range) pairs: nearly equal byte
+/// ranges of the inputs read end to end, each boundary moved forward to the first exact
+/// cut at the end of a special-token match (`crate::cut`; exact for any pattern) or to a
+/// file's end. The shard writer's part rule, with special-token cuts only; compressed,
+/// JSON Lines and Parquet files are not cut (each goes whole to the part in which it
+/// starts: line numbers in messages count from a file's start).
+fn part_plan(specs: &[InputSpec], specials: &SpecialMatcher, i: u64, n: u64) -> Result<Vec<PartFile>, TrainError> {
+    if n == 0 || i >= n {
+        return Err(TrainError::InvalidInput(format!("part {i}/{n}: need 0 <= I < N")));
+    }
+    let sizes = specs.iter().map(|s| shards::regular_file_size(&s.path)).collect::<Result<Vec<_>, _>>()?;
+    // Documents whole: what `part_range` never cuts.
+    let whole: Vec<InputSpec> = specs
+        .iter()
+        .map(|s| match s.format {
+            Format::Jsonl => InputSpec { format: Format::Docs, ..s.clone() },
+            _ => s.clone(),
+        })
+        .collect();
+    let range = shards::part_range(&whole, &sizes, i, n, specials, false)?;
+    Ok(shards::input::part_files(&whole, &sizes, range))
+}
+
+/// The `(path, start, end)` byte ranges that part `i` of `n` of `paths` counts
+/// ([`Trainer::count_part`]); `field`: the JSON Lines / Parquet field, for telling formats.
+pub fn part_ranges(
+    paths: &[PathBuf],
+    field: &str,
+    special_tokens: &[String],
+    i: u64,
+    n: u64,
+) -> Result<Vec<(PathBuf, u64, u64)>, TrainError> {
+    let (specs, _) = Trainer::check_files(paths, field)?;
+    let plan = part_plan(&specs, &SpecialMatcher::from_strings(special_tokens), i, n)?;
+    Ok(plan.into_iter().map(|(f, (a, b))| (specs[f].path.clone(), a, b)).collect())
 }
 
 impl From<PatternError> for TrainError {
@@ -187,7 +228,7 @@ pub struct Stats {
 pub struct Trainer {
     pre: PreTokenizer,
     builtin: bool,
-    splitter: SpecialSplitter,
+    splitter: SpecialMatcher,
     pool: std::sync::Arc<rayon::ThreadPool>,
     counter: Option<Counter>,
     /// Counts added from counts files (`add_counts_file`), merged with the counted ones
@@ -225,7 +266,7 @@ impl Trainer {
         Ok(Trainer {
             pre,
             builtin,
-            splitter: SpecialSplitter::new(special_tokens),
+            splitter: SpecialMatcher::from_strings(special_tokens),
             pool,
             counter,
             loaded: PieceCounts::default(),
@@ -268,26 +309,66 @@ impl Trainer {
         for spec in &specs {
             match spec.format {
                 Format::Docs => self.count_parquet(&spec.path, field, ctl)?,
-                Format::Text | Format::Jsonl => self.count_file(spec, field, &bufs, ctl)?,
+                Format::Text | Format::Jsonl => self.count_file(spec, field, None, &bufs, ctl)?,
             }
         }
         Ok(())
     }
 
-    /// A text or JSON Lines file (decompressed on the way), through the chunk reader.
+    /// Count part `i` of `n` of the inputs (see [`part_ranges`]), each range its own text;
+    /// returns the ranges. The counts of all `n` parts add up to those of `count_files`.
+    pub fn count_part(
+        &mut self,
+        paths: &[PathBuf],
+        field: &str,
+        i: u64,
+        n: u64,
+        ctl: &Control,
+    ) -> Result<Vec<(PathBuf, u64, u64)>, TrainError> {
+        self.counter()?;
+        let (specs, _) = Self::check_files(paths, field)?;
+        let plan = part_plan(&specs, &self.splitter, i, n)?;
+        ctl.set_total(plan.iter().map(|(_, (a, b))| b - a).sum());
+        ctl.set_done(0);
+        let bufs = crate::buffers::BufferPool::default();
+        for &(f, range) in &plan {
+            let spec = &specs[f];
+            match spec.format {
+                Format::Docs => self.count_parquet(&spec.path, field, ctl)?,
+                Format::Text | Format::Jsonl => {
+                    let range = (spec.compression == Compression::None).then_some(range);
+                    self.count_file(spec, field, range, &bufs, ctl)?
+                }
+            }
+        }
+        Ok(plan.into_iter().map(|(f, (a, b))| (specs[f].path.clone(), a, b)).collect())
+    }
+
+    /// A text or JSON Lines file (decompressed on the way), through the chunk reader;
+    /// `range`: only these bytes of a plain file, as a text of their own.
     fn count_file(
         &mut self,
         spec: &InputSpec,
         field: &str,
+        range: Option<(u64, u64)>,
         bufs: &crate::buffers::BufferPool,
         ctl: &Control,
     ) -> Result<(), TrainError> {
+        use std::io::{Read, Seek};
         let path = &spec.path;
         let compressed = spec.compression != Compression::None;
         let name = if compressed { format!("{} (decompressed)", path.display()) } else { path.display().to_string() };
-        let file = std::fs::File::open(path).map_err(|err| TrainError::Io { path: path.clone(), err })?;
-        let size = if compressed { None } else { file.metadata().ok().map(|m| m.len()) };
-        let input = shards::input::decoded(spec, file)?;
+        let io_err = |err| TrainError::Io { path: path.clone(), err };
+        let mut file = std::fs::File::open(path).map_err(io_err)?;
+        let (size, base) = match range {
+            Some((a, b)) => {
+                file.seek(io::SeekFrom::Start(a)).map_err(io_err)?;
+                (Some(b - a), a)
+            }
+            None if compressed => (None, 0),
+            None => (file.metadata().ok().map(|m| m.len()), 0),
+        };
+        let input = shards::input::decoded(spec, file.take(size.unwrap_or(u64::MAX)))?;
         let t0 = Instant::now();
         let mut count_s = 0.0;
         let mut bytes = 0u64;
@@ -298,12 +379,13 @@ impl Trainer {
                 input,
                 size,
                 self.chunk_size,
+                base == 0,
                 bufs,
                 |buf, at_end| if at_end { Some((buf.len(), ())) } else { jsonl_cut(buf).map(|c| (c, ())) },
                 |n| bytes += n as u64,
                 |chunk, (), offset| -> Result<(), ChunkError> {
                     let t = Instant::now();
-                    let r = self.count_jsonl(chunk, offset, &mut lines, &mut docs, field, &name, ctl);
+                    let r = self.count_jsonl(chunk, base + offset, &mut lines, &mut docs, field, &name, ctl);
                     count_s += t.elapsed().as_secs_f64();
                     r.map_err(ChunkError::Train)
                 },
@@ -313,12 +395,13 @@ impl Trainer {
                 input,
                 size,
                 self.chunk_size,
+                base == 0,
                 bufs,
                 |buf, at_end| self.cut(buf, at_end).map(|c| (c.at, c.segments)),
                 |n| bytes += n as u64,
                 |chunk, segments, offset| -> Result<(), ChunkError> {
                     let t = Instant::now();
-                    let r = self.count_buffer(chunk, segments, offset, &name, ctl);
+                    let r = self.count_buffer(chunk, segments, base + offset, &name, ctl);
                     count_s += t.elapsed().as_secs_f64();
                     r.map_err(ChunkError::Train)
                 },
@@ -401,16 +484,16 @@ impl Trainer {
 
     /// Where to cut a buffer of text that continues beyond it: an exact cut (a special
     /// token, or a safe point for a built-in pattern) if there is one; in a buffer over
-    /// twice the chunk size without one, the hold-back cut of `read::hold_back_cut`;
+    /// twice the chunk size without one, the hold-back cut of `cut::hold_back_cut`;
     /// else None (read more first). At the end of the input (`at_end`), the cut is at the
     /// end. With the cut come the spans before it that hold no special token.
-    fn cut(&self, buf: &[u8], at_end: bool) -> Option<read::Cut> {
+    fn cut(&self, buf: &[u8], at_end: bool) -> Option<Cut> {
         if at_end {
-            return Some(read::Cut::whole(buf, &self.splitter));
+            return Some(Cut::whole(buf, &self.splitter));
         }
-        read::find_cut(buf, &self.splitter, self.builtin).or_else(|| {
+        cut::last_cut(buf, &self.splitter, self.builtin).or_else(|| {
             if buf.len() >= 2 * self.chunk_size {
-                read::hold_back_cut(buf, &self.splitter, &self.pre)
+                cut::hold_back_cut(buf, &self.splitter, &self.pre)
             } else {
                 None
             }
@@ -418,7 +501,7 @@ impl Trainer {
     }
 
     /// Pre-tokenize and count the spans `segments` of `buf` (those free of special
-    /// tokens, as `read::Cut` gives them). `offset`: where `buf` starts in its source,
+    /// tokens, as `cut::Cut` gives them). `offset`: where `buf` starts in its source,
     /// for error messages.
     fn count_buffer(
         &self,
@@ -483,7 +566,7 @@ impl Trainer {
     /// End the text stream: count what is left of it.
     pub fn finish_text(&mut self, ctl: &Control) -> Result<(), TrainError> {
         self.counter()?;
-        let cut = read::Cut::whole(&self.text_buf, &self.splitter);
+        let cut = Cut::whole(&self.text_buf, &self.splitter);
         self.count_stream(cut, ctl)?;
         self.text_buf = Vec::new();
         self.stream_offset = 0;
@@ -491,7 +574,7 @@ impl Trainer {
     }
 
     /// Count the text stream's buffer up to `cut` and drop that part.
-    fn count_stream(&mut self, cut: read::Cut, ctl: &Control) -> Result<(), TrainError> {
+    fn count_stream(&mut self, cut: Cut, ctl: &Control) -> Result<(), TrainError> {
         let t = Instant::now();
         let buf = std::mem::take(&mut self.text_buf);
         let at = cut.at;
@@ -583,5 +666,71 @@ enum ChunkError {
 impl From<io::Error> for ChunkError {
     fn from(e: io::Error) -> Self {
         ChunkError::Io(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn sorted(counts: &PieceCounts) -> BTreeMap<Vec<u8>, u64> {
+        let mut out = BTreeMap::new();
+        counts.for_each(|piece, n| *out.entry(piece.to_vec()).or_insert(0) += n);
+        out
+    }
+
+    #[test]
+    fn counts_of_all_parts_add_up_to_one_run() {
+        let dir = std::env::temp_dir().join(format!("ferrolm-train-parts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A byte-order mark, special tokens (nested, next to each other, one holding a
+        // space), multi-byte text and whitespace runs; a file without specials; JSON Lines.
+        let mut a = String::from("\u{feff}");
+        for i in 0..3000 {
+            let sep = ["<|endoftext|>", "<s><s>", "<s>", "<| |>", "\n\n", " "][i % 6];
+            a.push_str(&format!("Doc {i}: naïve café 日本語 it's  {}\t x.\nY{sep}", i * 7919));
+        }
+        let files = [
+            ("a.txt", a.clone()),
+            ("b.txt", "no specials here, words\n".repeat(500)),
+            ("c.jsonl", { (0..200).map(|i| format!("{{\"text\": \"line {i} <s> x\"}}\n")).collect::<String>() }),
+        ];
+        let paths: Vec<PathBuf> = files
+            .iter()
+            .map(|(name, text)| {
+                let p = dir.join(name);
+                std::fs::write(&p, text).unwrap();
+                p
+            })
+            .collect();
+        let specials: Vec<String> = ["<|endoftext|>", "<s>", "<s><s>", "<| |>"].map(String::from).to_vec();
+        let ctl = Control::default();
+        for pattern in ["gpt2", "o200k", r"\S+|\s+"] {
+            let trainer = || Trainer::new(&specials, pattern, Some(2), Utf8Errors::Strict, 4096).unwrap();
+            let mut one = trainer();
+            one.count_files(&paths, "text", &ctl).unwrap();
+            let whole = sorted(&one.take_counts().unwrap());
+            for n in [1, 2, 3, 7, 40] {
+                let mut sum: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+                let mut covered = 0;
+                for i in 0..n {
+                    let mut t = trainer();
+                    let ranges = t.count_part(&paths, "text", i, n, &ctl).unwrap();
+                    covered += ranges.iter().map(|(_, a, b)| b - a).sum::<u64>();
+                    for (piece, c) in sorted(&t.take_counts().unwrap()) {
+                        *sum.entry(piece).or_insert(0) += c;
+                    }
+                }
+                let total: u64 = files.iter().map(|(_, t)| t.len() as u64).sum();
+                assert_eq!(covered, total, "pattern {pattern}, {n} parts");
+                assert!(sum == whole, "pattern {pattern}, {n} parts");
+            }
+        }
+        assert!(Trainer::new(&specials, "gpt2", Some(1), Utf8Errors::Strict, 4096)
+            .unwrap()
+            .count_part(&paths, "text", 3, 3, &ctl)
+            .is_err());
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

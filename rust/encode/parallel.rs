@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use super::Encoder;
+use crate::cut;
 use crate::threads;
 pub use crate::threads::ThreadCount;
 
@@ -140,9 +141,8 @@ pub(super) fn encode_parallel_parts<T: IdElem>(
 }
 
 impl Encoder {
-    /// True when the pre-tokenization pattern is one of the built-ins, for which a space
-    /// after a non-space character always starts a new piece that does not depend on
-    /// the text before it.
+    /// True when the pre-tokenization pattern is one of the built-ins, for which text
+    /// cuts (`crate::cut`) are exact.
     pub fn has_builtin_pattern(&self) -> bool {
         self.pretok.is_builtin()
     }
@@ -160,19 +160,18 @@ pub(super) fn safe_cuts(enc: &Encoder, text: &str, allow_special: bool, every: u
     cuts_between_matches(enc, text, specials, every)
 }
 
-/// For the built-in patterns: a cut before a space that follows a printable ASCII
-/// character, about every `every` bytes, without scanning the whole text for special
-/// tokens. A candidate inside an occurrence of a special token is passed over; at any
-/// other one the parts have the same special-token matches as the whole text (no match
-/// spans it), and the pre-tokenizer cuts there anyway. None when `every` bytes go by
-/// without a candidate (text without spaces): then [`cuts_between_matches`] also cuts at
-/// special tokens.
+/// For the built-in patterns: a text cut (`crate::cut`) about every `every` bytes,
+/// without scanning the whole text for special tokens. A candidate that an occurrence of
+/// a special token straddles is passed over; at any other one the parts have the same
+/// special-token matches as the whole text. None when `every` bytes go by without a
+/// candidate (text without spaces or newlines): then [`cuts_between_matches`] also cuts
+/// at special tokens.
 fn space_cuts(enc: &Encoder, bytes: &[u8], specials: bool, every: usize) -> Option<Vec<usize>> {
     let mut cuts = Vec::new();
     let mut target = every;
     while target < bytes.len() {
         let limit = (target + every).min(bytes.len());
-        match space_after_ascii(bytes, target, limit, |q| !(specials && in_special_occurrence(enc, bytes, q))) {
+        match cut::first_text_cut(bytes, target, limit, |q| !(specials && enc.specials.straddles(bytes, q))) {
             Some(q) => cuts.push(q),
             // The rest of the text is shorter than `every`: it is the last part.
             None if limit == bytes.len() => break,
@@ -183,43 +182,15 @@ fn space_cuts(enc: &Encoder, bytes: &[u8], specials: bool, every: usize) -> Opti
     Some(cuts)
 }
 
-/// The first position `q` in `from.max(1)..stop` with a space after a printable ASCII
-/// character (where the built-in patterns always start a piece that does not depend on
-/// the text before it) for which `ok(q)` holds.
-fn space_after_ascii(bytes: &[u8], from: usize, stop: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
-    let mut p = from.max(1);
-    while p < stop {
-        let q = p + memchr::memchr(b' ', &bytes[p..stop])?;
-        if (0x21..=0x7e).contains(&bytes[q - 1]) && ok(q) {
-            return Some(q);
-        }
-        p = q + 1;
-    }
-    None
-}
-
-/// Whether an occurrence of a special token starts before `q` and ends after it.
-fn in_special_occurrence(enc: &Encoder, bytes: &[u8], q: usize) -> bool {
-    enc.specials.tokens().iter().any(|(tok, _)| {
-        let n = tok.len();
-        if n < 2 {
-            return false;
-        }
-        let lo = q.saturating_sub(n - 1);
-        let hi = (q + n - 1).min(bytes.len());
-        memchr::memmem::find_iter(&bytes[lo..hi], tok.as_bytes()).any(|o| lo + o < q && q < lo + o + n)
-    })
-}
-
 /// Cuts at special-token matches (found by one scan of the whole text) and, for the
-/// built-in patterns, before a space after a printable ASCII character between them.
+/// built-in patterns, at text cuts between them.
 fn cuts_between_matches(enc: &Encoder, text: &str, specials: bool, every: usize) -> Vec<usize> {
     let bytes = text.as_bytes();
     let builtin = enc.has_builtin_pattern();
     // Special-token matches are hard boundaries (when specials are in force) and must
     // not be cut through.
     let matches: Vec<(usize, usize)> =
-        if specials { enc.specials.find_iter(text).map(|(s, e, _)| (s, e)).collect() } else { Vec::new() };
+        if specials { enc.specials.find_iter(text.as_bytes()).map(|(s, e, _)| (s, e)).collect() } else { Vec::new() };
     let mut cuts = Vec::new();
     let mut target = every;
     let mut mi = 0; // first match ending after `target`
@@ -232,7 +203,7 @@ fn cuts_between_matches(enc: &Encoder, text: &str, specials: bool, every: usize)
         // The next pre-tokenizer-safe position at or after target, outside any match.
         let mut pretok_cut = None;
         if builtin {
-            pretok_cut = space_after_ascii(bytes, target, special_cut.unwrap_or(bytes.len()), |_| true);
+            pretok_cut = cut::first_text_cut(bytes, target, special_cut.unwrap_or(bytes.len()), |_| true);
             // Inside a match that started before target?
             if let (Some(q), Some(&(s, e))) = (pretok_cut, matches.get(mi)) {
                 if s < q && q < e {

@@ -28,7 +28,7 @@ impl Encoder {
                 let m = self.specials.max_len();
                 let safe = total.saturating_sub(m - 1);
                 limit = safe;
-                for (s, e, id) in self.specials.find_iter(text) {
+                for (s, e, id) in self.specials.find_iter(text.as_bytes()) {
                     if s + m > total {
                         break;
                     }

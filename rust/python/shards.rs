@@ -201,7 +201,8 @@ fn shard_part_range(
             .map(|s| std::fs::metadata(&s.path).map(|m| m.len()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ShardError::Invalid(e.to_string()))?;
-        shards::part_range(&specs, &sizes, i, n, eos.as_deref(), newline_cuts)
+        let sep = crate::specials::SpecialMatcher::new(eos.into_iter().map(|s| (s, 0)).collect());
+        shards::part_range(&specs, &sizes, i, n, &sep, newline_cuts)
     })
     .map_err(shard_err)
 }

@@ -111,6 +111,21 @@ impl PyBpeTrainer {
         self.run(py, progress, move |t, ctl| t.count_files(&paths, &field, ctl))
     }
 
+    /// Count part `i` of `n` of these files (byte ranges cut at special tokens, each its
+    /// own text; other formats whole); returns the `(path, start, end)` ranges counted.
+    #[pyo3(signature = (paths, i, n, field = String::from("text"), progress = None))]
+    fn count_part(
+        &mut self,
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        i: u64,
+        n: u64,
+        field: String,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(PathBuf, u64, u64)>> {
+        self.run(py, progress, move |t, ctl| t.count_part(&paths, &field, i, n, ctl))
+    }
+
     /// Feed text to the text stream: everything fed until `finish_text` is one
     /// continuous text. `progress(done, total)` is called with bytes.
     #[pyo3(signature = (text, progress = None))]
@@ -211,6 +226,21 @@ impl PyBpeTrainer {
     }
 }
 
+/// The `(path, start, end)` byte ranges that `BpeTrainer.count_part(paths, i, n)` counts.
+#[pyfunction]
+#[pyo3(signature = (paths, special_tokens, i, n, field = String::from("text")))]
+fn count_part_ranges(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    special_tokens: Vec<String>,
+    i: u64,
+    n: u64,
+    field: String,
+) -> PyResult<Vec<(PathBuf, u64, u64)>> {
+    py.detach(|| crate::train::part_ranges(&paths, &field, &special_tokens, i, n)).map_err(to_pyerr)
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyBpeTrainer>()
+    m.add_class::<PyBpeTrainer>()?;
+    m.add_function(wrap_pyfunction!(count_part_ranges, m)?)
 }

@@ -1,18 +1,17 @@
 //! What an input is (format, compression) and where chunks and parts of it may be cut;
 //! `reader.rs` reads them.
 //!
-//! Cut points. A chunk always ends where encoding may restart without changing a single
-//! id, so the output is the same for any chunk size:
+//! Cut points. A chunk always ends at an exact cut (`crate::cut`: where encoding may
+//! restart without changing a single id), so the output is the same for any chunk size:
 //!
-//! * plain text: right after an occurrence of the end-of-text separator (special tokens
-//!   are hard boundaries of pre-tokenization);
-//! * JSON Lines: right after a newline (each line is its own document);
-//! * plain text with no separator in sight (a file that is one long document) and
-//!   `newline_cuts`: right after a `\n` whose neighbours are both printable ASCII
-//!   (`X\nY`). For the GPT-2, cl100k and o200k patterns the piece containing that `\n`
-//!   ends at it and the next piece starts at `Y`, whether or not the text goes on after
-//!   the `\n` (checked in the tests against the regex on both sides of each cut). The
-//!   caller enables this only for those patterns and when no special token contains `\n`.
+//! * plain text: at the end of a special-token match (the reader's matcher holds the
+//!   end-of-text separator) or, with `text_cuts`, at a text cut inside a long document. The
+//!   caller enables text cuts only for the built-in patterns and when no special token
+//!   holds a space or a newline (only such a token can straddle a text cut);
+//! * JSON Lines: right after a newline (each line is its own document).
+//!
+//! A part boundary is the first exact cut at or after its nominal place, preferring the
+//! end of a special-token match (a document boundary) within `SEPARATOR_WINDOW` bytes.
 //!
 //! A document longer than the chunk size without any allowed cut grows its chunk until it
 //! ends, so memory is bounded by max(chunk size, longest uncuttable document) per chunk.
@@ -22,6 +21,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use super::ShardError;
+use crate::cut;
+use crate::specials::SpecialMatcher;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
@@ -179,21 +180,51 @@ fn global_starts(sizes: &[u64]) -> Vec<u64> {
     starts
 }
 
+/// (file index, raw range) of the inputs that the part `byte_range` reads, in order.
+pub(crate) fn part_files(inputs: &[InputSpec], sizes: &[u64], byte_range: (u64, u64)) -> Vec<(usize, (u64, u64))> {
+    let total: u64 = sizes.iter().sum();
+    let (c0, c1) = byte_range;
+    let mut plan = Vec::new();
+    let mut fs = 0u64;
+    for (f, spec) in inputs.iter().enumerate() {
+        let fe = fs + sizes[f];
+        if fs == fe {
+            // Empty file (or documents without a file): in the part where it sits (the
+            // last part for those at the end).
+            if (c0 <= fs && fs < c1) || (fs == total && c1 == total) {
+                plan.push((f, (0, 0)));
+            }
+        } else if !spec.splittable() {
+            if c0 <= fs && fs < c1 {
+                plan.push((f, (0, fe - fs)));
+            }
+        } else {
+            let (a, b) = (c0.max(fs), c1.min(fe));
+            if a < b {
+                plan.push((f, (a - fs, b - fs)));
+            }
+        }
+        fs = fe;
+    }
+    plan
+}
+
 /// Bytes after which the chunk/part cut search prefers a newline cut to waiting for a separator.
 const SEPARATOR_WINDOW: u64 = 16 << 20;
 
 /// The byte range `[start, end)` of the concatenated raw inputs that part `i` of `n` covers.
 ///
-/// Nominal boundaries `k * total / n` move forward to the next cut point (see the module
-/// docs); a compressed file cannot be split, so it belongs whole to the part in which it
-/// starts. Consecutive parts tile the inputs exactly.
+/// Nominal boundaries `k * total / n` move forward to the next exact cut (see the module
+/// docs; `specials`: the special tokens that are cuts, `text_cuts`: whether text cuts are
+/// allowed); a compressed file cannot be split, so it belongs whole to the part in which
+/// it starts. Consecutive parts tile the inputs exactly.
 pub fn part_range(
     inputs: &[InputSpec],
     sizes: &[u64],
     i: u64,
     n: u64,
-    sep: Option<&str>,
-    newline_cuts: bool,
+    specials: &SpecialMatcher,
+    text_cuts: bool,
 ) -> Result<(u64, u64), ShardError> {
     let starts = global_starts(sizes);
     let total = *starts.last().unwrap();
@@ -205,7 +236,7 @@ pub fn part_range(
             return Ok(total);
         }
         let b = ((total as u128 * k as u128) / n as u128) as u64;
-        cut_at_or_after(inputs, sizes, &starts, b, sep, newline_cuts)
+        cut_at_or_after(inputs, sizes, &starts, b, specials, text_cuts)
     };
     Ok((boundary(i)?, boundary(i + 1)?))
 }
@@ -215,8 +246,8 @@ fn cut_at_or_after(
     sizes: &[u64],
     starts: &[u64],
     b: u64,
-    sep: Option<&str>,
-    newline_cuts: bool,
+    specials: &SpecialMatcher,
+    text_cuts: bool,
 ) -> Result<u64, ShardError> {
     let total = *starts.last().unwrap();
     // The file that contains byte b (files of size 0 contain nothing).
@@ -231,21 +262,22 @@ fn cut_at_or_after(
     if !spec.splittable() {
         return Ok(fe);
     }
-    let local = first_cut_in_file(spec, sizes[f], b - fs, sep, newline_cuts)?;
+    let local = first_cut_in_file(spec, sizes[f], b - fs, specials, text_cuts)?;
     Ok(fs + local)
 }
 
-/// The first cut point >= `lb` in a plain file (its size if there is none).
+/// The first exact cut >= `lb` in a plain file (its size if there is none).
 fn first_cut_in_file(
     spec: &InputSpec,
     size: u64,
     lb: u64,
-    sep: Option<&str>,
-    newline_cuts: bool,
+    specials: &SpecialMatcher,
+    text_cuts: bool,
 ) -> Result<u64, ShardError> {
-    let sep = sep.map(str::as_bytes).filter(|s| !s.is_empty());
-    let back = sep.map_or(0, |s| s.len() as u64).max(2);
-    let from = lb.saturating_sub(back);
+    // Room before `lb` for the matches that end at or after it, and for the occurrences
+    // that could straddle their starts (see `cut::first_special_cut`).
+    let max_len = specials.max_len();
+    let from = lb.saturating_sub(2 * max_len as u64 + 2);
     let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
     let mut window = 1u64 << 20;
     loop {
@@ -263,15 +295,17 @@ fn first_cut_in_file(
                     return Ok(from + p as u64 + 1);
                 }
             }
+            Format::Text if specials.is_empty() && !text_cuts => return Ok(size),
             Format::Text => {
-                if let Some(sep) = sep {
-                    let found = memchr::memmem::find_iter(&buf, sep).map(|p| p + sep.len()).find(|&c| c >= lb_rel);
-                    if let Some(c) = found {
-                        return Ok(from + c as u64);
-                    }
+                if let Some(c) = cut::first_special_cut(&buf, lb_rel, specials, at_eof) {
+                    return Ok(from + c as u64);
                 }
-                if newline_cuts && (window >= SEPARATOR_WINDOW || at_eof || sep.is_none()) {
-                    if let Some(c) = newline_cuts_iter(&buf).find(|&c| c >= lb_rel) {
+                if text_cuts && (window >= SEPARATOR_WINDOW || at_eof || specials.is_empty()) {
+                    // An occurrence that straddles c lies within max_len bytes of it.
+                    let seen = |c: usize| at_eof || c + max_len <= buf.len();
+                    if let Some(c) =
+                        cut::first_text_cut(&buf, lb_rel, buf.len(), |c| seen(c) && !specials.straddles(&buf, c))
+                    {
                         return Ok(from + c as u64);
                     }
                 }
@@ -284,31 +318,12 @@ fn first_cut_in_file(
     }
 }
 
-fn newline_ok(buf: &[u8], p: usize) -> bool {
-    p >= 1 && p + 1 < buf.len() && buf[p - 1].is_ascii_graphic() && buf[p + 1].is_ascii_graphic()
-}
-
-/// Cut points (index after the `\n`) of `X\nY` newlines, in increasing order.
-fn newline_cuts_iter(buf: &[u8]) -> impl Iterator<Item = usize> + '_ {
-    memchr::memchr_iter(b'\n', buf).filter(move |&p| newline_ok(buf, p)).map(|p| p + 1)
-}
-
-/// The last cut point of `buf` (a chunk that starts at a cut point), if any.
-pub(crate) fn last_cut(buf: &[u8], format: Format, sep: Option<&[u8]>, newline_cuts: bool) -> Option<usize> {
+/// The last exact cut of `buf` (a chunk that starts at one, and whose input goes on
+/// after it), if any.
+pub(crate) fn last_cut(buf: &[u8], format: Format, specials: &SpecialMatcher, text_cuts: bool) -> Option<usize> {
     match format {
         Format::Docs => None,
         Format::Jsonl => memchr::memrchr(b'\n', buf).map(|p| p + 1),
-        Format::Text => {
-            if let Some(sep) = sep {
-                if let Some(p) = memchr::memmem::rfind(buf, sep) {
-                    return Some(p + sep.len());
-                }
-            }
-            if newline_cuts {
-                memchr::memrchr_iter(b'\n', buf).find(|&p| newline_ok(buf, p)).map(|p| p + 1)
-            } else {
-                None
-            }
-        }
+        Format::Text => cut::last_cut_at(buf, specials, text_cuts),
     }
 }

@@ -21,10 +21,11 @@ use std::path::PathBuf;
 use sha2::{Digest, Sha256};
 
 use super::docs::{DocBatch, DocSource};
-use super::input::{last_cut, Compression, Format};
+use super::input::{last_cut, part_files, Compression, Format};
 use super::parquet::{ParquetDocs, PARQUET_BATCH_BYTES};
 use super::{EncodeJob, ShardError};
 use crate::buffers::BufferPool;
+use crate::specials::SpecialMatcher;
 
 /// A chunk of one input, cut at a document boundary.
 pub(crate) struct Chunk {
@@ -203,6 +204,8 @@ pub(crate) struct ChunkReader<'a> {
     /// Near the end, chunks shrink to about (bytes left) / `tail_split` so that the last
     /// chunks spread over all threads instead of leaving some idle.
     tail_split: u64,
+    /// The special-token cuts of plain text (`EncodeJob::separator`).
+    separator: SpecialMatcher,
 }
 
 /// Chunks never shrink below this for tail balancing.
@@ -220,10 +223,11 @@ impl<'a> ChunkReader<'a> {
         source: Option<&'a mut (dyn DocSource + 'static)>,
     ) -> Self {
         ChunkReader {
+            separator: job.separator(),
             job,
             sizes,
             source,
-            plan: plan(job, sizes, byte_range),
+            plan: part_files(&job.inputs, sizes, byte_range),
             plan_idx: 0,
             cur: None,
             carry: Vec::new(),
@@ -578,7 +582,6 @@ impl<'a> ChunkReader<'a> {
     /// A chunk of bytes cut at the last document boundary that the read found.
     fn bytes_chunk(&mut self, mut f: OpenFile, pool: &BufferPool) -> Result<Option<Chunk>, ShardError> {
         let spec = &self.job.inputs[f.idx];
-        let sep = self.job.eos.as_ref().map(|(s, _)| s.as_bytes());
         let mut buf = pool.take();
         let mut filled = self.carry.len();
         if buf.len() < filled {
@@ -597,7 +600,7 @@ impl<'a> ChunkReader<'a> {
             if f.eof {
                 break filled;
             }
-            if let Some(c) = last_cut(&buf[..filled], spec.format, sep, self.job.newline_cuts) {
+            if let Some(c) = last_cut(&buf[..filled], spec.format, &self.separator, self.job.newline_cuts) {
                 break c;
             }
             target = filled.saturating_mul(2);
@@ -625,35 +628,6 @@ impl<'a> ChunkReader<'a> {
             digest,
         }))
     }
-}
-
-/// (file index, raw range) of the inputs that the part `byte_range` reads, in order.
-fn plan(job: &EncodeJob, sizes: &[u64], byte_range: (u64, u64)) -> Vec<(usize, (u64, u64))> {
-    let total: u64 = sizes.iter().sum();
-    let (c0, c1) = byte_range;
-    let mut plan = Vec::new();
-    let mut fs = 0u64;
-    for (f, spec) in job.inputs.iter().enumerate() {
-        let fe = fs + sizes[f];
-        if fs == fe {
-            // Empty file (or documents without a file): in the part where it sits (the
-            // last part for those at the end).
-            if (c0 <= fs && fs < c1) || (fs == total && c1 == total) {
-                plan.push((f, (0, 0)));
-            }
-        } else if !spec.splittable() {
-            if c0 <= fs && fs < c1 {
-                plan.push((f, (0, fe - fs)));
-            }
-        } else {
-            let (a, b) = (c0.max(fs), c1.min(fe));
-            if a < b {
-                plan.push((f, (a - fs, b - fs)));
-            }
-        }
-        fs = fe;
-    }
-    plan
 }
 
 fn no_source() -> ShardError {

@@ -15,8 +15,8 @@ use rustc_hash::FxBuildHasher;
 
 use crate::pretokenize::PreTokenizer;
 
-use super::read::safe_text_cut;
 use super::{Control, TrainError};
+use crate::cut::last_text_cut;
 
 use crate::utf8::Utf8Errors;
 
@@ -506,7 +506,7 @@ fn split_long_segments<'a>(segs: &mut Vec<Segment<'a>>, piece: usize) {
         let mut rest = *seg;
         while rest.bytes.len() > 2 * piece {
             // Cut in [piece, 2 * piece] if possible, else leave it long.
-            match safe_text_cut(rest.bytes, piece, 2 * piece) {
+            match last_text_cut(rest.bytes, piece, 2 * piece + 1) {
                 Some(c) => {
                     out.push(Segment { offset: rest.offset, bytes: &rest.bytes[..c] });
                     rest = Segment { offset: rest.offset + c as u64, bytes: &rest.bytes[c..] };

@@ -1,215 +1,12 @@
-//! Stage 1: read the input in bounded chunks and cut it where pre-tokenization
-//! may restart without changing a single piece.
+//! Stage 1: read the input in bounded chunks, each ending at an exact cut (the rule is
+//! `crate::cut`'s: a special-token match, or for the built-in patterns a text cut).
 //!
-//! Exact cut points, in order of preference:
-//! 1. a special-token occurrence (special tokens are hard boundaries);
-//! 2. for the built-in patterns only: just after a `\n` that follows a printable
-//!    ASCII byte and precedes an ASCII letter (`x\nT`). No piece of the GPT-2,
-//!    cl100k or o200k pattern contains a newline followed by a letter, and the
-//!    newline's own piece is `"\n"` whether or not the text continues (see
-//!    `safe_text_cut`).
-//!
-//! A chunk grows past the target size only when neither kind of cut exists in it
-//! (e.g. a custom pattern and no special token for megabytes).
+//! A chunk grows past the target size only when no exact cut exists in it (e.g. a custom
+//! pattern and no special token for megabytes); see `Trainer::cut`.
 
 use std::io::{self, Read};
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
-
 use crate::buffers::BufferPool;
-use crate::pretokenize::PreTokenizer;
-
-/// Finds special tokens: leftmost match first, the longest one among those starting there.
-pub struct SpecialSplitter {
-    ac: Option<AhoCorasick>,
-    max_len: usize,
-}
-
-impl SpecialSplitter {
-    pub fn new(specials: &[String]) -> Self {
-        let pats: Vec<&[u8]> = specials.iter().map(|s| s.as_bytes()).filter(|s| !s.is_empty()).collect();
-        if pats.is_empty() {
-            return SpecialSplitter { ac: None, max_len: 0 };
-        }
-        let max_len = pats.iter().map(|p| p.len()).max().unwrap_or(0);
-        let ac = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(&pats)
-            .expect("special tokens are short literal strings");
-        SpecialSplitter { ac: Some(ac), max_len }
-    }
-
-    /// Length of the longest special token (0 when there are none).
-    pub fn max_len(&self) -> usize {
-        self.max_len
-    }
-
-    /// Calls `f(start, end)` for each special-token occurrence in `hay`, in order.
-    pub fn for_each_match(&self, hay: &[u8], mut f: impl FnMut(usize, usize)) {
-        if let Some(ac) = &self.ac {
-            for m in ac.find_iter(hay) {
-                f(m.start(), m.end());
-            }
-        }
-    }
-
-    /// The non-special spans of `hay` (possibly empty ones are dropped), appended to `out`
-    /// with `base` added to each offset.
-    pub fn segments(&self, hay: &[u8], base: usize, out: &mut Vec<(usize, usize)>) {
-        let mut pos = 0;
-        self.for_each_match(hay, |s, e| {
-            if s > pos {
-                out.push((base + pos, base + s));
-            }
-            pos = e;
-        });
-        if hay.len() > pos {
-            out.push((base + pos, base + hay.len()));
-        }
-    }
-}
-
-#[inline]
-fn is_printable_ascii(b: u8) -> bool {
-    (0x21..=0x7e).contains(&b)
-}
-
-/// The last exact cut position `c` with `lo <= c <= hi` for the built-in patterns:
-/// `text[c-2]` printable ASCII, `text[c-1] == b'\n'`, `text[c]` an ASCII letter.
-///
-/// Why it is exact (GPT-2, cl100k, o200k): every piece that contains a `\n` either is
-/// all whitespace or ends at the newline, and no piece begins with `\n` and goes on
-/// into a letter (the optional prefix of the letter alternatives excludes `\r\n` in
-/// cl100k/o200k and is a plain space in GPT-2). So a piece ends at `c` in the whole
-/// text. Before `c`, the whitespace run is just the `\n` (its left neighbour is not
-/// whitespace), so whether the pattern sees the letter (`\s+(?!\S)` fails, `\s+`
-/// takes "\n"; `\s++$` fails, `\s*[\r\n]` takes it) or the end of the chunk
-/// (`\s+(?!\S)` / `\s++$` take "\n"), the piece is the same `"\n"` (or the same
-/// punctuation-plus-newline piece).
-pub fn safe_text_cut(text: &[u8], lo: usize, hi: usize) -> Option<usize> {
-    let lo = lo.max(2);
-    if hi >= text.len() || hi < lo {
-        return None;
-    }
-    // Search for b'\n' at c-1 for c in [lo, hi], from the right.
-    let mut end = hi; // exclusive bound on newline index + 1 == c
-    while end >= lo {
-        let nl = memchr::memrchr(b'\n', &text[lo - 1..end])? + lo - 1;
-        let c = nl + 1;
-        if text[c].is_ascii_alphabetic() && is_printable_ascii(text[nl - 1]) {
-            return Some(c);
-        }
-        if nl < lo {
-            return None;
-        }
-        end = nl;
-    }
-    None
-}
-
-/// Where a buffer of text is cut, and the spans free of special tokens before the cut
-/// (found by the same search, so that the text is searched for special tokens once).
-#[derive(Debug, PartialEq, Eq)]
-pub struct Cut {
-    pub at: usize,
-    pub segments: Vec<(usize, usize)>,
-}
-
-impl Cut {
-    /// The cut at the end of `buf` (the end of the input).
-    pub fn whole(buf: &[u8], splitter: &SpecialSplitter) -> Cut {
-        let mut segments = Vec::new();
-        splitter.segments(buf, 0, &mut segments);
-        Cut { at: buf.len(), segments }
-    }
-
-    /// The cut at `at`, given the special-token occurrences `matches` of the buffer, in
-    /// order, none of which may straddle `at`: those that end by it are then the ones a
-    /// search of the part before it finds.
-    fn from_matches(matches: &[(usize, usize)], at: usize) -> Cut {
-        let mut segments = Vec::with_capacity(matches.len() + 1);
-        let mut pos = 0;
-        for &(s, e) in matches.iter().take_while(|m| m.1 <= at) {
-            if s > pos {
-                segments.push((pos, s));
-            }
-            pos = e;
-        }
-        if at > pos {
-            segments.push((pos, at));
-        }
-        Cut { at, segments }
-    }
-}
-
-/// Where to cut a full buffer: the largest exact cut position > 0, or None.
-/// Special-token matches are trusted only when they start at least `max_len` bytes
-/// before the end of the buffer: then no longer special token, and no earlier one,
-/// could be hiding behind the end of the buffer.
-pub fn find_cut(buf: &[u8], splitter: &SpecialSplitter, builtin: bool) -> Option<Cut> {
-    let limit = buf.len().saturating_sub(splitter.max_len());
-    let mut last_safe_end: Option<usize> = None;
-    let mut last_end = 0usize;
-    let mut matches: Vec<(usize, usize)> = Vec::new();
-    splitter.for_each_match(buf, |s, e| {
-        if s <= limit && s + splitter.max_len() <= buf.len() {
-            last_safe_end = Some(e);
-        }
-        last_end = e;
-        matches.push((s, e));
-    });
-    let fallback = if builtin {
-        // No special token covers any position in [last_end, limit]: a match covering
-        // c >= last_end would start at or after last_end (matches do not overlap) and
-        // before limit, so it would have been found.
-        let hi = limit.min(buf.len().saturating_sub(1));
-        safe_text_cut(buf, last_end.max(1), hi)
-    } else {
-        None
-    };
-    let at = match (last_safe_end, fallback) {
-        (Some(a), Some(b)) => a.max(b),
-        (Some(a), None) if a > 0 => a,
-        (None, Some(b)) => b,
-        _ => return None,
-    };
-    // No match straddles the cut: it is a match's end, or lies past the last match.
-    Some(Cut::from_matches(&matches, at))
-}
-
-/// The fallback cut when no exact one exists in a long buffer: hold back the last two
-/// pre-tokens of the text after the last special token (and any possible start of a
-/// special token at the end), as `ferrolm.reference` does when streaming. Exact for the
-/// built-in patterns; for a custom pattern it assumes no match depends on text more
-/// than two pre-tokens ahead.
-pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer) -> Option<Cut> {
-    let limit = buf.len().saturating_sub(splitter.max_len().saturating_sub(1));
-    let mut start = 0;
-    let mut end = limit;
-    let mut matches: Vec<(usize, usize)> = Vec::new();
-    splitter.for_each_match(buf, |s, e| {
-        if s + splitter.max_len() <= buf.len() {
-            start = e; // complete: no longer special token can start here
-        } else {
-            end = end.min(s);
-        }
-        matches.push((s, e));
-    });
-    if end <= start {
-        return None;
-    }
-    let region = &buf[start..end];
-    let text = match crate::utf8::to_str(region) {
-        Ok(t) => t,
-        Err(e) => std::str::from_utf8(&region[..e.valid_up_to()]).unwrap(),
-    };
-    let mut starts = [usize::MAX; 2];
-    pre.for_each_piece_range(text, |s, _| {
-        starts = [starts[1], s];
-    });
-    // The cut lies in [start, end): after every complete match, before any partial one.
-    (starts[0] != usize::MAX && start + starts[0] > 0).then(|| Cut::from_matches(&matches, start + starts[0]))
-}
 
 /// Reads one input (a file, or the decompressed stream of one; `size`: its size when
 /// known) in chunks ending at cut positions chosen by `cut(buffer, at_end)` (None: read
@@ -217,12 +14,14 @@ pub fn hold_back_cut(buf: &[u8], splitter: &SpecialSplitter, pre: &PreTokenizer)
 /// it found about the chunk (`M`), handed to `f(chunk, found, offset)` with the chunk, on
 /// the calling thread. A reader thread reads and cuts the next chunk while `f` works on
 /// the current one (a few chunks exist at a time); the chunk buffers come from `bufs`
-/// and go back to it. A UTF-8 byte-order mark at the start is skipped (the first chunk
-/// then starts at offset 3).
+/// and go back to it. With `skip_bom`, a UTF-8 byte-order mark at the start is skipped
+/// (the first chunk then starts at offset 3): an input read from its start, not a part.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn for_each_chunk<M: Send, E>(
     input: impl Read + Send,
     size: Option<u64>,
     chunk_size: usize,
+    skip_bom: bool,
     bufs: &BufferPool,
     cut: impl Fn(&[u8], bool) -> Option<(usize, M)> + Sync,
     on_read: impl FnMut(usize) + Send,
@@ -238,7 +37,7 @@ where
     std::thread::scope(|scope| {
         let cut = &cut;
         scope.spawn(move || {
-            let r = produce_chunks(input, chunk_size, cut, on_read, bufs, |chunk, len, found, offset| {
+            let r = produce_chunks(input, chunk_size, skip_bom, cut, on_read, bufs, |chunk, len, found, offset| {
                 tx.send(Ok((chunk, len, found, offset))).is_ok()
             });
             if let Err(e) = r {
@@ -271,6 +70,7 @@ const FIRST_CHUNK: usize = 1 << 20;
 fn produce_chunks<M>(
     mut file: impl Read,
     chunk_size: usize,
+    skip_bom: bool,
     cut: &impl Fn(&[u8], bool) -> Option<(usize, M)>,
     mut on_read: impl FnMut(usize),
     bufs: &BufferPool,
@@ -295,7 +95,7 @@ fn produce_chunks<M>(
             filled += n;
             on_read(n);
         }
-        if std::mem::take(&mut first) && buf[..filled].starts_with(crate::shards::BOM) {
+        if std::mem::take(&mut first) && skip_bom && buf[..filled].starts_with(crate::shards::BOM) {
             let bom = crate::shards::BOM.len();
             buf.copy_within(bom..filled, 0);
             filled -= bom;
@@ -344,97 +144,15 @@ fn read_retry(file: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::specials::SpecialMatcher;
     use std::fs::File;
     use std::path::Path;
 
-    fn test_cut(buf: &[u8], end: bool, sp: &SpecialSplitter, builtin: bool) -> Option<(usize, ())> {
+    fn test_cut(buf: &[u8], end: bool, sp: &SpecialMatcher, builtin: bool) -> Option<(usize, ())> {
         if end {
             return Some((buf.len(), ()));
         }
-        find_cut(buf, sp, builtin).map(|c| (c.at, ()))
-    }
-
-    #[test]
-    fn segments_skip_specials_longest_first() {
-        let sp = SpecialSplitter::new(&["<s>".into(), "<s><s>".into()]);
-        let mut out = vec![];
-        sp.segments(b"a<s><s>b<s>", 0, &mut out);
-        assert_eq!(out, vec![(0, 1), (7, 8)]);
-    }
-
-    #[test]
-    fn a_cut_brings_the_segments_a_search_of_its_part_finds() {
-        // Overlapping and nested specials, text cuts and specials near the buffer's end:
-        // the segments found while cutting must be those of searching the part again.
-        let sp = SpecialSplitter::new(&["<s>".into(), "<s><s>".into(), "<|end|>".into()]);
-        let mut rng: u64 = 7;
-        let mut next = |n: u64| {
-            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (rng >> 33) % n
-        };
-        let parts = ["<s>", "<s><s>", "<|end|>", "<|en", "ab", "Cd\nEf", " x", "\n", ".\nZ", "<"];
-        let mut cuts = 0;
-        for _ in 0..3000 {
-            let buf: String = (0..next(24)).map(|_| parts[next(parts.len() as u64) as usize]).collect();
-            let buf = buf.as_bytes();
-            for builtin in [false, true] {
-                if let Some(cut) = find_cut(buf, &sp, builtin) {
-                    let mut again = vec![];
-                    sp.segments(&buf[..cut.at], 0, &mut again);
-                    assert_eq!(cut.segments, again, "{:?}", String::from_utf8_lossy(buf));
-                    cuts += 1;
-                }
-            }
-            assert_eq!(Cut::whole(buf, &sp).segments, {
-                let mut v = vec![];
-                sp.segments(buf, 0, &mut v);
-                v
-            });
-        }
-        assert!(cuts > 1000, "{cuts}");
-    }
-
-    #[test]
-    fn text_cut_is_exact_for_builtin_patterns() {
-        let text = "Hello world.\nThe end  \nx\n\nYes!\nok 12\nZ\n  a\tb\nc";
-        let bytes = text.as_bytes();
-        let pres = ["gpt2", "cl100k", "o200k"]
-            .iter()
-            .flat_map(|p| [PreTokenizer::new(p).unwrap(), PreTokenizer::new_regex(p).unwrap()]);
-        for pre in pres {
-            let pat = pre.pattern().to_string();
-            let whole: Vec<&str> = pre.pieces(text);
-            let mut hi = bytes.len() - 1;
-            let mut cuts = 0;
-            while let Some(c) = safe_text_cut(bytes, 1, hi) {
-                let mut parts = pre.pieces(&text[..c]);
-                parts.extend(pre.pieces(&text[c..]));
-                assert_eq!(parts, whole, "pattern {pat}, cut at {c}");
-                cuts += 1;
-                hi = c - 1;
-            }
-            assert!(cuts >= 3);
-        }
-    }
-
-    #[test]
-    fn hold_back_keeps_two_pieces_and_partial_specials() {
-        let sp = SpecialSplitter::new(&["<|end|>".into()]);
-        let pre = PreTokenizer::new("gpt2").unwrap();
-        // Only "one two three four fi" is surely free of a special-token start.
-        assert_eq!(hold_back_cut(b"one two three four five six", &sp, &pre).map(|c| c.at), Some(13));
-        // The last 6 bytes may start a special token: held back, with the two pieces before.
-        assert_eq!(hold_back_cut(b"a b c d<|en", &sp, &pre).map(|c| c.at), Some(1));
-        assert_eq!(hold_back_cut(b"x<|end|>a b", &sp, &pre).map(|c| c.at), None);
-        assert_eq!(hold_back_cut(b"x<|end|>a b c d e f g", &sp, &pre).map(|c| c.at), Some(11));
-        // The segments come from the same search: those of the part before the cut.
-        for buf in [&b"x<|end|>a b c d e f g"[..], b"<|end|>y<|end|>one two three<|en", b"one two three four five six"]
-        {
-            let cut = hold_back_cut(buf, &sp, &pre).unwrap();
-            let mut again = vec![];
-            sp.segments(&buf[..cut.at], 0, &mut again);
-            assert_eq!(cut.segments, again, "{:?}", String::from_utf8_lossy(buf));
-        }
+        crate::cut::last_cut(buf, sp, builtin).map(|c| (c.at, ()))
     }
 
     #[test]
@@ -443,12 +161,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("a.txt");
         std::fs::write(&path, "word<|endoftext|>".repeat(10_000)).unwrap();
-        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<|endoftext|>".into()]);
         let mut calls = 0;
         let r = for_each_chunk::<(), io::Error>(
             File::open(&path).unwrap(),
             None,
             1000,
+            true,
             &BufferPool::default(),
             |b, end| test_cut(b, end, &sp, true),
             |_| {},
@@ -472,7 +191,7 @@ mod tests {
         std::fs::write(&a, "aaaa aaaa\nAaaa<|endoftext|>".repeat(3000)).unwrap();
         let text_b: String = (0..900).map(|i| format!("b{i} bb\nBb<|endoftext|>")).collect();
         std::fs::write(&b, &text_b).unwrap();
-        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<|endoftext|>".into()]);
         let bufs = BufferPool::default();
         let read_all = |path: &Path| {
             let mut got = Vec::new();
@@ -480,6 +199,7 @@ mod tests {
                 File::open(path).unwrap(),
                 None,
                 2000,
+                true,
                 &bufs,
                 |x, end| test_cut(x, end, &sp, true),
                 |_| {},
@@ -514,7 +234,7 @@ mod tests {
             text.push_str(&format!("doc {i} says hi.\nAnd more\n<|endoftext|>"));
         }
         std::fs::write(&path, &text).unwrap();
-        let sp = SpecialSplitter::new(&["<|endoftext|>".into()]);
+        let sp = SpecialMatcher::from_strings(&["<|endoftext|>".into()]);
         for builtin in [false, true] {
             let mut got = Vec::new();
             let mut n = 0;
@@ -522,6 +242,7 @@ mod tests {
                 File::open(&path).unwrap(),
                 None,
                 1000,
+                true,
                 &BufferPool::default(),
                 |b, end| test_cut(b, end, &sp, builtin),
                 |_| {},

@@ -18,7 +18,6 @@ of all the files (read one at a time), as the single-run trainer does.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import secrets
@@ -36,92 +35,18 @@ __all__ = ["count", "count_texts", "train_from_counts", "part_ranges", "read_hea
 
 PathInput = Union[str, "os.PathLike[str]"]
 FORMAT = "ferrolm-pretoken-counts"
-_READ_BLOCK = 8 << 20
-#: Files that are never cut inside (their bytes on disk are not the text's).
-_WHOLE_SUFFIXES = (".gz", ".zst", ".zstd", ".jsonl", ".ndjson", ".json", ".parquet")
-
-
-_WHOLE_MAGIC = (b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1")
-
-
-def _cuttable(path: str) -> bool:
-    """Plain text, which a part may cut; the reader tells the other formats by their first
-    bytes (a JSON Lines file by a first line that is an object), so these are checked too."""
-    if path.lower().endswith(_WHOLE_SUFFIXES):
-        return False
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    return not (head.startswith(_WHOLE_MAGIC) or head.lstrip().startswith(b"{"))
-
-
-def _next_cut(path: str, pos: int, size: int, specials: list[bytes]) -> int:
-    """The first offset >= ``pos`` in ``path`` that ends a special token (no other
-    special token spans it), or ``size`` when there is none."""
-    longest = max(len(s) for s in specials)
-    with open(path, "rb") as f:
-        start = max(0, pos - longest)
-        while start < size:
-            f.seek(start)
-            window = f.read(_READ_BLOCK + 2 * longest)
-            hits = sorted(
-                (at + start, at + start + len(s))
-                for s in specials
-                for at in _find_all(window, s)
-                if at + start + len(s) >= pos
-            )
-            for begin, end in hits:
-                # A cut inside an occurrence, or one another occurrence spans, is no boundary.
-                if any(b < end < e for b, e in hits):
-                    continue
-                if begin >= start and end <= start + len(window):
-                    return end
-            if len(window) < _READ_BLOCK + 2 * longest:
-                break
-            start += _READ_BLOCK
-    return size
-
-
-def _find_all(data: bytes, token: bytes):
-    at = data.find(token)
-    while at >= 0:
-        yield at
-        at = data.find(token, at + 1)
 
 
 def part_ranges(
-    paths: Sequence[str], part: tuple[int, int], special_tokens: Iterable[str]
+    paths: Sequence[str], part: tuple[int, int], special_tokens: Iterable[str], column: str = "text"
 ) -> list[tuple[str, int, int]]:
     """The ``(path, start, end)`` byte ranges of part ``(I, N)`` of ``paths`` read end to
     end: N nearly equal ranges, each boundary moved forward to just after a special token
-    or to a file's end (a file that cannot be cut goes whole to the part it starts in)."""
+    or to a file's end (a file that cannot be cut goes whole to the part it starts in).
+    The rule is the core's, which ``count`` reads the part with."""
     i, n = part
-    specials = [s.encode("utf-8") for s in special_tokens]
-    sizes = [os.path.getsize(p) for p in paths]
-    total = sum(sizes)
-    starts = [sum(sizes[:k]) for k in range(len(paths))]
-
-    def boundary(k: int) -> int:
-        if k <= 0:
-            return 0
-        if k >= n:
-            return total
-        at = k * total // n
-        for p, s, size in zip(paths, starts, sizes):
-            if s <= at < s + size:
-                if at == s:
-                    return s
-                local = _next_cut(p, at - s, size, specials) if _cuttable(p) and specials else size
-                return s + local
-        return total
-
-    lo, hi = boundary(i), boundary(i + 1)
-    lo = min(lo, hi)
-    out = []
-    for p, s, size in zip(paths, starts, sizes):
-        a, b = max(lo, s), min(hi, s + size)
-        if a < b or (size == 0 and lo <= s < hi):
-            out.append((p, a - s, b - s))
-    return out
+    specials = check_special_tokens(special_tokens)
+    return [(os.fspath(p), a, b) for p, a, b in _core.count_part_ranges(list(paths), specials, i, n, column)]
 
 
 def _header(specials: list[str], pattern: str, extra: dict) -> str:
@@ -137,28 +62,6 @@ def _header(specials: list[str], pattern: str, extra: dict) -> str:
         ensure_ascii=False,
         sort_keys=True,
     )
-
-
-def _feed_range(trainer, path: str, start: int, end: int, errors: str, report) -> None:
-    """Count bytes [start, end) of a text file as one text of its own."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors=errors)
-    with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        while pos < end:
-            block = f.read(min(_READ_BLOCK, end - pos))
-            if not block:
-                break
-            try:
-                text = decoder.decode(block, final=pos + len(block) >= end)
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                    f"{path}: invalid UTF-8 at byte {pos + e.start} (errors='replace' decodes it as U+FFFD)"
-                ) from None
-            pos += len(block)
-            if text:
-                trainer.feed_text(text, report)
-    trainer.finish_text(report)
 
 
 def count(
@@ -198,12 +101,7 @@ def count(
             _trainer._count_files(trainer, paths, given, column, report)
             ranges = None
         else:
-            ranges = part_ranges(paths, split, specials)
-            for p, a, b in ranges:
-                if _cuttable(p):
-                    _feed_range(trainer, p, a, b, errors, report)
-                else:
-                    _trainer._count_files(trainer, [p], [p], column, report)
+            ranges = [(os.fspath(p), a, b) for p, a, b in trainer.count_part(paths, split[0], split[1], column, report)]
     finally:
         bars.close()
     extra = {

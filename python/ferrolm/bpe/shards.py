@@ -327,9 +327,10 @@ class _Job:
         self.bin_path, self.json_path = output_paths(out, part)
         eos_id = tok.eos_id
         self.eos = (EOT, int(eos_id)) if eos_id is not None else None
-        # Newline cuts inside long documents are exact only for the built-in patterns.
+        # Text cuts inside long documents are exact only for the built-in patterns, and only
+        # a special token with a space or a newline in it can straddle one.
         self.newline_cuts = patterns.name_of(tok.pattern) in _BUILTIN_PATTERNS and not any(
-            "\n" in s for s in tok.special_tokens
+            "\n" in s or " " in s for s in tok.special_tokens
         )
 
     def outputs(self) -> list[Path]:
