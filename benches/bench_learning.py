@@ -225,7 +225,12 @@ def report(results: dict, args, command_lines: list[str]) -> str:
         "",
         "Same widths (d_model 256, 4 layers, 4 heads, context 256, 16 x 256 tokens a step),",
         f"same {args.vocab:,}-id ferrolm tokenizer and Wikipedia shards, the same 96 validation windows",
-        f"of Wikinews; each contender in its own process, one after the other, {args.threads} torch threads, float32.",
+        "of Wikinews; each contender in its own process, float32, "
+        + (
+            "run as the commands and the note below say."
+            if args.report_only
+            else f"one after the other, {args.threads} torch threads."
+        ),
         "nanochat: its own `GPT` and `MuonAdamW` with its schedules (benches/nanochat_peer.py).",
         "",
         f"Machine: {cpu_model()}, {os.cpu_count()} cores.",
@@ -298,7 +303,8 @@ def latest_result(results: dict, args) -> list[str]:
     return [
         "## Latest result",
         "",
-        f"Machine: {cpu_model()}, {os.cpu_count()} cores. {args.threads} torch threads, float32.",
+        f"Machine: {cpu_model()}, {os.cpu_count()} cores. "
+        + ("How the races ran: below." if args.report_only else f"{args.threads} torch threads, float32."),
         "",
         "| job | compared with | result |",
         "|---|---|---|",
