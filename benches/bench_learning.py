@@ -264,8 +264,11 @@ def report(results: dict, args, command_lines: list[str]) -> str:
                 if name == "cs336":
                     continue
                 reached = tokens_to_reach(evals(run_dir), target)
-                share = f"{reached / finals['cs336']['tokens']:.2f}" if reached else "not reached"
-                lines.append(f"- {name}: reaches cs336's final loss ({target:.3f}) in {share} of its tokens")
+                if reached:
+                    share = reached / finals["cs336"]["tokens"]
+                    lines.append(f"- {name}: reaches cs336's final loss ({target:.3f}) in {share:.2f} of its tokens")
+                else:
+                    lines.append(f"- {name}: does not reach cs336's final loss ({target:.3f}) in {args.steps} steps")
         lines.append("")
     lines += ["![validation loss against tokens and seconds](learning.png)", ""]
     return "\n".join(lines[:2] + latest_result(results, args) + lines[2:])
