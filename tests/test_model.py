@@ -25,6 +25,7 @@ from ferrolm.lm.model import (
     SwiGLU,
     TransformerBlock,
     TransformerLM,
+    _ReLUSquared,
     count_parameters,
     flops_per_token,
     to_hf_llama_state_dict,
@@ -785,6 +786,13 @@ def test_relu_squared_ffn_against_formula():
     torch.testing.assert_close(ffn(x), want)
     model = small_model(ffn="relu2")
     assert isinstance(model.layers[0].ffn, ReLU2FFN) and model.layers[0].ffn.w1.weight.shape == (72, 32)
+    # its gradient, written out in the FFN, against autograd through the equation
+    h = (torch.randn(5, 24, dtype=torch.float64) * 2).requires_grad_()
+    g = torch.randn(5, 24, dtype=torch.float64)
+    (want_grad,) = torch.autograd.grad(functional.relu_squared(h), h, g)
+    (got_grad,) = torch.autograd.grad(_ReLUSquared.apply(h), h, g)
+    torch.testing.assert_close(got_grad, want_grad)
+    assert torch.autograd.gradcheck(_ReLUSquared.apply, (h,))
 
 
 def test_logit_softcap_caps_the_logits_and_the_loss_uses_the_capped_logits():

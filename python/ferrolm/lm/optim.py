@@ -249,6 +249,7 @@ def param_groups_for_decay(model: nn.Module, weight_decay: float) -> list[dict]:
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic (a, b, c) of the public Muon implementations
 NS_EPS = 1e-7  # keeps a zero update zero in the first normalisation
+GRAM_MIN_ASPECT = 2  # from this cols/rows on, newton_schulz's Gram form takes fewer flops (even at 1.5)
 MUON_MIN_SIDE = 16  # a matrix with a side under this (a per-head gate, say) is a few numbers: AdamW
 
 
@@ -281,19 +282,46 @@ def newton_schulz(u: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32)
     The same iteration as ``newton_schulz_reference``, as batched matrix products with the
     polynomial's sums folded into them (``baddbmm``): one kernel per product for the whole
     stack, whatever k is. bfloat16 is what a GPU runs it in; on a CPU without bf16 matrix
-    units float32 is the faster one (and the default).
+    units float32 is the faster one (and the default). A float32 stack of matrices at least
+    twice as wide as tall takes the Gram form (``_newton_schulz_gram``): the same
+    polynomial in fewer flops.
     """
-    a, b, c = NS_COEFFICIENTS
     x = u.to(dtype)
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = x.mT
     x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + NS_EPS)
-    for _ in range(steps):
-        gram = torch.bmm(x, x.mT)
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A·A
-        x = torch.baddbmm(x, poly, x, beta=a)  # a·X + poly·X
+    if dtype in (torch.float32, torch.float64) and x.shape[-1] >= GRAM_MIN_ASPECT * x.shape[-2]:
+        x = _newton_schulz_gram(x, steps)
+    else:
+        a, b, c = NS_COEFFICIENTS
+        for _ in range(steps):
+            gram = torch.bmm(x, x.mT)
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A·A
+            x = torch.baddbmm(x, poly, x, beta=a)  # a·X + poly·X
     return x.mT if tall else x
+
+
+def _newton_schulz_gram(x: Tensor, steps: int) -> Tensor:
+    """The NS iteration of wide matrices x (k, m, n), m < n, carried on m×m matrices.
+
+    Each step is X ← P X with P = aI + bG + cG², G = X Xᵀ. Every P is a polynomial in
+    G₀ = X₀ X₀ᵀ, so all of them commute with each other and with G₀, and after the steps
+    X = Q X₀ with Q = P_last ⋯ P_first, while the next Gram matrix is P G P. So X₀ is
+    read twice (G₀ and Q X₀: 4m²n flops) instead of twice a step (4m²n each): 4m²n + 34m³
+    flops for five steps against 20m²n + 10m³, 44 % fewer at n = 4m. Only in float32 or
+    wider: the Gram matrix squares the conditioning, which bfloat16 does not survive.
+    """
+    a, b, c = NS_COEFFICIENTS
+    gram = torch.bmm(x, x.mT)
+    q = None
+    for i in range(steps):
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·G + c·G·G
+        poly.diagonal(dim1=-2, dim2=-1).add_(a)  # + a·I
+        q = poly if q is None else torch.bmm(poly, q)
+        if i + 1 < steps:
+            gram = torch.bmm(poly, torch.bmm(gram, poly))  # the Gram matrix of P X
+    return torch.bmm(q, x)
 
 
 def muon_momentum_at(step: int, final: float, start: float, warmup_steps: int) -> float:
