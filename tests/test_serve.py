@@ -177,9 +177,43 @@ def test_serve_without_the_extra_names_it_and_bad_options_are_errors(files, monk
         assert main(base) == 2
         assert 'pip install "ferrolm[serve]"' in capsys.readouterr().err
     pytest.importorskip("uvicorn")
-    for bad, message in ((["--port", "70000"], "--port must be in"), (["--max-batch", "0"], "--max-batch")):
+    for bad, message in (
+        (["--port", "70000"], "--port must be in"),
+        (["--max-batch", "0"], "--max-batch"),
+        (["--stream-interval", "-1"], "--stream-interval"),
+        (["--stream-interval", "nan"], "--stream-interval"),
+    ):
         assert main(base + bad) == 2
         assert message in capsys.readouterr().err
+
+
+def test_outbox_hands_over_the_first_event_at_once_then_bunches_until_the_interval_or_an_end():
+    import asyncio
+
+    from ferrolm.app.serve import _Outbox
+
+    async def scenario(interval: float) -> list[list]:
+        outbox = _Outbox(asyncio.get_running_loop(), interval)
+
+        def engine_thread() -> None:  # events as the engine's thread emits them
+            for i in range(6):
+                outbox.put(("piece", i), urgent=False)
+                time.sleep(0.01)
+            outbox.put(("end", 6), urgent=True)
+
+        worker = threading.Thread(target=engine_thread)
+        worker.start()
+        bunches = []
+        while not bunches or bunches[-1][-1][0] != "end":
+            bunches.append(await asyncio.wait_for(outbox.get(), 10))
+        worker.join()
+        return bunches
+
+    long = asyncio.run(scenario(60.0))  # nothing is due within the test but the first and the end
+    assert long == [[("piece", 0)], [("piece", i) for i in range(1, 6)] + [("end", 6)]]
+    every = asyncio.run(scenario(0.0))  # each event is due at once: nothing held back, order kept
+    assert [e for bunch in every for e in bunch] == [("piece", i) for i in range(6)] + [("end", 6)]
+    assert len(every) >= 4  # events 10 ms apart, the loop idle: hardly any share a hand-over
 
 
 # ----------------------------------------------------------------------- the server ---

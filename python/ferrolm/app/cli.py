@@ -334,6 +334,8 @@ COMMANDS.append(add_generate_command)
 
 
 def add_serve_command(sub) -> None:
+    from ferrolm.app.serve import STREAM_INTERVAL  # the standard library only: no torch, no starlette
+
     p = sub.add_parser(
         "serve",
         help="serve a model over the OpenAI HTTP API (needs the serve extra)",
@@ -369,6 +371,14 @@ def add_serve_command(sub) -> None:
         help="the largest max_tokens a request may ask (default 4096)",
     )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--stream-interval",
+        type=float,
+        default=STREAM_INTERVAL,
+        metavar="SECONDS",
+        help=f"a stream's new tokens go out together at most this often (default {STREAM_INTERVAL:g}; the first at once; 0: "
+        "every token as it comes, which on a CPU slows decoding: each hand-over takes a core from the model)",
+    )
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="server log")
     p.set_defaults(run=_run_serve)
@@ -389,6 +399,7 @@ def _run_serve(args) -> int:
         max_tokens_limit=args.max_tokens_limit,
         threads=args.threads,
         log_level=args.log_level,
+        stream_interval=args.stream_interval,
     )
 
 
