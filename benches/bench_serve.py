@@ -4,7 +4,8 @@ one stream's decode speed against `generate` (what `ferrolm generate` runs).
 The model has the `cpu-small` preset's shape with random weights (speed does not depend on
 what the weights learned), vocab 10,000, beside a byte-level tokenizer without an
 end-of-text token, so every request runs to max_tokens. The server runs in a subprocess
-with --threads 2 --max-batch 16 on 127.0.0.1; clients are plain HTTP threads reading the
+with --threads 2 --max-batch 16 (and --stream-interval as given, by default the server's) on
+127.0.0.1; clients are plain HTTP threads reading the
 server-sent events (light, since they share the machine with the server). Each request
 sends a 32-token prompt (ids) and streams 128 tokens sampled with temperature 1.0, top-k
 50, top-p 0.95.
@@ -22,6 +23,7 @@ sends a 32-token prompt (ids) and streams 128 tokens sampled with temperature 1.
 
     python benches/bench_serve.py                    # writes nothing; prints a markdown table
     python benches/bench_serve.py --requests 4 --streams 16
+    python benches/bench_serve.py --stream-interval 0     # every token handed over as it comes
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 CPU_SMALL = dict(
     vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=683, rope_theta=10_000.0
@@ -67,9 +70,11 @@ def make_model(folder: Path) -> Path:
     return ckpt
 
 
-def start_server(ckpt: Path, tok: Path):
+def start_server(ckpt: Path, tok: Path, stream_interval: Optional[float] = None):
     cmd = [sys.executable, "-m", "ferrolm", "serve", "--checkpoint", str(ckpt), "--tokenizer", str(tok)]
     cmd += ["--port", "0", "--device", "cpu", "--threads", str(THREADS), "--max-batch", "16"]
+    if stream_interval is not None:
+        cmd += ["--stream-interval", str(stream_interval)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     line = proc.stderr.readline()
     if "serving " not in line:
@@ -150,12 +155,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")
     ap.add_argument("--streams", type=int, default=16, help="concurrent clients (default 16)")
     ap.add_argument("--ttft", type=int, default=10, help="requests timed for TTFT (default 10)")
+    ap.add_argument(
+        "--stream-interval", type=float, default=None, help="the server's --stream-interval (default: its default)"
+    )
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = make_model(Path(tmp))
         gen = GenerateProcess(ckpt)
-        proc, port, name = start_server(ckpt, Path(tmp) / "tok")
+        proc, port, name = start_server(ckpt, Path(tmp) / "tok", args.stream_interval)
         try:
             stream_once(port, name, 16)  # warm-ups
             gen.speed()
@@ -180,8 +188,12 @@ def main() -> None:
             proc.terminate()
             proc.wait(60)
 
+    from ferrolm.app.serve import STREAM_INTERVAL
+
+    interval = STREAM_INTERVAL if args.stream_interval is None else args.stream_interval
     print(
-        f"Machine: {cpu_name()}, {os.cpu_count()} cores; torch threads {THREADS}; load average {os.getloadavg()[0]:.1f}"
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores; torch threads {THREADS}; load average {os.getloadavg()[0]:.1f}; "
+        f"server --stream-interval {interval:g}"
     )
     print()
     print("| measure | result | target |")
