@@ -147,10 +147,17 @@ def train_ferrolm(
 
 
 def train_nanochat(
-    nanochat: Path, config: Path, out: Path, race: dict, threads: int, compile: bool = False, env=None
+    nanochat: Path,
+    config: Path,
+    out: Path,
+    race: dict,
+    threads: int,
+    compile: bool = False,
+    env=None,
+    lr_scale: str = "auto",
 ) -> None:
     cmd = [sys.executable, HERE / "nanochat_peer.py", "--nanochat", nanochat, "--config", config, "--out", out]
-    cmd += ["--threads", threads] + (["--compile"] if compile else [])
+    cmd += ["--threads", threads, "--lr-scale", lr_scale] + (["--compile"] if compile else [])
     if race["schedule.schedule_by"] == "steps":
         cmd += ["--max-steps", race["schedule.max_steps"]]
     else:
@@ -252,8 +259,9 @@ def report(results: dict, args, command_lines: list[str]) -> str:
             last = evals(run_dir)[-1]
             finals[name] = last
             bpb = f"{last['val_bpb']:.3f}" if last.get("val_bpb") else "-"
+            shown = f"{name} (its lrs x{peer_lr_scale(run_dir):.3g})" if name == "nanochat" else name
             lines.append(
-                f"| {name} | {last['step']} | {last['tokens']:,} | {last['time_s']:.0f} | {last['val_loss']:.3f} | {bpb} |"
+                f"| {shown} | {last['step']} | {last['tokens']:,} | {last['time_s']:.0f} | {last['val_loss']:.3f} | {bpb} |"
             )
         lines.append("")
         if "nanochat" in finals:
@@ -272,6 +280,11 @@ def report(results: dict, args, command_lines: list[str]) -> str:
         lines.append("")
     lines += ["![validation loss against tokens and seconds](learning.png)", ""]
     return "\n".join(lines[:2] + latest_result(results, args) + lines[2:])
+
+
+def peer_lr_scale(run_dir: Path) -> float:
+    """The learning-rate factor nanochat's run trained with (benches/nanochat_peer.py's record)."""
+    return float(json.loads((run_dir / "config.json").read_text())["lr_scale"])
 
 
 def latest_result(results: dict, args) -> list[str]:
@@ -327,6 +340,12 @@ def race_all() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nanochat", type=Path, help="a checkout of nanochat's repository (the peer); omit to skip it")
     ap.add_argument(
+        "--nanochat-lr-scale",
+        default="auto",
+        help="the peer's learning-rate factor: 'auto' (its script's sqrt(batch tokens / 2^19)) or a number "
+        "(1: its learning rates as written, unscaled)",
+    )
+    ap.add_argument(
         "--contenders",
         default="cs336,cpu-small",
         help="ferrolm presets, comma-separated; LABEL=PRESET+KEY=VALUE+... adds settings "
@@ -378,7 +397,7 @@ def race_all() -> None:
             base = runs[parse_contender(presets[0])[0]] / "config.toml"
             out = args.work / race / "nanochat"
             print(f"[{race}] nanochat ...", file=sys.stderr, flush=True)
-            train_nanochat(args.nanochat, base, out, settings, args.threads)
+            train_nanochat(args.nanochat, base, out, settings, args.threads, lr_scale=args.nanochat_lr_scale)
             runs["nanochat"] = out
     write_report(results, args, [command])
 
