@@ -216,6 +216,18 @@ def plot(results: dict, out_png: Path) -> None:
     fig.savefig(out_png, dpi=110)
 
 
+def precision() -> str:
+    """What the contenders compute in: ferrolm's as its presets choose here (run.autocast_bf16
+    = auto: bf16 on a CPU with native bf16), nanochat's script float32 on a CPU."""
+    import torch
+
+    from ferrolm.lm.device import use_bf16
+
+    if use_bf16("auto", torch.device("cpu")):
+        return "ferrolm in bf16 autocast (this CPU has native bf16; its presets' auto), nanochat in float32"
+    return "float32"
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -232,7 +244,7 @@ def report(results: dict, args, command_lines: list[str]) -> str:
         "",
         "Same widths (d_model 256, 4 layers, 4 heads, context 256, 16 x 256 tokens a step),",
         f"same {args.vocab:,}-id ferrolm tokenizer and Wikipedia shards, the same 96 validation windows",
-        "of Wikinews; each contender in its own process, float32, "
+        f"of Wikinews; each contender in its own process, {precision()}, "
         + (
             "run as the commands and the note below say."
             if args.report_only
@@ -320,7 +332,7 @@ def latest_result(results: dict, args) -> list[str]:
         "## Latest result",
         "",
         f"Machine: {cpu_model()}, {os.cpu_count()} cores. "
-        + ("How the races ran: below." if args.report_only else f"{args.threads} torch threads, float32."),
+        + ("How the races ran: below." if args.report_only else f"{args.threads} torch threads, {precision()}."),
         "",
         "| job | compared with | result |",
         "|---|---|---|",
