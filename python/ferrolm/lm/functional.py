@@ -149,11 +149,9 @@ def linear_cross_entropy(
         return _LinearCrossEntropy.apply(h, weight, t, chunk_rows, float(softcap_at))
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, h.shape[0], chunk_rows):
-        hc, tc = h[start : start + chunk_rows], t[start : start + chunk_rows]
-        if softcap_at:
-            total = total + _chunk_loss_capped(hc, weight, tc, softcap_at)[0]
-        else:
-            total = total + _chunk_loss(_head_logits(hc, weight), tc)
+        total = (
+            total + _chunk_forward(h[start : start + chunk_rows], weight, t[start : start + chunk_rows], softcap_at)[0]
+        )
     return total / max(t.numel(), 1)
 
 
@@ -194,6 +192,15 @@ def _chunk_loss_capped(h: Tensor, weight: Tensor, targets: Tensor, cap: float) -
     return (exps.sum(dim=-1, keepdim=True).log_() - target_logit).sum(), exps, gate
 
 
+def _chunk_forward(h: Tensor, weight: Tensor, targets: Tensor, cap: float) -> tuple[Tensor, Tensor, Tensor | None]:
+    """A chunk's (summed loss, exp(o - shift), s): ``_chunk_loss_capped`` with a cap, else
+    the plain logits' loss (s None)."""
+    if cap:
+        return _chunk_loss_capped(h, weight, targets, cap)
+    exps = _head_logits(h, weight)
+    return _chunk_loss(exps, targets), exps, None
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """loss = mean_i CE(h_i W^T, t_i);  d loss/d logits_i = (softmax - onehot(t_i)) / N,
     folded into d h = G W and d W = G^T h chunk by chunk."""
@@ -206,11 +213,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, h.shape[0], chunk_rows):
             hc, tc = h[start : start + chunk_rows], targets[start : start + chunk_rows]
-            if cap:
-                loss, exps, gate = _chunk_loss_capped(hc, weight, tc, cap)
-            else:
-                gate, exps = None, _head_logits(hc, weight)
-                loss = _chunk_loss(exps, tc)
+            loss, exps, gate = _chunk_forward(hc, weight, tc, cap)
             total = total + loss
             # exp(o - m) / sum = softmax; minus onehot(t): the gradient of the summed loss
             # (with the cap, 4 times it: the 4 of the cap's derivative below, folded in here)
