@@ -29,7 +29,9 @@ def run(mode: str, optimizer: str, rank: int, world: int) -> list[float]:
         opt = AdamW(param_groups_for_decay(model, 0.1), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
     else:
         groups = muon_param_groups(model, lr=0.05, embedding_lr=0.05, head_lr=0.01, scalar_lr=0.01, weight_decay=0.1)
-        opt = Muon(groups, lr=0.05, momentum=0.9, fast=optimizer == "muon")
+        # float32 Newton-Schulz: bf16 (the default on a CPU with native bf16) would round the
+        # all-reduced gradients' last-bit differences into visible ones
+        opt = Muon(groups, lr=0.05, momentum=0.9, fast=optimizer == "muon", ns_dtype=torch.float32)
     ids = torch.randint(0, 64, (6, 8, 17), generator=torch.Generator().manual_seed(5))
     out = []
     for step in range(6):

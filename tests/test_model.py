@@ -26,6 +26,7 @@ from ferrolm.lm.model import (
     TransformerBlock,
     TransformerLM,
     _ReLUSquared,
+    _X0Mix,
     count_parameters,
     flops_per_token,
     to_hf_llama_state_dict,
@@ -153,6 +154,33 @@ def test_rmsnorm_against_formula_and_torch():
     n2 = RMSNorm(2)
     out = n2(torch.tensor([3.0, 4.0])).tolist()
     assert out == pytest.approx([3 / math.sqrt(12.50001), 4 / math.sqrt(12.50001)], rel=1e-6)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_rms_normalize_is_the_equation_in_float32_bit_for_bit(monkeypatch, fused):
+    # torch's fused kernel where this torch has it, the equation written out otherwise
+    from ferrolm.lm import model as M
+
+    if fused and not M._HAS_RMS_NORM:
+        pytest.skip("this torch has no F.rms_norm")
+    monkeypatch.setattr(M, "_HAS_RMS_NORM", fused)
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(6, 9, 64, generator=g) * 3, torch.rand(64, generator=g) + 0.5
+    inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert torch.equal(M.rms_normalize(x, w, 1e-5), x * inv_rms * w)
+    assert torch.equal(M.rms_normalize(x, None, 1e-5), x * inv_rms)
+    # QK-norm's equation (a division by the RMS) to rounding; in bf16 to one unit in the last place
+    torch.testing.assert_close(M.rms_normalize(x, None, 1e-5), functional.qk_norm(x, 1e-5))
+    xb = x.bfloat16()
+    out = M.rms_normalize(xb, None, 1e-5)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, functional.qk_norm(xb, 1e-5), atol=0, rtol=2**-7)
+    # and its gradient is the equation's
+    xg = x.double().requires_grad_()
+    (M.rms_normalize(xg, w.double(), 1e-5) * torch.arange(64.0, dtype=torch.float64)).sum().backward()
+    xr = x.double().requires_grad_()
+    (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double() * torch.arange(64.0)).sum().backward()
+    torch.testing.assert_close(xg.grad, xr.grad)
 
 
 def test_rmsnorm_computes_in_float32_and_casts_back():
@@ -882,6 +910,22 @@ def test_value_embeds_and_x0_mix_against_the_equations_by_hand():
     torch.testing.assert_close(model(ids), want)
     assert "1" not in model.value_embeddings
     torch.testing.assert_close(functional.x0_mix(x, x0, 2.0, 0.5), 2.0 * x + 0.5 * x0)
+
+
+def test_x0_mix_gradients_written_out_equal_autograd_through_the_equation():
+    g = torch.Generator().manual_seed(7)
+    x, x0, out_grad = (torch.randn(2, 5, 8, dtype=torch.float64, generator=g) for _ in range(3))
+    a, b = torch.tensor(0.8, dtype=torch.float64), torch.tensor(-0.3, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (x, x0, a, b)]
+    got = _X0Mix.apply(*leaves)
+    mine = torch.autograd.grad(got, leaves, out_grad)
+    ref_leaves = [t.clone().requires_grad_() for t in (x, x0, a, b)]
+    want = functional.x0_mix(*ref_leaves)
+    theirs = torch.autograd.grad(want, ref_leaves, out_grad)
+    torch.testing.assert_close(got, want)
+    for m, t in zip(mine, theirs):
+        torch.testing.assert_close(m, t)
+    assert torch.autograd.gradcheck(_X0Mix.apply, tuple(t.clone().requires_grad_() for t in (x, x0, a, b)))
 
 
 def test_x0_mix_starts_as_the_plain_residual_and_value_embeds_train():

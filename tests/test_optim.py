@@ -392,6 +392,42 @@ def test_newton_schulz_batched_equals_the_reference_for_each_matrix():
     assert newton_schulz(torch.zeros(2, 16, 16), 5).abs().max() == 0  # no NaN from a zero update
 
 
+def test_newton_schulz_in_bfloat16_stays_near_the_float32_reference():
+    # what a GPU, or a CPU with native bf16, runs: the same orthogonalisation to bf16's precision
+    g = torch.Generator().manual_seed(4)
+    for shape in [(5, 32, 32), (3, 48, 20), (2, 20, 48), (2, 64, 256)]:
+        u = torch.randn(*shape, generator=g) * 3.0
+        low = newton_schulz(u, 5, torch.bfloat16)
+        assert low.dtype == torch.bfloat16
+        exact = torch.stack([newton_schulz_reference(m, 5) for m in u])
+        assert float((low.float() - exact).norm() / exact.norm()) < 0.03
+        assert float((low.float() - exact).norm() / exact.norm()) > 1e-4  # it did run in bf16
+
+
+def test_muon_orthogonalises_in_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch):
+    from ferrolm.lm import device
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)
+    assert optim.newton_schulz_dtype(cpu) == torch.bfloat16
+    dtypes = []
+    real = optim.newton_schulz
+
+    def recording(u, steps, dtype=torch.float32):
+        dtypes.append(dtype)
+        return real(u, steps, dtype)
+
+    monkeypatch.setattr(optim, "newton_schulz", recording)
+    w = torch.nn.Parameter(torch.randn(32, 32))
+    w.grad = torch.randn(32, 32)
+    Muon([w]).step()
+    Muon([w], ns_dtype=torch.float32).step()
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    assert optim.newton_schulz_dtype(cpu) == torch.float32
+    Muon([w]).step()
+    assert dtypes == [torch.bfloat16, torch.float32, torch.float32]
+
+
 def test_muon_shape_scale():
     assert muon_shape_scale(64, 64) == 1.0
     assert muon_shape_scale(32, 64) == 1.0  # wide: as square
@@ -416,7 +452,7 @@ def test_muon_steps_follow_the_literal_update(fast, nesterov):
     w0 = torch.randn(40, 24, generator=gen) * 0.1
     grads = [torch.randn(40, 24, generator=gen) for _ in range(4)]
     w = torch.nn.Parameter(w0.clone())
-    opt = Muon([w], lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.1, fast=fast)
+    opt = Muon([w], lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.1, fast=fast, ns_dtype=torch.float32)
     for g in grads:
         w.grad = g.clone()
         opt.step()
@@ -448,7 +484,7 @@ def _train_tiny(opt_factory, steps: int, seed: int = 0):
 
 def _muon_for(model, fast=True):
     groups = muon_param_groups(model, lr=0.05, embedding_lr=0.1, head_lr=0.01, scalar_lr=0.02, weight_decay=0.1)
-    return Muon(groups, lr=0.05, momentum=0.95, weight_decay=0.0, fast=fast)
+    return Muon(groups, lr=0.05, momentum=0.95, weight_decay=0.0, fast=fast, ns_dtype=torch.float32)
 
 
 def test_muon_batched_step_equals_the_reference_loop_on_a_small_model():

@@ -23,6 +23,7 @@ the TinyStories shape, all of it kernel time). Keeping freed blocks for reuse re
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 
 import torch
@@ -77,8 +78,9 @@ def unavailable(dev: torch.device) -> str | None:
     return None
 
 
+@functools.cache
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16)."""
+    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16). Read once."""
     capability = ""
     get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
     if get is not None:

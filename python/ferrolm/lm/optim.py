@@ -39,6 +39,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from ferrolm.lm.device import use_bf16
+
 __all__ = [
     "AdamW",
     "Muon",
@@ -276,6 +278,16 @@ def newton_schulz_reference(u: Tensor, steps: int = 5) -> Tensor:
     return x.T if tall else x
 
 
+def newton_schulz_dtype(device: torch.device) -> torch.dtype:
+    """The dtype ``Muon`` orthogonalises in on ``device`` by default: bfloat16 where the
+    hardware multiplies bf16 matrices natively (a CUDA GPU with bf16, a CPU with AMX or
+    AVX512-BF16), else float32. On an AVX-512 Zen 5 the cpu-small shape's stacks ran 3-6x
+    faster in bf16 (benches/results/learning.md); on an AVX2 CPU bf16 is emulated and
+    ~30x slower. The update is orthogonalised, not accumulated, so bf16's rounding does not
+    build up over steps (as the public Muon implementations run it on GPUs)."""
+    return torch.bfloat16 if use_bf16("auto", device) else torch.float32
+
+
 def newton_schulz(u: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
     """NS₅ of a stack of same-shape matrices (k, rows, cols) at once, in ``dtype``.
 
@@ -430,7 +442,7 @@ class Muon(AdamW):
 
     - ``fast=True`` (default): the momentum of every matrix with multi-tensor ops; then, for
       each shape, the matrices' updates stacked and orthogonalised together by one batched
-      ``newton_schulz`` in ``ns_dtype`` (default: bfloat16 on CUDA, float32 elsewhere), and
+      ``newton_schulz`` in ``ns_dtype`` (default: ``newton_schulz_dtype``), and
       the decay and update applied to the whole group at once.
     - ``fast=False``: the readable loop over parameters, one ``newton_schulz_reference``
       each, in float32: the reference.
@@ -531,7 +543,7 @@ class Muon(AdamW):
             by_shape.setdefault((tuple(p.shape), p.dtype, p.device), []).append(i)
         for (shape, dtype, device), idx in by_shape.items():
             stack = torch.stack([updates[i].full_tensor() if _is_sharded(updates[i]) else updates[i] for i in idx])
-            ns_dtype = self.ns_dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+            ns_dtype = self.ns_dtype or newton_schulz_dtype(device)
             ortho = newton_schulz(stack, steps, ns_dtype).to(dtype)
             ps = [params[i] for i in idx]
             outs = list(ortho.unbind(0))
