@@ -90,9 +90,10 @@ def prepare(work: Path, vocab: int, quick: bool) -> dict:
             ferrolm("train-tokenizer", "--input", *train_inputs, "--vocab-size", vocab, "--out", tok),
             work / "tokenizer.log",
         )
-    if not train.with_suffix(".json").is_file():
+    # the shard prefixes have a dot of their own: their sidecar is PREFIX.json, not with_suffix's
+    if not train.with_name(train.name + ".json").is_file():
         run(ferrolm("encode", "--tokenizer", tok, "--input", *train_inputs, "--out", train), work / "encode.log")
-    if not val.with_suffix(".json").is_file():
+    if not val.with_name(val.name + ".json").is_file():
         run(ferrolm("encode", "--tokenizer", tok, "--input", WEB / VAL_TEXT, "--out", val), work / "encode_val.log")
     return {"tok": tok, "train": train, "val": val}
 
