@@ -183,6 +183,39 @@ def test_rms_normalize_is_the_equation_in_float32_bit_for_bit(monkeypatch, fused
     torch.testing.assert_close(xg.grad, xr.grad)
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_normalize_gradient_path_is_the_equation(weighted, dtype):
+    # with a gradient on a CPU the written-out backward (_RMSNormalize): the forward bit for
+    # bit as without one, the gradients autograd's through the equation
+    from ferrolm.lm import model as M
+
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(5, 7, 64, generator=g) * 3).to(dtype)
+    w = torch.rand(64, generator=g) + 0.5 if weighted else None
+    up = torch.randn(5, 7, 64, generator=g).to(dtype)
+    with torch.no_grad():
+        plain = M.rms_normalize(x, w, 1e-5)
+    xg = x.clone().requires_grad_()
+    wg = w.clone().requires_grad_() if weighted else None
+    out = M.rms_normalize(xg, wg, 1e-5)
+    assert out.grad_fn is not None and "RMSNormalize" in type(out.grad_fn).__name__
+    assert out.dtype == dtype and torch.equal(out, plain)
+    (out.float() * up.float()).sum().backward()
+    xr = x.double().requires_grad_()
+    wr = w.double().requires_grad_() if weighted else None
+    ref = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-5)
+    ((ref * wr if weighted else ref) * up.double()).sum().backward()
+    tol = {} if dtype == torch.float32 else {"atol": 0, "rtol": 2**-7}
+    torch.testing.assert_close(xg.grad, xr.grad.to(dtype), **tol)
+    if weighted:
+        torch.testing.assert_close(wg.grad, wr.grad.float(), rtol=1e-4, atol=1e-4)
+    # a float64 input stays float64 through it
+    x64 = x.double().requires_grad_()
+    M.rms_normalize(x64, None, 1e-5).sum().backward()
+    assert x64.grad.dtype == torch.float64
+
+
 def test_rmsnorm_computes_in_float32_and_casts_back():
     torch.manual_seed(0)
     norm = RMSNorm(64)

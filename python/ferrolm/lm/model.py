@@ -166,11 +166,14 @@ def rms_normalize(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     """x * rsqrt(mean(x^2) + eps) (times ``weight``) over the last dim, computed in float32
     (fp64 stays) and cast back: RMSNorm's equation and, without a weight, QK-norm's.
 
-    torch's fused kernel (``F.rms_norm``, torch 2.4 and later) computes it bit for bit as
-    the equation written out in float32 (tested) with one pass forward and one back, where
-    autograd through the written-out form takes about six; on a CPU that made the norm
-    1.3x (RMSNorm) to 2x (QK-norm) faster. Older torch runs the equation itself.
+    Every path computes the equation's float32 values bit for bit (tested). For a gradient
+    on a CPU, ``_RMSNormalize`` with its gradient written out: 1.9x faster forward and back
+    than torch's ``F.rms_norm``, whose CPU backward is a chain of small ops. Elsewhere the
+    fused kernel (torch 2.4 and later: one pass forward and one back on a GPU); older torch
+    runs the equation itself.
     """
+    if x.device.type == "cpu" and torch.is_grad_enabled() and (x.requires_grad or _needs_grad(weight)):
+        return _RMSNormalize.apply(x, weight, eps)
     in_dtype = x.dtype
     x = x.to(torch.promote_types(in_dtype, torch.float32))  # bf16/fp16 -> fp32; fp64 stays
     w = None if weight is None else weight.to(x.dtype)
@@ -181,6 +184,37 @@ def rms_normalize(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
 
 
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
+
+
+def _needs_grad(t: Optional[Tensor]) -> bool:
+    return t is not None and t.requires_grad
+
+
+class _RMSNormalize(torch.autograd.Function):
+    """y = u w, u = x r, r = rsqrt(mean(x^2) + eps) per row, in float32 (fp64 stays), cast
+    back; the gradient written out: d x = r (g w - u mean(g w u)), d w = sum over rows of
+    g u. Saves u and r (u in float32: a bf16 x saves twice its size)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+        work = torch.promote_types(x.dtype, torch.float32)
+        xf = x.to(work)
+        r = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+        u = xf * r
+        ctx.save_for_backward(u, r, weight)
+        return (u if weight is None else u * weight.to(work)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        u, r, weight = ctx.saved_tensors
+        gf = grad.to(r.dtype)
+        gw = gf if weight is None else gf * weight.to(r.dtype)
+        mean = (gw * u).mean(dim=-1, keepdim=True)
+        grad_x = torch.addcmul(gw, u, mean, value=-1.0).mul_(r).to(grad.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_w = (gf * u).reshape(-1, u.shape[-1]).sum(0).to(weight.dtype)
+        return grad_x, grad_w, None
 
 
 class RMSNorm(nn.Module):
