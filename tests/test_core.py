@@ -188,9 +188,13 @@ def test_ctrl_c_stops_one_long_encode_promptly(call, at):
             encode_batch=lambda: TOK.encode_batch([text[: len(text) // 2], text[len(text) // 2 :]], num_threads=2),
         )[{call!r}]
         TOK.encode_to_numpy("numpy loaded before the timing")
-        t0 = time.perf_counter()
-        call()
-        full = time.perf_counter() - t0
+        # the faster of two runs: a first, colder run could outlast the interrupted one by
+        # more than the interrupt's lead, so the signal would land after the call
+        full = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            call()
+            full = min(full, time.perf_counter() - t0)
         # Sent from outside, as a terminal's Ctrl-C is: a thread of this process could not
         # run while the core holds the GIL.
         t0 = time.perf_counter()
