@@ -32,7 +32,7 @@ import time
 from datetime import datetime, timezone
 
 SHAPES = {
-    # python/ferrolm/presets/cpu-small.toml
+    # cpu-small's size in the Llama shape HF computes: python/ferrolm/lm/presets/cs336.toml
     "cpu-small": dict(
         vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=683, rope_theta=10_000.0
     ),

@@ -185,14 +185,23 @@ def tokens_to_reach(run_evals: list[dict], loss: float):
     return first["tokens"] if first else None
 
 
+def relative_loss(loss: float, ref: float) -> str:
+    """How `loss` stands to `ref`, worded by its sign: "2.0 % lower", "9.6 % higher", "level"."""
+    percent = 100 * (loss / ref - 1)
+    if round(percent, 1) == 0:
+        return "level"
+    return f"{abs(percent):.1f} % {'higher' if percent > 0 else 'lower'}"
+
+
 def lower_than(finals: dict, ref: str) -> list[str]:
-    """One line per contender: its final validation loss, % lower than `ref`'s."""
+    """One line per contender: its final validation loss against `ref`'s."""
     base = finals[ref]["val_loss"]
-    return [
-        f"- {name}: validation loss {100 * (1 - last['val_loss'] / base):+.1f} % lower than {ref}'s"
-        for name, last in finals.items()
-        if name != ref
-    ]
+    lines = []
+    for name, last in finals.items():
+        if name != ref:
+            words = relative_loss(last["val_loss"], base)
+            lines.append(f"- {name}: validation loss {words} {'with' if words == 'level' else 'than'} {ref}'s")
+    return lines
 
 
 def plot(results: dict, out_png: Path) -> None:
@@ -313,10 +322,9 @@ def latest_result(results: dict, args) -> list[str]:
         what = f"equal steps ({args.steps})" if race == "steps" else f"equal wall-clock ({args.minutes:g} min)"
         if "nanochat" in finals:
             ours, peer = finals[main]["val_loss"], finals["nanochat"]["val_loss"]
-            lower = 100 * (1 - ours / peer)
             rows.append(
                 f"| {main}: val loss, {what} | nanochat (GPT + MuonAdamW) | "
-                f"**{abs(lower):.1f} % {'lower' if lower >= 0 else 'higher'}** ({ours:.3f} vs {peer:.3f}) |"
+                f"**{relative_loss(ours, peer)}** ({ours:.3f} vs {peer:.3f}) |"
             )
         if "cs336" in finals and race == "steps":
             reached = tokens_to_reach(evals(runs[main]), finals["cs336"]["val_loss"])
