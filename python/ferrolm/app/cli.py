@@ -115,7 +115,7 @@ def _run_train(args) -> int:
             f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}",
             ForgivingStream(sys.stdout),
         )
-    return {"done": 0, "time": 0, "interrupted": 130, "nan": 3}.get(summary.status, 1)
+    return {"done": 0, "time": 0, "interrupted": 130, "nan": 3, "dead": 4}.get(summary.status, 1)
 
 
 def add_plot_command(sub) -> None:
