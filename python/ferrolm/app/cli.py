@@ -1018,7 +1018,7 @@ def add_export_command(sub) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="replace a non-empty --out folder that is not an earlier export of this model (hf)",
+        help="replace an --out that is not an earlier export (of this model, for hf); never the export's input",
     )
     p.set_defaults(run=_run_export)
 
@@ -1027,11 +1027,11 @@ def _run_export(args) -> int:
     from ferrolm.lm.export import export_hf, export_safetensors
 
     if args.format == "safetensors":
-        out = export_safetensors(args.checkpoint, args.out)
+        out = export_safetensors(args.checkpoint, args.out, force=args.force)
     elif args.format == "gguf":
         from ferrolm.lm.gguf_export import export_gguf
 
-        out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
+        out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     else:
         out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     print(out)
