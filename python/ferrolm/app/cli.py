@@ -11,7 +11,7 @@ import argparse
 import sys
 
 import ferrolm
-from ferrolm._util import ForgivingStream, say_where_possible, silence
+from ferrolm._util import ForgivingStream, fix_surrogates, say_where_possible, silence
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,8 +230,16 @@ def _drop_newline(text: str) -> str:
     return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
 
 
+def _stdin_text() -> str:
+    """Standard input as text: UTF-8 whatever the locale, an invalid byte as U+FFFD."""
+    raw = getattr(sys.stdin, "buffer", None)
+    return raw.read().decode("utf-8", "replace") if raw is not None else sys.stdin.read()
+
+
 def _prompts(args) -> list:
-    prompts = [_drop_newline(sys.stdin.read()) if p == "-" else p for p in args.prompts]
+    # An argument that is not valid UTF-8 reaches Python as lone surrogates (surrogateescape):
+    # they become U+FFFD, as the tokenizer and the server take them, so the echo can print them.
+    prompts = [fix_surrogates(_drop_newline(_stdin_text()) if p == "-" else p) for p in args.prompts]
     for path in args.prompt_files:
         with open(path, "rb") as f:
             data = f.read()
@@ -277,6 +285,7 @@ def _run_generate(args) -> int:
     if args.seed is not None and not 0 <= args.seed < SEED_LIMIT:
         raise ValueError(f"--seed must be an int in [0, 2**63), got {args.seed}")
     prompts = _prompts(args)
+    args.stop = [fix_surrogates(t) for t in args.stop]
     device = resolve_device(args.device)
     model, tok, _ = load_model(args.checkpoint, device, tokenizer=args.tokenizer, require_tokenizer=True)
     eos = tok.eos_id
