@@ -31,6 +31,32 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS: list = []
 
 
+def int_at_least(low: int):
+    """An argparse type: an int >= ``low``; argparse names the option in the error (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 # ---------------------------------------------------------------------------------------
 # train, plot: the LM training loop (ferrolm.lm.train) and its loss curves
 # ---------------------------------------------------------------------------------------
@@ -1060,12 +1086,14 @@ def add_eval_command(sub) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR", help=TOKENIZER_HELP)
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=int_at_least(1),
         default=8,
         metavar="B",
         help="windows (or lm-eval requests) per forward pass (default 8)",
     )
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
+    p.add_argument(
+        "--max-tokens", type=int_at_least(2), default=None, metavar="N", help="score only the first N tokens (N >= 2)"
+    )
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -1073,8 +1101,12 @@ def add_eval_command(sub) -> None:
         'lm-evaluation-harness tasks (instead of --data; needs the eval extra: pip install "ferrolm[eval]")'
     )
     tasks.add_argument("--tasks", metavar="A,B", help="lm-eval task names, comma-separated (hellaswag,arc_easy,...)")
-    tasks.add_argument("--num-fewshot", type=int, default=None, metavar="N", help="few-shot examples per prompt")
-    tasks.add_argument("--limit", type=float, default=None, metavar="N", help="examples per task (a fraction if < 1)")
+    tasks.add_argument(
+        "--num-fewshot", type=int_at_least(0), default=None, metavar="N", help="few-shot examples per prompt"
+    )
+    tasks.add_argument(
+        "--limit", type=positive_number, default=None, metavar="N", help="examples per task (a fraction if < 1)"
+    )
     tasks.add_argument("--include-path", default=None, metavar="DIR", help="a folder of task YAMLs of your own")
     p.set_defaults(run=_run_eval)
 
