@@ -149,7 +149,7 @@ def test_export_replaces_only_an_earlier_export_of_the_same_model(tmp_path, caps
     assert code == 2 and "holds a tokenizer folder" in err and "--force" in err
     for extra in ((), ("--force",)):  # over the tokenizer folder it reads: never
         code, err = export("a.pt", tokdir, *extra)
-        assert code == 2 and f"--out {tokdir} is {tokdir}, which this export reads" in err
+        assert code == 2 and f"--out {tokdir} is {tokdir}, which this command reads" in err
     assert {p.name: p.read_bytes() for p in tokdir.iterdir()} == before
     out = tmp_path / "hf"
     assert export("a.pt", out)[0] == 0
@@ -183,7 +183,7 @@ def test_exports_never_replace_their_input_nor_a_file_they_did_not_write(tmp_pat
     # the checkpoint inside the run folder it was given, and the run folder itself: never
     for out, fmt in ((best, "safetensors"), (best, "hf"), (run_dir, "hf")):
         code, err = export(out, "--format", fmt, "--force")
-        assert code == 2 and "which this export reads" in err and "--force never replaces" in err
+        assert code == 2 and "which this command reads" in err and "--force never replaces" in err
     assert best.read_bytes() == before
     precious = tmp_path / "precious.txt"
     precious.write_text("mine")

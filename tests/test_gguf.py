@@ -177,7 +177,7 @@ def test_gguf_export_replaces_only_its_own_files_and_never_its_input(run, tmp_pa
     before = ckpt.read_bytes()
     code, err = export(ckpt, "--force")  # its own input: never, even forced
     assert code == 2 and ckpt.read_bytes() == before
-    assert f"--out {ckpt} is {ckpt}, which this export reads" in err
+    assert f"--out {ckpt} is {ckpt}, which this command reads" in err
     folder = tmp_path / "full"
     (folder / "sub").mkdir(parents=True)
     for where in (folder, "."):  # a folder: the message names it and what to give

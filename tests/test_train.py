@@ -514,6 +514,37 @@ def cpu_small_tiny(shards) -> list:
     ]
 
 
+def test_plot_replaces_only_its_own_png_and_never_a_run_file(tmp_path, capsys):
+    import json
+
+    from ferrolm.app.cli import main
+    from ferrolm.app.plot import is_ferrolm_plot
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"step": s, "time_s": s, "tokens": 64 * s, "train_loss": 4 - s / 10, "val_loss": None} for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    metrics = (run / "metrics.jsonl").read_bytes()
+    precious = tmp_path / "precious.png"
+    precious.write_bytes(b"\x89PNG\r\n\x1a\n a photo of mine")
+
+    def plot(*argv):
+        code = main(["plot", str(run), *map(str, argv)])
+        return code, capsys.readouterr().err
+
+    code, err = plot("--out", precious)
+    assert code == 2 and f"--out {precious} exists and is not a plot ferrolm wrote" in err and "--force" in err
+    assert precious.read_bytes().endswith(b"a photo of mine")
+    for out in (run / "metrics.jsonl", run):  # its input: never, even forced
+        code, err = plot("--out", out, "--force")
+        assert code == 2 and "which this command reads" in err
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+    assert plot()[0] == 0 and is_ferrolm_plot(run / "loss_step.png")
+    assert plot()[0] == 0  # its own earlier plot: replaced
+    assert plot("--out", precious, "--force")[0] == 0 and is_ferrolm_plot(precious)
+    assert sorted(p.name for p in run.iterdir()) == ["loss_step.png", "metrics.jsonl"]
+
+
 def test_cli_a_dead_run_exits_4_and_says_so(shards, tmp_path):
     args = cpu_small_tiny(shards) + ["--set", "optimizer.lr=1e9", "--set", "schedule.max_steps=30"]
     out = run_cli("train", *args, "--set", f"run.out_dir={tmp_path / 'a'}")

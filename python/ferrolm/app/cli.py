@@ -155,13 +155,14 @@ def add_plot_command(sub) -> None:
     p.add_argument("--out", "-o", metavar="PNG", help="output path (default: RUN_DIR/loss_<x>.png)")
     p.add_argument("--label", action="append", default=None, help="legend label per run (repeatable, in order)")
     p.add_argument("--title", help="figure title")
+    p.add_argument("--force", action="store_true", help="replace an --out file that is not a plot of ferrolm's")
     p.set_defaults(run=_run_plot)
 
 
 def _run_plot(args) -> int:
     from ferrolm.app.plot import plot_run
 
-    path = plot_run(args.runs, x=args.x, out=args.out, labels=args.label, title=args.title)
+    path = plot_run(args.runs, x=args.x, out=args.out, labels=args.label, title=args.title, force=args.force)
     print(path)
     return 0
 

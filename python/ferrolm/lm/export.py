@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Union
 
 import torch
 
-from ferrolm._util import atomic_write_bytes, atomic_write_dir
+from ferrolm._util import atomic_write_bytes, atomic_write_dir, check_out
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import hf
 from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.model import ModelConfig, hf_architecture, to_hf_state_dict
 
-__all__ = ["export_hf", "export_safetensors", "check_out", "hf_config", "llama_config", "MODEL_FILES"]
+__all__ = ["export_hf", "export_safetensors", "hf_config", "llama_config", "MODEL_FILES"]
 
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -146,63 +145,6 @@ def _folder_contents(out: Path, config: dict, fingerprint: str) -> str | None:
     return f"is not empty: it holds {what} ({shown}); export into a new or empty folder"
 
 
-def _refuse_own_input(out: Path, inputs: Iterable[Any]) -> None:
-    """An export never replaces what it reads, nor a folder holding it, even when forced."""
-    target = out.resolve()
-    for given in inputs:
-        if given is None or not Path(given).exists():
-            continue
-        source = Path(given).resolve()
-        if target == source or (out.exists() and os.path.samefile(out, source)):
-            how = "is"
-        elif target in source.parents:
-            how = "holds"
-        else:
-            continue
-        raise ValueError(
-            f"--out {out} {how} {given}, which this export reads: choose another --out "
-            "(--force never replaces the export's own input)"
-        )
-
-
-def _refuse_current_folder(out: Path) -> None:
-    """Replacing a folder swaps it whole: the current folder (or one holding it) would vanish
-    from under the shell that asked."""
-    here = Path.cwd().resolve()
-    target = out.resolve()
-    if target == here or target in here.parents:
-        how = "is" if target == here else "holds"
-        raise ValueError(
-            f"--out {out} {how} the current folder: an export replaces its folder whole; "
-            f"give a new folder, e.g. --out {out / 'hf_model'}"
-        )
-
-
-def check_out(
-    out: PathLike, inputs: Iterable[Any], *, force: bool, judge: Callable[[Path], str | None], file_name: str = ""
-) -> Path:
-    """The check every export makes before it writes ``out``: a file named like ``file_name``
-    (e.g. model.gguf), or a folder when that is empty; returns ``out`` as a Path. Refused even with ``force``: one of ``inputs`` (the
-    checkpoint given, the file read, the tokenizer folder) or a folder holding one; for a
-    folder, the current folder or one holding it; a folder where a file goes, a file where a
-    folder goes. Refused unless ``force``: an existing ``out`` for which ``judge(out)`` says
-    what it holds (None: an export that may be replaced)."""
-    path, folder = Path(out), not file_name
-    _refuse_own_input(path, inputs)
-    if folder:
-        _refuse_current_folder(path)
-    if not path.exists():
-        return path
-    if folder and not path.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a folder: give a new folder for the export")
-    if not folder and path.is_dir():
-        raise IsADirectoryError(f"--out {out} is a folder: give a file name, e.g. --out {path / file_name}")
-    found = None if force else judge(path)
-    if found is not None:
-        raise FileExistsError(f"--out {out} {found}, or pass --force (force=True) to replace it")
-    return path
-
-
 def export_hf(
     checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dtype: str = "float32", force: bool = False
 ) -> Path:
@@ -225,6 +167,8 @@ def export_hf(
         export_inputs(checkpoint, tokenizer, info),
         force=force,
         judge=lambda p: _folder_contents(p, config, tok.fingerprint),
+        folder=True,
+        example="hf_model",
     )
     weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_state_dict(model).items()}
     files = {
@@ -248,7 +192,7 @@ def export_safetensors(checkpoint: PathLike, out: PathLike, *, force: bool = Fal
     the checkpoint read."""
     model, _, info = load_model(checkpoint, "cpu", tokenizer=False)
     out = check_out(
-        out, export_inputs(checkpoint, None, info), force=force, judge=_judge_safetensors, file_name="model.safetensors"
+        out, export_inputs(checkpoint, None, info), force=force, judge=_judge_safetensors, example="model.safetensors"
     )
     sd = model.state_dict()
     if model.config.tie_embeddings:

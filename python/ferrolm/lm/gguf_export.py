@@ -33,7 +33,7 @@ from typing import Any, Union
 import numpy as np
 
 from ferrolm import __version__
-from ferrolm._util import fsync_dir
+from ferrolm._util import check_out, fsync_dir
 from ferrolm.bpe import patterns
 from ferrolm.bpe.files import token_to_str
 from ferrolm.lm.model import ModelConfig, check_llama_compatible
@@ -150,13 +150,13 @@ def export_gguf(
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     from ferrolm.lm.checkpoint import load_model
-    from ferrolm.lm.export import check_out, export_inputs
+    from ferrolm.lm.export import export_inputs
 
     model, tok, info = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
     cfg = model.config
     check_llama_compatible(cfg)
     inputs = export_inputs(checkpoint, tokenizer, info)
-    out = check_out(out, inputs, force=force, judge=_judge_gguf, file_name="model.gguf")
+    out = check_out(out, inputs, force=force, judge=_judge_gguf, example="model.gguf")
     pre = pre_tokenizer_name(tok.pattern)
     if tok.eos_id is None:
         raise ValueError("the tokenizer has no <|endoftext|> special token: GGUF needs it as eos")
