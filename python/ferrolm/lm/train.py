@@ -832,10 +832,15 @@ def dead_message(run: Run, state: RunState, loss_sum) -> str:
         if uniform is not None and abs(loss - uniform) < 1e-3
         else f"loss {loss:.4g}"
     )
-    where = f"the last checkpoint is {state.last_ckpt}" if state.last_ckpt else "no checkpoint was saved yet"
+    since = state.zero_grad_since
+    where = (
+        f"the last checkpoint is {state.last_ckpt} (one saved after step {since - 1} holds the stalled model)"
+        if state.last_ckpt
+        else "no checkpoint was saved yet"
+    )
     return (
-        f"the gradient has been exactly 0 since step {state.zero_grad_since} ({what}): the model has stopped learning; stopped "
-        f"at step {state.step + 1} without updating the weights; {where}. Try a lower learning rate "
+        f"the gradient has been exactly 0 since step {since} ({what}): the model has stopped learning; "
+        f"stopped at step {state.step + 1} without updating the weights; {where}. Try a lower learning rate "
         f"(optimizer.lr = {run.cfg.optimizer.lr:g}), a warmup, or grad clipping."
     )
 
