@@ -11,7 +11,7 @@ from shard_util import trained_run
 
 from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.config import load_config
-from ferrolm.lm.export import export_hf
+from ferrolm.lm.export import _is_ferrolm_safetensors, export_hf
 from ferrolm.lm.generate import generate
 
 torch.set_num_threads(1)
@@ -144,8 +144,12 @@ def test_export_replaces_only_an_earlier_export_of_the_same_model(tmp_path, caps
         code = main(argv + list(extra))
         return code, capsys.readouterr().err
 
-    code, err = export("a.pt", tokdir)  # over a tokenizer folder: refused, the folder untouched
+    other_tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"]).save(tmp_path / "tok2")
+    code, err = export("a.pt", other_tok)  # over a tokenizer folder: refused, the folder untouched
     assert code == 2 and "holds a tokenizer folder" in err and "--force" in err
+    for extra in ((), ("--force",)):  # over the tokenizer folder it reads: never
+        code, err = export("a.pt", tokdir, *extra)
+        assert code == 2 and f"--out {tokdir} is {tokdir}, which this command reads" in err
     assert {p.name: p.read_bytes() for p in tokdir.iterdir()} == before
     out = tmp_path / "hf"
     assert export("a.pt", out)[0] == 0
@@ -158,7 +162,52 @@ def test_export_replaces_only_an_earlier_export_of_the_same_model(tmp_path, caps
         export_hf(tmp_path / "b.pt", out, tokdir)
     assert export("b.pt", out, "--force")[0] == 0
     assert json.loads((out / "config.json").read_text())["hidden_size"] == 64
-    assert export_hf(tmp_path / "a.pt", tokdir, tokdir, force=True) == tokdir  # the API's keyword
+    assert export_hf(tmp_path / "a.pt", other_tok, tokdir, force=True) == other_tok  # the API's keyword
     (out / "notes.txt").write_text("mine")  # files an export does not write: never replaced
     code, err = export("b.pt", out, "--force")
     assert code == 2 and "notes.txt" in err and (out / "notes.txt").exists()
+
+
+def test_exports_never_replace_their_input_nor_a_file_they_did_not_write(tmp_path, capsys, monkeypatch):
+    from ferrolm.app.cli import main
+
+    (tmp_path / "m").mkdir()
+    run_dir, _, _ = trained_run(tmp_path / "m", TINY_TIED, steps=1)
+    (best,) = (run_dir / "checkpoints").iterdir()  # what loading the run folder reads
+    before = best.read_bytes()
+
+    def export(out, *extra):
+        code = main(["export", "--checkpoint", str(run_dir), "--out", str(out), *extra])
+        return code, capsys.readouterr().err
+
+    # the checkpoint inside the run folder it was given, and the run folder itself: never
+    for out, fmt in ((best, "safetensors"), (best, "hf"), (run_dir, "hf")):
+        code, err = export(out, "--format", fmt, "--force")
+        assert code == 2 and "which this command reads" in err and "--force never replaces" in err
+    assert best.read_bytes() == before
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine")
+    code, err = export(precious, "--format", "safetensors")
+    assert code == 2 and precious.read_text() == "mine"
+    assert f"--out {precious} exists and is not a safetensors file written by ferrolm" in err and "--force" in err
+    weights = tmp_path / "new" / "w.safetensors"  # its folder is made
+    assert export(weights, "--format", "safetensors")[0] == 0
+    assert export(weights, "--format", "safetensors")[0] == 0  # an earlier export: replaced
+    assert export(precious, "--format", "safetensors", "--force")[0] == 0
+    assert _is_ferrolm_safetensors(precious)
+    code, err = export(weights.parent, "--format", "safetensors")
+    assert (
+        code == 2
+        and f"--out {weights.parent} is a folder: give a file name, e.g. --out {weights.parent / 'model.safetensors'}"
+        in err
+    )
+    # --out . names the folder given and what to do, never a hidden temporary path
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    code, err = export(".")
+    assert code == 2 and "--out . is the current folder" in err and "--out hf_model" in err and ".tmp" not in err
+    assert list(empty.iterdir()) == []
+    monkeypatch.chdir(weights.parent)  # not empty
+    code, err = export(".")
+    assert code == 2 and "--out . is the current folder" in err

@@ -615,6 +615,28 @@ def test_cli_generate_reads_the_prompt_from_stdin(cli_files, capsys):
     assert proc.stdout.decode("utf-8") == _expected_text(f, "the thé", 30, 3)
 
 
+def test_cli_generate_takes_text_that_is_not_utf8_as_u_fffd(cli_files, capsys):
+    import os
+    import subprocess
+    import sys
+
+    f = cli_files
+    args = ["--checkpoint", f["ckpt"], "--tokenizer", f["tok"], "--device", "cpu", "--max-new-tokens", 8]
+    args += ["--temperature", 0]
+    # an argument byte that is not UTF-8 reaches Python as a lone surrogate; stdin as bytes
+    proc = subprocess.run(
+        [sys.executable, "-m", "ferrolm", "generate", *map(str, args), "--prompt", "a\udc80b", "--prompt", "-"],
+        input=b"th\xffe\n",
+        capture_output=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    rc, out, err = _cli(capsys, *args, "--prompt", "a\ufffdb", "--prompt", "th\ufffde")
+    assert rc == 0, err
+    assert proc.stdout.decode("utf-8") == out and "--- prompt 1/2 ---\na\ufffdb" in out
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

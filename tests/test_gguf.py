@@ -5,9 +5,13 @@ a prompt with ferrolm's tokens."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+
+import ferrolm
 
 gguf = pytest.importorskip("gguf")
 
@@ -16,7 +20,7 @@ from tiny_lm import tiny_run
 from ferrolm.bpe.files import token_to_str
 from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.generate import generate
-from ferrolm.lm.gguf_export import export_gguf
+from ferrolm.lm.gguf_export import export_gguf, is_ferrolm_gguf
 
 torch.set_num_threads(1)
 PROMPT = "The parser reads the command line and"
@@ -46,6 +50,7 @@ def test_gguf_reads_back_every_tensor_and_field(run, tmp_path, dtype):
     want = {
         "general.architecture": "llama",
         "general.name": "m",
+        "ferrolm.version": ferrolm.__version__,
         "general.file_type": 1 if dtype == "float16" else 0,
         "llama.vocab_size": cfg.vocab_size,
         "llama.context_length": cfg.context_length,
@@ -110,6 +115,20 @@ def test_gguf_refuses_what_llama_cpp_cannot_express(tmp_path):
     save_checkpoint(model, None, 0, tmp_path / "post.pt", config={"model": model.config.to_dict()})
     with pytest.raises(ValueError, match="model.norm_position = 'post'"):
         export_gguf(tmp_path / "post.pt", tmp_path / "post.gguf", tok)
+    # each switch by name, in llama.cpp's terms, with the preset that trains an exportable model
+    for switches, names in (
+        ({"qk_norm": True}, "model.qk_norm = True"),
+        ({"num_kv_heads": 2}, "model.num_kv_heads = 2"),
+        ({"value_embeds": True, "logit_softcap": 15.0}, "model.logit_softcap = 15.0, model.value_embeds = True"),
+    ):
+        model = TransformerLM(300, 16, 32, 1, 4, 64, **switches)
+        save_checkpoint(model, None, 0, tmp_path / "s.pt", config={"model": model.config.to_dict()})
+        with pytest.raises(ValueError) as e:
+            export_gguf(tmp_path / "s.pt", tmp_path / "s.gguf", tok)
+        message = str(e.value)
+        assert message.startswith(names + ": llama.cpp's llama architecture, the one ferrolm writes to GGUF")
+        assert "cannot be exported as GGUF; train with --config cs336" in message and "Hugging Face" not in message
+    (tmp_path / "s.pt").unlink()
     model = TransformerLM(300, 16, 32, 1, 4, 64)
     save_checkpoint(model, None, 0, tmp_path / "ok.pt", config={"model": model.config.to_dict()})
     custom = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"], pattern=r"\w+|\s+|[^\w\s]+")
@@ -128,6 +147,46 @@ def test_gguf_refuses_what_llama_cpp_cannot_express(tmp_path):
     assert f["tokenizer.ggml.tokens"][256:] == ["ab", "<|endoftext|>"] + [f"[PAD{i}]" for i in range(258, 300)]
     assert f["tokenizer.ggml.token_type"][255:] == [1, 1, 3] + [5] * 42
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cl100k.gguf", "ok.pt", "post.pt"]
+
+
+def test_gguf_export_replaces_only_its_own_files_and_never_its_input(run, tmp_path, capsys):
+    from ferrolm.app.cli import main
+
+    ckpt, _, _ = run
+
+    def export(out, *extra):
+        code = main(["export", "--checkpoint", str(ckpt), "--out", str(out), "--format", "gguf", *extra])
+        return code, capsys.readouterr().err
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine")
+    code, err = export(precious)
+    assert code == 2 and precious.read_text() == "mine"
+    assert f"--out {precious} exists and is not a GGUF file written by ferrolm" in err and "--force" in err
+    foreign = tmp_path / "foreign.gguf"  # a GGUF of someone else's: no ferrolm.version field
+    w = gguf.GGUFWriter(foreign, "llama")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert export(foreign)[0] == 2 and not is_ferrolm_gguf(foreign)
+    out = tmp_path / "m.gguf"
+    assert export(out)[0] == 0 and is_ferrolm_gguf(out)
+    assert export(out, "--dtype", "float16")[0] == 0  # an earlier export: replaced
+    assert export(precious, "--force")[0] == 0 and is_ferrolm_gguf(precious)
+    before = ckpt.read_bytes()
+    code, err = export(ckpt, "--force")  # its own input: never, even forced
+    assert code == 2 and ckpt.read_bytes() == before
+    assert f"--out {ckpt} is {ckpt}, which this command reads" in err
+    folder = tmp_path / "full"
+    (folder / "sub").mkdir(parents=True)
+    for where in (folder, "."):  # a folder: the message names it and what to give
+        code, err = export(where)
+        assert (
+            code == 2 and f"--out {where} is a folder: give a file name, e.g. --out {Path(where) / 'model.gguf'}" in err
+        )
+        assert ".tmp" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign.gguf", "full", "m.gguf", "precious.txt"]
 
 
 def test_export_cli_gguf(run, tmp_path, capsys):

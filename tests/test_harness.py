@@ -220,3 +220,13 @@ def test_generate_until_samples_when_asked_and_refuses_unknown_kwargs(setup):
         lm.generate_until([request({"until": ["."], "num_beams": 4})])
     with pytest.raises(ValueError, match="model object needs its Tokenizer"):
         FerrolmLM(model=model)
+
+
+def test_run_tasks_refuses_a_negative_fewshot_or_limit_before_loading():
+    from ferrolm.lm.harness import run_tasks
+
+    with pytest.raises(ValueError, match=r"num_fewshot must be an int >= 0, got -1"):
+        run_tasks("no-such-run", "tiny_mc", num_fewshot=-1)
+    for limit in (-1, 0, float("nan")):
+        with pytest.raises(ValueError, match=r"limit must be a finite number > 0"):
+            run_tasks("no-such-run", "tiny_mc", limit=limit)

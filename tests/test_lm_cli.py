@@ -379,3 +379,25 @@ def test_the_demo_docs_give_the_demo_s_own_figures():
     usage = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text(encoding="utf-8")
     every = re.search(r'"run\.eval_every=(\d+)"', Path(demo.__file__).read_text(encoding="utf-8")).group(1)
     assert f"evaluated every {every} steps" in usage
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tasks", "t", "--limit", "-1"], "argument --limit: must be a finite number > 0, got -1"),
+        (["--tasks", "t", "--limit", "0"], "argument --limit: must be a finite number > 0, got 0"),
+        (["--tasks", "t", "--limit", "nan"], "argument --limit: must be a finite number > 0, got nan"),
+        (["--tasks", "t", "--num-fewshot", "-1"], "argument --num-fewshot: must be an integer >= 0, got -1"),
+        (["--data", "d", "--max-tokens", "-5"], "argument --max-tokens: must be an integer >= 2, got -5"),
+        (["--data", "d", "--max-tokens", "1"], "argument --max-tokens: must be an integer >= 2, got 1"),
+        (["--data", "d", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
+        (["--data", "d", "--batch-size", "two"], "argument --batch-size: expected an integer >= 1, got 'two'"),
+    ],
+)
+def test_eval_numbers_out_of_range_are_refused_naming_the_option_and_range(argv, message, capsys):
+    from ferrolm.app.cli import main
+
+    with pytest.raises(SystemExit) as e:  # refused while parsing: nothing is loaded
+        main(["eval", "--checkpoint", "no-such-run", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err

@@ -390,6 +390,26 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(shards, tmp_path):
     assert all(torch.isfinite(v).all() for v in state.values())
 
 
+def test_a_dead_run_stops_with_its_own_status(shards, tmp_path):
+    # Muon at lr 1e9 saturates the soft-capped logits within a few steps: every logit alike
+    # (the loss of a uniform guess, ln 64), the gradient exactly 0, nothing more to learn.
+    dead = tiny_config(
+        shards,
+        tmp_path / "dead",
+        model={"qk_norm": True, "logit_softcap": 15.0},
+        optimizer=dict(MUON, lr=1e9),
+        schedule={"max_steps": 40},
+    )
+    summary = train(dead)
+    assert summary.status == "dead" and summary.step < 15
+    assert "the gradient has been exactly 0 since step" in summary.message
+    assert "= ln(64), a uniform guess" in summary.message and "optimizer.lr = 1e+09" in summary.message
+    # A healthy run (short, with warm-up, either optimizer) never trips the rule.
+    for i, optimizer in enumerate(({}, MUON)):
+        healthy = tiny_config(shards, tmp_path / f"ok{i}", optimizer=optimizer, schedule={"max_steps": 12})
+        assert train(healthy).status == "done"
+
+
 def test_disk_full_when_saving_keeps_the_previous_checkpoint(shards, tmp_path, monkeypatch, capsys):
     import ferrolm.lm.train as T
 
@@ -418,6 +438,35 @@ def test_disk_full_when_saving_keeps_the_previous_checkpoint(shards, tmp_path, m
     assert load_checkpoint(tmp_path / "b" / "checkpoints" / "step_00000005.pt", TransformerLM(**TINY_MODEL), None) == 5
 
 
+def test_disk_full_messages_say_whether_an_earlier_save_exists(shards, tmp_path, monkeypatch, capsys):
+    import ferrolm.lm.train as T
+
+    real = T.save_checkpoint
+    saves: dict = {}
+    failing: set = set()  # (file name, its n-th save) that find the disk full
+
+    def disk_full(model, opt, it, out, **extra):
+        name = Path(out).name
+        saves[name] = saves.get(name, 0) + 1
+        if (name, saves[name]) in failing:
+            raise OSError(28, "No space left on device")
+        return real(model, opt, it, out, **extra)
+
+    monkeypatch.setattr(T, "save_checkpoint", disk_full)
+    failing.update({("step_00000005.pt", 1), ("best.pt", 1)})  # the first save of each kind
+    assert train(tiny_config(shards, tmp_path / "a", schedule={"max_steps": 10})).status == "done"
+    err = capsys.readouterr().err
+    assert "No space left on device; no checkpoint of this run was saved before (training continues)" in err
+    assert "No space left on device (there is no best checkpoint yet; training continues)" in err
+    assert "intact" not in err
+    saves.clear()
+    failing.clear()
+    failing.add(("best.pt", 2))  # a later best, beside the first one
+    assert train(tiny_config(shards, tmp_path / "b", schedule={"max_steps": 10})).status == "done"
+    assert saves["best.pt"] == 2
+    assert "No space left on device (the previous best is intact; training continues)" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------- CLI, plot ---------
 
 
@@ -438,8 +487,9 @@ def test_cli_config_errors_and_print_config():
     assert out.returncode == 0 and "lr = 0.5" in out.stdout
 
 
-def test_cli_train_resume_and_plot_two_runs(shards, tmp_path):
-    common = ["--config", "cpu-small"] + [
+def cpu_small_tiny(shards) -> list:
+    """`ferrolm train` arguments: the cpu-small recipe at a tiny shape, by steps."""
+    return ["--config", "cpu-small"] + [
         f"--set={k}"
         for k in (
             "model.vocab_size=64",
@@ -462,6 +512,48 @@ def test_cli_train_resume_and_plot_two_runs(shards, tmp_path):
             "run.autocast_bf16=false",
         )
     ]
+
+
+def test_plot_replaces_only_its_own_png_and_never_a_run_file(tmp_path, capsys):
+    import json
+
+    from ferrolm.app.cli import main
+    from ferrolm.app.plot import is_ferrolm_plot
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"step": s, "time_s": s, "tokens": 64 * s, "train_loss": 4 - s / 10, "val_loss": None} for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    metrics = (run / "metrics.jsonl").read_bytes()
+    precious = tmp_path / "precious.png"
+    precious.write_bytes(b"\x89PNG\r\n\x1a\n a photo of mine")
+
+    def plot(*argv):
+        code = main(["plot", str(run), *map(str, argv)])
+        return code, capsys.readouterr().err
+
+    code, err = plot("--out", precious)
+    assert code == 2 and f"--out {precious} exists and is not a plot ferrolm wrote" in err and "--force" in err
+    assert precious.read_bytes().endswith(b"a photo of mine")
+    for out in (run / "metrics.jsonl", run):  # its input: never, even forced
+        code, err = plot("--out", out, "--force")
+        assert code == 2 and "which this command reads" in err
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+    assert plot()[0] == 0 and is_ferrolm_plot(run / "loss_step.png")
+    assert plot()[0] == 0  # its own earlier plot: replaced
+    assert plot("--out", precious, "--force")[0] == 0 and is_ferrolm_plot(precious)
+    assert sorted(p.name for p in run.iterdir()) == ["loss_step.png", "metrics.jsonl"]
+
+
+def test_cli_a_dead_run_exits_4_and_says_so(shards, tmp_path):
+    args = cpu_small_tiny(shards) + ["--set", "optimizer.lr=1e9", "--set", "schedule.max_steps=30"]
+    out = run_cli("train", *args, "--set", f"run.out_dir={tmp_path / 'a'}")
+    assert out.returncode == 4, out.stderr
+    assert "the model has stopped learning" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_train_resume_and_plot_two_runs(shards, tmp_path):
+    common = cpu_small_tiny(shards)
     out = run_cli("train", *common, "--set", f"run.out_dir={tmp_path / 'a'}")
     assert out.returncode == 0, out.stderr
     assert "val loss" in out.stdout

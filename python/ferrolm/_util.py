@@ -264,6 +264,77 @@ def atomic_write_dir(target: PathInput, files: dict[str, bytes], owned: Iterable
 
 
 # ---------------------------------------------------------------------------------------
+# Outputs: never over an input, never over what this did not write unless forced
+# ---------------------------------------------------------------------------------------
+
+
+def _refuse_own_input(out: Path, inputs: Iterable[Any]) -> None:
+    """An output never replaces what its writer reads, nor a folder holding it, even when forced."""
+    target = out.resolve()
+    for given in inputs:
+        if given is None or not Path(given).exists():
+            continue
+        source = Path(given).resolve()
+        if target == source or (out.exists() and os.path.samefile(out, source)):
+            how = "is"
+        elif target in source.parents:
+            how = "holds"
+        else:
+            continue
+        raise ValueError(
+            f"--out {out} {how} {given}, which this command reads: choose another --out "
+            "(--force never replaces its own input)"
+        )
+
+
+def _refuse_current_folder(out: Path, example: str) -> None:
+    """Replacing a folder swaps it whole: the current folder (or one holding it) would vanish
+    from under the shell that asked."""
+    here = Path.cwd().resolve()
+    target = out.resolve()
+    if target == here or target in here.parents:
+        how = "is" if target == here else "holds"
+        raise ValueError(
+            f"--out {out} {how} the current folder: the output replaces its folder whole; "
+            f"give a new folder, e.g. --out {out / example}"
+        )
+
+
+def check_out(
+    out: PathInput,
+    inputs: Iterable[Any],
+    *,
+    force: bool,
+    judge: Callable[[Path], Union[str, None]],
+    folder: bool = False,
+    example: str = "out",
+) -> Path:
+    """The check every writer of a named output (an export, a plot) makes before it writes
+    ``out``, a folder when ``folder`` else a file; returns ``out`` as a Path. ``example``: a
+    name to suggest (e.g. model.gguf).
+
+    Refused even with ``force``: one of ``inputs`` (what the writer reads, as given and as
+    found) or a folder holding one; for a folder, the current folder or one holding it; a
+    folder where a file goes, a file where a folder goes. Refused unless ``force``: an
+    existing ``out`` for which ``judge(out)`` says what it holds (None: an earlier output of
+    this kind, which may be replaced)."""
+    path = Path(out)
+    _refuse_own_input(path, inputs)
+    if folder:
+        _refuse_current_folder(path, example)
+    if not path.exists():
+        return path
+    if folder and not path.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder: give a new folder")
+    if not folder and path.is_dir():
+        raise IsADirectoryError(f"--out {out} is a folder: give a file name, e.g. --out {path / example}")
+    found = None if force else judge(path)
+    if found is not None:
+        raise FileExistsError(f"--out {out} {found}, or pass --force (force=True) to replace it")
+    return path
+
+
+# ---------------------------------------------------------------------------------------
 # Text
 # ---------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 import ferrolm
-from ferrolm._util import ForgivingStream, say_where_possible, silence
+from ferrolm._util import ForgivingStream, fix_surrogates, say_where_possible, silence
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +29,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS: list = []
+
+
+def int_at_least(low: int):
+    """An argparse type: an int >= ``low``; argparse names the option in the error (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 # ---------------------------------------------------------------------------------------
@@ -115,7 +141,7 @@ def _run_train(args) -> int:
             f"val loss {summary.final_val_loss:.4f} at step {summary.step}; checkpoint {summary.last_checkpoint}",
             ForgivingStream(sys.stdout),
         )
-    return {"done": 0, "time": 0, "interrupted": 130, "nan": 3}.get(summary.status, 1)
+    return {"done": 0, "time": 0, "interrupted": 130, "nan": 3, "dead": 4}.get(summary.status, 1)
 
 
 def add_plot_command(sub) -> None:
@@ -129,13 +155,14 @@ def add_plot_command(sub) -> None:
     p.add_argument("--out", "-o", metavar="PNG", help="output path (default: RUN_DIR/loss_<x>.png)")
     p.add_argument("--label", action="append", default=None, help="legend label per run (repeatable, in order)")
     p.add_argument("--title", help="figure title")
+    p.add_argument("--force", action="store_true", help="replace an --out file that is not a plot of ferrolm's")
     p.set_defaults(run=_run_plot)
 
 
 def _run_plot(args) -> int:
     from ferrolm.app.plot import plot_run
 
-    path = plot_run(args.runs, x=args.x, out=args.out, labels=args.label, title=args.title)
+    path = plot_run(args.runs, x=args.x, out=args.out, labels=args.label, title=args.title, force=args.force)
     print(path)
     return 0
 
@@ -230,8 +257,16 @@ def _drop_newline(text: str) -> str:
     return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
 
 
+def _stdin_text() -> str:
+    """Standard input as text: UTF-8 whatever the locale, an invalid byte as U+FFFD."""
+    raw = getattr(sys.stdin, "buffer", None)
+    return raw.read().decode("utf-8", "replace") if raw is not None else sys.stdin.read()
+
+
 def _prompts(args) -> list:
-    prompts = [_drop_newline(sys.stdin.read()) if p == "-" else p for p in args.prompts]
+    # An argument that is not valid UTF-8 reaches Python as lone surrogates (surrogateescape):
+    # they become U+FFFD, as the tokenizer and the server take them, so the echo can print them.
+    prompts = [fix_surrogates(_drop_newline(_stdin_text()) if p == "-" else p) for p in args.prompts]
     for path in args.prompt_files:
         with open(path, "rb") as f:
             data = f.read()
@@ -277,6 +312,7 @@ def _run_generate(args) -> int:
     if args.seed is not None and not 0 <= args.seed < SEED_LIMIT:
         raise ValueError(f"--seed must be an int in [0, 2**63), got {args.seed}")
     prompts = _prompts(args)
+    args.stop = [fix_surrogates(t) for t in args.stop]
     device = resolve_device(args.device)
     model, tok, _ = load_model(args.checkpoint, device, tokenizer=args.tokenizer, require_tokenizer=True)
     eos = tok.eos_id
@@ -1018,7 +1054,7 @@ def add_export_command(sub) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="replace a non-empty --out folder that is not an earlier export of this model (hf)",
+        help="replace an --out that is not an earlier export (of this model, for hf); never the export's input",
     )
     p.set_defaults(run=_run_export)
 
@@ -1027,11 +1063,11 @@ def _run_export(args) -> int:
     from ferrolm.lm.export import export_hf, export_safetensors
 
     if args.format == "safetensors":
-        out = export_safetensors(args.checkpoint, args.out)
+        out = export_safetensors(args.checkpoint, args.out, force=args.force)
     elif args.format == "gguf":
         from ferrolm.lm.gguf_export import export_gguf
 
-        out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype)
+        out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     else:
         out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     print(out)
@@ -1051,12 +1087,14 @@ def add_eval_command(sub) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR", help=TOKENIZER_HELP)
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=int_at_least(1),
         default=8,
         metavar="B",
         help="windows (or lm-eval requests) per forward pass (default 8)",
     )
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
+    p.add_argument(
+        "--max-tokens", type=int_at_least(2), default=None, metavar="N", help="score only the first N tokens (N >= 2)"
+    )
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, mps ...")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -1064,8 +1102,12 @@ def add_eval_command(sub) -> None:
         'lm-evaluation-harness tasks (instead of --data; needs the eval extra: pip install "ferrolm[eval]")'
     )
     tasks.add_argument("--tasks", metavar="A,B", help="lm-eval task names, comma-separated (hellaswag,arc_easy,...)")
-    tasks.add_argument("--num-fewshot", type=int, default=None, metavar="N", help="few-shot examples per prompt")
-    tasks.add_argument("--limit", type=float, default=None, metavar="N", help="examples per task (a fraction if < 1)")
+    tasks.add_argument(
+        "--num-fewshot", type=int_at_least(0), default=None, metavar="N", help="few-shot examples per prompt"
+    )
+    tasks.add_argument(
+        "--limit", type=positive_number, default=None, metavar="N", help="examples per task (a fraction if < 1)"
+    )
     tasks.add_argument("--include-path", default=None, metavar="DIR", help="a folder of task YAMLs of your own")
     p.set_defaults(run=_run_eval)
 

@@ -2,6 +2,9 @@
 
 from ferrolm.app.plot import plot_run
 plot_run(["runs/a", "runs/b"], x="tokens", out="cmp.png")
+
+The PNG names ferrolm as its Software: a later plot replaces only such a file (or any with
+force=True), and never a run's own files.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from typing import Optional
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no backend switch, no window, no global figure list
 
+from ferrolm import __version__
+from ferrolm._util import atomic_open, check_out
 from ferrolm.lm.metrics import METRICS_FILE, read_metrics
 
-__all__ = ["plot_run"]
+__all__ = ["plot_run", "is_ferrolm_plot"]
 
 _X_KEYS = {"step": ("step", "step"), "time": ("time_s", "training time (s)"), "tokens": ("tokens", "tokens")}
 
@@ -27,11 +32,14 @@ def plot_run(
     out: str | os.PathLike | None = None,
     labels: Optional[list[str]] = None,
     title: Optional[str] = None,
+    force: bool = False,
 ) -> Path:
     """Plot train and validation loss of one or more runs against step, time or tokens; return the PNG path.
 
     `run_dirs` is a run directory (or metrics.jsonl) or a list of them, overlaid in one figure.
-    The PNG goes to `out`, by default ``<first run>/loss_<x>.png``.
+    The PNG goes to `out`, by default ``<first run>/loss_<x>.png``, whole or not at all. An
+    existing `out` is replaced only when it is a plot of ferrolm's, or with `force`; never
+    when it is one of `run_dirs` (or their metrics.jsonl).
     """
     if x not in _X_KEYS:
         raise ValueError(f"x must be one of {', '.join(_X_KEYS)}, got {x!r}")
@@ -58,10 +66,38 @@ def plot_run(
     _zoom(ax, losses)
     first = run_dirs[0] if run_dirs[0].is_dir() else run_dirs[0].parent
     out_path = Path(out) if out is not None else first / f"loss_{x}.png"
+    inputs = run_dirs + [r / METRICS_FILE for r in run_dirs]
+    check_out(out_path, inputs, force=force, judge=_judge_png, example=f"loss_{x}.png")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out_path)
+    with atomic_open(out_path) as f:
+        fig.savefig(f, format="png", metadata={"Software": f"{SOFTWARE} {__version__}"})
     return out_path
+
+
+SOFTWARE = "ferrolm"  # the PNG's Software text begins with it
+
+
+def is_ferrolm_plot(path: os.PathLike | str) -> bool:
+    """Whether ``path`` is a PNG whose Software text (before its image data) names ferrolm."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                return False
+            while True:
+                head = f.read(8)
+                if len(head) < 8 or head[4:] == b"IDAT":
+                    return False
+                size = int.from_bytes(head[:4], "big")
+                body = f.read(size + 4)[:size]  # the chunk and its CRC
+                if head[4:] == b"tEXt" and body.startswith(b"Software\0" + SOFTWARE.encode()):
+                    return True
+    except OSError:
+        return False
+
+
+def _judge_png(path: Path) -> Optional[str]:
+    return None if is_ferrolm_plot(path) else "exists and is not a plot ferrolm wrote; choose a new file name"
 
 
 def _draw_run(ax, records: list[dict], key: str, label: str, color: str) -> None:

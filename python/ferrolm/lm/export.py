@@ -26,7 +26,7 @@ from typing import Any, Union
 
 import torch
 
-from ferrolm._util import atomic_write_bytes, atomic_write_dir
+from ferrolm._util import atomic_write_bytes, atomic_write_dir, check_out
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import hf
 from ferrolm.lm.checkpoint import load_model
@@ -129,14 +129,12 @@ def _same_model_export(out: Path, config: dict, fingerprint: str) -> bool:
     return same_config and record.get("fingerprint") == fingerprint
 
 
-def _check_out(out: Path, config: dict, fingerprint: str, force: bool) -> None:
-    """Refuse to replace a non-empty ``out`` unless it is an earlier export of the same model
-    or ``force`` is given (files an export does not write are never replaced)."""
-    if force or not out.is_dir():
-        return  # a file at `out` is refused by the writer
+def _folder_contents(out: Path, config: dict, fingerprint: str) -> str | None:
+    """None when the folder ``out`` may be replaced (empty, or an earlier export of the same
+    model); else what it holds."""
     names = sorted(os.listdir(out))
     if not names or _same_model_export(out, config, fingerprint):
-        return
+        return None
     if "config.json" in names and tf.RECORD_FILE in names:
         what = "an export of another model or tokenizer"
     elif tf.RECORD_FILE in names or tf.HF_FILE in names:
@@ -144,10 +142,7 @@ def _check_out(out: Path, config: dict, fingerprint: str, force: bool) -> None:
     else:
         what = "other files"
     shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-    raise FileExistsError(
-        f"{out} is not empty: it holds {what} ({shown}); export into a new or empty folder, "
-        "or pass --force (force=True) to replace it"
-    )
+    return f"is not empty: it holds {what} ({shown}); export into a new or empty folder"
 
 
 def export_hf(
@@ -164,10 +159,17 @@ def export_hf(
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    model, tok, _ = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
+    model, tok, info = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
     cfg = model.config
     config = hf_config(cfg, tok, dtype)
-    _check_out(Path(out), config, tok.fingerprint, force)
+    check_out(
+        out,
+        export_inputs(checkpoint, tokenizer, info),
+        force=force,
+        judge=lambda p: _folder_contents(p, config, tok.fingerprint),
+        folder=True,
+        example="hf_model",
+    )
     weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_state_dict(model).items()}
     files = {
         "config.json": _json(config),
@@ -181,12 +183,17 @@ def export_hf(
     return atomic_write_dir(out, files, owned=MODEL_FILES + tf.TOKENIZER_FILES)
 
 
-def export_safetensors(checkpoint: PathLike, out: PathLike) -> Path:
+def export_safetensors(checkpoint: PathLike, out: PathLike, *, force: bool = False) -> Path:
     """Write the model weights of ``checkpoint`` to the safetensors file ``out`` under
     ferrolm's names; the metadata holds the model config, the tokenizer fingerprint and
     the tokenizer's folder as recorded at training
-    (``ferrolm.lm.checkpoint.load_model`` reads such a file)."""
+    (``ferrolm.lm.checkpoint.load_model`` reads such a file). An existing ``out`` is replaced
+    only when ferrolm wrote it (its metadata says so) or with ``force``; never when it is
+    the checkpoint read."""
     model, _, info = load_model(checkpoint, "cpu", tokenizer=False)
+    out = check_out(
+        out, export_inputs(checkpoint, None, info), force=force, judge=_judge_safetensors, example="model.safetensors"
+    )
     sd = model.state_dict()
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight")  # the same tensor as the embedding; safetensors stores it once
@@ -194,6 +201,33 @@ def export_safetensors(checkpoint: PathLike, out: PathLike) -> Path:
     for key in ("tokenizer_fingerprint", "tokenizer_dir"):  # what load_model finds the tokenizer by
         if info.get(key):
             meta[key] = str(info[key])
-    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, _safetensors_bytes(sd, meta))
     return out
+
+
+def export_inputs(checkpoint: PathLike, tokenizer: Any, info: dict) -> list:
+    """What an export reads, as given and as found: never to be written over."""
+    given_tokenizer = tokenizer if isinstance(tokenizer, (str, os.PathLike)) else None
+    return [checkpoint, info.get("source"), info.get("tokenizer_source"), given_tokenizer]
+
+
+def _is_ferrolm_safetensors(path: Path) -> bool:
+    """Whether ``path`` is a safetensors file whose metadata holds ferrolm's model config."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = int.from_bytes(head, "little")
+            if len(head) < 8 or size > 100 << 20:  # safetensors caps its header at 100 MB
+                return False
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return False
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(meta, dict) and "ferrolm_model_config" in meta
+
+
+def _judge_safetensors(path: Path) -> str | None:
+    if _is_ferrolm_safetensors(path):
+        return None
+    return "exists and is not a safetensors file written by ferrolm; choose a new file name"

@@ -32,12 +32,13 @@ from typing import Any, Union
 
 import numpy as np
 
-from ferrolm._util import fsync_dir
+from ferrolm import __version__
+from ferrolm._util import check_out, fsync_dir
 from ferrolm.bpe import patterns
 from ferrolm.bpe.files import token_to_str
 from ferrolm.lm.model import ModelConfig, check_llama_compatible
 
-__all__ = ["export_gguf", "gguf_tensors", "PRE_TOKENIZERS", "DTYPES"]
+__all__ = ["export_gguf", "gguf_tensors", "is_ferrolm_gguf", "PRE_TOKENIZERS", "DTYPES"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -45,6 +46,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 PRE_TOKENIZERS = {patterns.GPT2: "gpt-2", patterns.CL100K: "llama-bpe", patterns.O200K: "gpt-4o"}
 DTYPES = ("float32", "float16")  # of the matrices; norm gains stay float32, as llama.cpp wants
 
+MARKER_KEY = "ferrolm.version"  # the version that wrote the file: an export ferrolm may replace
 INSTALL_HINT = 'exporting GGUF needs the gguf package: pip install "ferrolm[gguf]"'
 
 
@@ -128,22 +130,33 @@ def _tokenizer_fields(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
 
 
 def export_gguf(
-    checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dtype: str = "float32", name: str = ""
+    checkpoint: PathLike,
+    out: PathLike,
+    tokenizer: Any = None,
+    *,
+    dtype: str = "float32",
+    name: str = "",
+    force: bool = False,
 ) -> Path:
     """Write ``checkpoint`` as the GGUF file ``out`` (see the module docstring); return it.
 
     ``tokenizer``: a Tokenizer or its folder (default: the run config's data.tokenizer);
     its fingerprint must be the checkpoint's. ``dtype``: float32 or float16 (the matrices).
-    ``name``: general.name (default: the file's stem).
+    ``name``: general.name (default: the file's stem). An existing ``out`` is replaced only
+    when ferrolm wrote it (its ``ferrolm.version`` field) or with ``force``; never when it is
+    what the export reads.
     """
     gguf = _gguf()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     from ferrolm.lm.checkpoint import load_model
+    from ferrolm.lm.export import export_inputs
 
-    model, tok, _ = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
+    model, tok, info = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
     cfg = model.config
     check_llama_compatible(cfg)
+    inputs = export_inputs(checkpoint, tokenizer, info)
+    out = check_out(out, inputs, force=force, judge=_judge_gguf, example="model.gguf")
     pre = pre_tokenizer_name(tok.pattern)
     if tok.eos_id is None:
         raise ValueError("the tokenizer has no <|endoftext|> special token: GGUF needs it as eos")
@@ -152,9 +165,9 @@ def export_gguf(
     tensors = gguf_tensors(model, dtype)
     fields = _tokenizer_fields(tok, cfg.vocab_size)
 
-    out = Path(out)
     w = gguf.GGUFWriter(None, "llama")
     w.add_name(name or out.stem)
+    w.add_string(MARKER_KEY, __version__)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "float16" else gguf.LlamaFileType.ALL_F32)
     w.add_vocab_size(cfg.vocab_size)
     w.add_context_length(cfg.context_length)
@@ -178,6 +191,13 @@ def export_gguf(
     for key, array in tensors.items():
         w.add_tensor(key, array)
 
+    _write(w, out)
+    return out
+
+
+def _write(w: Any, out: Path) -> None:
+    """The file of writer ``w`` at ``out``, whole or not at all (a temporary name beside it)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
     try:
         w.write_header_to_file(tmp)
@@ -187,10 +207,28 @@ def export_gguf(
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         w.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename == os.fspath(tmp):  # name the file asked for
+            raise type(e)(e.errno, e.strerror, os.fspath(out)) from None
         raise
     fsync_dir(out.parent)
-    return out
+
+
+def is_ferrolm_gguf(path: PathLike) -> bool:
+    """Whether ``path`` is a GGUF file whose metadata says ferrolm wrote it."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":  # not GGUF at all: no need to map it
+                return False
+        return MARKER_KEY in _gguf().GGUFReader(path, "r").fields
+    except Exception:  # a damaged or foreign file is not ours, whatever the reader raises
+        return False
+
+
+def _judge_gguf(path: Path) -> str | None:
+    if is_ferrolm_gguf(path):
+        return None
+    return "exists and is not a GGUF file written by ferrolm; choose a new file name"

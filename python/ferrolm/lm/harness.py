@@ -296,6 +296,12 @@ def run_tasks(
     names = [t for t in names if t]
     if not names:
         raise ValueError("no task given: name lm-eval tasks, e.g. hellaswag,arc_easy")
+    if num_fewshot is not None and (
+        isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int) or num_fewshot < 0
+    ):
+        raise ValueError(f"num_fewshot must be an int >= 0, got {num_fewshot!r}")
+    if limit is not None and (isinstance(limit, bool) or not 0 < limit < float("inf")):
+        raise ValueError(f"limit must be a finite number > 0 (a fraction of each task when below 1), got {limit!r}")
     lm = FerrolmLM(checkpoint, tokenizer, device=device, batch_size=batch_size, progress=progress)  # fails fast
     manager = _task_manager(names, include_path)
     unknown = [t for t in names if not manager.match_tasks([t])]

@@ -920,6 +920,20 @@ def _matmul_weights_per_layer(cfg: ModelConfig) -> int:
 # --------------------------------------------------------------------------------------
 
 
+def _llama_differences(cfg: ModelConfig) -> list[str]:
+    """Each setting of ``cfg`` that Llama's computation lacks (QK-norm and GQA aside), by name."""
+    wanted = {
+        "norm": "rms",
+        "norm_position": "pre",
+        "positions": "rope",
+        "ffn": "swiglu",
+        "logit_softcap": 0.0,
+        "value_embeds": False,
+        "x0_mix": False,
+    }
+    return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
+
+
 def hf_architecture(cfg: ModelConfig) -> str:
     """The Hugging Face architecture that computes ``cfg``'s logits: "llama", or "qwen3"
     with ``qk_norm`` (Qwen3's per-head q_norm/k_norm, exported with unit weights). Raise
@@ -931,16 +945,7 @@ def hf_architecture(cfg: ModelConfig) -> str:
     zero_init_output is only an initialization; doc_mask changes nothing for a sequence
     with no end-of-text token after its first position (HF attends across documents).
     """
-    wanted = {
-        "norm": "rms",
-        "norm_position": "pre",
-        "positions": "rope",
-        "ffn": "swiglu",
-        "logit_softcap": 0.0,
-        "value_embeds": False,
-        "x0_mix": False,
-    }
-    bad = [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
+    bad = _llama_differences(cfg)
     if bad:
         raise ValueError(
             f"{', '.join(bad)}: the Hugging Face architectures ferrolm exports to (Llama, and Qwen3 for "
@@ -1043,13 +1048,17 @@ def from_hf_llama_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[st
 
 def check_llama_compatible(cfg: ModelConfig) -> None:
     """Raise ValueError naming each setting that llama.cpp's "llama" architecture, as
-    ferrolm writes it to GGUF, cannot express (everything Llama cannot, QK-norm and
-    grouped-query attention)."""
-    if hf_architecture(cfg) != "llama":
-        raise ValueError(
-            "model.qk_norm = True: the llama architecture has no QK-norm, so this model cannot be exported"
-        )
+    ferrolm writes it to GGUF, cannot compute (everything Llama cannot, QK-norm and
+    grouped-query attention), and the preset that trains a model it can."""
+    bad = _llama_differences(cfg)
+    if cfg.qk_norm:
+        bad.append("model.qk_norm = True")
     if cfg.kv_heads != cfg.num_heads:
+        bad.append(f"model.num_kv_heads = {cfg.kv_heads}")
+    if bad:
         raise ValueError(
-            f"model.num_kv_heads = {cfg.kv_heads}: grouped-query attention is not written to GGUF by this ferrolm"
+            f"{', '.join(bad)}: llama.cpp's llama architecture, the one ferrolm writes to GGUF, computes only "
+            "RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and full multi-head attention (no QK-norm, value "
+            "embeddings, x0 mixing or grouped key/value heads in this export), so this model cannot be exported "
+            "as GGUF; train with --config cs336, the Llama recipe, for a model that can"
         )

@@ -17,6 +17,7 @@ One optimizer step:
         (loss / accum).backward()          DDP all-reduces gradients on the last micro-batch
                                            (FSDP2 with run.parallel = "fsdp" reduce-scatters)
     norm = clip_grad_norm(...)             stop here, before the update, if loss/norm is NaN
+                                           or the gradient was 0 three checks running (dead)
     optimizer.step()                       torch's fused AdamW kernel, or Muon + AdamW groups
                                            (on a GPU the NaN check runs when due: `_flags_due`)
 
@@ -133,7 +134,7 @@ PEAK_FLOPS_BF16 = [
 
 @dataclass
 class TrainSummary:
-    status: str  # "done", "time" (max_time_s reached), "interrupted", "nan"
+    status: str  # "done", "time" (max_time_s reached), "interrupted", "nan", "dead" (no gradient left)
     step: int
     run_dir: Path
     last_checkpoint: Optional[Path]
@@ -159,6 +160,9 @@ class RunState:
     loss_count: int = 0
     last_log_step: int = 0
     last_log_time: float = 0.0
+    # Consecutive checked steps whose gradient was exactly zero, and the first of them.
+    zero_grad_steps: int = 0
+    zero_grad_since: int = 0
 
 
 @dataclass
@@ -251,10 +255,13 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
                 set_hyperparameters(run.optimizer, cfg.optimizer, state.step, lr)
                 loss_sum = forward_backward(run)
                 grad_norm = _clip(run.params, cfg.optimizer.grad_clip)
-                bad, stop_req, time_sync = agree(run, state, loss_sum, grad_norm, stop, t0)
-                if bad:
+                bad, stop_req, time_sync, zero = agree(run, state, loss_sum, grad_norm, stop, t0)
+                if zero is not None:
+                    count_zero_gradient(state, zero)
+                if bad or state.zero_grad_steps >= DEAD_STEPS:
                     run.optimizer.zero_grad(set_to_none=True)
-                    status, message = "nan", nan_message(run, state, loss_sum)
+                    status = "nan" if bad else "dead"
+                    message = nan_message(run, state, loss_sum) if bad else dead_message(run, state, loss_sum)
                     say(run, message)
                     break
                 run.optimizer.step()
@@ -753,28 +760,35 @@ def _clip(params, max_norm: float) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
 
 
-def agree(run: Run, state: RunState, loss_sum, grad_norm, stop: _StopFlag, t0: float) -> tuple[float, float, float]:
-    """The max over processes of: NaN seen, stop requested, the clock; one host sync.
+def agree(
+    run: Run, state: RunState, loss_sum, grad_norm, stop: _StopFlag, t0: float
+) -> tuple[float, float, float, Optional[bool]]:
+    """The max over processes of: NaN seen, stop requested, the clock; and whether every
+    process's gradient norm is exactly zero; one host sync.
 
     On a GPU the step is queued, not run, when this is reached: reading a flag waits for the
     GPU to finish and leaves it idle while the next step is queued. So there the flags are
     read only when due (see `_flags_due`); otherwise nothing is NaN yet as far as the loop
-    knows, the stop flag is this process's own and the clock is the host's.
+    knows, the stop flag is this process's own, the clock is the host's and the gradient
+    unknown (None).
     """
     device = run.device
     if not _flags_due(run, state):
-        return 0.0, float(stop.signum is not None and not run.dist.enabled), state.time_s + time.perf_counter() - t0
+        stop_here = float(stop.signum is not None and not run.dist.enabled)
+        return 0.0, stop_here, state.time_s + time.perf_counter() - t0, None
+    norm = grad_norm.to(device).float()
     flags = torch.stack(
         [
-            (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm.to(device).float())).double(),
+            (~torch.isfinite(loss_sum) | ~torch.isfinite(norm)).double(),
             torch.tensor(float(stop.signum is not None), device=device, dtype=torch.float64),
             torch.tensor(state.time_s + time.perf_counter() - t0, device=device, dtype=torch.float64),
+            (norm != 0).double(),
         ]
     )
     if run.dist.enabled:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    bad, stop_req, time_sync = flags.tolist()
-    return bad, stop_req, time_sync
+    bad, stop_req, time_sync, moving = flags.tolist()
+    return bad, stop_req, time_sync, not moving
 
 
 def _flags_due(run: Run, state: RunState) -> bool:
@@ -793,6 +807,41 @@ def nan_message(run: Run, state: RunState, loss_sum) -> str:
     return (
         f"loss or gradient became NaN/inf at step {state.step + 1} (loss {float(loss_sum) / run.accum:.4g}); stopped "
         f"without updating the weights; {where}. Try a lower optimizer.lr, a warmup, or grad clipping."
+    )
+
+
+# A gradient of exactly zero on this many checked steps in a row stops a run as dead. A model
+# that learns never has one: any token it predicts imperfectly moves the LM head. A zero
+# gradient comes from a model whose activations have saturated or collapsed (a far too
+# high learning rate): the optimizer has nothing left to follow, so more steps only burn time.
+DEAD_STEPS = 3
+
+
+def count_zero_gradient(state: RunState, zero: bool) -> None:
+    if zero and not state.zero_grad_steps:
+        state.zero_grad_since = state.step + 1
+    state.zero_grad_steps = state.zero_grad_steps + 1 if zero else 0
+
+
+def dead_message(run: Run, state: RunState, loss_sum) -> str:
+    loss = float(loss_sum) / run.accum
+    vocab = run.cfg.model.vocab_size
+    uniform = math.log(vocab) if vocab else None
+    what = (
+        f"loss {loss:.4g} = ln({vocab}), a uniform guess over the vocabulary"
+        if uniform is not None and abs(loss - uniform) < 1e-3
+        else f"loss {loss:.4g}"
+    )
+    since = state.zero_grad_since
+    where = (
+        f"the last checkpoint is {state.last_ckpt} (one saved after step {since - 1} holds the stalled model)"
+        if state.last_ckpt
+        else "no checkpoint was saved yet"
+    )
+    return (
+        f"the gradient has been exactly 0 since step {since} ({what}): the model has stopped learning; "
+        f"stopped at step {state.step + 1} without updating the weights; {where}. Try a lower learning rate "
+        f"(optimizer.lr = {run.cfg.optimizer.lr:g}), a warmup, or grad clipping."
     )
 
 
@@ -1044,7 +1093,11 @@ def save(run: Run, state: RunState, *, final: bool) -> None:
         try:
             save_checkpoint(model, optimizer, state.step, path, **payload)
         except OSError as e:
-            prev = f"; the previous checkpoint {state.last_ckpt} is intact" if state.last_ckpt else ""
+            prev = (
+                f"; the previous checkpoint {state.last_ckpt} is intact"
+                if state.last_ckpt
+                else "; no checkpoint of this run was saved before"
+            )
             msg = f"could not save checkpoint {path}: {e}{prev}"
             if final:
                 raise OSError(msg) from e
@@ -1062,10 +1115,12 @@ def save_best(run: Run, state: RunState) -> None:
     model, optimizer = saved_state(run)
     if run.dist.is_main:
         path = run.run_dir / BEST_FILE
+        had_best = path.exists()
         try:
             save_checkpoint(model, optimizer, state.step, path, **payload)
         except OSError as e:
-            say(run, f"could not save {path}: {e} (the previous best is intact; training continues)")
+            prev = "the previous best is intact" if had_best else "there is no best checkpoint yet"
+            say(run, f"could not save {path}: {e} ({prev}; training continues)")
     _barrier(run.dist)
 
 
