@@ -283,7 +283,9 @@ def training_run(device: torch.device, shards: dict, work: Path, tiny: bool, rep
     try:  # matplotlib is optional on a bare GPU machine: the table below is the curve too
         from ferrolm.app.plot import plot_run
 
-        png = plot_run(work / "run", x="time", out=report_dir / "gpu_loss.png", title="tinystories preset, 2 minutes")
+        png = plot_run(
+            work / "run", x="time", out=report_dir / "gpu_loss.png", title="tinystories preset, 2 minutes", force=True
+        )
         figure = f"![loss curve]({png.name})"
     except ImportError as e:
         figure = f"(no loss plot: {e})"
