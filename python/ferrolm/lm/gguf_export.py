@@ -34,7 +34,7 @@ import numpy as np
 
 from ferrolm._util import fsync_dir
 from ferrolm.bpe import patterns
-from ferrolm.bpe.files import token_to_str
+from ferrolm.bpe.fileformat import token_to_str
 from ferrolm.lm.model import ModelConfig, check_llama_compatible
 
 __all__ = ["export_gguf", "gguf_tensors", "PRE_TOKENIZERS", "DTYPES"]
