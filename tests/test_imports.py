@@ -90,8 +90,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_package_has_no_import_circle():
     graph = import_graph(PACKAGE_ROOT, "ferrolm")
-    assert len(graph) > 40 and sum(map(len, graph.values())) > 100  # the walk found the package
-    assert "ferrolm.bpe.files" in graph["ferrolm.lm.checkpoint"]
+    assert len(graph) > 30 and sum(map(len, graph.values())) > 100  # the walk found the package
+    assert "ferrolm.lm.functional" in graph["ferrolm.lm.model"]  # `from ferrolm.lm import functional`
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 

@@ -68,6 +68,14 @@ def test_short_module_paths_are_the_subpackage_modules():
     assert ferrolm.optim is importlib.import_module("ferrolm.lm.optim")
 
 
+def test_hf_names_the_docs_give_under_ferrolm_model_are_the_hf_modules():
+    import ferrolm.model
+    from ferrolm.lm import hf
+
+    for name in ("hf_architecture", "to_hf_state_dict", "to_hf_llama_state_dict"):
+        assert getattr(ferrolm.model, name) is getattr(hf, name), name
+
+
 def test_module_paths_from_before_the_split_still_import():
     import importlib
 

@@ -35,7 +35,8 @@ import numpy as np
 from ferrolm._util import fsync_dir
 from ferrolm.bpe import patterns
 from ferrolm.bpe.fileformat import token_to_str
-from ferrolm.lm.model import ModelConfig, check_llama_compatible
+from ferrolm.lm.hf import check_llama_compatible
+from ferrolm.lm.model import ModelConfig
 
 __all__ = ["export_gguf", "gguf_tensors", "PRE_TOKENIZERS", "DTYPES"]
 
