@@ -132,3 +132,21 @@ def test_edges_follow_submodules_not_their_package(tmp_path):
         "pkg.z": {"pkg.sub.y"},
     }
     assert find_cycle(graph) == ["pkg.sub.x", "pkg.sub.y", "pkg.sub.x"]
+
+
+def test_benches_use_no_private_names():
+    """A bench imports what a user could: no underscore names from the package (the compiled
+    core ``ferrolm._core``, a module, is the benches' to time)."""
+    modules = module_names(PACKAGE_ROOT, "ferrolm")
+    bad, seen = [], 0
+    for path in sorted((PACKAGE_ROOT.parent.parent / "benches").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("ferrolm"):
+                continue
+            for alias in node.names:
+                seen += 1
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{node.module}.{alias.name}" not in modules:
+                    bad.append(f"{path.name}:{node.lineno}: {node.module}.{alias.name}")
+    assert seen > 20
+    assert not bad, "benches import private names: " + "; ".join(bad)

@@ -685,11 +685,11 @@ def test_logits_equal_hf_llama_with_converted_weights():
 
 def test_rope_real_form_equals_complex_form():
     # the form used under torch.compile (inductor has no complex codegen) is the same map
-    from ferrolm.lm.model import _rotate_pairs_real
+    from ferrolm.lm.model import rotate_pairs_real
 
     rope = RotaryEmbedding(10000.0, 8, 16)
     x = torch.randn(2, 3, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
-    torch.testing.assert_close(_rotate_pairs_real(x, rope.cos.double(), rope.sin.double()), rope(x))
+    torch.testing.assert_close(rotate_pairs_real(x, rope.cos.double(), rope.sin.double()), rope(x))
 
 
 def test_hf_export_refuses_an_ablation_it_cannot_map():

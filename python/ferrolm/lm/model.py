@@ -100,6 +100,7 @@ __all__ = [
     "TransformerLM",
     "KVCache",
     "causal_mask",
+    "rotate_pairs_real",
     "count_parameters",
     "flops_per_token",
     # Hugging Face interop lives in ferrolm.lm.hf; these names stay importable from here
@@ -312,8 +313,9 @@ _FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN, "relu2": ReLU2FFN}
 # --------------------------------------------------------------------------------------
 
 
-def _rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The same rotation in real arithmetic: (x_2k cos - x_2k+1 sin, x_2k sin + x_2k+1 cos)."""
+def rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The same rotation in real arithmetic: (x_2k cos - x_2k+1 sin, x_2k sin + x_2k+1 cos),
+    the form ``RotaryEmbedding`` takes under torch.compile (inductor has no complex numbers)."""
     x_even, x_odd = x.unflatten(-1, (-1, 2)).unbind(-1)
     return torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1).flatten(-2)
 
@@ -363,7 +365,7 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., seq, d/2)
         work = x.to(torch.promote_types(x.dtype, torch.float32))
         if is_compiling():  # inductor cannot generate code for complex ops; it fuses this form
-            return _rotate_pairs_real(work, cos, sin).to(x.dtype)
+            return rotate_pairs_real(work, cos, sin).to(x.dtype)
         if work.stride(-1) != 1 or work.storage_offset() % 2 or any(st % 2 for st in work.stride()[:-1]):
             work = work.contiguous()  # view_as_complex needs (re, im) adjacent and aligned
         pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))  # x_2k + i x_2k+1
