@@ -266,7 +266,9 @@ def safetensors_open():
 def model_config_from_hf(hf: dict, path: Path) -> ModelConfig:
     """The ModelConfig of the HF config.json dict ``hf`` read from the folder ``path`` (Llama,
     or Qwen3 for a model with QK-norm); ValueError naming what ferrolm's model cannot be."""
-    if not isinstance(hf, dict) or hf.get("model_type") not in ("llama", "qwen3"):
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path / 'config.json'} is not a JSON object (a {type(hf).__name__})")
+    if hf.get("model_type") not in ("llama", "qwen3"):
         raise ValueError(
             f"{path}: only Llama and Qwen3 models (as ferrolm exports them) load; "
             f"config.json says {hf.get('model_type')!r}"
