@@ -87,9 +87,9 @@ def build_hf(shape: dict):
         eos_token_id=None,
     )
     hf = transformers.LlamaForCausalLM(cfg).eval()
-    from ferrolm.lm.model import to_hf_llama_state_dict
+    from ferrolm.lm.hf import to_hf_state_dict
 
-    new = to_hf_llama_state_dict(ours)  # q/k rows permuted for HF's rotate-half RoPE
+    new = to_hf_state_dict(ours)  # q/k rows permuted for HF's rotate-half RoPE
     missing, unexpected = hf.load_state_dict(new, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     del ours

@@ -94,9 +94,9 @@ def hf_llama_from_ferrolm(model, shape):
     )
     cfg._attn_implementation = "sdpa"
     hf = transformers.LlamaForCausalLM(cfg)
-    from ferrolm.lm.model import to_hf_llama_state_dict
+    from ferrolm.lm.hf import to_hf_state_dict
 
-    new = to_hf_llama_state_dict(model)  # q/k rows permuted for HF's rotate-half RoPE
+    new = to_hf_state_dict(model)  # q/k rows permuted for HF's rotate-half RoPE
     missing, unexpected = hf.load_state_dict(new, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     return hf

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ferrolm.lm import functional
-from ferrolm.lm.model import RotaryEmbedding, _rotate_pairs_real
+from ferrolm.lm.model import RotaryEmbedding, rotate_pairs_real
 
 
 def cpu_ms(fn, inputs, reps):
@@ -59,7 +59,7 @@ def main() -> None:
     rows.append(
         (
             "RoPE, real pair rotation (ferrolm compiled)",
-            cpu_ms(lambda x: _rotate_pairs_real(x.transpose(1, 2), cos, sin), [q], args.reps),
+            cpu_ms(lambda x: rotate_pairs_real(x.transpose(1, 2), cos, sin), [q], args.reps),
         )
     )
     rows.append(("RoPE, rotate-half (HF Llama)", cpu_ms(lambda x: rope_half(x.transpose(1, 2)), [q], args.reps)))

@@ -108,7 +108,7 @@ def child(lib: str, files: list[str], vocab_size: int, threads: int) -> dict:
         t, c = time.perf_counter(), time.process_time()
         tok.train_from_iterator(docs, trainer)
         out["seconds"], out["cpu_s"] = time.perf_counter() - t, time.process_time() - c
-        from ferrolm.bpe.files import str_to_token
+        from ferrolm.bpe.fileformat import str_to_token
 
         hf_merges = json.loads(tok.to_str())["model"]["merges"]
         merges = []

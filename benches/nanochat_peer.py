@@ -94,7 +94,7 @@ def main() -> None:
     GPT, GPTConfig = load_nanochat(args.nanochat.resolve())
     from ferrolm.lm.config import load_config
     from ferrolm.lm.data import BatchPrefetcher, TokenShards
-    from ferrolm.lm.train import _Dist, _sampler_seed, val_bytes_per_token, validation_starts
+    from ferrolm.lm.train import Dist, sampler_seed, val_bytes_per_token, validation_starts
 
     cfg = load_config(args.config)
     if args.max_steps is not None:
@@ -157,10 +157,10 @@ def main() -> None:
         return lrm, momentum, wd
 
     sampler = torch.Generator()
-    sampler.manual_seed(_sampler_seed(r.seed, 0))
+    sampler.manual_seed(sampler_seed(r.seed, 0))
     batches = BatchPrefetcher(train_data, B, T, device, sampler)
-    val_starts = validation_starts(cfg, val_data, _Dist())
-    bytes_per_token = val_bytes_per_token(cfg, val_data, val_starts, device, _Dist())
+    val_starts = validation_starts(cfg, val_data, Dist())
+    bytes_per_token = val_bytes_per_token(cfg, val_data, val_starts, device, Dist())
 
     @torch.no_grad()
     def evaluate() -> float:

@@ -13,10 +13,10 @@ import pytest
 from texts import CORPORA, corpus_text, fixture_file, stdlib_text
 
 from ferrolm import Tokenizer
+from ferrolm.bpe import fileformat, patterns
 from ferrolm.bpe import files as tf
-from ferrolm.bpe import patterns
 from ferrolm.bpe.files import TokenizerFileError
-from ferrolm.bpe.hf import hf_special_roles
+from ferrolm.bpe.hf import DEFAULT_MODEL_MAX_LENGTH, hf_special_roles
 
 EOT = "<|endoftext|>"
 SLICE = 100_000  # chars of each corpus compared
@@ -52,7 +52,7 @@ def test_saved_folder_loads_in_tokenizers_and_transformers(trained):
         assert auto.decode(ids) == tok.decode(ids)
     assert auto.eos_token == EOT and auto.eos_token_id == tok.eos_id
     assert auto.pad_token == "<|pad|>" and auto.pad_token_id == tok.special_token_ids["<|pad|>"]
-    assert auto.model_max_length == tf.DEFAULT_MODEL_MAX_LENGTH
+    assert auto.model_max_length == DEFAULT_MODEL_MAX_LENGTH
     batch = auto(["a longer first line", "b"], padding=True)
     assert len(set(map(len, batch["input_ids"]))) == 1 and batch["attention_mask"][1][-1] == 0
     assert set(auto.all_special_tokens) >= {EOT, "<|pad|>"}
@@ -525,7 +525,7 @@ def test_tokenizer_files_are_read_only_when_regular_and_not_huge(small_folder, t
     os.mkfifo(fifo)
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as f:
-        f.truncate(tf.MAX_FILE_BYTES + 1)  # sparse: nothing written
+        f.truncate(fileformat.MAX_FILE_BYTES + 1)  # sparse: nothing written
     zero = tmp_path / "zero.json"
     zero.symlink_to("/dev/zero")
     for path, message in ((fifo, "not a regular file"), (zero, "not a regular file"), (huge, "over the 256 MiB")):

@@ -17,7 +17,7 @@ gguf = pytest.importorskip("gguf")
 
 from tiny_lm import tiny_run
 
-from ferrolm.bpe.files import token_to_str
+from ferrolm.bpe.fileformat import token_to_str
 from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.generate import generate
 from ferrolm.lm.gguf_export import export_gguf, is_ferrolm_gguf

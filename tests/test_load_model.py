@@ -170,6 +170,9 @@ def test_bad_sources_are_clear_errors(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(CheckpointError, match="only Llama and Qwen3 models"):
         load_model(tmp_path)
+    (tmp_path / "config.json").write_text('["llama"]')
+    with pytest.raises(CheckpointError, match=r"config\.json is not a JSON object \(a list\)"):
+        load_model(tmp_path)
     (tmp_path / "w.safetensors").write_bytes(b"not safetensors")
     pytest.importorskip("safetensors")
     with pytest.raises(CheckpointError, match="not a readable safetensors file"):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ferrolm.lm import functional
+from ferrolm.lm.hf import to_hf_state_dict
 from ferrolm.lm.model import (
     CausalSelfAttention,
     Embedding,
@@ -29,7 +30,6 @@ from ferrolm.lm.model import (
     _X0Mix,
     count_parameters,
     flops_per_token,
-    to_hf_llama_state_dict,
 )
 
 
@@ -675,7 +675,7 @@ def test_logits_equal_hf_llama_with_converted_weights():
         tie_word_embeddings=False,
     )
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
-    new = to_hf_llama_state_dict(model)
+    new = to_hf_state_dict(model)
     missing, unexpected = hf.load_state_dict(new, strict=False)
     assert not unexpected and all("rotary" in k for k in missing)
     ids = random_ids(2, 20)
@@ -685,17 +685,17 @@ def test_logits_equal_hf_llama_with_converted_weights():
 
 def test_rope_real_form_equals_complex_form():
     # the form used under torch.compile (inductor has no complex codegen) is the same map
-    from ferrolm.lm.model import _rotate_pairs_real
+    from ferrolm.lm.model import rotate_pairs_real
 
     rope = RotaryEmbedding(10000.0, 8, 16)
     x = torch.randn(2, 3, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
-    torch.testing.assert_close(_rotate_pairs_real(x, rope.cos.double(), rope.sin.double()), rope(x))
+    torch.testing.assert_close(rotate_pairs_real(x, rope.cos.double(), rope.sin.double()), rope(x))
 
 
 def test_hf_export_refuses_an_ablation_it_cannot_map():
     model = TransformerLM(64, 16, 32, 1, 4, 64, ffn="silu")
     with pytest.raises(ValueError, match="model.ffn = 'silu'.*cannot be exported"):
-        to_hf_llama_state_dict(model)
+        to_hf_state_dict(model)
     for ablation in (
         {"norm": "none"},
         {"norm_position": "post"},
@@ -704,8 +704,8 @@ def test_hf_export_refuses_an_ablation_it_cannot_map():
         {"x0_mix": True},
     ):
         with pytest.raises(ValueError, match=f"model.{next(iter(ablation))}"):
-            to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, **ablation))
-    tied = to_hf_llama_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, tie_embeddings=True))
+            to_hf_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, **ablation))
+    tied = to_hf_state_dict(TransformerLM(64, 16, 32, 1, 4, 64, tie_embeddings=True))
     assert "lm_head.weight" not in tied  # HF ties it to model.embed_tokens.weight
 
 

@@ -28,7 +28,8 @@ def test_core_pretokenizer_matches_python_regex_on_gpt2_sample():
 
 
 def test_tokenizer_side_imports_with_torch_blocked():
-    # A finder that refuses torch: the tokenizer side must import, train, encode and save.
+    # A finder that refuses torch: every module of the tokenizer side must import, and it
+    # must train, encode and save.
     code = """
 import sys, importlib.abc, tempfile
 class Block(importlib.abc.MetaPathFinder):
@@ -36,8 +37,12 @@ class Block(importlib.abc.MetaPathFinder):
         if name == "torch" or name.startswith("torch."):
             raise ImportError("torch is blocked in this test")
 sys.meta_path.insert(0, Block())
-import ferrolm
-from ferrolm.bpe import files, patterns, reference, shards, tokenizer, trainer
+import importlib, pkgutil
+import ferrolm, ferrolm.bpe
+side = [m.name for m in pkgutil.iter_modules(ferrolm.bpe.__path__, "ferrolm.bpe.")]
+assert len(side) > 8 and "ferrolm.bpe.hf" in side and "ferrolm.bpe.fileformat" in side, side
+for name in side:  # every module of the tokenizer side
+    importlib.import_module(name)
 import ferrolm.reference, ferrolm.shards, ferrolm.tokenizer
 tok = ferrolm.Tokenizer.train(iter(["a bb ccc " * 50]), vocab_size=270, progress=False)
 assert tok.decode(tok.encode("a bb ccc")) == "a bb ccc"
@@ -61,6 +66,14 @@ def test_short_module_paths_are_the_subpackage_modules():
 
     assert TransformerLM is Home
     assert ferrolm.optim is importlib.import_module("ferrolm.lm.optim")
+
+
+def test_hf_names_the_docs_give_under_ferrolm_model_are_the_hf_modules():
+    import ferrolm.model
+    from ferrolm.lm import hf
+
+    for name in ("hf_architecture", "to_hf_state_dict", "to_hf_llama_state_dict"):
+        assert getattr(ferrolm.model, name) is getattr(hf, name), name
 
 
 def test_module_paths_from_before_the_split_still_import():

@@ -756,14 +756,14 @@ def test_fast_file_readers_equal_the_python_readers(gpt2, trained, tmp_path):
 def test_byte_to_unicode_writers(tokens):
     """token_to_str / tokens_to_strs (charmap codec, one call for many tokens) give GPT-2's
     byte-to-unicode form, character by character, and str_to_token reads it back."""
-    from ferrolm.bpe import files as tf
+    from ferrolm.bpe import fileformat as ff
 
-    table = tf.bytes_to_unicode()
+    table = ff.bytes_to_unicode()
     want = ["".join(table[b] for b in t) for t in tokens]
-    assert [tf.token_to_str(t) for t in tokens] == want
-    assert tf.tokens_to_strs(tokens) == want
-    assert tf.tokens_to_strs(iter(tokens)) == want
-    assert [tf.str_to_token(s) for s in want if s] == [t for t in tokens if t]
+    assert [ff.token_to_str(t) for t in tokens] == want
+    assert ff.tokens_to_strs(tokens) == want
+    assert ff.tokens_to_strs(iter(tokens)) == want
+    assert [ff.str_to_token(s) for s in want if s] == [t for t in tokens if t]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

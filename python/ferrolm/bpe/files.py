@@ -13,111 +13,44 @@ A tokenizer directory holds:
   covered lists three).
 
 Every file is read only when it is a regular file of at most MAX_FILE_BYTES (see
-:func:`read_file_bytes`). A directory is written whole or not at all (a temporary sibling,
-then a rename). Folders written by ferrolm 0.1.0 kept the record in ``tokenizer.json``;
-they still load. tiktoken (after inverting the byte map) reads vocab.json and merges.txt.
+:func:`ferrolm.bpe.fileformat.read_file_bytes`). A directory is written whole or not at all
+(a temporary sibling, then a rename). Folders written by ferrolm 0.1.0 kept the record in
+``tokenizer.json``; they still load. tiktoken (after inverting the byte map) reads vocab.json
+and merges.txt.
 """
 
 from __future__ import annotations
 
-import codecs
 import hashlib
-import itertools
 import json
 import os
-import stat
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ferrolm._util import atomic_write_bytes, atomic_write_dir
-from ferrolm.bpe import patterns
+from ferrolm.bpe import hf, patterns
+from ferrolm.bpe.fileformat import (
+    FORMAT,
+    TokenizerFileError,
+    _json_bytes,
+    _read_text,
+    read_file_bytes,
+    str_to_token,
+    tokens_to_strs,
+)
+from ferrolm.bpe.hf import HF_CONFIG_FILE, HF_FILE, HF_SPECIALS_FILE
 
 VOCAB_FILE = "vocab.json"
 MERGES_FILE = "merges.txt"
-HF_FILE = "tokenizer.json"
-HF_CONFIG_FILE = "tokenizer_config.json"
-HF_SPECIALS_FILE = "special_tokens_map.json"
 RECORD_FILE = "ferrolm_tokenizer.json"
 LEGACY_RECORD_FILE = "tokenizer.json"  # where ferrolm 0.1.0 kept its record
 CONFIG_FILE = RECORD_FILE
-FORMAT = "ferrolm-tokenizer"
 FORMAT_VERSION = 2
 # The files whose sha256 the record keeps: all but the record itself, since transformers
 # reads its special tokens' roles and model_max_length from the two config files.
 CHECKED_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE)
 TOKENIZER_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE, RECORD_FILE)
-# The largest tokenizer file read: several times the largest public tokenizer.json files
-# (a few tens of MB, for vocabularies of ~260k tokens), yet small enough that parsing one
-# fits in memory.
-MAX_FILE_BYTES = 256 << 20
-# transformers' model_max_length when no model's context length is known (GPT-2's).
-DEFAULT_MODEL_MAX_LENGTH = 1024
-EOT = "<|endoftext|>"
-
-
-class TokenizerFileError(ValueError):
-    """A tokenizer file is missing or malformed; the message names the file and the problem."""
-
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from each byte to a printable unicode character.
-
-    Printable latin-1 bytes map to themselves; the other 68 bytes map, in byte order,
-    to U+0100 onwards, so no token string contains whitespace or control characters.
-    """
-    printable = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
-@lru_cache(maxsize=1)
-def unicode_to_bytes() -> dict[str, int]:
-    return {c: b for b, c in bytes_to_unicode().items()}
-
-
-@lru_cache(maxsize=1)
-def _decoding_table() -> str:
-    """GPT-2's character for each byte, in byte order: a table for the charmap codec."""
-    table = bytes_to_unicode()
-    return "".join(table[b] for b in range(256))
-
-
-def token_to_str(token: bytes) -> str:
-    return codecs.charmap_decode(token, "strict", _decoding_table())[0]
-
-
-def tokens_to_strs(tokens: Iterable[bytes]) -> list[str]:
-    """``[token_to_str(t) for t in tokens]``, decoded in one call (each byte is one
-    character, so the tokens are slices of the whole at the same offsets): a vocab's
-    worth in milliseconds."""
-    tokens = list(tokens)
-    text = codecs.charmap_decode(b"".join(tokens), "strict", _decoding_table())[0]
-    ends = list(itertools.accumulate(len(t) for t in tokens))
-    return [text[e - len(t) : e] for t, e in zip(tokens, ends)]
-
-
-@lru_cache(maxsize=1)
-def _encoding_map():
-    return codecs.charmap_build(_decoding_table())
-
-
-def str_to_token(text: str, *, where: str = "token") -> bytes:
-    try:
-        return codecs.charmap_encode(text, "strict", _encoding_map())[0]
-    except UnicodeEncodeError as e:
-        raise TokenizerFileError(
-            f"{where}: {text!r} contains {text[e.start]!r}, which is not in GPT-2's byte-to-unicode alphabet"
-        ) from None
 
 
 def fingerprint(
@@ -139,10 +72,6 @@ def fingerprint(
         h.update(s.encode("utf-8").hex().encode() + b"\n")
     h.update(b"pattern\n" + patterns.resolve(pattern).encode("utf-8"))
     return h.hexdigest()
-
-
-def _json_bytes(obj: dict) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -175,41 +104,6 @@ def vocab_bytes(vocab: dict[int, bytes], special_tokens: Sequence[str], where: s
             raise TokenizerFileError(f"{where}: two ids map to the token {key!r}")
         items[key] = i
     return json.dumps(items, ensure_ascii=False).encode("utf-8")
-
-
-def read_file_bytes(path: str | os.PathLike, what: str) -> bytes:
-    """The content of the tokenizer file ``path``, read only when it is a regular file (a
-    link to one is followed) of at most MAX_FILE_BYTES: a FIFO, a device such as
-    /dev/zero or a huge file is refused by name, never read without end."""
-    path = Path(path)
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then tells what it is.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise TokenizerFileError(f"{path}: is a directory, expected the {what}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise TokenizerFileError(f"{path}: is a directory, expected the {what}")
-        if not stat.S_ISREG(st.st_mode):
-            raise TokenizerFileError(f"{path}: is not a regular file (a FIFO, socket or device), expected the {what}")
-        if st.st_size > MAX_FILE_BYTES:
-            raise TokenizerFileError(
-                f"{path}: is {st.st_size / 2**20:.1f} MiB, over the {MAX_FILE_BYTES >> 20} MiB a tokenizer file may be"
-            )
-        data = f.read(MAX_FILE_BYTES + 1)  # a file that grew since fstat is cut here
-    if len(data) > MAX_FILE_BYTES:
-        raise TokenizerFileError(f"{path}: is over the {MAX_FILE_BYTES >> 20} MiB a tokenizer file may be")
-    return data
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return read_file_bytes(path, what).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TokenizerFileError(f"{path}: not UTF-8: {e}") from None
 
 
 def read_vocab(path: str | os.PathLike, special_tokens: Sequence[str] = (), *, fast: bool = False) -> dict[int, bytes]:
@@ -398,8 +292,6 @@ def directory_files(
     """The content of each file of a tokenizer directory, the record last."""
     specials = [s for s, _ in special_ids]
     files = {VOCAB_FILE: vocab_bytes(vocab, specials), MERGES_FILE: merges_bytes(merges)}
-    from ferrolm.bpe import hf  # hf imports this module
-
     files.update(hf.hf_files(vocab, merges, special_ids, pattern, model_max_length))
     files[RECORD_FILE] = _json_bytes(record(specials, pattern, fp, {n: files[n] for n in CHECKED_FILES}))
     return files
@@ -456,8 +348,6 @@ def load_dir(directory: str | os.PathLike, *, fast: bool = False) -> LoadedDir:
     else:
         rec, record_path = _legacy_record(directory)
         if rec is None:
-            from ferrolm.bpe import hf
-
             vocab, merges, specials, pattern = hf.read_hf_tokenizer(directory / HF_FILE)
             return LoadedDir(vocab, merges, specials, pattern, None, None)
     texts = _checked_texts(directory, rec, record_path)

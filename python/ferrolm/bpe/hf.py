@@ -3,7 +3,8 @@ reading byte-level BPE files made elsewhere (GPT-2's, and the Split-regex + Byte
 of Llama-3, Qwen2 and others).
 
 A ferrolm tokenizer directory holds these files beside its own (see ``files``), so
-``AutoTokenizer.from_pretrained(dir)`` and ``tokenizers.Tokenizer.from_file`` load it as it is.
+``AutoTokenizer.from_pretrained(dir)`` and ``tokenizers.Tokenizer.from_file`` load it as it
+is. Token text is GPT-2's byte-to-unicode alphabet (``fileformat``).
 """
 
 from __future__ import annotations
@@ -17,19 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ferrolm.bpe import patterns
-from ferrolm.bpe.files import (
-    DEFAULT_MODEL_MAX_LENGTH,
-    EOT,
-    FORMAT,
-    HF_CONFIG_FILE,
-    HF_FILE,
-    HF_SPECIALS_FILE,
-    TokenizerFileError,
-    _json_bytes,
-    _read_text,
-    str_to_token,
-    token_to_str,
-)
+from ferrolm.bpe.fileformat import EOT, FORMAT, TokenizerFileError, _json_bytes, _read_text, str_to_token, token_to_str
+
+HF_FILE = "tokenizer.json"
+HF_CONFIG_FILE = "tokenizer_config.json"
+HF_SPECIALS_FILE = "special_tokens_map.json"
+# transformers' model_max_length when no model's context length is known (GPT-2's).
+DEFAULT_MODEL_MAX_LENGTH = 1024
 
 # HF tokenizers' regex engine (Oniguruma, Ruby syntax) reads `X{n,m}+` as "X{n,m}, one or
 # more times", not as a possessive interval: cl100k's `\p{N}{1,3}+` would take a whole run of

@@ -19,13 +19,12 @@ from ferrolm import _core
 from ferrolm._util import atomic_write_bytes, check_special_tokens, fix_surrogates, is_high_surrogate
 from ferrolm.bpe import files as tf
 from ferrolm.bpe import hf, patterns
+from ferrolm.bpe.fileformat import EOT
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
 PathInput = Union[str, "os.PathLike[str]"]
-
-EOT = tf.EOT
 
 
 # encode_iterable feeds the core at most this many chars at a time, so that the ids of one

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from ferrolm._util import atomic_open
-from ferrolm.bpe import files as tf
 from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm.device import resolve_device
-from ferrolm.lm.model import ModelConfig, TransformerLM, from_hf_llama_state_dict
+from ferrolm.lm.hf import is_hf_folder, read_hf_folder, safetensors_open
+from ferrolm.lm.model import ModelConfig, TransformerLM
 
 __all__ = [
     "save_checkpoint",
@@ -369,12 +369,6 @@ def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
     return ckpts[-1][1] if ckpts else None
 
 
-def _is_hf_folder(path: Path) -> bool:
-    return (path / "config.json").is_file() and (
-        (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
-    )
-
-
 def resolve_checkpoint(path: PathLike) -> Path:
     """The file or folder ``load_model`` reads for ``path``: a run folder gives its best.pt,
     else its newest step checkpoint; an exported Hugging Face folder, a checkpoint file or a
@@ -386,7 +380,7 @@ def resolve_checkpoint(path: PathLike) -> Path:
         raise FileNotFoundError(f"checkpoint not found: {os.fspath(path)}")
     if not p.is_dir():
         raise FileNotFoundError(f"{os.fspath(path)} is neither a checkpoint file nor a folder")
-    if _is_hf_folder(p):
+    if is_hf_folder(p):
         return p
     if (p / BEST_FILE).is_file():
         return p / BEST_FILE
@@ -399,19 +393,9 @@ def resolve_checkpoint(path: PathLike) -> Path:
     return newest
 
 
-def _safe_open():
-    try:
-        from safetensors import safe_open
-    except ImportError:
-        raise ImportError(
-            "reading .safetensors weights needs the safetensors package: pip install safetensors"
-        ) from None
-    return safe_open
-
-
 def _read_safetensors(path: Path) -> dict[str, Any]:
     """A checkpoint dict from a ``ferrolm export --format safetensors`` weights file."""
-    safe_open = _safe_open()
+    safe_open = safetensors_open()
     try:
         with safe_open(os.fspath(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -433,66 +417,11 @@ def _read_safetensors(path: Path) -> dict[str, Any]:
 
 
 def _read_hf_folder(path: Path) -> dict[str, Any]:
-    """A checkpoint dict from an exported Hugging Face folder (``ferrolm export``: Llama, or
-    Qwen3 for a model with QK-norm)."""
-    safe_open = _safe_open()
-    if not (path / "model.safetensors").is_file():
-        raise CheckpointError(f"{path}: weights split over several files are not supported (no model.safetensors)")
+    """A checkpoint dict from an exported Hugging Face folder (``ferrolm.lm.hf.read_hf_folder``)."""
     try:
-        hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path / 'config.json'} is not readable JSON ({e})") from None
-    if not isinstance(hf, dict) or hf.get("model_type") not in ("llama", "qwen3"):
-        raise CheckpointError(
-            f"{path}: only Llama and Qwen3 models (as ferrolm exports them) load; "
-            f"config.json says {hf.get('model_type')!r}"
-        )
-    heads = hf.get("num_attention_heads")
-    odd = [
-        f"{k} = {hf.get(k)!r}"
-        for k, ok in (
-            ("hidden_act", hf.get("hidden_act", "silu") == "silu"),
-            ("attention_bias", not hf.get("attention_bias", False)),
-            ("mlp_bias", not hf.get("mlp_bias", False)),
-            ("rope_scaling", not hf.get("rope_scaling")),
-        )
-        if not ok
-    ]
-    if odd:
-        raise CheckpointError(f"{path}: ferrolm's model has no equivalent of {', '.join(odd)}")
-    rope = hf.get("rope_parameters") or {}
-    try:
-        cfg = ModelConfig(
-            vocab_size=hf["vocab_size"],
-            context_length=hf["max_position_embeddings"],
-            d_model=hf["hidden_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=hf.get("num_key_value_heads") or heads,
-            qk_norm=hf["model_type"] == "qwen3",
-            d_ff=hf["intermediate_size"],
-            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-            norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path / 'config.json'}: not a usable Llama config ({type(e).__name__}: {e})") from None
-    if hf.get("head_dim", cfg.d_head) != cfg.d_head:
-        raise CheckpointError(f"{path}: head_dim {hf['head_dim']} is not hidden_size / num_attention_heads")
-    try:
-        with safe_open(os.fspath(path / "model.safetensors"), framework="pt") as f:
-            hf_sd = {k: f.get_tensor(k) for k in f.keys()}
-        sd = from_hf_llama_state_dict(hf_sd, cfg)
-    except KeyError as e:
-        raise CheckpointError(f"{path / 'model.safetensors'} lacks the weight {e}") from None
-    except Exception as e:
-        raise CheckpointError(f"{path / 'model.safetensors'} is not readable ({type(e).__name__}: {e})") from None
-    fingerprint = None  # the tokenizer record beside the weights says which tokenizer they need
-    try:
-        fingerprint = json.loads((path / tf.RECORD_FILE).read_text(encoding="utf-8")).get("fingerprint")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        pass
-    return {"config": {"model": cfg.to_dict()}, "model": sd, "iteration": None, "tokenizer_fingerprint": fingerprint}
+        return read_hf_folder(path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def read_model_checkpoint(path: PathLike) -> tuple[dict[str, Any], Path]:
@@ -528,7 +457,7 @@ def _tokenizer_candidates(ckpt: dict[str, Any], source: Path) -> list[Path]:
     """Where the tokenizer of a checkpoint may be, in the order they are tried."""
     run = _run_folder(source)
     found: list[Path] = []
-    if _is_hf_folder(run):
+    if is_hf_folder(run):
         found.append(run)  # an exported folder carries its tokenizer
     recorded = ckpt.get("tokenizer_dir")
     if isinstance(recorded, str) and recorded:

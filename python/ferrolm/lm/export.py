@@ -9,9 +9,9 @@ QK-norm), model.safetensors, generation_config.json and the tokenizer files
 ferrolm's default architecture is Llama's (RMSNorm, pre-norm, RoPE, SwiGLU, no biases);
 grouped-query attention maps to num_key_value_heads, and QK-norm to Qwen3's q_norm/k_norm.
 HF rotates halves of each head where ferrolm rotates pairs, so q/k rows are permuted
-(``ferrolm.lm.model.to_hf_state_dict``) and the logits are equal. Settings no exported
-architecture has are refused by name (``ferrolm.lm.model.hf_architecture``). The folder
-is written whole or not at all.
+(``ferrolm.lm.hf.to_hf_state_dict``) and the logits are equal. Settings no exported
+architecture has are refused by name (``ferrolm.lm.hf.hf_architecture``); config.json is
+``ferrolm.lm.hf.hf_config``. The folder is written whole or not at all.
 
 ``export_safetensors`` writes the weights alone, under ferrolm's own names, with the model
 config in the file's metadata: a checkpoint that needs no pickle reader.
@@ -28,11 +28,10 @@ import torch
 
 from ferrolm._util import atomic_write_bytes, atomic_write_dir, check_out
 from ferrolm.bpe import files as tf
-from ferrolm.bpe import hf
 from ferrolm.lm.checkpoint import load_model
-from ferrolm.lm.model import ModelConfig, hf_architecture, to_hf_state_dict
+from ferrolm.lm.hf import hf_config, hf_special_ids, to_hf_state_dict
 
-__all__ = ["export_hf", "export_safetensors", "hf_config", "llama_config", "MODEL_FILES"]
+__all__ = ["export_hf", "export_safetensors", "MODEL_FILES"]
 
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,59 +41,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 def _json(obj: dict) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode("utf-8")
-
-
-def _special_ids(tokenizer: Any) -> dict[str, int | None]:
-    """bos/eos/pad ids for HF: ferrolm starts a document after eos, so eos is the bos too."""
-    roles = hf.hf_special_roles(tokenizer.special_tokens)
-    ids = tokenizer.special_token_ids
-    eos = ids.get(roles.get("eos_token", ""))
-    return {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": ids.get(roles.get("pad_token", ""))}
-
-
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
-
-def hf_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> dict:
-    """config.json for the HF architecture of ``cfg`` (``hf_architecture``): its shape, RoPE
-    theta, key/value heads and tying."""
-    arch = hf_architecture(cfg)
-    config = {
-        "architectures": [_ARCHITECTURES[arch]],
-        "model_type": arch,
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.d_head,
-        "hidden_act": "silu",
-        "max_position_embeddings": cfg.context_length,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,  # transformers 4 reads this, 5 the dict below
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": dtype,  # transformers 4; 5 reads "dtype"
-        "dtype": dtype,
-        "use_cache": True,
-        **_special_ids(tokenizer),
-    }
-    if arch == "llama":
-        config["mlp_bias"] = False
-    else:  # Qwen3: every layer full attention
-        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
-        config["layer_types"] = ["full_attention"] * cfg.num_layers
-    return config
-
-
-def llama_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> dict:
-    """config.json for LlamaForCausalLM; refuses a model that needs another architecture."""
-    if hf_architecture(cfg) != "llama":
-        raise ValueError("this model has model.qk_norm: its HF architecture is Qwen3 (hf_config)")
-    return hf_config(cfg, tokenizer, dtype)
 
 
 def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
@@ -173,7 +119,7 @@ def export_hf(
     weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_state_dict(model).items()}
     files = {
         "config.json": _json(config),
-        "generation_config.json": _json({**_special_ids(tok), "do_sample": True, "temperature": 1.0, "top_k": 0}),
+        "generation_config.json": _json({**hf_special_ids(tok), "do_sample": True, "temperature": 1.0, "top_k": 0}),
         "model.safetensors": _safetensors_bytes(weights, {}),
     }
     special_ids = [(s, tok.special_token_ids[s]) for s in tok.special_tokens]

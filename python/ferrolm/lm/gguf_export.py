@@ -35,8 +35,9 @@ import numpy as np
 from ferrolm import __version__
 from ferrolm._util import check_out, fsync_dir
 from ferrolm.bpe import patterns
-from ferrolm.bpe.files import token_to_str
-from ferrolm.lm.model import ModelConfig, check_llama_compatible
+from ferrolm.bpe.fileformat import token_to_str
+from ferrolm.lm.hf import check_llama_compatible
+from ferrolm.lm.model import ModelConfig
 
 __all__ = ["export_gguf", "gguf_tensors", "is_ferrolm_gguf", "PRE_TOKENIZERS", "DTYPES"]
 

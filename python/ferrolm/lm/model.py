@@ -84,6 +84,7 @@ from ferrolm.lm import functional, gemm
 from ferrolm.lm.config import _MODEL_CHOICES as _CHOICES
 from ferrolm.lm.config import ModelConfig
 from ferrolm.lm.device import is_compiling
+from ferrolm.lm.hf import hf_architecture, to_hf_llama_state_dict, to_hf_state_dict
 
 __all__ = [
     "ModelConfig",
@@ -99,13 +100,13 @@ __all__ = [
     "TransformerLM",
     "KVCache",
     "causal_mask",
+    "rotate_pairs_real",
     "count_parameters",
     "flops_per_token",
+    # Hugging Face interop lives in ferrolm.lm.hf; these names stay importable from here
     "hf_architecture",
     "to_hf_state_dict",
     "to_hf_llama_state_dict",
-    "from_hf_llama_state_dict",
-    "check_llama_compatible",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -312,8 +313,9 @@ _FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN, "relu2": ReLU2FFN}
 # --------------------------------------------------------------------------------------
 
 
-def _rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The same rotation in real arithmetic: (x_2k cos - x_2k+1 sin, x_2k sin + x_2k+1 cos)."""
+def rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The same rotation in real arithmetic: (x_2k cos - x_2k+1 sin, x_2k sin + x_2k+1 cos),
+    the form ``RotaryEmbedding`` takes under torch.compile (inductor has no complex numbers)."""
     x_even, x_odd = x.unflatten(-1, (-1, 2)).unbind(-1)
     return torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1).flatten(-2)
 
@@ -363,7 +365,7 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., seq, d/2)
         work = x.to(torch.promote_types(x.dtype, torch.float32))
         if is_compiling():  # inductor cannot generate code for complex ops; it fuses this form
-            return _rotate_pairs_real(work, cos, sin).to(x.dtype)
+            return rotate_pairs_real(work, cos, sin).to(x.dtype)
         if work.stride(-1) != 1 or work.storage_offset() % 2 or any(st % 2 for st in work.stride()[:-1]):
             work = work.contiguous()  # view_as_complex needs (re, im) adjacent and aligned
         pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))  # x_2k + i x_2k+1
@@ -913,152 +915,3 @@ def _matmul_weights_per_layer(cfg: ModelConfig) -> int:
     d = cfg.d_model
     ffn = 3 * d * cfg.d_ff if cfg.ffn == "swiglu" else 2 * d * cfg.ffn_hidden
     return 2 * d * d + 2 * d * cfg.kv_heads * cfg.d_head + ffn
-
-
-# --------------------------------------------------------------------------------------
-# Export to Hugging Face transformers
-# --------------------------------------------------------------------------------------
-
-
-def _llama_differences(cfg: ModelConfig) -> list[str]:
-    """Each setting of ``cfg`` that Llama's computation lacks (QK-norm and GQA aside), by name."""
-    wanted = {
-        "norm": "rms",
-        "norm_position": "pre",
-        "positions": "rope",
-        "ffn": "swiglu",
-        "logit_softcap": 0.0,
-        "value_embeds": False,
-        "x0_mix": False,
-    }
-    return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
-
-
-def hf_architecture(cfg: ModelConfig) -> str:
-    """The Hugging Face architecture that computes ``cfg``'s logits: "llama", or "qwen3"
-    with ``qk_norm`` (Qwen3's per-head q_norm/k_norm, exported with unit weights). Raise
-    ValueError naming each setting neither expresses.
-
-    Qwen3 normalizes q and k before RoPE where ferrolm does after; RoPE rotates pairs and so
-    keeps each head's norm, and with unit weights the two orders give the same vectors.
-    Grouped-query attention maps to num_key_value_heads, tying to tie_word_embeddings;
-    zero_init_output is only an initialization; doc_mask changes nothing for a sequence
-    with no end-of-text token after its first position (HF attends across documents).
-    """
-    bad = _llama_differences(cfg)
-    if bad:
-        raise ValueError(
-            f"{', '.join(bad)}: the Hugging Face architectures ferrolm exports to (Llama, and Qwen3 for "
-            "model.qk_norm) have only RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and neither value "
-            "embeddings nor x0 mixing, so this model "
-            "cannot be exported"
-        )
-    return "qwen3" if cfg.qk_norm else "llama"
-
-
-def to_hf_state_dict(model: TransformerLM) -> dict[str, Tensor]:
-    """The weights of ``model`` under HF ``LlamaForCausalLM``'s names (``Qwen3ForCausalLM``'s,
-    which adds ``self_attn.{q,k}_norm.weight``, with ``qk_norm``), for a config with
-    hidden_size = d_model, intermediate_size = d_ff, num_key_value_heads = the model's
-    key/value heads, head_dim = d_head, rms_norm_eps = norm_eps, rope theta = rope_theta,
-    no biases, and tie_word_embeddings = tie_embeddings (a tied model has no
-    ``lm_head.weight``: HF ties it to the embedding). See ``hf_architecture``.
-
-    HF rotates halves of each head (x[i], x[i + d_head/2]) where ferrolm rotates pairs
-    (x[2i], x[2i+1]), so each head's rows of W_Q and W_K are permuted, evens then odds:
-    the logits are equal. Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary
-    buffers are not weights).
-    """
-    cfg = model.config
-    hf_architecture(cfg)
-    dh = cfg.d_head
-    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
-    sd = model.state_dict()
-    device = sd["lm_head.weight"].device
-    q_rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)]).to(device)
-    k_rows = torch.cat([h * dh + perm for h in range(cfg.kv_heads)]).to(device)
-    out = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = sd["lm_head.weight"]
-    names = {
-        "self_attn.v_proj": "attn.v_proj",
-        "self_attn.o_proj": "attn.output_proj",
-        "mlp.gate_proj": "ffn.w1",
-        "mlp.up_proj": "ffn.w3",
-        "mlp.down_proj": "ffn.w2",
-        "input_layernorm": "ln1",
-        "post_attention_layernorm": "ln2",
-    }
-    unit = sd["ln_final.weight"].new_ones(dh)
-    for i in range(cfg.num_layers):
-        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][q_rows]
-        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][k_rows]
-        for hf_name, name in names.items():
-            out[theirs + hf_name + ".weight"] = sd[ours + name + ".weight"]
-        if cfg.qk_norm:  # ferrolm's QK-norm has no weight: Qwen3's with unit weights
-            out[theirs + "self_attn.q_norm.weight"] = unit.clone()  # one tensor per name (safetensors)
-            out[theirs + "self_attn.k_norm.weight"] = unit.clone()
-    return out
-
-
-to_hf_llama_state_dict = to_hf_state_dict  # the name from when Llama was the only target
-
-
-def from_hf_llama_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """The inverse of ``to_hf_state_dict``: HF ``LlamaForCausalLM`` (or, with ``qk_norm``,
-    ``Qwen3ForCausalLM``) weights under ferrolm's names, each head's q/k rows put back from
-    halves order into pairs order. A tied model's ``lm_head.weight`` is the embedding.
-    Raises KeyError on a missing weight, ValueError on q/k norm weights other than ones
-    (ferrolm's QK-norm has no weight)."""
-    hf_architecture(cfg)
-    dh = cfg.d_head
-    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
-    q_rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
-    k_rows = torch.cat([h * dh + perm for h in range(cfg.kv_heads)])
-    embed = sd["model.embed_tokens.weight"]
-    out = {"token_embeddings.weight": embed, "ln_final.weight": sd["model.norm.weight"]}
-    out["lm_head.weight"] = embed if cfg.tie_embeddings else sd["lm_head.weight"]
-    names = {
-        "attn.v_proj": "self_attn.v_proj",
-        "attn.output_proj": "self_attn.o_proj",
-        "ffn.w1": "mlp.gate_proj",
-        "ffn.w3": "mlp.up_proj",
-        "ffn.w2": "mlp.down_proj",
-        "ln1": "input_layernorm",
-        "ln2": "post_attention_layernorm",
-    }
-    for i in range(cfg.num_layers):
-        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        for proj, rows in (("q_proj", q_rows), ("k_proj", k_rows)):
-            hf_weight = sd[theirs + f"self_attn.{proj}.weight"]
-            w = torch.empty_like(hf_weight)
-            w[rows.to(w.device)] = hf_weight  # export took w[rows]; this undoes it
-            out[ours + f"attn.{proj}.weight"] = w
-        for name, hf_name in names.items():
-            out[ours + name + ".weight"] = sd[theirs + hf_name + ".weight"]
-        if cfg.qk_norm:
-            for norm in ("q_norm", "k_norm"):
-                if not bool((sd[theirs + f"self_attn.{norm}.weight"] == 1).all()):
-                    raise ValueError(
-                        f"{theirs}self_attn.{norm}.weight is not all ones: ferrolm's QK-norm has no weight"
-                    )
-    return out
-
-
-def check_llama_compatible(cfg: ModelConfig) -> None:
-    """Raise ValueError naming each setting that llama.cpp's "llama" architecture, as
-    ferrolm writes it to GGUF, cannot compute (everything Llama cannot, QK-norm and
-    grouped-query attention), and the preset that trains a model it can."""
-    bad = _llama_differences(cfg)
-    if cfg.qk_norm:
-        bad.append("model.qk_norm = True")
-    if cfg.kv_heads != cfg.num_heads:
-        bad.append(f"model.num_kv_heads = {cfg.kv_heads}")
-    if bad:
-        raise ValueError(
-            f"{', '.join(bad)}: llama.cpp's llama architecture, the one ferrolm writes to GGUF, computes only "
-            "RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and full multi-head attention (no QK-norm, value "
-            "embeddings, x0 mixing or grouped key/value heads in this export), so this model cannot be exported "
-            "as GGUF; train with --config cs336, the Llama recipe, for a model that can"
-        )

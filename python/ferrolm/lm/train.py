@@ -119,6 +119,11 @@ __all__ = [
     "read_metrics",
     "latest_checkpoint",
     "PEAK_FLOPS_BF16",
+    "build_model",
+    "Dist",
+    "sampler_seed",
+    "validation_starts",
+    "val_bytes_per_token",
 ]
 
 
@@ -166,7 +171,10 @@ class RunState:
 
 
 @dataclass
-class _Dist:
+class Dist:
+    """This process's place in a run: rank, local rank and world size (``Dist()``: a run of
+    one process); ``setup_distributed`` joins torchrun's group and says which."""
+
     rank: int = 0
     local_rank: int = 0
     world: int = 1
@@ -186,7 +194,7 @@ class Run:
     """What a training run is built from, once, before the first step."""
 
     cfg: TrainConfig
-    dist: _Dist
+    dist: Dist
     device: torch.device
     bf16: bool
     run_dir: Path
@@ -238,7 +246,7 @@ def train(
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
+def _train(cfg: TrainConfig, dist_: Dist, resume, on_step) -> TrainSummary:
     run, state = setup_run(cfg, dist_, resume)
     sched = cfg.schedule
     records: list[dict] = []
@@ -308,7 +316,7 @@ def _train(cfg: TrainConfig, dist_: _Dist, resume, on_step) -> TrainSummary:
 # ---------------------------------------------------------------------------------------
 
 
-def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
+def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
     """Everything before the first step, in an order that keeps resumed runs bit-exact."""
     main = dist_.is_main
     device, bf16 = setup_device(cfg, dist_.local_rank)
@@ -326,13 +334,13 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     params = [p for p in model.parameters() if p.requires_grad]
     accum, tokens_per_step = micro_batches(cfg, dist_)
     sampler = torch.Generator()
-    sampler.manual_seed(_sampler_seed(cfg.run.seed, dist_.rank))
+    sampler.manual_seed(sampler_seed(cfg.run.seed, dist_.rank))
     state, loader_state = RunState(), None
     if ckpt is not None:
         state, loader_state = resume_state(ckpt, ckpt_path, cfg, dist_, model, optimizer, train_data)
         del ckpt  # free the loaded tensors
         if loader_state is None:
-            sampler.manual_seed(_sampler_seed(cfg.run.seed + state.step, dist_.rank))
+            sampler.manual_seed(sampler_seed(cfg.run.seed + state.step, dist_.rank))
     rows = make_rows(cfg, train_data, sampler)
     if loader_state is not None:
         rows.set_state(loader_state)
@@ -381,7 +389,7 @@ def setup_run(cfg: TrainConfig, dist_: _Dist, resume) -> tuple[Run, RunState]:
     return run, state
 
 
-def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device, dist_: _Dist) -> Optional[float]:
+def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device, dist_: Dist) -> Optional[float]:
     """UTF-8 bytes per predicted token of the validation windows (all processes), when
     data.tokenizer names a folder: bits per byte = val loss / ln 2 / this."""
     if not cfg.data.tokenizer or not Path(cfg.data.tokenizer).is_dir():
@@ -394,11 +402,11 @@ def val_bytes_per_token(cfg: TrainConfig, val_data: TokenShards, starts, device,
     return float(total[0] / total[1]) if total[0] > 0 else None
 
 
-def setup_distributed(device_name: str) -> _Dist:
+def setup_distributed(device_name: str) -> Dist:
     """Join the process group torchrun describes in the environment (a no-op alone)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return _Dist()
+        return Dist()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     initialized_here = False
     if not dist.is_initialized():
@@ -408,7 +416,7 @@ def setup_distributed(device_name: str) -> _Dist:
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
         dist.init_process_group(backend=backend)
         initialized_here = True
-    return _Dist(
+    return Dist(
         rank=dist.get_rank(), local_rank=local_rank, world=dist.get_world_size(), initialized_here=initialized_here
     )
 
@@ -572,7 +580,7 @@ def set_hyperparameters(optimizer: torch.optim.Optimizer, cfg: OptimizerSection,
             )
 
 
-def micro_batches(cfg: TrainConfig, dist_: _Dist) -> tuple[int, int]:
+def micro_batches(cfg: TrainConfig, dist_: Dist) -> tuple[int, int]:
     """(micro-batches per optimizer step, tokens per optimizer step over all processes)."""
     micro_tokens = cfg.schedule.batch_size * cfg.model.context_length * dist_.world
     accum = 1
@@ -587,7 +595,8 @@ def micro_batches(cfg: TrainConfig, dist_: _Dist) -> tuple[int, int]:
     return accum, accum * micro_tokens
 
 
-def _sampler_seed(seed: int, rank: int) -> int:
+def sampler_seed(seed: int, rank: int) -> int:
+    """The seed of process ``rank``'s batch stream in a run seeded ``seed``: one stream per rank."""
     return (seed * 1_000_003 + 7919 * (rank + 1)) % (2**63)
 
 
@@ -607,7 +616,7 @@ def _eos_id(data: TokenShards, what: str) -> int:
     return data.eos_id
 
 
-def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, model, optimizer, train_data):
+def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: Dist, model, optimizer, train_data):
     """Load `ckpt` into the model, optimizer and RNGs; return the run state it saved and this
     process's saved loader state (None when the batches cannot be replayed: reseeded)."""
     if ckpt.get("tokenizer_fingerprint") not in (None, train_data.fingerprint):
@@ -650,7 +659,7 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: _Dist, mo
     ), loader_state
 
 
-def wrap_model(model, cfg: TrainConfig, dist_: _Dist, device: torch.device):
+def wrap_model(model, cfg: TrainConfig, dist_: Dist, device: torch.device):
     """(the model the step runs: DDP-wrapped under torchrun unless already sharded, the model
     evaluation runs, the step's loss function: model forward and cross-entropy, compiled as
     one graph per run.compile)."""
@@ -661,12 +670,12 @@ def wrap_model(model, cfg: TrainConfig, dist_: _Dist, device: torch.device):
     return ddp, ddp.module, loss  # evaluation needs no DDP hooks
 
 
-def _sharded(cfg: TrainConfig, dist_: _Dist) -> bool:
+def _sharded(cfg: TrainConfig, dist_: Dist) -> bool:
     """FSDP2 (run.parallel = "fsdp") under torchrun; one process never shards."""
     return dist_.enabled and cfg.run.parallel == "fsdp"
 
 
-def validation_starts(cfg: TrainConfig, val_data: TokenShards, dist_: _Dist) -> torch.Tensor:
+def validation_starts(cfg: TrainConfig, val_data: TokenShards, dist_: Dist) -> torch.Tensor:
     """Fixed validation windows, drawn once from their own seed; each process takes a slice."""
     val_gen = torch.Generator()
     val_gen.manual_seed(cfg.run.seed + 999_983)
@@ -1075,7 +1084,7 @@ def saved_state(run: Run):
     return _Saved(model_sd), _Saved(optim_sd)
 
 
-def _gather_states(state: torch.Tensor, dist_: _Dist, device: torch.device) -> list[torch.Tensor]:
+def _gather_states(state: torch.Tensor, dist_: Dist, device: torch.device) -> list[torch.Tensor]:
     if not dist_.enabled:
         return [state]
     t = state.to(device)
@@ -1124,7 +1133,7 @@ def save_best(run: Run, state: RunState) -> None:
     _barrier(run.dist)
 
 
-def _barrier(dist_: _Dist) -> None:
+def _barrier(dist_: Dist) -> None:
     if dist_.enabled:
         dist.barrier()
 

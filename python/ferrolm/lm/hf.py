@@ -1,0 +1,345 @@
+"""Hugging Face interop for the model: ferrolm's Transformer as HF's ``LlamaForCausalLM``
+(``Qwen3ForCausalLM`` for a model with QK-norm) and back.
+
+    hf_architecture(cfg)            "llama" or "qwen3"; ValueError naming what neither has
+    to_hf_state_dict(model)         weights under HF's names (q/k rows permuted: equal logits)
+    from_hf_llama_state_dict(sd, cfg)   the inverse
+    hf_config(cfg, tokenizer)       config.json out (``ferrolm.lm.export`` writes the folder)
+    read_hf_folder(path)            config.json and model.safetensors in (``load_model`` reads
+                                    an exported folder through it)
+    check_llama_compatible(cfg)     what llama.cpp's "llama" architecture can express (GGUF)
+
+The tokenizer's HF files are ``ferrolm.bpe.hf``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ferrolm.bpe import files as tf
+from ferrolm.bpe.hf import hf_special_roles
+from ferrolm.lm.config import ModelConfig
+
+__all__ = [
+    "hf_architecture",
+    "to_hf_state_dict",
+    "to_hf_llama_state_dict",
+    "from_hf_llama_state_dict",
+    "check_llama_compatible",
+    "hf_config",
+    "llama_config",
+    "hf_special_ids",
+    "ARCHITECTURES",
+    "is_hf_folder",
+    "model_config_from_hf",
+    "read_hf_folder",
+    "safetensors_open",
+]
+
+# --------------------------------------------------------------------------------------
+# Architectures and weights, both ways
+# --------------------------------------------------------------------------------------
+
+
+def _llama_differences(cfg: ModelConfig) -> list[str]:
+    """Each setting of ``cfg`` that Llama's computation lacks (QK-norm and GQA aside), by name."""
+    wanted = {
+        "norm": "rms",
+        "norm_position": "pre",
+        "positions": "rope",
+        "ffn": "swiglu",
+        "logit_softcap": 0.0,
+        "value_embeds": False,
+        "x0_mix": False,
+    }
+    return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
+
+
+def hf_architecture(cfg: ModelConfig) -> str:
+    """The Hugging Face architecture that computes ``cfg``'s logits: "llama", or "qwen3"
+    with ``qk_norm`` (Qwen3's per-head q_norm/k_norm, exported with unit weights). Raise
+    ValueError naming each setting neither expresses.
+
+    Qwen3 normalizes q and k before RoPE where ferrolm does after; RoPE rotates pairs and so
+    keeps each head's norm, and with unit weights the two orders give the same vectors.
+    Grouped-query attention maps to num_key_value_heads, tying to tie_word_embeddings;
+    zero_init_output is only an initialization; doc_mask changes nothing for a sequence
+    with no end-of-text token after its first position (HF attends across documents).
+    """
+    bad = _llama_differences(cfg)
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)}: the Hugging Face architectures ferrolm exports to (Llama, and Qwen3 for "
+            "model.qk_norm) have only RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and neither value "
+            "embeddings nor x0 mixing, so this model "
+            "cannot be exported"
+        )
+    return "qwen3" if cfg.qk_norm else "llama"
+
+
+def to_hf_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The weights of ``model`` (a ``TransformerLM``) under HF ``LlamaForCausalLM``'s names (``Qwen3ForCausalLM``'s,
+    which adds ``self_attn.{q,k}_norm.weight``, with ``qk_norm``), for a config with
+    hidden_size = d_model, intermediate_size = d_ff, num_key_value_heads = the model's
+    key/value heads, head_dim = d_head, rms_norm_eps = norm_eps, rope theta = rope_theta,
+    no biases, and tie_word_embeddings = tie_embeddings (a tied model has no
+    ``lm_head.weight``: HF ties it to the embedding). See ``hf_architecture``.
+
+    HF rotates halves of each head (x[i], x[i + d_head/2]) where ferrolm rotates pairs
+    (x[2i], x[2i+1]), so each head's rows of W_Q and W_K are permuted, evens then odds:
+    the logits are equal. Load with ``hf.load_state_dict(sd, strict=False)`` (HF's rotary
+    buffers are not weights).
+    """
+    cfg = model.config
+    hf_architecture(cfg)
+    dh = cfg.d_head
+    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
+    sd = model.state_dict()
+    device = sd["lm_head.weight"].device
+    q_rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)]).to(device)
+    k_rows = torch.cat([h * dh + perm for h in range(cfg.kv_heads)]).to(device)
+    out = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    names = {
+        "self_attn.v_proj": "attn.v_proj",
+        "self_attn.o_proj": "attn.output_proj",
+        "mlp.gate_proj": "ffn.w1",
+        "mlp.up_proj": "ffn.w3",
+        "mlp.down_proj": "ffn.w2",
+        "input_layernorm": "ln1",
+        "post_attention_layernorm": "ln2",
+    }
+    unit = sd["ln_final.weight"].new_ones(dh)
+    for i in range(cfg.num_layers):
+        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
+        out[theirs + "self_attn.q_proj.weight"] = sd[ours + "attn.q_proj.weight"][q_rows]
+        out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][k_rows]
+        for hf_name, name in names.items():
+            out[theirs + hf_name + ".weight"] = sd[ours + name + ".weight"]
+        if cfg.qk_norm:  # ferrolm's QK-norm has no weight: Qwen3's with unit weights
+            out[theirs + "self_attn.q_norm.weight"] = unit.clone()  # one tensor per name (safetensors)
+            out[theirs + "self_attn.k_norm.weight"] = unit.clone()
+    return out
+
+
+to_hf_llama_state_dict = to_hf_state_dict  # the name from when Llama was the only target
+
+
+def from_hf_llama_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """The inverse of ``to_hf_state_dict``: HF ``LlamaForCausalLM`` (or, with ``qk_norm``,
+    ``Qwen3ForCausalLM``) weights under ferrolm's names, each head's q/k rows put back from
+    halves order into pairs order. A tied model's ``lm_head.weight`` is the embedding.
+    Raises KeyError on a missing weight, ValueError on q/k norm weights other than ones
+    (ferrolm's QK-norm has no weight)."""
+    hf_architecture(cfg)
+    dh = cfg.d_head
+    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])
+    q_rows = torch.cat([h * dh + perm for h in range(cfg.num_heads)])
+    k_rows = torch.cat([h * dh + perm for h in range(cfg.kv_heads)])
+    embed = sd["model.embed_tokens.weight"]
+    out = {"token_embeddings.weight": embed, "ln_final.weight": sd["model.norm.weight"]}
+    out["lm_head.weight"] = embed if cfg.tie_embeddings else sd["lm_head.weight"]
+    names = {
+        "attn.v_proj": "self_attn.v_proj",
+        "attn.output_proj": "self_attn.o_proj",
+        "ffn.w1": "mlp.gate_proj",
+        "ffn.w3": "mlp.up_proj",
+        "ffn.w2": "mlp.down_proj",
+        "ln1": "input_layernorm",
+        "ln2": "post_attention_layernorm",
+    }
+    for i in range(cfg.num_layers):
+        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
+        for proj, rows in (("q_proj", q_rows), ("k_proj", k_rows)):
+            hf_weight = sd[theirs + f"self_attn.{proj}.weight"]
+            w = torch.empty_like(hf_weight)
+            w[rows.to(w.device)] = hf_weight  # export took w[rows]; this undoes it
+            out[ours + f"attn.{proj}.weight"] = w
+        for name, hf_name in names.items():
+            out[ours + name + ".weight"] = sd[theirs + hf_name + ".weight"]
+        if cfg.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                if not bool((sd[theirs + f"self_attn.{norm}.weight"] == 1).all()):
+                    raise ValueError(
+                        f"{theirs}self_attn.{norm}.weight is not all ones: ferrolm's QK-norm has no weight"
+                    )
+    return out
+
+
+def check_llama_compatible(cfg: ModelConfig) -> None:
+    """Raise ValueError naming each setting that llama.cpp's "llama" architecture, as
+    ferrolm writes it to GGUF, cannot compute (everything Llama cannot, QK-norm and
+    grouped-query attention), and the preset that trains a model it can."""
+    bad = _llama_differences(cfg)
+    if cfg.qk_norm:
+        bad.append("model.qk_norm = True")
+    if cfg.kv_heads != cfg.num_heads:
+        bad.append(f"model.num_kv_heads = {cfg.kv_heads}")
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)}: llama.cpp's llama architecture, the one ferrolm writes to GGUF, computes only "
+            "RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and full multi-head attention (no QK-norm, value "
+            "embeddings, x0 mixing or grouped key/value heads in this export), so this model cannot be exported "
+            "as GGUF; train with --config cs336, the Llama recipe, for a model that can"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Config out: config.json and the special token ids
+# --------------------------------------------------------------------------------------
+
+
+def hf_special_ids(tokenizer: Any) -> dict[str, int | None]:
+    """bos/eos/pad ids for HF: ferrolm starts a document after eos, so eos is the bos too."""
+    roles = hf_special_roles(tokenizer.special_tokens)
+    ids = tokenizer.special_token_ids
+    eos = ids.get(roles.get("eos_token", ""))
+    return {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": ids.get(roles.get("pad_token", ""))}
+
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def hf_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> dict:
+    """config.json for the HF architecture of ``cfg`` (``hf_architecture``): its shape, RoPE
+    theta, key/value heads and tying."""
+    arch = hf_architecture(cfg)
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.d_head,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,  # transformers 4 reads this, 5 the dict below
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": dtype,  # transformers 4; 5 reads "dtype"
+        "dtype": dtype,
+        "use_cache": True,
+        **hf_special_ids(tokenizer),
+    }
+    if arch == "llama":
+        config["mlp_bias"] = False
+    else:  # Qwen3: every layer full attention
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
+        config["layer_types"] = ["full_attention"] * cfg.num_layers
+    return config
+
+
+def llama_config(cfg: ModelConfig, tokenizer: Any, dtype: str = "float32") -> dict:
+    """config.json for LlamaForCausalLM; refuses a model that needs another architecture."""
+    if hf_architecture(cfg) != "llama":
+        raise ValueError("this model has model.qk_norm: its HF architecture is Qwen3 (hf_config)")
+    return hf_config(cfg, tokenizer, dtype)
+
+
+# --------------------------------------------------------------------------------------
+# In: an exported folder (config.json, model.safetensors)
+# --------------------------------------------------------------------------------------
+
+
+def is_hf_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder of HF model files (config.json and safetensors weights)."""
+    return (path / "config.json").is_file() and (
+        (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+    )
+
+
+def safetensors_open():
+    """safetensors' ``safe_open``; an ImportError saying how to install it when it is missing."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise ImportError(
+            "reading .safetensors weights needs the safetensors package: pip install safetensors"
+        ) from None
+    return safe_open
+
+
+def model_config_from_hf(hf: dict, path: Path) -> ModelConfig:
+    """The ModelConfig of the HF config.json dict ``hf`` read from the folder ``path`` (Llama,
+    or Qwen3 for a model with QK-norm); ValueError naming what ferrolm's model cannot be."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path / 'config.json'} is not a JSON object (a {type(hf).__name__})")
+    if hf.get("model_type") not in ("llama", "qwen3"):
+        raise ValueError(
+            f"{path}: only Llama and Qwen3 models (as ferrolm exports them) load; "
+            f"config.json says {hf.get('model_type')!r}"
+        )
+    heads = hf.get("num_attention_heads")
+    odd = [
+        f"{k} = {hf.get(k)!r}"
+        for k, ok in (
+            ("hidden_act", hf.get("hidden_act", "silu") == "silu"),
+            ("attention_bias", not hf.get("attention_bias", False)),
+            ("mlp_bias", not hf.get("mlp_bias", False)),
+            ("rope_scaling", not hf.get("rope_scaling")),
+        )
+        if not ok
+    ]
+    if odd:
+        raise ValueError(f"{path}: ferrolm's model has no equivalent of {', '.join(odd)}")
+    rope = hf.get("rope_parameters") or {}
+    try:
+        cfg = ModelConfig(
+            vocab_size=hf["vocab_size"],
+            context_length=hf["max_position_embeddings"],
+            d_model=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            qk_norm=hf["model_type"] == "qwen3",
+            d_ff=hf["intermediate_size"],
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path / 'config.json'}: not a usable Llama config ({type(e).__name__}: {e})") from None
+    if hf.get("head_dim", cfg.d_head) != cfg.d_head:
+        raise ValueError(f"{path}: head_dim {hf['head_dim']} is not hidden_size / num_attention_heads")
+    return cfg
+
+
+def read_hf_folder(path: Path) -> dict[str, Any]:
+    """A checkpoint dict (config, model weights under ferrolm's names, the tokenizer
+    fingerprint) from an exported Hugging Face folder (``ferrolm export``: Llama, or Qwen3
+    for a model with QK-norm). ValueError naming the file and what is wrong with it."""
+    safe_open = safetensors_open()
+    if not (path / "model.safetensors").is_file():
+        raise ValueError(f"{path}: weights split over several files are not supported (no model.safetensors)")
+    try:
+        hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path / 'config.json'} is not readable JSON ({e})") from None
+    cfg = model_config_from_hf(hf, path)
+    try:
+        with safe_open(os.fspath(path / "model.safetensors"), framework="pt") as f:
+            hf_sd = {k: f.get_tensor(k) for k in f.keys()}
+        sd = from_hf_llama_state_dict(hf_sd, cfg)
+    except KeyError as e:
+        raise ValueError(f"{path / 'model.safetensors'} lacks the weight {e}") from None
+    except Exception as e:
+        raise ValueError(f"{path / 'model.safetensors'} is not readable ({type(e).__name__}: {e})") from None
+    fingerprint = None  # the tokenizer record beside the weights says which tokenizer they need
+    try:
+        fingerprint = json.loads((path / tf.RECORD_FILE).read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        pass
+    return {"config": {"model": cfg.to_dict()}, "model": sd, "iteration": None, "tokenizer_fingerprint": fingerprint}
