@@ -555,3 +555,59 @@ def test_an_exported_folder_serves_the_same_text_and_sigterm_drains(server, file
         if exported.proc.poll() is None:
             exported.proc.kill()
     assert os.path.isdir(folder)
+
+
+# ----------------------------------------------------------------------- stop strings ---
+
+
+def _first_stop_naive(text: str, stops: list[str]) -> str:
+    """The text before the stop string that ends first (the longest of those ending together)."""
+    for end in range(1, len(text) + 1):
+        found = [s for s in stops if s and text[:end].endswith(s)]
+        if found:
+            return text[: end - max(map(len, found))]
+    return text
+
+
+def test_stop_text_equals_the_naive_matcher_on_random_texts_pieces_and_stops():
+    import random
+
+    from ferrolm.lm.generate import StopText
+
+    rng = random.Random(3)
+    for case in range(3000):
+        alphabet = "ab" if case % 2 else "abc\n"
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(0, 4))]
+        cuts = sorted(rng.sample(range(len(text) + 1), rng.randint(0, len(text) + 1)))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        stop, shown, seen = StopText(stops), "", ""
+        for piece in pieces:
+            shown += stop.feed(piece)
+            seen += piece
+            want = _first_stop_naive(seen, stops)
+            if want != seen:  # a stop string appeared: the text before it, and done
+                assert (shown, stop.done) == (want, True), (text, stops, pieces)
+                break
+            # held back: exactly the longest end of the text that begins some stop string
+            held = max((k for s in stops for k in range(1, len(s)) if seen.endswith(s[:k])), default=0)
+            assert shown == seen[: len(seen) - held] and not stop.done, (text, stops, pieces)
+        shown += stop.flush()
+        assert shown == _first_stop_naive(text, stops), (text, stops, pieces)
+        assert StopText(stops).cut(text) == shown
+
+
+def test_stop_strings_as_long_as_the_output_cost_time_linear_in_it():
+    from ferrolm.lm.generate import StopText
+
+    # A text that keeps matching most of each stop string: the held-back end and the
+    # candidate prefixes are as long as the stop strings, every step.
+    n = 200_000
+    stops = ["a" * (n // 2) + "b", "a" * (n // 3) + "c", "ab" * (n // 4) + "d", "x" * n]
+    stop = StopText(stops)
+    started = time.monotonic()
+    shown = "".join(stop.feed("a") for _ in range(n)) + stop.flush()
+    assert time.monotonic() - started < 30  # a matcher quadratic in the stop length takes hours here
+    assert shown == "a" * n and not stop.done
+    stop = StopText(stops)
+    assert stop.feed("a" * (n // 3) + "c" + "tail") == "" and stop.done
