@@ -145,6 +145,61 @@ def test_engine_cancel_frees_the_row_and_the_others_go_on():
     assert not isinstance(end, Failed)
 
 
+def test_engine_shares_rows_fairly_between_groups_and_parked_rows_resume_exactly():
+    torch.manual_seed(0)
+    model = TransformerLM(64, 16, d_model=32, num_layers=2, num_heads=4, d_ff=64).eval()
+
+    def token_bytes(t: int) -> bytes:
+        return bytes([97 + t % 26])
+
+    engine = Engine(model, token_bytes, eos_id=None, max_batch=4).start()
+    order: queue.Queue = queue.Queue()  # (group, index) of each sequence, as each one finishes
+    cases = {}
+    for group, count, n in (("big", 8, 150), ("small", 2, 10)):
+        for i in range(count):
+            events: queue.Queue = queue.Queue()
+
+            def on_event(e, events=events, key=(group, i)):
+                events.put(e)
+                if isinstance(e, Finished):
+                    order.put(key)
+
+            prompt = [1 + i, 2, 3]
+            engine.submit(prompt, SamplingParams(max_tokens=n, seed=i, temperature=0.8), on_event, group=group)
+            cases[(group, i)] = (prompt, n, i, events)
+        if group == "big":
+            _wait_counts(engine, (4, 4))  # the big group holds every row
+    finished = [order.get(timeout=60) for _ in cases]
+    # the small group got its share of rows at once: it ended before any of the big one
+    assert {finished[0][0], finished[1][0]} == {"small"}, finished
+    for prompt, n, seed, events in cases.values():
+        text, end = _engine_text(events)  # parked rows were recomputed: the same text as alone
+        assert text == _alone(model, token_bytes, None, prompt, n, seed, temperature=0.8) and end.reason == "length"
+    _wait_counts(engine, (0, 0))
+    engine.close(timeout=10)
+
+
+def test_engine_queue_limit_counts_waiting_groups_and_close_can_cancel_everything():
+    from ferrolm.lm.engine import QueueFull
+
+    torch.manual_seed(0)
+    model = TransformerLM(64, 32, d_model=32, num_layers=2, num_heads=4, d_ff=64).eval()
+    engine = Engine(model, lambda t: b"x", eos_id=None, max_batch=1, max_queue=1).start()
+    running, waiting = queue.Queue(), queue.Queue()
+    forever = SamplingParams(max_tokens=10**9, temperature=0.0)
+    engine.submit([1], forever, running.put, group="a")
+    running.get(timeout=30)
+    engine.submit([2], forever, waiting.put, group="b")
+    with pytest.raises(QueueFull, match="1 requests already wait"):
+        engine.submit([3], forever, waiting.put, group="c")
+    engine.submit([4], forever, waiting.put, group="b")  # one more of a queued group is no new request
+    assert engine.counts() == (1, 2)
+    started = time.monotonic()
+    engine.close(timeout=30, cancel=True)
+    assert not engine._thread.is_alive() and time.monotonic() - started < 30
+    assert waiting.empty()
+
+
 def test_chat_template_comes_from_the_tokenizer_folder_else_plain_text(tmp_path):
     pytest.importorskip("jinja2")
     from ferrolm.app.serve import PLAIN_CHAT_STOP, ChatTemplate
