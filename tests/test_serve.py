@@ -4,12 +4,14 @@ give `ferrolm generate`'s text, a bounded load test, disconnects, bad input, a c
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -237,6 +239,9 @@ def test_serve_without_the_extra_names_it_and_bad_options_are_errors(files, monk
         (["--max-batch", "0"], "--max-batch"),
         (["--stream-interval", "-1"], "--stream-interval"),
         (["--stream-interval", "nan"], "--stream-interval"),
+        (["--max-queue", "-1"], "--max-queue"),
+        (["--write-timeout", "0"], "--write-timeout"),
+        (["--shutdown-grace", "nan"], "--shutdown-grace"),
     ):
         assert main(base + bad) == 2
         assert message in capsys.readouterr().err
@@ -295,7 +300,7 @@ class Server:
             raise RuntimeError("the server did not start:\n" + "".join(self.log))
         line = next(x for x in self.log if "serving " in x)
         self.name = line.split()[1]
-        self.port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", line).group(1))
+        self.port = int(re.search(r"http://[^ ]+:(\d+)/v1", line).group(1))
         self.url = f"http://127.0.0.1:{self.port}"
 
     def request(self, method: str, path: str, body=None, timeout: float = 60) -> tuple[int, dict]:
@@ -350,6 +355,7 @@ def _generate_cli(files, capsys, prompt: str, n: int, seed: int, *extra) -> str:
 
 def test_models_and_health(server):
     assert server.name == "run/best"
+    assert not any("warning" in line for line in server.log)  # 127.0.0.1: no warning
     assert [m.id for m in server.client().models.list().data] == ["run/best"]
     status, body = server.request("GET", "/health")
     assert status == 200 and body["status"] == "ok" and body["model"] == "run/best"
@@ -666,3 +672,200 @@ def test_stop_strings_as_long_as_the_output_cost_time_linear_in_it():
     assert shown == "a" * n and not stop.done
     stop = StopText(stops)
     assert stop.feed("a" * (n // 3) + "c" + "tail") == "" and stop.done
+
+
+# ----------------------------------------------------------------------- abuse ---
+
+
+def _stalled_stream(port: int, body: dict) -> socket.socket:
+    """A streaming request from a client that never reads (a tiny receive buffer: the
+    server's sends block soon)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    data = json.dumps({**body, "stream": True}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
+    sock.sendall(head.encode() + b"\r\n\r\n" + data)
+    return sock
+
+
+def _stop_within(s: Server, seconds: float, *signals: int) -> int:
+    """Send ``signals`` (0.5 s apart); the exit status, which must come within ``seconds``."""
+    try:
+        for sig in signals:
+            s.proc.send_signal(sig)
+            time.sleep(0.5)
+        return s.proc.wait(seconds)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
+STALL = {"prompt": "the cat", "n": 16, "max_tokens": 4096, "temperature": 0}
+
+
+@pytest.mark.parametrize("case", ["two signals", "one signal", "write timeout"])
+def test_a_client_that_never_reads_cannot_hold_the_server(files, case):
+    pytest.importorskip("uvicorn")
+    # two signals: the defaults (30 s of write timeout and of shutdown grace): the second forces
+    # the exit; one signal: the grace runs out; write timeout: the stream ends with no signal.
+    extra = {"two signals": [], "one signal": ["--shutdown-grace", "2"], "write timeout": ["--write-timeout", "1"]}
+    s = Server("--checkpoint", str(files["ckpt"]), "--tokenizer", str(files["tok"]), *extra[case])
+    sock = None
+    try:
+        sock = _stalled_stream(s.port, {"model": s.name, **STALL})
+        _wait_running(s, 16)
+        if case == "write timeout":
+            # Its sequences are cancelled and the connection dropped: the rest is never sent.
+            _wait_running(s, 0, within=30)
+            sock.settimeout(10)
+            received = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(1 << 16):
+                    received += chunk
+            assert received.startswith(b"HTTP/1.1 200") and b"data: [DONE]" not in received
+            assert s.request("GET", "/health")[1]["running"] == 0
+            assert _stop_within(s, 60, signal.SIGTERM) == 0, "".join(s.log)
+            return
+        time.sleep(1)  # its sends block now: the buffers between it and the server are full
+        sent = (signal.SIGTERM,) * (2 if case == "two signals" else 1)
+        assert _stop_within(s, 15, *sent) == 0, "".join(s.log)
+    finally:
+        if sock is not None:
+            sock.close()
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+def test_fair_rows_a_request_of_many_sequences_does_not_keep_others_waiting(server):
+    conn, resp = _open_stream(server, {"model": server.name, "prompt": "the cat", "n": 32, "max_tokens": 4000})
+    done = threading.Event()
+
+    def read() -> None:
+        with contextlib.suppress(http.client.HTTPException, OSError, ValueError):  # until it is cut off
+            for line in resp:
+                if line.startswith(b"data: [DONE]"):
+                    done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        _wait_running(server, 8)  # the server's --max-batch: all rows to the big request
+        r = server.client().completions.create(model=server.name, prompt="the dog", max_tokens=20, temperature=0)
+        assert r.choices[0].finish_reason == "length"
+        assert not done.is_set() and server.request("GET", "/health")[1]["running"] >= 1
+    finally:
+        conn.sock.shutdown(2)
+        reader.join(30)
+        conn.close()
+    _wait_running(server, 0, within=10)
+
+
+def test_deep_json_is_a_400_and_brackets_in_strings_are_text(server):
+    for depth in (65, 100_000):
+        body = f'{{"model": "{server.name}", "prompt": ' + "[" * depth + "1" + "]" * depth + "}"
+        status, reply = server.request("POST", "/v1/completions", body)
+        assert status == 400 and "nests deeper than 64" in reply["error"]["message"], reply
+    status, reply = server.request("POST", "/v1/completions", body.replace("[", "{").replace("]", "}"))
+    assert status == 400, reply
+    text = "[" * 100 + "{" * 100
+    body = {"model": server.name, "prompt": [[5, 6]] * 40, "max_tokens": 1, "stop": [text]}
+    assert server.request("POST", "/v1/completions", body)[0] == 200
+
+
+def test_a_non_local_host_is_warned_about(files, capsys):
+    pytest.importorskip("uvicorn")
+    from ferrolm.app.cli import main
+    from ferrolm.app.serve import _is_loopback
+
+    assert all(map(_is_loopback, ["localhost", "127.0.0.1", "127.3.2.1", "::1", "[::1]"]))
+    assert not any(map(_is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.com", ""]))
+    argv = ["serve", "--checkpoint", str(files["ckpt"]), "--tokenizer", str(files["tok"]), "--device", "cpu"]
+    assert main([*argv, "--host", "192.0.2.1", "--port", "0"]) == 2  # a documentation address: not ours
+    err = capsys.readouterr().err
+    assert "warning: --host 192.0.2.1 serves anyone" in err and "cannot listen on 192.0.2.1" in err
+
+
+CHAT_TEMPLATE = (
+    "{% set last = messages[-1]['content'] %}"
+    "{% if last == 'refuse' %}{{ raise_exception('only questions about cats') }}"
+    "{% elif last == 'loop' %}{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
+    "{% elif last == 'spin' %}{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+    "{% elif last == 'big' %}{{ 'x' * 400000000 }}"
+    "{% elif last == 'grow' %}{{ ('x' * 1000) | replace('x', 'x' * 1000) | replace('x', 'x' * 1000) }}"
+    "{% else %}{{ strftime_now('%Y') }} User: {{ last }}\nAssistant:{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def guarded(files, tmp_path_factory):
+    """A server with one batch row, a queue of one request and a chat template added to its tokenizer folder's tokenizer_config.json, the Hugging Face way."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("openai")
+    tok = tmp_path_factory.mktemp("edited") / "tok"
+    tok.mkdir()
+    for p in files["tok"].iterdir():
+        (tok / p.name).write_bytes(p.read_bytes())
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    flags = ["--max-batch", "1", "--max-queue", "1"]
+    s = Server("--checkpoint", str(files["ckpt"]), "--tokenizer", str(tok), *flags)
+    try:
+        yield s
+    finally:
+        assert _stop_within(s, 60, signal.SIGTERM) == 0, "".join(s.log)
+
+
+def _chat(s: Server, content: str) -> tuple[int, dict]:
+    body = {"model": s.name, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    return s.request("POST", "/v1/chat/completions", body)
+
+
+def test_chat_template_from_tokenizer_config_with_transformers_globals(guarded, files):
+    assert "tokenizer_config.json (chat_template)" in "".join(guarded.log)
+    status, reply = _chat(guarded, "hi")
+    assert status == 200, reply
+    prompt = f"{time.strftime('%Y')} User: hi\nAssistant:"
+    assert reply["usage"]["prompt_tokens"] == len(files["tokenizer"].encode(prompt))
+    status, reply = _chat(guarded, "refuse")
+    assert status == 400 and reply["error"]["param"] == "messages", reply
+    assert reply["error"]["message"] == "the chat template refused these messages: only questions about cats"
+
+
+@pytest.mark.parametrize("content", ["loop", "spin", "big", "grow"])
+def test_a_runaway_chat_template_is_a_400_and_the_server_stays_responsive(guarded, content):
+    before = guarded.rss_kb()
+    with ThreadPoolExecutor(1) as pool:
+        bad = pool.submit(_chat, guarded, content)
+        slowest = 0.0
+        while not bad.done():  # /health answers all along
+            started = time.monotonic()
+            assert guarded.request("GET", "/health", timeout=10)[0] == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.1)
+        status, reply = bad.result()
+    assert status == 400 and reply["error"]["param"] == "messages", reply
+    assert "chat template" in reply["error"]["message"], reply
+    assert slowest < 2.0, f"/health took {slowest:.1f} s during the render"
+    assert (guarded.rss_kb() - before) < 100 << 10  # the server's memory: the render is elsewhere
+    assert _chat(guarded, "hi")[0] == 200  # a fresh render process took over
+
+
+def test_a_full_queue_is_a_429(guarded):
+    openai = pytest.importorskip("openai")
+    body = {"model": guarded.name, "prompt": "the", "max_tokens": 4000, "temperature": 0}
+    first = _open_stream(guarded, body)  # the one row
+    _wait_running(guarded, 1)
+    second = _open_stream(guarded, body)  # the one place in the queue
+    try:
+        status, reply = guarded.request("POST", "/v1/completions", body)
+        assert status == 429 and reply["error"]["code"] == "queue_full", reply
+        assert reply["error"]["type"] == "rate_limit_error" and "retry later" in reply["error"]["message"]
+        with pytest.raises(openai.RateLimitError):
+            guarded.client().completions.create(**body)
+    finally:
+        for conn, _ in (first, second):
+            conn.sock.shutdown(2)
+            conn.close()
+    _wait_running(guarded, 0, within=10)
