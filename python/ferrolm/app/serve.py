@@ -14,9 +14,18 @@ in a last chunk with no choices, before ``data: [DONE]``. Choice j of a prompt i
 with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
 
 A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
-server keeps serving. The decoding itself is ``ferrolm.lm.engine``; this module parses,
-checks, renders chat turns, and carries events to the client. A client that goes away
-(streaming or not) has its sequences cancelled at once, which frees their batch rows.
+server keeps serving (a body nested past MAX_JSON_DEPTH is one). The decoding itself is
+``ferrolm.lm.engine``; this module parses, checks, renders chat turns, and carries events to
+the client. A client that goes away (streaming or not) has its sequences cancelled at once,
+which frees their batch rows.
+
+No client can hold the server: each request's sequences form one group of the engine, which
+shares the batch rows fairly between groups; at most ``--max-queue`` requests wait for a row
+(one more gets 429, code "queue_full"); a stream whose send waits ``--write-timeout``
+seconds for a client that stopped reading is ended and its connection dropped; Ctrl-C or
+SIGTERM gives the running requests ``--shutdown-grace`` seconds, then cancels them, and a
+second signal exits at once. ``--host`` beyond this machine gets a warning at start (there
+is no authentication).
 
 Chat template: a Jinja template over ``messages`` (each with ``role`` and ``content``) and
 ``add_generation_prompt``, as Hugging Face tokenizers carry them; the first found of
@@ -24,6 +33,10 @@ Chat template: a Jinja template over ``messages`` (each with ``role`` and ``cont
 ``chat_template`` string in its ``tokenizer_config.json``; else the plain-text default
 ``PLAIN_CHAT_TEMPLATE`` ("User: ...", "Assistant: ..." turns, blank-line separated), with
 which a reply also ends where the model starts a new "User:" line (``PLAIN_CHAT_STOP``).
+Templates get transformers' ``raise_exception(msg)`` (a 400 with the message) and
+``strftime_now(fmt)``, and render in Jinja's sandbox in worker processes, within
+TEMPLATE_TIME_LIMIT seconds, TEMPLATE_OUTPUT_LIMIT characters and TEMPLATE_MEMORY_LIMIT
+bytes (see ``_RenderWorkers``); past a limit the request gets a 400.
 """
 
 from __future__ import annotations
