@@ -813,8 +813,32 @@ def guarded(files, tmp_path_factory):
     s = Server("--checkpoint", str(files["ckpt"]), "--tokenizer", str(tok), *flags)
     try:
         yield s
+        children = _children(s.proc.pid)  # the chat template's render processes
+        assert children
     finally:
         assert _stop_within(s, 60, signal.SIGTERM) == 0, "".join(s.log)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in children)  # none outlives its server
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{stat}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(stat))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _chat(s: Server, content: str) -> tuple[int, dict]:

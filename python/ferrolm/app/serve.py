@@ -305,6 +305,11 @@ def _render_worker_main() -> None:
     out.flush()
     templates: dict[str, ChatTemplate] = {}
     for line in sys.stdin.buffer:
+        with contextlib.suppress(ValueError, OSError):
+            # A render past twice its time in CPU ends the process, should its server be gone.
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = int(usage.ru_utime + usage.ru_stime + 2 * TEMPLATE_TIME_LIMIT) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, resource.getrlimit(resource.RLIMIT_CPU)[1]))
         try:
             req = json.loads(line)
             if req["template"] not in templates:
@@ -326,6 +331,7 @@ class _RenderWorkers:
         self.time_limit = time_limit
         self._size = size
         self._idle: list = []
+        self._all: set = set()  # idle or rendering
         self._slots: Optional[asyncio.Semaphore] = None
 
     async def _spawn(self):
@@ -340,6 +346,7 @@ class _RenderWorkers:
             env=env,
             limit=8 * TEMPLATE_OUTPUT_LIMIT,  # a reply line: the prompt JSON-escaped
         )
+        self._all.add(proc)
         try:
             if await asyncio.wait_for(proc.stdout.readline(), 120) != _WORKER_READY:
                 raise ApiError("the chat template's render process did not start", status=500)
@@ -348,8 +355,8 @@ class _RenderWorkers:
             raise
         return proc
 
-    @staticmethod
-    def _kill(proc) -> None:
+    def _kill(self, proc) -> None:
+        self._all.discard(proc)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
 
@@ -384,7 +391,8 @@ class _RenderWorkers:
         return reply["text"]
 
     def close(self) -> None:
-        for proc in self._idle:
+        """Kill every render process, a rendering one too."""
+        for proc in list(self._all):
             self._kill(proc)
         self._idle.clear()
 
@@ -778,7 +786,7 @@ def create_app(
             close = functools.partial(engine.close, 10.0, cancel=True)
             await asyncio.get_running_loop().run_in_executor(None, close)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -788,6 +796,8 @@ def create_app(
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
+    app.state.close_renderer = renderer.close  # for `serve` after a forced exit, which skips the lifespan's end
+    return app
 
 
 class _Outbox:
@@ -836,19 +846,23 @@ def _parse_json(raw: bytes) -> Any:
     parser recurses once per level, and so would the code that walks the value)."""
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
         depth = 0
-        for run in _BRACKET_RUNS.finditer(_JSON_STRINGS.sub(b'""', raw)):  # brackets inside strings do not nest
-            opens = run.group()[0] in b"[{"
-            depth += len(run.group()) if opens else -len(run.group())
-            if depth > MAX_JSON_DEPTH:
-                raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+        for token in _JSON_TOKENS.finditer(raw):
+            run = token.group()
+            if run[0] in b"[{":
+                depth += len(run)
+                if depth > MAX_JSON_DEPTH:
+                    raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+            elif run[0] != ord('"'):
+                depth -= len(run)
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ApiError(f"the request body is not valid JSON: {e}") from None
 
 
-_JSON_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKET_RUNS = re.compile(rb"[\[{]+|[\]}]+")
+# A string (to its closing quote, or the end of an unterminated one: each byte is scanned
+# once), or a run of opening or of closing brackets.
+_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[\[{]+|[\]}]+', re.DOTALL)
 
 
 async def _until_disconnect(request, work) -> bool:
@@ -1019,7 +1033,9 @@ def serve(
     server = _server_class()(config)
     app.state.abort_client = server.abort_client
     server.run(sockets=[sock])
-    engine.close(10.0, cancel=True)  # after a forced exit, which skips the app's own shutdown
+    # After a forced exit, which skips the app's own shutdown:
+    app.state.close_renderer()
+    engine.close(10.0, cancel=True)
     print("stopped", file=sys.stderr, flush=True)
     return 0
 
