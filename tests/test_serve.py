@@ -200,6 +200,11 @@ def test_engine_queue_limit_counts_waiting_groups_and_close_can_cancel_everythin
     engine.close(timeout=30, cancel=True)
     assert not engine._thread.is_alive() and time.monotonic() - started < 30
     assert waiting.empty()
+    idle = Engine(model, lambda t: b"x", eos_id=None, max_batch=1, max_queue=0)  # none may wait
+    idle.submit([1], forever, waiting.put, group="a")  # a row is free for it
+    with pytest.raises(QueueFull):
+        idle.submit([2], forever, waiting.put, group="b")
+    idle.close(cancel=True)
 
 
 def test_chat_template_comes_from_the_tokenizer_folder_else_plain_text(tmp_path):
@@ -813,6 +818,7 @@ def guarded(files, tmp_path_factory):
     s = Server("--checkpoint", str(files["ckpt"]), "--tokenizer", str(tok), *flags)
     try:
         yield s
+        assert _chat(s, "hi")[0] == 200
         children = _children(s.proc.pid)  # the chat template's render processes
         assert children
     finally:

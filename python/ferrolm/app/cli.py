@@ -380,7 +380,7 @@ def add_serve_command(sub) -> None:
         type=int,
         default=MAX_QUEUE,
         metavar="N",
-        help=f"requests that may wait for a batch row; one more gets HTTP 429 (default {MAX_QUEUE})",
+        help=f"requests that may wait for a batch row; one more gets HTTP 429 (default {MAX_QUEUE}; 0: none wait)",
     )
     p.add_argument(
         "--write-timeout",

@@ -19,7 +19,8 @@ another group waits with fewer than its fair share of rows (``max_batch`` // the
 present, at least 1), the group running the most rows above that share is parked one row
 per step: its sequence goes back to the front of its group's queue, keeping its tokens,
 and when a row is free again its row is recomputed from them (as a sliding window is).
-``max_queue`` bounds the groups that wait with no row: one more is refused (``QueueFull``).
+``max_queue`` bounds the groups that wait with no row (beyond those the free rows take at
+once): one more is refused (``QueueFull``).
 
 A sequence's tokens are exactly those ``generate`` samples for its prompt alone: the same
 prefill, the same cache layout, ``sample`` on its own (1, vocab) logits with its own
@@ -205,8 +206,10 @@ class Engine:
                 raise RuntimeError("the engine is shutting down")
             g = handle.group
             if g not in self._arrival:
+                # Groups with no row beyond those the free rows take now.
                 queued = sum(1 for w in self._waiting if not self._running.get(w))
-                if self.max_queue is not None and queued >= self.max_queue:
+                free = max(0, self.max_batch - len(self._rows))
+                if self.max_queue is not None and queued >= self.max_queue + free:
                     raise QueueFull(
                         f"{queued} requests already wait for a batch row (the queue holds {self.max_queue})"
                     )
