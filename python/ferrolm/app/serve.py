@@ -355,6 +355,11 @@ class _RenderWorkers:
             raise
         return proc
 
+    async def warm(self) -> None:
+        """Start one process ahead of the first chat request."""
+        with contextlib.suppress(Exception):  # the first request starts one and reports what fails
+            self._idle.append(await self._spawn())
+
     def _kill(self, proc) -> None:
         self._all.discard(proc)
         with contextlib.suppress(ProcessLookupError):
@@ -777,11 +782,13 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app):
         engine.start()
+        warming = asyncio.ensure_future(renderer.warm())
         try:
             yield
         finally:
             # uvicorn has let the open requests finish, or cancelled those past the shutdown's
             # grace: nobody waits for what is left.
+            warming.cancel()
             renderer.close()
             close = functools.partial(engine.close, 10.0, cancel=True)
             await asyncio.get_running_loop().run_in_executor(None, close)
