@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from texts import CORPORA, corpus_text, fixture_file, stdlib_text
 
-from ferrolm import Tokenizer
+from ferrolm import Tokenizer, reference
 from ferrolm.bpe import fileformat, patterns
 from ferrolm.bpe import files as tf
 from ferrolm.bpe.files import TokenizerFileError
@@ -124,6 +124,14 @@ def _same_json(data: bytes, value) -> bool:
         return False
 
 
+def _same_special_tokens(data: bytes, config: dict) -> bool:
+    try:
+        edited = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(edited, dict) and all(edited.get(k) == config.get(k) for k in tf.HF_CONFIG_TOKEN_KEYS)
+
+
 @pytest.mark.parametrize("name", [*tf.CHECKED_FILES, tf.RECORD_FILE])
 def test_no_damaged_folder_loads(trained, tmp_path, name):
     tok, d = trained
@@ -134,6 +142,8 @@ def test_no_damaged_folder_loads(trained, tmp_path, name):
         cases = [(k, v) for k, v in cases if not _same_json(v, rec)]  # whitespace only: the same record
         for key, value in [("pattern", "gpt2"), ("special_tokens", [EOT]), ("fingerprint", "0" * 64)]:
             cases.append((f"{key} edited", json.dumps({**rec, key: value}).encode()))
+    if name == tf.HF_CONFIG_FILE:  # its fields other than the special tokens may be edited
+        cases = [(k, v) for k, v in cases if not _same_special_tokens(v, json.loads(data))]
     assert len(cases) >= 8
     for what, bad in cases:
         target = tmp_path / f"{what}"
@@ -202,7 +212,7 @@ def test_unicode_version_change_warns(trained, tmp_path):
 
 KILL_DURING_SAVE = """
 import os, signal, sys
-from ferrolm import Tokenizer
+from ferrolm import Tokenizer, reference
 from ferrolm import _util
 tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|other|>"])
 _util._before_dir_rename = lambda: os.kill(os.getpid(), signal.SIGKILL)
@@ -561,9 +571,42 @@ def test_hf_config_files_are_checked_and_folders_without_their_sums_still_load(s
             (target / p.name).write_bytes(p.read_bytes())
         config = json.loads((d / name).read_text())
         (target / name).write_text(json.dumps({**config, "eos_token": "<|pad|>"}))
-        with pytest.raises(TokenizerFileError, match=f"{name}: its sha256 differs"):
+        changed = "eos_token differs" if name == tf.HF_CONFIG_FILE else "its sha256 differs"
+        with pytest.raises(TokenizerFileError, match=f"{name}: {changed}"):
             Tokenizer.load(target)
         # a folder saved before the record kept their sums loads with them edited
         sums = {k: v for k, v in rec["sha256"].items() if k not in (tf.HF_CONFIG_FILE, tf.HF_SPECIALS_FILE)}
         (target / tf.RECORD_FILE).write_text(json.dumps({**rec, "sha256": sums}))
         assert Tokenizer.load(target).fingerprint == tok.fingerprint
+
+
+def test_tokenizer_config_takes_a_chat_template_but_not_a_changed_vocab_or_special_token(small_folder, tmp_path):
+    tok, d = small_folder
+    target = tmp_path / "edited"
+    target.mkdir()
+    for p in d.iterdir():
+        (target / p.name).write_bytes(p.read_bytes())
+    config = json.loads((d / tf.HF_CONFIG_FILE).read_text())
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    # the Hugging Face way: a chat template (and other config-only fields) added to the config
+    (target / tf.HF_CONFIG_FILE).write_text(json.dumps({**config, "chat_template": template, "model_max_length": 7}))
+    assert Tokenizer.load(target).fingerprint == tok.fingerprint
+    assert reference.Tokenizer.load(target).encode("a b") == tok.encode("a b")
+    # the special tokens' ids as transformers reads them stay protected
+    decoder = {str(int(k) + 1): v for k, v in config["added_tokens_decoder"].items()}
+    (target / tf.HF_CONFIG_FILE).write_text(json.dumps({**config, "added_tokens_decoder": decoder}))
+    with pytest.raises(TokenizerFileError, match="tokenizer_config.json: added_tokens_decoder differs"):
+        Tokenizer.load(target)
+    for bad in ("[1, 2]", "{not json"):
+        (target / tf.HF_CONFIG_FILE).write_text(bad)
+        with pytest.raises(TokenizerFileError, match="tokenizer_config.json: (must hold|not valid)"):
+            Tokenizer.load(target)
+    # and so do the vocabulary and the merges
+    (target / tf.HF_CONFIG_FILE).write_text(json.dumps({**config, "chat_template": template}))
+    for name in (tf.VOCAB_FILE, tf.MERGES_FILE):
+        original = (target / name).read_text()
+        (target / name).write_text(original.replace("\n", "\n ", 1) if name == tf.MERGES_FILE else original + " ")
+        with pytest.raises(TokenizerFileError, match=f"{name}: its sha256 differs"):
+            Tokenizer.load(target)
+        (target / name).write_text(original)
+    assert Tokenizer.load(target).fingerprint == tok.fingerprint

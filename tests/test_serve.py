@@ -4,12 +4,14 @@ give `ferrolm generate`'s text, a bounded load test, disconnects, bad input, a c
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -145,6 +147,66 @@ def test_engine_cancel_frees_the_row_and_the_others_go_on():
     assert not isinstance(end, Failed)
 
 
+def test_engine_shares_rows_fairly_between_groups_and_parked_rows_resume_exactly():
+    torch.manual_seed(0)
+    model = TransformerLM(64, 16, d_model=32, num_layers=2, num_heads=4, d_ff=64).eval()
+
+    def token_bytes(t: int) -> bytes:
+        return bytes([97 + t % 26])
+
+    engine = Engine(model, token_bytes, eos_id=None, max_batch=4).start()
+    order: queue.Queue = queue.Queue()  # (group, index) of each sequence, as each one finishes
+    cases = {}
+    for group, count, n in (("big", 8, 150), ("small", 2, 10)):
+        for i in range(count):
+            events: queue.Queue = queue.Queue()
+
+            def on_event(e, events=events, key=(group, i)):
+                events.put(e)
+                if isinstance(e, Finished):
+                    order.put(key)
+
+            prompt = [1 + i, 2, 3]
+            engine.submit(prompt, SamplingParams(max_tokens=n, seed=i, temperature=0.8), on_event, group=group)
+            cases[(group, i)] = (prompt, n, i, events)
+        if group == "big":
+            _wait_counts(engine, (4, 4))  # the big group holds every row
+    finished = [order.get(timeout=60) for _ in cases]
+    # the small group got its share of rows at once: it ended before any of the big one
+    assert {finished[0][0], finished[1][0]} == {"small"}, finished
+    for prompt, n, seed, events in cases.values():
+        text, end = _engine_text(events)  # parked rows were recomputed: the same text as alone
+        assert text == _alone(model, token_bytes, None, prompt, n, seed, temperature=0.8) and end.reason == "length"
+    _wait_counts(engine, (0, 0))
+    engine.close(timeout=10)
+
+
+def test_engine_queue_limit_counts_waiting_groups_and_close_can_cancel_everything():
+    from ferrolm.lm.engine import QueueFull
+
+    torch.manual_seed(0)
+    model = TransformerLM(64, 32, d_model=32, num_layers=2, num_heads=4, d_ff=64).eval()
+    engine = Engine(model, lambda t: b"x", eos_id=None, max_batch=1, max_queue=1).start()
+    running, waiting = queue.Queue(), queue.Queue()
+    forever = SamplingParams(max_tokens=10**9, temperature=0.0)
+    engine.submit([1], forever, running.put, group="a")
+    running.get(timeout=30)
+    engine.submit([2], forever, waiting.put, group="b")
+    with pytest.raises(QueueFull, match="1 requests already wait"):
+        engine.submit([3], forever, waiting.put, group="c")
+    engine.submit([4], forever, waiting.put, group="b")  # one more of a queued group is no new request
+    assert engine.counts() == (1, 2)
+    started = time.monotonic()
+    engine.close(timeout=30, cancel=True)
+    assert not engine._thread.is_alive() and time.monotonic() - started < 30
+    assert waiting.empty()
+    idle = Engine(model, lambda t: b"x", eos_id=None, max_batch=1, max_queue=0)  # none may wait
+    idle.submit([1], forever, waiting.put, group="a")  # a row is free for it
+    with pytest.raises(QueueFull):
+        idle.submit([2], forever, waiting.put, group="b")
+    idle.close(cancel=True)
+
+
 def test_chat_template_comes_from_the_tokenizer_folder_else_plain_text(tmp_path):
     pytest.importorskip("jinja2")
     from ferrolm.app.serve import PLAIN_CHAT_STOP, ChatTemplate
@@ -182,6 +244,9 @@ def test_serve_without_the_extra_names_it_and_bad_options_are_errors(files, monk
         (["--max-batch", "0"], "--max-batch"),
         (["--stream-interval", "-1"], "--stream-interval"),
         (["--stream-interval", "nan"], "--stream-interval"),
+        (["--max-queue", "-1"], "--max-queue"),
+        (["--write-timeout", "0"], "--write-timeout"),
+        (["--shutdown-grace", "nan"], "--shutdown-grace"),
     ):
         assert main(base + bad) == 2
         assert message in capsys.readouterr().err
@@ -240,7 +305,7 @@ class Server:
             raise RuntimeError("the server did not start:\n" + "".join(self.log))
         line = next(x for x in self.log if "serving " in x)
         self.name = line.split()[1]
-        self.port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", line).group(1))
+        self.port = int(re.search(r"http://[^ ]+:(\d+)/v1", line).group(1))
         self.url = f"http://127.0.0.1:{self.port}"
 
     def request(self, method: str, path: str, body=None, timeout: float = 60) -> tuple[int, dict]:
@@ -295,6 +360,7 @@ def _generate_cli(files, capsys, prompt: str, n: int, seed: int, *extra) -> str:
 
 def test_models_and_health(server):
     assert server.name == "run/best"
+    assert not any("warning" in line for line in server.log)  # 127.0.0.1: no warning
     assert [m.id for m in server.client().models.list().data] == ["run/best"]
     status, body = server.request("GET", "/health")
     assert status == 200 and body["status"] == "ok" and body["model"] == "run/best"
@@ -555,3 +621,281 @@ def test_an_exported_folder_serves_the_same_text_and_sigterm_drains(server, file
         if exported.proc.poll() is None:
             exported.proc.kill()
     assert os.path.isdir(folder)
+
+
+# ----------------------------------------------------------------------- stop strings ---
+
+
+def _first_stop_naive(text: str, stops: list[str]) -> str:
+    """The text before the stop string that ends first (the longest of those ending together)."""
+    for end in range(1, len(text) + 1):
+        found = [s for s in stops if s and text[:end].endswith(s)]
+        if found:
+            return text[: end - max(map(len, found))]
+    return text
+
+
+def test_stop_text_equals_the_naive_matcher_on_random_texts_pieces_and_stops():
+    import random
+
+    from ferrolm.lm.generate import StopText
+
+    rng = random.Random(3)
+    for case in range(3000):
+        alphabet = "ab" if case % 2 else "abc\n"
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(0, 4))]
+        cuts = sorted(rng.sample(range(len(text) + 1), rng.randint(0, len(text) + 1)))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        stop, shown, seen = StopText(stops), "", ""
+        for piece in pieces:
+            shown += stop.feed(piece)
+            seen += piece
+            want = _first_stop_naive(seen, stops)
+            if want != seen:  # a stop string appeared: the text before it, and done
+                assert (shown, stop.done) == (want, True), (text, stops, pieces)
+                break
+            # held back: exactly the longest end of the text that begins some stop string
+            held = max((k for s in stops for k in range(1, len(s)) if seen.endswith(s[:k])), default=0)
+            assert shown == seen[: len(seen) - held] and not stop.done, (text, stops, pieces)
+        shown += stop.flush()
+        assert shown == _first_stop_naive(text, stops), (text, stops, pieces)
+        assert StopText(stops).cut(text) == shown
+
+
+def test_stop_strings_as_long_as_the_output_cost_time_linear_in_it():
+    from ferrolm.lm.generate import StopText
+
+    # A text that keeps matching most of each stop string: the held-back end and the
+    # candidate prefixes are as long as the stop strings, every step.
+    n = 200_000
+    stops = ["a" * (n // 2) + "b", "a" * (n // 3) + "c", "ab" * (n // 4) + "d", "x" * n]
+    stop = StopText(stops)
+    started = time.monotonic()
+    shown = "".join(stop.feed("a") for _ in range(n)) + stop.flush()
+    assert time.monotonic() - started < 30  # a matcher quadratic in the stop length takes hours here
+    assert shown == "a" * n and not stop.done
+    stop = StopText(stops)
+    assert stop.feed("a" * (n // 3) + "c" + "tail") == "" and stop.done
+
+
+# ----------------------------------------------------------------------- abuse ---
+
+
+def _stalled_stream(port: int, body: dict) -> socket.socket:
+    """A streaming request from a client that never reads (a tiny receive buffer: the
+    server's sends block soon)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    data = json.dumps({**body, "stream": True}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
+    sock.sendall(head.encode() + b"\r\n\r\n" + data)
+    return sock
+
+
+def _stop_within(s: Server, seconds: float, *signals: int) -> int:
+    """Send ``signals`` (0.5 s apart); the exit status, which must come within ``seconds``."""
+    try:
+        for sig in signals:
+            s.proc.send_signal(sig)
+            time.sleep(0.5)
+        return s.proc.wait(seconds)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
+STALL = {"prompt": "the cat", "n": 16, "max_tokens": 4096, "temperature": 0}
+
+
+@pytest.mark.parametrize("case", ["two signals", "one signal", "write timeout"])
+def test_a_client_that_never_reads_cannot_hold_the_server(files, case):
+    pytest.importorskip("uvicorn")
+    # two signals: the defaults (30 s of write timeout and of shutdown grace): the second forces
+    # the exit; one signal: the grace runs out; write timeout: the stream ends with no signal.
+    extra = {"two signals": [], "one signal": ["--shutdown-grace", "2"], "write timeout": ["--write-timeout", "1"]}
+    s = Server("--checkpoint", str(files["ckpt"]), "--tokenizer", str(files["tok"]), *extra[case])
+    sock = None
+    try:
+        sock = _stalled_stream(s.port, {"model": s.name, **STALL})
+        _wait_running(s, 16)
+        if case == "write timeout":
+            # Its sequences are cancelled and the connection dropped: the rest is never sent.
+            _wait_running(s, 0, within=30)
+            sock.settimeout(10)
+            received = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(1 << 16):
+                    received += chunk
+            assert received.startswith(b"HTTP/1.1 200") and b"data: [DONE]" not in received
+            assert s.request("GET", "/health")[1]["running"] == 0
+            assert _stop_within(s, 60, signal.SIGTERM) == 0, "".join(s.log)
+            return
+        time.sleep(1)  # its sends block now: the buffers between it and the server are full
+        sent = (signal.SIGTERM,) * (2 if case == "two signals" else 1)
+        assert _stop_within(s, 15, *sent) == 0, "".join(s.log)
+    finally:
+        if sock is not None:
+            sock.close()
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+def test_fair_rows_a_request_of_many_sequences_does_not_keep_others_waiting(server):
+    conn, resp = _open_stream(server, {"model": server.name, "prompt": "the cat", "n": 32, "max_tokens": 4000})
+    done = threading.Event()
+
+    def read() -> None:
+        with contextlib.suppress(http.client.HTTPException, OSError, ValueError):  # until it is cut off
+            for line in resp:
+                if line.startswith(b"data: [DONE]"):
+                    done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        _wait_running(server, 8)  # the server's --max-batch: all rows to the big request
+        r = server.client().completions.create(model=server.name, prompt="the dog", max_tokens=20, temperature=0)
+        assert r.choices[0].finish_reason == "length"
+        assert not done.is_set() and server.request("GET", "/health")[1]["running"] >= 1
+    finally:
+        conn.sock.shutdown(2)
+        reader.join(30)
+        conn.close()
+    _wait_running(server, 0, within=10)
+
+
+def test_deep_json_is_a_400_and_brackets_in_strings_are_text(server):
+    for depth in (65, 100_000):
+        body = f'{{"model": "{server.name}", "prompt": ' + "[" * depth + "1" + "]" * depth + "}"
+        status, reply = server.request("POST", "/v1/completions", body)
+        assert status == 400 and "nests deeper than 64" in reply["error"]["message"], reply
+    status, reply = server.request("POST", "/v1/completions", body.replace("[", "{").replace("]", "}"))
+    assert status == 400, reply
+    text = "[" * 100 + "{" * 100
+    body = {"model": server.name, "prompt": [[5, 6]] * 40, "max_tokens": 1, "stop": [text]}
+    assert server.request("POST", "/v1/completions", body)[0] == 200
+
+
+def test_a_non_local_host_is_warned_about(files, capsys):
+    pytest.importorskip("uvicorn")
+    from ferrolm.app.cli import main
+    from ferrolm.app.serve import _is_loopback
+
+    assert all(map(_is_loopback, ["localhost", "127.0.0.1", "127.3.2.1", "::1", "[::1]"]))
+    assert not any(map(_is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.com", ""]))
+    argv = ["serve", "--checkpoint", str(files["ckpt"]), "--tokenizer", str(files["tok"]), "--device", "cpu"]
+    assert main([*argv, "--host", "192.0.2.1", "--port", "0"]) == 2  # a documentation address: not ours
+    err = capsys.readouterr().err
+    assert "warning: --host 192.0.2.1 serves anyone" in err and "cannot listen on 192.0.2.1" in err
+
+
+CHAT_TEMPLATE = (
+    "{% set last = messages[-1]['content'] %}"
+    "{% if last == 'refuse' %}{{ raise_exception('only questions about cats') }}"
+    "{% elif last == 'loop' %}{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
+    "{% elif last == 'spin' %}{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+    "{% elif last == 'big' %}{{ 'x' * 400000000 }}"
+    "{% elif last == 'grow' %}{{ ('x' * 1000) | replace('x', 'x' * 1000) | replace('x', 'x' * 1000) }}"
+    "{% else %}{{ strftime_now('%Y') }} User: {{ last }}\nAssistant:{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def guarded(files, tmp_path_factory):
+    """A server with one batch row, a queue of one request and a chat template added to its tokenizer folder's tokenizer_config.json, the Hugging Face way."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("openai")
+    tok = tmp_path_factory.mktemp("edited") / "tok"
+    tok.mkdir()
+    for p in files["tok"].iterdir():
+        (tok / p.name).write_bytes(p.read_bytes())
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    flags = ["--max-batch", "1", "--max-queue", "1"]
+    s = Server("--checkpoint", str(files["ckpt"]), "--tokenizer", str(tok), *flags)
+    try:
+        yield s
+        assert _chat(s, "hi")[0] == 200
+        children = _children(s.proc.pid)  # the chat template's render processes
+        assert children
+    finally:
+        assert _stop_within(s, 60, signal.SIGTERM) == 0, "".join(s.log)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in children)  # none outlives its server
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{stat}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(stat))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _chat(s: Server, content: str) -> tuple[int, dict]:
+    body = {"model": s.name, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    return s.request("POST", "/v1/chat/completions", body)
+
+
+def test_chat_template_from_tokenizer_config_with_transformers_globals(guarded, files):
+    assert "tokenizer_config.json (chat_template)" in "".join(guarded.log)
+    status, reply = _chat(guarded, "hi")
+    assert status == 200, reply
+    prompt = f"{time.strftime('%Y')} User: hi\nAssistant:"
+    assert reply["usage"]["prompt_tokens"] == len(files["tokenizer"].encode(prompt))
+    status, reply = _chat(guarded, "refuse")
+    assert status == 400 and reply["error"]["param"] == "messages", reply
+    assert reply["error"]["message"] == "the chat template refused these messages: only questions about cats"
+
+
+@pytest.mark.parametrize("content", ["loop", "spin", "big", "grow"])
+def test_a_runaway_chat_template_is_a_400_and_the_server_stays_responsive(guarded, content):
+    before = guarded.rss_kb()
+    with ThreadPoolExecutor(1) as pool:
+        bad = pool.submit(_chat, guarded, content)
+        slowest = 0.0
+        while not bad.done():  # /health answers all along
+            started = time.monotonic()
+            assert guarded.request("GET", "/health", timeout=10)[0] == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.1)
+        status, reply = bad.result()
+    assert status == 400 and reply["error"]["param"] == "messages", reply
+    assert "chat template" in reply["error"]["message"], reply
+    assert slowest < 2.0, f"/health took {slowest:.1f} s during the render"
+    assert (guarded.rss_kb() - before) < 100 << 10  # the server's memory: the render is elsewhere
+    assert _chat(guarded, "hi")[0] == 200  # a fresh render process took over
+
+
+def test_a_full_queue_is_a_429(guarded):
+    openai = pytest.importorskip("openai")
+    body = {"model": guarded.name, "prompt": "the", "max_tokens": 4000, "temperature": 0}
+    first = _open_stream(guarded, body)  # the one row
+    _wait_running(guarded, 1)
+    second = _open_stream(guarded, body)  # the one place in the queue
+    try:
+        status, reply = guarded.request("POST", "/v1/completions", body)
+        assert status == 429 and reply["error"]["code"] == "queue_full", reply
+        assert reply["error"]["type"] == "rate_limit_error" and "retry later" in reply["error"]["message"]
+        with pytest.raises(openai.RateLimitError):
+            guarded.client().completions.create(**body)
+    finally:
+        for conn, _ in (first, second):
+            conn.sock.shutdown(2)
+            conn.close()
+    _wait_running(guarded, 0, within=10)

@@ -370,7 +370,12 @@ COMMANDS.append(add_generate_command)
 
 
 def add_serve_command(sub) -> None:
-    from ferrolm.app.serve import STREAM_INTERVAL  # the standard library only: no torch, no starlette
+    from ferrolm.app.serve import (  # the standard library only: no torch, no starlette
+        MAX_QUEUE,
+        SHUTDOWN_GRACE,
+        STREAM_INTERVAL,
+        WRITE_TIMEOUT,
+    )
 
     p = sub.add_parser(
         "serve",
@@ -378,7 +383,7 @@ def add_serve_command(sub) -> None:
         description="Serve a checkpoint (or a folder written by `ferrolm export`) with OpenAI's API: POST "
         "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models and /health. Concurrent "
         'requests are decoded as one batch. Needs pip install "ferrolm[serve]". Ctrl-C or SIGTERM lets the '
-        "running requests finish, then exits.",
+        "running requests finish (within --shutdown-grace), then exits; a second one exits at once.",
     )
     p.add_argument(
         "--checkpoint",
@@ -405,6 +410,27 @@ def add_serve_command(sub) -> None:
         default=4096,
         metavar="N",
         help="the largest max_tokens a request may ask (default 4096)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=MAX_QUEUE,
+        metavar="N",
+        help=f"requests that may wait for a batch row; one more gets HTTP 429 (default {MAX_QUEUE}; 0: none wait)",
+    )
+    p.add_argument(
+        "--write-timeout",
+        type=float,
+        default=WRITE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"a stream whose client takes nothing for this long is ended (default {WRITE_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=SHUTDOWN_GRACE,
+        metavar="SECONDS",
+        help=f"after Ctrl-C or SIGTERM, running requests are cancelled after this long (default {SHUTDOWN_GRACE:g})",
     )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads (default: torch's choice)")
     p.add_argument(
@@ -436,6 +462,9 @@ def _run_serve(args) -> int:
         threads=args.threads,
         log_level=args.log_level,
         stream_interval=args.stream_interval,
+        max_queue=args.max_queue,
+        write_timeout=args.write_timeout,
+        shutdown_grace=args.shutdown_grace,
     )
 
 

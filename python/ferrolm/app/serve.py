@@ -14,9 +14,18 @@ in a last chunk with no choices, before ``data: [DONE]``. Choice j of a prompt i
 with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
 
 A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
-server keeps serving. The decoding itself is ``ferrolm.lm.engine``; this module parses,
-checks, renders chat turns, and carries events to the client. A client that goes away
-(streaming or not) has its sequences cancelled at once, which frees their batch rows.
+server keeps serving (a body nested past MAX_JSON_DEPTH is one). The decoding itself is
+``ferrolm.lm.engine``; this module parses, checks, renders chat turns, and carries events to
+the client. A client that goes away (streaming or not) has its sequences cancelled at once,
+which frees their batch rows.
+
+No client can hold the server: each request's sequences form one group of the engine, which
+shares the batch rows fairly between groups; at most ``--max-queue`` requests wait for a row
+(one more gets 429, code "queue_full"); a stream whose send waits ``--write-timeout``
+seconds for a client that stopped reading is ended and its connection dropped; Ctrl-C or
+SIGTERM gives the running requests ``--shutdown-grace`` seconds, then cancels them, and a
+second signal exits at once. ``--host`` beyond this machine gets a warning at start (there
+is no authentication).
 
 Chat template: a Jinja template over ``messages`` (each with ``role`` and ``content``) and
 ``add_generation_prompt``, as Hugging Face tokenizers carry them; the first found of
@@ -24,6 +33,10 @@ Chat template: a Jinja template over ``messages`` (each with ``role`` and ``cont
 ``chat_template`` string in its ``tokenizer_config.json``; else the plain-text default
 ``PLAIN_CHAT_TEMPLATE`` ("User: ...", "Assistant: ..." turns, blank-line separated), with
 which a reply also ends where the model starts a new "User:" line (``PLAIN_CHAT_STOP``).
+Templates get transformers' ``raise_exception(msg)`` (a 400 with the message) and
+``strftime_now(fmt)``, and render in Jinja's sandbox in worker processes, within
+TEMPLATE_TIME_LIMIT seconds, TEMPLATE_OUTPUT_LIMIT characters and TEMPLATE_MEMORY_LIMIT
+bytes (see ``_RenderWorkers``); past a limit the request gets a 400.
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ import functools
 import json
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -57,10 +71,18 @@ PLAIN_CHAT_TEMPLATE = (
 PLAIN_CHAT_STOP = ("\nUser:",)
 
 STREAM_INTERVAL = 0.05  # seconds between two hand-overs of a stream's tokens (the first goes at once)
+WRITE_TIMEOUT = 30.0  # seconds a stream waits for a client that stopped reading
+SHUTDOWN_GRACE = 30.0  # seconds the running requests have to finish after Ctrl-C or SIGTERM
+MAX_QUEUE = 64  # requests that may wait for a batch row
 MAX_STOP_STRINGS = 4
 MAX_N = 64
 MAX_CHOICES = 256  # n times the number of prompts, per request
 MAX_BODY_BYTES = 8 << 20
+MAX_JSON_DEPTH = 64  # nesting of a request body: OpenAI's shapes need a handful
+TEMPLATE_OUTPUT_LIMIT = 4 << 20  # characters of a rendered chat prompt
+TEMPLATE_TIME_LIMIT = 3.0  # seconds for a chat template to render (real ones take milliseconds)
+TEMPLATE_MEMORY_LIMIT = 1 << 30  # bytes of address space of the process that renders templates
+TEMPLATE_WORKERS = 2  # processes rendering chat templates
 TEMPERATURE_MAX = 2.0
 ROLES = ("system", "developer", "user", "assistant")
 # OpenAI parameters accepted only at their neutral value (ferrolm does not implement them).
@@ -163,21 +185,29 @@ class Request:
 # --------------------------------------------------------------------------------------
 
 
+class TemplateRefused(Exception):
+    """A chat template called ``raise_exception(message)``: the messages are not for it."""
+
+
 class ChatTemplate:
-    """Renders chat messages to one prompt string with a Jinja template (sandboxed)."""
+    """Renders chat messages to one prompt string with a Jinja template, in Jinja's immutable
+    sandbox, with the globals transformers gives templates (``raise_exception``,
+    ``strftime_now``) and limits: ``range`` (Jinja's sandbox: 100,000 items), a string or
+    list repeated with ``*`` and the output itself stop at TEMPLATE_OUTPUT_LIMIT characters.
+    ``render`` runs in the calling thread with no time limit: the server renders in a worker
+    process with a deadline (``_RenderWorkers``)."""
 
     def __init__(self, source: str, origin: str, default_stop: tuple[str, ...] = ()):
         try:
             from jinja2.exceptions import TemplateError
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError as e:
             raise _missing_extra(e) from None
         self._errors = TemplateError
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
         try:
-            self.template = env.from_string(source)
+            self.template = _sandbox().from_string(source)
         except TemplateError as e:
             raise ValueError(f"chat template {origin} does not parse: {e}") from None
+        self.source = source
         self.origin = origin
         self.default_stop = default_stop
 
@@ -201,12 +231,175 @@ class ChatTemplate:
         return cls(PLAIN_CHAT_TEMPLATE, "the plain-text default", PLAIN_CHAT_STOP)
 
     def render(self, messages: list[dict[str, str]], eos_token: str = "") -> str:
+        """The prompt; ApiError (400) when the template fails, refuses or passes a limit."""
+        context = {"messages": messages, "add_generation_prompt": True, "bos_token": "", "eos_token": eos_token}
+        out, size = [], 0
         try:
-            return self.template.render(
-                messages=messages, add_generation_prompt=True, bos_token="", eos_token=eos_token
-            )
-        except self._errors as e:
-            raise ApiError(f"the chat template cannot render these messages: {e}", "messages") from None
+            for piece in self.template.generate(**context):
+                size += len(piece)
+                if size > TEMPLATE_OUTPUT_LIMIT:
+                    raise TemplateLimit(f"its output passed {TEMPLATE_OUTPUT_LIMIT:,} characters")
+                out.append(piece)
+        except TemplateRefused as e:
+            raise ApiError(f"the chat template refused these messages: {e}", "messages") from None
+        except (self._errors, TemplateLimit, MemoryError, RecursionError) as e:
+            what = "ran out of memory" if isinstance(e, MemoryError) else str(e) or type(e).__name__
+            raise ApiError(f"the chat template cannot render these messages: {what}", "messages") from None
+        return "".join(out)
+
+
+class TemplateLimit(Exception):
+    """A chat template's render passed one of its limits."""
+
+
+@functools.cache
+def _sandbox():
+    import datetime
+
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*"})
+
+        def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+            # A sequence times a count: its size is known before it is built.
+            for seq, count in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and _is_int(count) and len(seq) * count > TEMPLATE_OUTPUT_LIMIT:
+                    raise TemplateLimit(f"a value repeated with * would pass {TEMPLATE_OUTPUT_LIMIT:,} items")
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message: Any = "") -> None:
+        raise TemplateRefused(str(message))
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.datetime.now().strftime(str(fmt))
+
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+    return env
+
+
+# --------------------------------------------------------------------------------------
+# Chat templates render in worker processes
+# --------------------------------------------------------------------------------------
+# A template is code from a model folder, steered by the messages; a loop in it, or a huge
+# value built by one C call (a filter such as replace), can hold a thread and memory as long
+# as it likes, and Python cannot stop a thread. So the server renders in worker processes:
+# the event loop only waits on a pipe; a render past TEMPLATE_TIME_LIMIT has its process
+# killed (a fresh one takes its place); each process's address space is capped. The sandbox's
+# own limits inside make the common blow-ups fail at once, with a clear message.
+
+_WORKER_CODE = "from ferrolm.app.serve import _render_worker_main; _render_worker_main()"
+_WORKER_READY = b"ready\n"
+
+
+def _render_worker_main() -> None:
+    """A render process: one JSON request a line on stdin ({template, messages, eos_token}),
+    one JSON reply a line on stdout ({"text"} or {"error"})."""
+    import resource
+
+    with contextlib.suppress(ValueError, OSError):  # a platform without the limit still renders
+        resource.setrlimit(resource.RLIMIT_AS, (TEMPLATE_MEMORY_LIMIT, TEMPLATE_MEMORY_LIMIT))
+    out = sys.stdout.buffer
+    out.write(_WORKER_READY)
+    out.flush()
+    templates: dict[str, ChatTemplate] = {}
+    for line in sys.stdin.buffer:
+        with contextlib.suppress(ValueError, OSError):
+            # A render past twice its time in CPU ends the process, should its server be gone.
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = int(usage.ru_utime + usage.ru_stime + 2 * TEMPLATE_TIME_LIMIT) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+        try:
+            req = json.loads(line)
+            if req["template"] not in templates:
+                templates.clear()  # one served template: keep the last one compiled
+                templates[req["template"]] = ChatTemplate(req["template"], "served")
+            reply = {"text": templates[req["template"]].render(req["messages"], req["eos_token"])}
+        except ApiError as e:
+            reply = {"error": e.body["error"]["message"]}
+        except Exception as e:  # noqa: BLE001 -- a template's failure is the request's answer
+            reply = {"error": f"the chat template cannot render these messages: {type(e).__name__}: {e}"}
+        out.write(json.dumps(reply).encode() + b"\n")
+        out.flush()
+
+
+class _RenderWorkers:
+    """Up to ``size`` render processes (see above), started as needed and reused."""
+
+    def __init__(self, size: int = TEMPLATE_WORKERS, time_limit: float = TEMPLATE_TIME_LIMIT):
+        self.time_limit = time_limit
+        self._size = size
+        self._idle: list = []
+        self._all: set = set()  # idle or rendering
+        self._slots: Optional[asyncio.Semaphore] = None
+
+    async def _spawn(self):
+        package_root = str(Path(__file__).resolve().parents[2])  # the child imports this ferrolm
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _WORKER_CODE,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+            limit=8 * TEMPLATE_OUTPUT_LIMIT,  # a reply line: the prompt JSON-escaped
+        )
+        self._all.add(proc)
+        try:
+            if await asyncio.wait_for(proc.stdout.readline(), 120) != _WORKER_READY:
+                raise ApiError("the chat template's render process did not start", status=500)
+        except BaseException:
+            self._kill(proc)
+            raise
+        return proc
+
+    async def warm(self) -> None:
+        """Start one process ahead of the first chat request."""
+        with contextlib.suppress(Exception):  # the first request starts one and reports what fails
+            self._idle.append(await self._spawn())
+
+    def _kill(self, proc) -> None:
+        self._all.discard(proc)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+    async def render(self, template: str, messages: list[dict[str, str]], eos_token: str) -> str:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._size)
+        async with self._slots:
+            proc = self._idle.pop() if self._idle else await self._spawn()
+            reply = None
+            try:
+                proc.stdin.write(
+                    json.dumps({"template": template, "messages": messages, "eos_token": eos_token}).encode()
+                )
+                proc.stdin.write(b"\n")
+                await proc.stdin.drain()
+                reply = json.loads(await asyncio.wait_for(proc.stdout.readline(), self.time_limit) or b"null")
+            except asyncio.TimeoutError:
+                raise ApiError(
+                    f"the chat template took over {self.time_limit:g} s to render these messages", "messages"
+                ) from None
+            except (ValueError, OSError):
+                pass  # a reply too long, or a process that died: reply stays None
+            finally:
+                if isinstance(reply, dict):
+                    self._idle.append(proc)
+                else:  # killed at its deadline, cancelled mid-render, or dead: a new one next time
+                    self._kill(proc)
+        if not isinstance(reply, dict):
+            raise ApiError("the chat template's render process failed (past its memory limit?)", "messages")
+        if "error" in reply:
+            raise ApiError(reply["error"], "messages")
+        return reply["text"]
+
+    def close(self) -> None:
+        """Kill every render process, a rendering one too."""
+        for proc in list(self._all):
+            self._kill(proc)
+        self._idle.clear()
 
 
 @dataclass
@@ -268,14 +461,24 @@ def load_served_model(
 
 
 def create_app(
-    served: ServedModel, engine: Any, *, max_tokens_limit: int = 4096, stream_interval: float = STREAM_INTERVAL
+    served: ServedModel,
+    engine: Any,
+    *,
+    max_tokens_limit: int = 4096,
+    stream_interval: float = STREAM_INTERVAL,
+    write_timeout: float = WRITE_TIMEOUT,
 ):
     """The Starlette application serving ``served`` through ``engine`` (a started or
     unstarted ``ferrolm.lm.engine.Engine``; the app's lifespan starts and closes it).
     ``stream_interval``: the least time, in seconds, between two hand-overs of a stream's
-    new tokens to the event loop (``_Outbox``); 0 hands over every token at once."""
+    new tokens to the event loop (``_Outbox``); 0 hands over every token at once.
+    ``write_timeout``: seconds a stream may wait for its client to take more (then it ends,
+    its sequences cancelled; ``app.state.abort_client(address)``, when set, drops the
+    connection)."""
     if not (stream_interval >= 0 and math.isfinite(stream_interval)):
         raise ValueError(f"stream_interval must be a number of seconds >= 0, got {stream_interval!r}")
+    if not (write_timeout > 0 and math.isfinite(write_timeout)):
+        raise ValueError(f"write_timeout must be a number of seconds > 0, got {write_timeout!r}")
     try:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
@@ -283,11 +486,12 @@ def create_app(
         from starlette.routing import Route
     except ImportError as e:
         raise _missing_extra(e) from None
-    from ferrolm.lm.engine import Failed, Finished, Piece, SamplingParams
+    from ferrolm.lm.engine import Failed, Finished, Piece, QueueFull, SamplingParams
 
     created = int(time.time())
     eos_id = served.tokenizer.eos_id
     eos_text = next((s for s in served.tokenizer.special_tokens if s == "<|endoftext|>"), "")
+    renderer = _RenderWorkers()
 
     # ---------------------------------------------------------------- parsing ---
 
@@ -300,10 +504,8 @@ def create_app(
             raw += part
             if len(raw) > MAX_BODY_BYTES:
                 raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(f"the request body is not valid JSON: {e}") from None
+        # A large body is parsed off the event loop: /health and the streams go on meanwhile.
+        body = _parse_json(raw) if len(raw) < 1 << 20 else await asyncio.to_thread(_parse_json, raw)
         if not isinstance(body, dict):
             raise ApiError("the request body must be a JSON object")
         model = body.get("model")
@@ -392,7 +594,7 @@ def create_app(
             )
         return sampling(body, prompts, "prompt", 16)
 
-    def chat_request(body: dict) -> Request:
+    async def chat_request(body: dict) -> Request:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError("messages must be a non-empty list of {role, content} objects", "messages")
@@ -410,7 +612,7 @@ def create_app(
             if not isinstance(content, str):
                 raise ApiError(f"messages[{i}].content must be a string", "messages")
             turns.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-        prompt = served.chat_template.render(turns, eos_text)
+        prompt = await renderer.render(served.chat_template.source, turns, eos_text)
         return sampling(
             body, [encode(prompt, "messages")], "messages", served.context_length, served.chat_template.default_stop
         )
@@ -419,6 +621,7 @@ def create_app(
 
     def submit_all(req: Request, outbox: _Outbox) -> list:
         handles = []
+        group = object()  # the request's sequences share rows fairly with other requests
         try:
             for p, ids in enumerate(req.prompts):
                 for j in range(req.n):
@@ -435,7 +638,11 @@ def create_app(
                     def on_event(event, index=index):
                         outbox.put((index, event), urgent=not isinstance(event, Piece))
 
-                    handles.append(engine.submit(ids, params, on_event))
+                    handles.append(engine.submit(ids, params, on_event, group=group))
+        except QueueFull as e:  # refused whole, before any of its sequences was queued
+            raise ApiError(
+                f"the server is busy: {e}; retry later", status=429, kind="rate_limit_error", code="queue_full"
+            ) from None
         except RuntimeError as e:  # the engine is shutting down
             for h in handles:
                 engine.cancel(h)
@@ -475,7 +682,14 @@ def create_app(
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "", "created": int(time.time()), "model": served.name}
         if req.stream:
-            return _event_stream_class()(stream_events(req, outbox, head, chat), on_close=cancel_all)
+
+            def abort() -> None:  # the client stopped reading: drop its connection
+                hook = getattr(request.app.state, "abort_client", None)
+                if hook is not None and request.client is not None:
+                    hook(tuple(request.client))
+
+            events_out = stream_events(req, outbox, head, chat)
+            return _event_stream_class()(events_out, on_close=cancel_all, write_timeout=write_timeout, on_stall=abort)
         try:
             texts = [""] * len(handles)
             reasons: list = [None] * len(handles)
@@ -545,7 +759,7 @@ def create_app(
         return await run(request, completion_request(await read_body(request)), chat=False)
 
     async def chat_completions(request):
-        return await run(request, chat_request(await read_body(request)), chat=True)
+        return await run(request, await chat_request(await read_body(request)), chat=True)
 
     async def models(request):
         card = {"id": served.name, "object": "model", "created": created, "owned_by": "ferrolm"}
@@ -568,13 +782,18 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app):
         engine.start()
+        warming = asyncio.ensure_future(renderer.warm())
         try:
             yield
         finally:
-            # uvicorn has let the open requests finish; what is left (nothing, normally) runs out here.
-            await asyncio.get_running_loop().run_in_executor(None, engine.close)
+            # uvicorn has let the open requests finish, or cancelled those past the shutdown's
+            # grace: nobody waits for what is left.
+            warming.cancel()
+            renderer.close()
+            close = functools.partial(engine.close, 10.0, cancel=True)
+            await asyncio.get_running_loop().run_in_executor(None, close)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -584,6 +803,8 @@ def create_app(
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
+    app.state.close_renderer = renderer.close  # for `serve` after a forced exit, which skips the lifespan's end
+    return app
 
 
 class _Outbox:
@@ -627,6 +848,30 @@ class _Outbox:
         return await self._bunches.get()
 
 
+def _parse_json(raw: bytes) -> Any:
+    """The body's JSON; ApiError (400) when it is not JSON or nests past MAX_JSON_DEPTH (the
+    parser recurses once per level, and so would the code that walks the value)."""
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
+        depth = 0
+        for token in _JSON_TOKENS.finditer(raw):
+            run = token.group()
+            if run[0] in b"[{":
+                depth += len(run)
+                if depth > MAX_JSON_DEPTH:
+                    raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+            elif run[0] != ord('"'):
+                depth -= len(run)
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ApiError(f"the request body is not valid JSON: {e}") from None
+
+
+# A string (to its closing quote, or the end of an unterminated one: each byte is scanned
+# once), or a run of opening or of closing brackets.
+_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[\[{]+|[\]}]+', re.DOTALL)
+
+
 async def _until_disconnect(request, work) -> bool:
     """Run ``work``; True if the client disconnected first (``work`` is then cancelled)."""
     task = asyncio.ensure_future(work)
@@ -653,21 +898,36 @@ def _event_stream_class():
     from starlette.responses import StreamingResponse
 
     class EventStream(StreamingResponse):
-        """Server-sent events that stop, and call ``on_close``, as soon as the client leaves."""
+        """Server-sent events that stop, and call ``on_close``, as soon as the client leaves,
+        or when a send waits over ``write_timeout`` seconds for a client that stopped reading
+        (then ``on_stall`` drops its connection)."""
 
-        def __init__(self, content, on_close: Callable[[], None]):
+        def __init__(self, content, on_close: Callable[[], None], write_timeout: float, on_stall: Callable[[], None]):
             super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             self.on_close = on_close
+            self.write_timeout = write_timeout
+            self.on_stall = on_stall
 
         async def __call__(self, scope, receive, send) -> None:
             import anyio
+
+            stalled = False
+
+            async def timed_send(message) -> None:
+                nonlocal stalled
+                try:
+                    with anyio.fail_after(self.write_timeout):
+                        await send(message)
+                except TimeoutError:
+                    stalled = True
+                    raise
 
             try:
                 async with anyio.create_task_group() as group:
 
                     async def stream() -> None:
-                        with contextlib.suppress(OSError):  # the client left mid-send
-                            await self.stream_response(send)
+                        with contextlib.suppress(OSError, TimeoutError):  # the client left, or stopped reading
+                            await self.stream_response(timed_send)
                         group.cancel_scope.cancel()
 
                     async def listen() -> None:
@@ -678,6 +938,8 @@ def _event_stream_class():
                     group.start_soon(listen)
             finally:
                 self.on_close()
+                if stalled:
+                    self.on_stall()
 
     return EventStream
 
@@ -701,9 +963,13 @@ def serve(
     threads: Optional[int] = None,
     log_level: str = "warning",
     stream_interval: float = STREAM_INTERVAL,
+    max_queue: int = MAX_QUEUE,
+    write_timeout: float = WRITE_TIMEOUT,
+    shutdown_grace: float = SHUTDOWN_GRACE,
 ) -> int:
-    """Load the model and serve it until Ctrl-C or SIGTERM, which let the running requests
-    finish before the process exits (a second Ctrl-C forces it)."""
+    """Load the model and serve it until Ctrl-C or SIGTERM, which give the running requests
+    ``shutdown_grace`` seconds to finish (then they are cancelled) before the process exits;
+    a second Ctrl-C or SIGTERM exits at once."""
     try:
         import uvicorn
     except ImportError as e:
@@ -722,10 +988,25 @@ def serve(
         raise ValueError(f"--stream-interval must be a number of seconds >= 0, got {stream_interval}")
     if not 0 <= port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {port}")
+    if max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {max_queue}")
+    for flag, seconds in (("--write-timeout", write_timeout), ("--shutdown-grace", shutdown_grace)):
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise ValueError(f"{flag} must be a number of seconds > 0, got {seconds}")
+    if not _is_loopback(host):
+        print(
+            f"warning: --host {host} serves anyone who can reach this machine, with no authentication; "
+            "use 127.0.0.1 (the default) unless the network is yours",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def load() -> tuple[ServedModel, Engine]:
         served = load_served_model(checkpoint, tokenizer, device=device, name=name, chat_template=chat_template)
-        return served, Engine(served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=max_batch)
+        engine = Engine(
+            served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=max_batch, max_queue=max_queue
+        )
+        return served, engine
 
     # Loaded on a thread that ends here, so that the engine's thread is the only one that has run
     # torch work. Under OpenMP (torch on a CPU) each such thread keeps a team of worker threads; one
@@ -734,7 +1015,9 @@ def serve(
     # dozens of times a token (one stream decoded at 0.7x the speed of `ferrolm generate`).
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrolm-load") as pool:
         served, engine = pool.submit(load).result()
-    app = create_app(served, engine, max_tokens_limit=max_tokens_limit, stream_interval=stream_interval)
+    app = create_app(
+        served, engine, max_tokens_limit=max_tokens_limit, stream_interval=stream_interval, write_timeout=write_timeout
+    )
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -753,10 +1036,27 @@ def serve(
         file=sys.stderr,
         flush=True,
     )
-    server = _server_class()(uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=None))
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=shutdown_grace)
+    server = _server_class()(config)
+    app.state.abort_client = server.abort_client
     server.run(sockets=[sock])
+    # After a forced exit, which skips the app's own shutdown:
+    app.state.close_renderer()
+    engine.close(10.0, cancel=True)
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only: localhost, 127.0.0.0/8, ::1."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _server_class():
@@ -764,7 +1064,20 @@ def _server_class():
 
     class Server(uvicorn.Server):
         """uvicorn's server, except that a handled Ctrl-C or SIGTERM ends in a normal exit
-        (uvicorn raises the signal again after its graceful shutdown)."""
+        (uvicorn raises the signal again after its graceful shutdown), a second one of
+        either forces the exit, and a connection can be dropped by its client's address."""
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+        def abort_client(self, address: tuple) -> None:
+            """Drop the connection from ``address`` at once, its unsent data with it (a
+            plain close would wait for a client that does not read)."""
+            for connection in list(self.server_state.connections):
+                if tuple(getattr(connection, "client", None) or ()) == address:
+                    connection.transport.abort()
 
         @contextlib.contextmanager
         def capture_signals(self):

@@ -10,7 +10,10 @@ A tokenizer directory holds:
 * ``ferrolm_tokenizer.json``: ferrolm's own record: special tokens, the pattern, the Unicode
   version of the pre-tokenizer's classes, the fingerprint and the sha256 of the five
   files above it, all verified on load (a folder saved before the two config files were
-  covered lists three).
+  covered lists three). ``tokenizer_config.json`` may be edited where it does not define
+  the tokenizer (a ``chat_template``, ``model_max_length`` ...): when its sha256 differs,
+  its special tokens (``added_tokens_decoder`` and the roles such as ``eos_token``) must
+  still be the ones the folder's tokenizer gives (:func:`_check_edited_hf_config`).
 
 Every file is read only when it is a regular file of at most MAX_FILE_BYTES (see
 :func:`ferrolm.bpe.fileformat.read_file_bytes`). A directory is written whole or not at all
@@ -51,6 +54,13 @@ FORMAT_VERSION = 2
 # reads its special tokens' roles and model_max_length from the two config files.
 CHECKED_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE)
 TOKENIZER_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE, RECORD_FILE)
+# The keys of tokenizer_config.json that define the tokenizer for transformers: the special
+# tokens' ids and roles. Its other keys (chat_template, model_max_length ...) may be edited.
+HF_CONFIG_TOKEN_KEYS = (
+    "added_tokens_decoder",
+    "additional_special_tokens",
+    *(f"{role}_token" for role in ("bos", "eos", "unk", "sep", "pad", "cls", "mask")),
+)
 
 
 def fingerprint(
@@ -353,6 +363,8 @@ def load_dir(directory: str | os.PathLike, *, fast: bool = False) -> LoadedDir:
     texts = _checked_texts(directory, rec, record_path)
     specials = list(rec.get("special_tokens", []))
     vocab = parse_vocab(texts[VOCAB_FILE], directory / VOCAB_FILE, specials, fast=fast)
+    if HF_CONFIG_FILE in texts:
+        _check_edited_hf_config(directory / HF_CONFIG_FILE, texts[HF_CONFIG_FILE], vocab, specials, record_path)
     merges = parse_merges(texts[MERGES_FILE], directory / MERGES_FILE, fast=fast)
     pattern = patterns.resolve(rec.get("pattern", "gpt2"))
     _warn_unicode(rec, record_path)
@@ -379,7 +391,9 @@ def _legacy_record(directory: Path) -> tuple[dict | None, Path]:
 
 
 def _checked_texts(directory: Path, rec: dict, record_path: Path) -> dict[str, str]:
-    """The text of vocab.json and merges.txt; every file the record has a sha256 of is checked."""
+    """The text of vocab.json and merges.txt; every file the record has a sha256 of is checked,
+    except that an edited tokenizer_config.json comes back too, for its special tokens to be
+    checked once the vocabulary is read."""
     sums = rec.get("sha256", {})
     out = {}
     for name in dict.fromkeys([*sums, VOCAB_FILE, MERGES_FILE]):
@@ -390,7 +404,10 @@ def _checked_texts(directory: Path, rec: dict, record_path: Path) -> dict[str, s
             raise TokenizerFileError(
                 f"{directory}: incomplete tokenizer directory: {name} is missing (listed in {record_path.name})"
             ) from None
-        if name in sums and sha256_hex(data) != sums[name]:
+        edited_config = name == HF_CONFIG_FILE and name in sums and sha256_hex(data) != sums[name]
+        if edited_config:
+            out[name] = data.decode("utf-8", "replace")
+        elif name in sums and sha256_hex(data) != sums[name]:
             raise TokenizerFileError(
                 f"{path}: its sha256 differs from the one recorded in {record_path.name}: the file was changed or damaged"
             )
@@ -400,6 +417,30 @@ def _checked_texts(directory: Path, rec: dict, record_path: Path) -> dict[str, s
             except UnicodeDecodeError as e:
                 raise TokenizerFileError(f"{path}: not UTF-8: {e}") from None
     return out
+
+
+def _check_edited_hf_config(
+    path: Path, text: str, vocab: dict[int, bytes], specials: Sequence[str], record_path: Path
+) -> None:
+    """An edited tokenizer_config.json must keep the special tokens the tokenizer gives
+    (``HF_CONFIG_TOKEN_KEYS`` as ferrolm writes them): transformers takes their ids and
+    roles from it, and a change there would make it disagree with ferrolm."""
+    from ferrolm.bpe import hf  # hf imports this module
+
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise TokenizerFileError(f"{path}: must hold a JSON object")
+    want = hf.hf_tokenizer_config(special_ids_in(vocab, specials))
+    for key in HF_CONFIG_TOKEN_KEYS:
+        if config.get(key) != want.get(key):
+            raise TokenizerFileError(
+                f"{path}: {key} differs from the special tokens recorded in {record_path.name} "
+                f"({json.dumps(want.get(key))} expected): the file's tokenizer part was changed or damaged "
+                "(its other fields, such as chat_template, may be edited)"
+            )
 
 
 def _warn_unicode(rec: dict, record_path: Path) -> None:

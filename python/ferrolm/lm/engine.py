@@ -12,6 +12,16 @@ that runs the loop:
               free their row at once; the last rows move down so the running ones stay
               in rows [0, n) and a step computes only them
 
+Sequences come in groups (``submit(..., group=g)``; the server makes one group of each
+request). A free row goes to the waiting group that runs the fewest rows (the earliest
+to arrive among equals), so a request of many sequences cannot keep the others out: while
+another group waits with fewer than its fair share of rows (``max_batch`` // the groups
+present, at least 1), the group running the most rows above that share is parked one row
+per step: its sequence goes back to the front of its group's queue, keeping its tokens,
+and when a row is free again its row is recomputed from them (as a sliding window is).
+``max_queue`` bounds the groups that wait with no row (beyond those the free rows take at
+once): one more is refused (``QueueFull``).
+
 A sequence's tokens are exactly those ``generate`` samples for its prompt alone: the same
 prefill, the same cache layout, ``sample`` on its own (1, vocab) logits with its own
 ``torch.Generator`` seeded with its seed. The batch changes only the matrix shapes of a
@@ -50,7 +60,7 @@ import torch
 
 from ferrolm.lm.generate import StopText, check_sampling_args, sample
 
-__all__ = ["SamplingParams", "Piece", "Finished", "Failed", "Handle", "Engine"]
+__all__ = ["SamplingParams", "Piece", "Finished", "Failed", "Handle", "Engine", "QueueFull"]
 
 
 @dataclass(frozen=True)
@@ -86,11 +96,16 @@ class Failed:
     message: str
 
 
+class QueueFull(RuntimeError):
+    """``Engine.submit`` refused a new group: ``max_queue`` groups already wait for a row."""
+
+
 class Handle:
     """One submitted sequence; ``Engine.cancel(handle)`` stops it and frees its row."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Any], None], device):
+    def __init__(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Any], None], device, group):
         self.prompt = prompt
+        self.group = self if group is None else group
         self.params = params
         self.on_event = on_event
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
@@ -103,6 +118,7 @@ class Handle:
         self.stop = StopText(params.stop)
         self.cancelled = False  # set by any thread; read by the engine between steps
         self.done = False
+        self.parked = False  # taken out of its row for another group; resumes from its tokens
 
 
 class Engine:
@@ -120,9 +136,12 @@ class Engine:
         *,
         max_batch: int = 16,
         window_keep: Optional[int] = None,
+        max_queue: Optional[int] = None,
     ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
+            raise ValueError(f"max_queue must be an int >= 0 or None, got {max_queue!r}")
         self.model = model
         self.vocab_size = int(model.config.vocab_size)
         self.context_length = int(model.config.context_length)
@@ -132,10 +151,16 @@ class Engine:
         self.token_bytes = token_bytes
         self.eos_id = eos_id
         self.max_batch = max_batch
+        self.max_queue = max_queue
         self.device = next(model.parameters()).device
         self.cache = model.make_kv_cache(max_batch, self.context_length)
         self._rows: list[Handle] = []  # running, row i of the cache is self._rows[i]
-        self._waiting: deque[Handle] = deque()
+        # Per group, in order of arrival: its waiting sequences, and the rows it runs.
+        self._waiting: dict[Any, deque[Handle]] = {}
+        self._running: dict[Any, int] = {}
+        self._arrival: dict[Any, int] = {}
+        self._arrivals = 0
+        self._n_waiting = 0
         self._cond = threading.Condition()
         self._closing = False
         self._thread: Optional[threading.Thread] = None
@@ -148,27 +173,48 @@ class Engine:
             self._thread.start()
         return self
 
-    def close(self, timeout: Optional[float] = None) -> None:
-        """Finish every submitted sequence, then stop the thread."""
+    def close(self, timeout: Optional[float] = None, *, cancel: bool = False) -> None:
+        """Finish every submitted sequence (``cancel``: drop them all, with no more events),
+        then stop the thread; ``timeout`` bounds the wait for it."""
         with self._cond:
             self._closing = True
+            if cancel:
+                for h in [*self._rows, *(h for q in self._waiting.values() for h in q)]:
+                    h.cancelled = True
+                self._waiting.clear()
+                self._n_waiting = 0
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams, on_event: Callable[[Any], None]) -> Handle:
-        """Queue a sequence; events arrive through ``on_event`` on the engine's thread."""
+    def submit(
+        self, prompt: Sequence[int], params: SamplingParams, on_event: Callable[[Any], None], *, group: Any = None
+    ) -> Handle:
+        """Queue a sequence; events arrive through ``on_event`` on the engine's thread.
+        ``group``: a hashable naming the sequences that share rows fairly with the other
+        groups (default: the sequence alone). QueueFull: the group is new and ``max_queue``
+        groups already wait with no row."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("a prompt must hold at least one token (start a new document with the eos id)")
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {self.vocab_size})")
-        handle = Handle(prompt, params, on_event, self.device)
+        handle = Handle(prompt, params, on_event, self.device, group)
         with self._cond:
             if self._closing:
                 raise RuntimeError("the engine is shutting down")
-            self._waiting.append(handle)
+            g = handle.group
+            if g not in self._arrival:
+                # Groups with no row beyond those the free rows take now.
+                queued = sum(1 for w in self._waiting if not self._running.get(w))
+                free = max(0, self.max_batch - len(self._rows))
+                if self.max_queue is not None and queued >= self.max_queue + free:
+                    raise QueueFull(
+                        f"{queued} requests already wait for a batch row (the queue holds {self.max_queue})"
+                    )
+                self._arrival[g], self._arrivals = self._arrivals, self._arrivals + 1
+            self._queue(handle)
             self._cond.notify()
         return handle
 
@@ -176,11 +222,69 @@ class Engine:
         """Stop a sequence: it leaves the batch before the next step (no more events)."""
         handle.cancelled = True
         with self._cond:
+            queue = self._waiting.get(handle.group)
+            if queue is not None and handle in queue:
+                queue.remove(handle)
+                self._n_waiting -= 1
+                self._forget_if_idle(handle.group)
             self._cond.notify()
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting) sequences."""
-        return len(self._rows), len(self._waiting)
+        return len(self._rows), self._n_waiting
+
+    # ---------------------------------------------------------------- groups (under the lock) ---
+
+    def _queue(self, handle: Handle, *, front: bool = False) -> None:
+        queue = self._waiting.setdefault(handle.group, deque())
+        queue.appendleft(handle) if front else queue.append(handle)
+        self._n_waiting += 1
+
+    def _forget_if_idle(self, g: Any) -> None:
+        if not self._waiting.get(g, True):
+            del self._waiting[g]
+        if g not in self._waiting and not self._running.get(g):
+            self._running.pop(g, None)
+            self._arrival.pop(g, None)
+
+    def _next_group(self) -> Any:
+        """The waiting group a free row goes to: the fewest rows running, then the earliest."""
+        return min(self._waiting, key=lambda g: (self._running.get(g, 0), self._arrival[g]))
+
+    def _pick(self) -> list[Handle]:
+        """Take waiting sequences for the free rows; park a row for a group below its share."""
+        picked = []
+        while self._waiting:
+            if len(self._rows) + len(picked) >= self.max_batch and not self._park_one(len(picked)):
+                break
+            g = self._next_group()
+            queue = self._waiting[g]
+            handle = queue.popleft()
+            self._n_waiting -= 1
+            self._running[g] = self._running.get(g, 0) + 1
+            self._forget_if_idle(g)
+            picked.append(handle)
+        return picked
+
+    def _park_one(self, picked: int) -> bool:
+        """With no free row: take one from the group furthest above its fair share, if the next
+        waiting group is below it. Not twice in one turn: a group gives up a row a step."""
+        if picked:
+            return False
+        groups = self._running.keys() | self._waiting.keys()
+        share = max(1, self.max_batch // len(groups))
+        if self._running.get(self._next_group(), 0) >= share:
+            return False
+        busiest = max(self._running, key=lambda g: (self._running[g], self._arrival[g]))
+        if self._running[busiest] <= share:
+            return False
+        victim = next((h for h in reversed(self._rows) if h.group == busiest and not (h.done or h.cancelled)), None)
+        if victim is None:  # its rows end at the next step anyway
+            return False
+        victim.parked = True
+        self._running[busiest] -= 1
+        self._queue(victim, front=True)
+        return True
 
     # ---------------------------------------------------------------- the loop ---
 
@@ -192,11 +296,7 @@ class Engine:
                         self._cond.wait()
                     if self._closing and not self._waiting and not self._rows:
                         return
-                    admitted = []
-                    while self._waiting and len(self._rows) + len(admitted) < self.max_batch:
-                        handle = self._waiting.popleft()
-                        if not handle.cancelled:
-                            admitted.append(handle)
+                    admitted = self._pick()
                 try:
                     self._leave()
                     for handle in admitted:
@@ -206,12 +306,15 @@ class Engine:
                         self._step()
                         self._leave()
                 except Exception as e:  # noqa: BLE001 -- a failed step fails its sequences, not the server
-                    for handle in self._rows + admitted:
+                    self._rows = list({id(h): h for h in self._rows + admitted}.values())
+                    for handle in self._rows:
+                        if handle.parked:  # queued again: it resumes later
+                            continue
                         if not handle.done:
                             handle.done = True
                             with contextlib.suppress(Exception):  # a failing callback must not end the loop
                                 handle.on_event(Failed(f"generation failed: {e}"))
-                    self._rows = []
+                    self._leave()
 
     def _prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
         """Run ``tokens`` from position 0 into cache row ``slot``; the next-token logits (1, vocab)."""
@@ -222,6 +325,9 @@ class Engine:
     def _admit(self, handle: Handle) -> None:
         slot = len(self._rows)
         self._rows.append(handle)
+        if handle.length:  # parked before: its row back as it was (the token to feed not in it)
+            self._prefill(slot, handle.history[-handle.length - 1 : -1])
+            return
         tokens = handle.history[-self.context_length :]
         logits = self._prefill(slot, tokens)
         handle.length = len(tokens)
@@ -286,10 +392,17 @@ class Engine:
         h.on_event(Finished(reason, h.generated))
 
     def _leave(self) -> None:
-        """Drop finished and cancelled rows; move the rest down to rows [0, n) in order."""
-        keep = [h for h in self._rows if not (h.done or h.cancelled)]
+        """Drop finished, cancelled and parked rows; move the rest down to rows [0, n) in order."""
+        keep = [h for h in self._rows if not (h.done or h.cancelled or h.parked)]
         if len(keep) == len(self._rows):
             return
+        with self._cond:
+            for h in self._rows:
+                if h.parked:
+                    h.parked = False  # waits again, in its group's queue since _park_one
+                elif h.done or h.cancelled:
+                    self._running[h.group] -= 1
+                    self._forget_if_idle(h.group)
         old_slot = {id(h): i for i, h in enumerate(self._rows)}
         for new, h in enumerate(keep):
             old = old_slot[id(h)]

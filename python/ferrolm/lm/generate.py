@@ -56,6 +56,7 @@ from __future__ import annotations
 import codecs
 import math
 import operator
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
 
@@ -473,33 +474,72 @@ def iter_text(ids: Iterable[int], token_bytes: Callable[[int], bytes]) -> Iterat
 
 
 class StopText:
-    """Cuts streamed text before the first of ``stops``: ``feed`` returns the part of a
+    """Cuts streamed text before the first stop string: ``feed`` returns the part of a
     piece that is safe to show, holding back an end that may be the start of a stop string;
-    ``done`` is set once a stop string appeared (it and what follows are never shown)."""
+    ``done`` is set once a stop string appeared (it and what follows are never shown).
+
+    "First" is the one that ends first in the text (of those ending at one character, the
+    longest), whatever pieces the text came in. Each stop string keeps the length of its
+    longest prefix that ends the text so far, advanced character by character with its
+    prefix function (Knuth-Morris-Pratt), so the whole text costs time linear in its length
+    and the stop strings' whatever their lengths; the text held back is the longest of
+    those prefixes.
+    """
 
     def __init__(self, stops: Sequence[str] = ()):
         self.stops = [s for s in stops if s]
-        self.pending = ""
+        self._fail = [_prefix_function(s) for s in self.stops]
+        self._matched = [0] * len(self.stops)
+        self._held: deque[str] = deque()  # characters not shown yet
         self.done = False
 
     def feed(self, piece: str) -> str:
         if self.done:
             return ""
-        buf = self.pending + piece
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.done, self.pending = True, ""
-            return buf[: min(hits)]
-        keep = max(
-            (k for s in self.stops for k in range(min(len(s) - 1, len(buf)), 0, -1) if buf.endswith(s[:k])), default=0
-        )
-        self.pending = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep]
+        if not self.stops:
+            return piece
+        held, matched = self._held, self._matched
+        for c in piece:
+            held.append(c)
+            found = 0
+            for k, s in enumerate(self.stops):
+                j, fail = matched[k], self._fail[k]
+                while j and s[j] != c:
+                    j = fail[j - 1]
+                j = j + 1 if s[j] == c else 0
+                if j == len(s):
+                    found, j = max(found, j), fail[j - 1]
+                matched[k] = j
+            if found:
+                self.done = True
+                out = self._take(len(held) - found)
+                held.clear()
+                return out
+        return self._take(len(held) - max(matched))
+
+    def _take(self, n: int) -> str:
+        popleft = self._held.popleft
+        return "".join([popleft() for _ in range(n)])
 
     def flush(self) -> str:
-        out, self.pending = ("" if self.done else self.pending), ""
+        out = "" if self.done else "".join(self._held)
+        self._held.clear()
+        self._matched = [0] * len(self.stops)
         return out
 
     def cut(self, text: str) -> str:
         """``text`` cut before its first stop string (the whole text at once)."""
         return self.feed(text) + self.flush()
+
+
+def _prefix_function(s: str) -> list[int]:
+    """fail[i]: the length of the longest proper prefix of s[: i + 1] that is also its suffix."""
+    fail = [0] * len(s)
+    j = 0
+    for i in range(1, len(s)):
+        while j and s[i] != s[j]:
+            j = fail[j - 1]
+        if s[i] == s[j]:
+            j += 1
+        fail[i] = j
+    return fail
