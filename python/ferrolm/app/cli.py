@@ -442,7 +442,9 @@ def _read_sample(path: str, limit: int, column: str = "text") -> str:
         try:
             import zstandard
         except ImportError:
-            raise ImportError('reading a .zst sample needs the zstandard package: pip install "ferrolm[zstd]"') from None
+            raise ImportError(
+                'reading a .zst sample needs the zstandard package: pip install "ferrolm[zstd]"'
+            ) from None
 
         f = zstandard.open(path, "rb")
     else:
