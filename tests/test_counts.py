@@ -283,3 +283,18 @@ def test_a_damaged_header_length_names_the_file(tmp_path, length):
     r = _cli("train-tokenizer", "--counts", *files, "--vocab-size", 500, "--out", tmp_path / "t", "--no-progress")
     assert r.returncode == 2 and str(files[1]) in r.stderr and "damaged" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "codec" not in r.stderr
+
+
+def test_a_file_that_changes_while_it_is_counted_writes_no_counts(tmp_path, monkeypatch):
+    corpus = _small_corpus(tmp_path)
+    real = trainer._count_files
+
+    def count_then_append(*args, **kwargs):
+        real(*args, **kwargs)
+        with open(corpus[0], "a", encoding="utf-8") as f:
+            f.write("more text written while it was read\n")
+
+    monkeypatch.setattr(trainer, "_count_files", count_then_append)
+    with pytest.raises(ValueError, match="changed while it was counted"):
+        counts.count(corpus, tmp_path / "c.counts", SPECIALS, progress=False)
+    assert not (tmp_path / "c.counts").exists()
