@@ -234,6 +234,7 @@ def _edit_keeping_size_and_mtime(path: Path, at: int, n: int = 1) -> None:
     modification time."""
     st = path.stat()
     data = bytearray(path.read_bytes())
+    assert at + n <= len(data)
     data[at : at + n] = (b"zqx " * n)[:n]
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -267,6 +268,6 @@ def test_train_tokenizer_ray_rerun_after_a_same_size_edit_counts_again(cluster, 
     files = _two_small_files(tmp_path)
     work = tmp_path / "c"
     fray.train_tokenizer(files, 400, parts=2, work_dir=work, progress=False)
-    _edit_keeping_size_and_mtime(files[0], 1_000, 2_000)
+    _edit_keeping_size_and_mtime(files[1], 1_000, 2_000)
     vocab, merges, _, _ = fray.train_tokenizer(files, 400, parts=2, work_dir=work, progress=False)
     assert (vocab, merges) == trainer.train_bpe(files, 400, [EOT])
