@@ -172,6 +172,16 @@ def test_cli_encode_ray_joins_the_cluster_ray_address_names(cluster, tmp_path, g
     assert run.returncode == 0, run.stderr
     assert "wrote 2 parts (0 already complete)" in run.stdout
     assert np.array_equal(TokenShards(tmp_path / "c")[:], one_machine)
+    # A rerun with nothing to do says so, and reports no rate of zero work.
+    again = subprocess.run(
+        [sys.executable, "-m", "ferrolm", *map(str, args), "--ray", "--parts", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "all 2 parts already complete" in again.stdout and "tokens/s" not in again.stdout, again.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "ferrolm", *map(str, args), "--ray", "--part", "0/2"],
         capture_output=True,
@@ -217,3 +227,47 @@ def test_train_tokenizer_on_a_dataset_gives_the_merges_of_its_documents(cluster,
     vocab, merges, _, _ = fray.train_tokenizer(ds, 700, work_dir=tmp_path / "c", progress=False)
     assert (vocab, merges) == trainer.train_bpe(iter(docs), 700, [EOT])
     assert len(list((tmp_path / "c").iterdir())) == 3
+
+
+def _edit_keeping_size_and_mtime(path: Path, at: int, n: int = 1) -> None:
+    """Overwrite ``n`` bytes from ``at`` with a word the text lacks, then restore the
+    modification time."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    assert at + n <= len(data)
+    data[at : at + n] = (b"zqx " * n)[:n]
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _two_small_files(tmp_path: Path) -> list[Path]:
+    docs = stdlib_text(12_000).split(SEPARATOR)
+    half = len(docs) // 2
+    files = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for f, part in zip(files, (docs[:half], docs[half:])):
+        f.write_text(SEPARATOR.join(part) + SEPARATOR, encoding="utf-8")
+    return files
+
+
+def test_a_rerun_after_a_same_size_edit_encodes_the_parts_that_read_it(cluster, tmp_path, gpt2_tok):
+    files = _two_small_files(tmp_path)
+    prefix = tmp_path / "out" / "c"
+    fray.encode(gpt2_tok, files, prefix, parts=2, progress=False)
+    sidecars = [shards.read_sidecar(shards.output_paths(prefix, (i, 2))[1]) for i in range(2)]
+    touched = [i for i, sc in enumerate(sidecars) if any(r["path"] == str(files[1]) for r in sc["inputs"])]
+    _edit_keeping_size_and_mtime(files[1], files[1].stat().st_size // 2)
+    again = fray.encode(gpt2_tok, files, prefix, parts=2, progress=False)
+    assert again["skipped_parts"] == 2 - len(touched)
+    shards.encode(gpt2_tok, files, tmp_path / "whole", progress=False)
+    assert np.array_equal(parts_in_manifest_order(prefix), np.fromfile(tmp_path / "whole.bin", dtype="<u2"))
+
+
+def test_train_tokenizer_ray_rerun_after_a_same_size_edit_counts_again(cluster, tmp_path):
+    from ferrolm.bpe import trainer
+
+    files = _two_small_files(tmp_path)
+    work = tmp_path / "c"
+    fray.train_tokenizer(files, 400, parts=2, work_dir=work, progress=False)
+    _edit_keeping_size_and_mtime(files[1], 1_000, 2_000)
+    vocab, merges, _, _ = fray.train_tokenizer(files, 400, parts=2, work_dir=work, progress=False)
+    assert (vocab, merges) == trainer.train_bpe(files, 400, [EOT])

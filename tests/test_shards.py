@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from texts import SEPARATOR, stories_text, write_corpus
 
-from ferrolm.bpe import shards
+from ferrolm.bpe import inputs, shards
 from ferrolm.bpe.tokenizer import Tokenizer
 
 EOT = "<|endoftext|>"
@@ -95,8 +95,15 @@ def test_plain_text_equals_tiktoken_whole_file_encoding(tmp_path, gpt2_tok, tikt
     assert side["format"] == "ferrolm-shard" and side["format_version"] == 1
     assert side["dtype"] == "uint16" and side["vocab_size"] == 50257 and side["eos_id"] == 50256
     assert side["tokenizer_fingerprint"] == gpt2_tok.fingerprint
+    _, size, mtime_ns, sample = inputs.identity(src)
     assert side["inputs"] == [
-        {"path": str(src), "bytes": src.stat().st_size, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
+        {
+            "path": str(src),
+            "bytes": size,
+            "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+            "mtime_ns": mtime_ns,
+            "sample_sha256": sample,
+        }
     ]
     assert side["part"] is None and side["byte_range"] is None
     assert not (tmp_path / "ts.progress.json").exists() and not (tmp_path / "ts.bin.partial").exists()

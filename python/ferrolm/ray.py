@@ -286,7 +286,21 @@ def _complete_file_part(json_path, tok, dtype, part, paths, total) -> bool:
         and sc.get("part") == list(part)
         and sc.get("total_input_bytes") == total
         and {r.get("path") for r in sc.get("inputs", [])} <= set(paths)
+        and all(_same_version(r) for r in sc["inputs"])
     )
+
+
+def _same_version(record: dict) -> bool:
+    """Whether the input a part's sidecar records is still the version the part read (a
+    sidecar from before identities were recorded never is)."""
+    from ferrolm.bpe import inputs
+
+    try:
+        now = inputs.identity(record["path"])
+    except (OSError, KeyError, TypeError):
+        return False
+    was = [now[0], record.get("bytes"), record.get("mtime_ns"), record.get("sample_sha256")]
+    return inputs.identity_change(was, now) is None
 
 
 def _complete_block(json_path, tok, dtype, rows: int) -> bool:
@@ -357,7 +371,7 @@ def train_tokenizer(
         raise ValueError(f"parts must be >= 1, got {parts}")
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    identity = [[p, os.path.getsize(p)] for p in paths]
+    identity = [_inputs.identity(p) for p in paths]
     remote = ray.remote(_count_part).options(num_cpus=threads_per_part, max_retries=max_retries, retry_exceptions=False)
     options = {"pattern": pattern, "num_threads": threads_per_part, "column": column}
     files, pending = [], {}

@@ -504,7 +504,12 @@ def _read_sample(path: str, limit: int, column: str = "text") -> str:
 
         f = gzip.open(path, "rb")
     elif path.endswith((".zst", ".zstd")):
-        import zstandard
+        try:
+            import zstandard
+        except ImportError:
+            raise ImportError(
+                'reading a .zst sample needs the zstandard package: pip install "ferrolm[zstd]"'
+            ) from None
 
         f = zstandard.open(path, "rb")
     else:
@@ -529,7 +534,7 @@ def _jsonl_documents(text: str, column: str) -> str | None:
             return None
         if not isinstance(doc, str):
             return None
-        docs.append(doc)
+        docs.append(fix_surrogates(doc))  # a JSON escape may name a lone surrogate
     return "".join(docs) if docs else None
 
 
@@ -647,8 +652,6 @@ def _run_train_tokenizer(args) -> int:
     elapsed = time.perf_counter() - t0
     out = tok.save(args.out)
     peak = _peak_rss_mb()
-    sample = _read_sample(args.input[0], args.sample_bytes, args.column)
-    n_ids = len(tok.encode(sample)) if sample else 0
     longest = sorted(
         (b for i, b in tok.vocab.items() if b.decode("utf-8", "replace") not in specials), key=lambda b: (-len(b), b)
     )[:10]
@@ -657,13 +660,25 @@ def _run_train_tokenizer(args) -> int:
     print(f"peak memory   {peak:,.0f} MB (VmHWM)" if peak is not None else "peak memory   unknown")
     print(f"merges        {len(tok.merges):,}")
     print(f"special       {', '.join(specials) or '(none)'}")
-    if n_ids:
-        nbytes = len(sample.encode("utf-8"))
-        print(f"compression   {nbytes / n_ids:.2f} bytes/token on the first {nbytes:,} bytes of {args.input[0]}")
+    _print_compression(tok, args.input[0], args.sample_bytes, args.column)
     print("longest tokens:")
     for b in longest:
         print(f"  {len(b):3d} bytes  {b.decode('utf-8', 'replace')!r}")
     return 0
+
+
+def _print_compression(tok, path: str, limit: int, column: str) -> None:
+    """The compression line of the summary. The tokenizer is saved by now: a sample that
+    cannot be read or measured costs the line (with a note why), never the exit status."""
+    try:
+        sample = _read_sample(path, limit, column)
+        n_ids = len(tok.encode(sample)) if sample else 0
+        nbytes = len(sample.encode("utf-8"))
+    except Exception as e:  # noqa: BLE001 - whatever it is, the saved tokenizer stands
+        print(f"note: compression not measured: {e}", file=sys.stderr)
+        return
+    if n_ids:
+        print(f"compression   {nbytes / n_ids:.2f} bytes/token on the first {nbytes:,} bytes of {path}")
 
 
 def _two_phase(args) -> bool:
@@ -923,10 +938,11 @@ def _run_encode_ray(args, tok) -> int:
     )
     elapsed = time.perf_counter() - t0
     in_bytes = m["total_input_bytes"]
-    print(
-        f"wrote {len(m['parts'])} parts ({m['skipped_parts']} already complete) and "
-        f"{ferrolm.ray.manifest_path(args.out)}: {m['num_tokens']:,} {m['dtype']} tokens, {m['num_documents']:,} documents"
-    )
+    where = f"{ferrolm.ray.manifest_path(args.out)}: {m['num_tokens']:,} {m['dtype']} tokens, {m['num_documents']:,} documents"
+    if m["skipped_parts"] == len(m["parts"]):  # nothing encoded: no rate to report
+        print(f"all {len(m['parts'])} parts already complete; wrote {where}")
+        return 0
+    print(f"wrote {len(m['parts'])} parts ({m['skipped_parts']} already complete) and {where}")
     print(
         f"{in_bytes / 1e6:,.1f} MB in {elapsed:.2f} s: {in_bytes / 1e6 / max(elapsed, 1e-9):,.1f} MB/s, "
         f"{m['num_tokens'] / 1e6 / max(elapsed, 1e-9):,.2f}M tokens/s"

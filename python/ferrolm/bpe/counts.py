@@ -35,6 +35,9 @@ __all__ = ["count", "count_texts", "train_from_counts", "part_ranges", "read_hea
 
 PathInput = Union[str, "os.PathLike[str]"]
 FORMAT = "ferrolm-pretoken-counts"
+MAGIC = b"ferrolm-counts\n\0"
+#: The largest header the core writes or reads (rust/train/counts_file.rs).
+MAX_HEADER = 1 << 24
 
 
 def part_ranges(
@@ -93,6 +96,7 @@ def count(
         if not os.path.isfile(p):
             raise FileNotFoundError(f"input file not found: {p}")
     split = parse_part(part)
+    before = [_inputs.identity(p) for p in paths]
     trainer = _core.BpeTrainer(specials, pattern, num_threads, errors, _trainer._CHUNK_SIZE)
     bars = _trainer._Progress(progress)
     try:
@@ -104,12 +108,21 @@ def count(
             ranges = [(os.fspath(p), a, b) for p, a, b in trainer.count_part(paths, split[0], split[1], column, report)]
     finally:
         bars.close()
+    _check_unchanged(before)
     extra = {
-        "inputs": [[os.path.abspath(p), os.path.getsize(p)] for p in paths],
+        "inputs": before,
         "part": list(split) if split else None,
         "ranges": [[os.path.abspath(p), a, b] for p, a, b in ranges] if ranges is not None else None,
     }
     return _write(trainer, counts_out, _header(specials, pattern, extra))
+
+
+def _check_unchanged(before: list[list]) -> None:
+    """Refuse counts of a file that changed while it was read (a mix of two versions)."""
+    for rec in before:
+        change = _inputs.identity_change(rec, _inputs.identity(rec[0]))
+        if change:
+            raise ValueError(f"{rec[0]} changed while it was counted ({change}); count it again")
 
 
 def count_texts(
@@ -152,13 +165,25 @@ def _write(trainer, counts_out: PathInput, header: str) -> dict:
 
 
 def read_header(path: PathInput) -> dict:
-    """The header of a counts file (its checksum is checked when it is read for training)."""
+    """The header of a counts file (its checksum is checked when it is read for training);
+    ValueError naming the file when the header is not there whole."""
+    name = os.fspath(path)
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(24)
-        if len(head) < 24 or head[:16] != b"ferrolm-counts\n\0":
-            raise ValueError(f"{path}: not a ferrolm pre-token counts file")
+        if len(head) < 24 or head[:16] != MAGIC:
+            raise ValueError(f"{name}: not a ferrolm pre-token counts file")
         n = int.from_bytes(head[20:24], "little")
-        return json.loads(f.read(n).decode("utf-8"))
+        # The header, the entry count and the checksum must fit in the file.
+        if n > MAX_HEADER or 24 + n + 8 + 32 > size:
+            raise ValueError(f"{name}: damaged counts file (header length {n:,} does not fit its {size:,} bytes)")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ValueError(f"{name}: damaged counts file (its {n:,}-byte header is not a JSON object)") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{name}: damaged counts file (its {n:,}-byte header is not a JSON object)")
+    return header
 
 
 def train_from_counts(
@@ -217,12 +242,17 @@ def _check_headers(paths: list, headers: list[dict], want: dict) -> None:
                     "counts made under other settings do not add up to one run"
                 )
     splits: dict[str, dict[int, list]] = {}
+    members: dict[str, list] = {}
     for p, h in zip(paths, headers):
         part = h.get("part")
-        key = json.dumps([h.get("inputs"), part[1] if part else None])
+        files = _file_entries(h.get("inputs"))
+        whole = [e[0] for e in files] if files is not None else h.get("inputs")
+        key = json.dumps([whole, part[1] if part else None])
         index = part[0] if part else 0
         splits.setdefault(key, {}).setdefault(index, []).append(os.fspath(p))
+        members.setdefault(key, []).append((os.fspath(p), files))
     for key, found in splits.items():
+        _check_one_version(members[key])
         n = json.loads(key)[1] or 1
         twice = [names for names in found.values() if len(names) > 1]
         if twice:
@@ -235,3 +265,30 @@ def _check_headers(paths: list, headers: list[dict], want: dict) -> None:
                 if len(missing) > 1
                 else f"part {missing[0]}/{n} of the split that {example} belongs to is missing"
             )
+
+
+def _file_entries(inputs) -> list | None:
+    """The ``[path, size, ...]`` records of a header's inputs; None when they are not files
+    (the documents of a Dataset, say)."""
+    if not isinstance(inputs, list) or not all(
+        isinstance(e, list) and len(e) >= 2 and isinstance(e[0], str) and type(e[1]) is int for e in inputs
+    ):
+        return None
+    return inputs
+
+
+def _check_one_version(members: list[tuple[str, list | None]]) -> None:
+    """Refuse the counts files of one split that counted different versions of an input."""
+    seen: dict[str, list[tuple[str, list]]] = {}
+    for name, files in members:
+        for rec in files or []:
+            known = seen.setdefault(rec[0], [])
+            for other, earlier in known:
+                change = _inputs.identity_change(earlier, rec)
+                if change:
+                    raise ValueError(
+                        f"{other} and {name} counted different versions of {rec[0]} ({change}): "
+                        "count every part from the same version of the input"
+                    )
+            if all(earlier != rec for _, earlier in known):  # an older file's [path, size] beside a full record
+                known.append((name, rec))

@@ -214,6 +214,7 @@ def encode(
     job = _Job(tok, out, parse_part(part), dtype, field, errors)
     _check_outputs_apart(paths, job.outputs())
     params = job.params(inputs=[_input_identity(p) for p in paths], input_format=input_format, hash=bool(hash_inputs))
+    job.identities = {rec[0]: rec for rec in map(_inputs.identity, paths)}
     result = job.run(
         paths,
         params,
@@ -325,6 +326,8 @@ class _Job:
         self.field = field
         self.errors = errors
         self.bin_path, self.json_path = output_paths(out, part)
+        #: ``inputs.identity`` of each input file by absolute path, taken before the run.
+        self.identities: dict[str, list] = {}
         eos_id = tok.eos_id
         self.eos = (EOT, int(eos_id)) if eos_id is not None else None
         # Text cuts inside long documents are exact only for the built-in patterns, and only
@@ -417,6 +420,9 @@ class _Job:
         if path in ("", "."):  # documents from an iterable
             return {"path": None, "documents": result["num_documents"], "sha256": r["sha256"]}
         rec = {"path": path, "bytes": r["bytes"], "sha256": r["sha256"]}
+        known = self.identities.get(os.path.abspath(path))
+        if known is not None:  # what a rerun compares (ferrolm.ray): the version of the file read
+            rec["mtime_ns"], rec["sample_sha256"] = known[2], known[3]
         if self.part is not None:
             rec["range"] = list(r["range"])
         if r["uncompressed_bytes"] is not None:
