@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -149,6 +150,10 @@ def identity(path: str | os.PathLike) -> list:
     version of an input file from another without reading it whole. An edit that changes
     the size or the modification time, or any byte inside a window, gives another identity;
     an edit outside the windows that keeps size and modification time does not."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        # Opening a FIFO would wait for a writer: the reader refuses such inputs by name.
+        return [os.path.abspath(path), st.st_size, st.st_mtime_ns, None]
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         h = hashlib.sha256()
