@@ -228,7 +228,7 @@ pub enum ShardError {
 }
 
 impl ShardError {
-    fn io(path: &Path, doing: &'static str, source: io::Error) -> Self {
+    pub(crate) fn io(path: &Path, doing: &'static str, source: io::Error) -> Self {
         ShardError::Io { path: path.to_path_buf(), doing, source }
     }
     /// Whether a rerun of the same job can continue where this one stopped (I/O failures

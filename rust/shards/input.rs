@@ -150,8 +150,8 @@ pub fn regular_file_size(path: &Path) -> Result<u64, ShardError> {
 }
 
 /// The bytes of `spec`'s file as its documents' text: decompressed for `.gz` / `.zst`.
-/// `raw`: the file, or a reader around it (the sniffer's head, the trainer's reads; the
-/// chunk reader builds its own decoders, to hash the raw bytes it reads through them).
+/// `raw`: the file, or a reader around it (the sniffer's head; the chunk reader opens its
+/// inputs as `crate::chunks::Stream`, to count and hash the raw bytes it reads through them).
 pub(crate) fn decoded<'r, R: Read + Send + 'r>(
     spec: &InputSpec,
     raw: R,
