@@ -51,6 +51,18 @@ pub enum Format {
     Docs,
 }
 
+impl Format {
+    /// The format a user gives by name: `None` (or "auto") to tell from the input.
+    pub fn given(name: Option<&str>) -> Result<Option<Format>, String> {
+        match name {
+            None | Some("auto") => Ok(None),
+            Some("text") => Ok(Some(Format::Text)),
+            Some("jsonl") => Ok(Some(Format::Jsonl)),
+            Some(other) => Err(format!("input format must be auto, text or jsonl, got {other:?}")),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct InputSpec {
     pub path: PathBuf,

@@ -238,7 +238,7 @@ impl<'a> ChunkReader<'a> {
 
     /// The resume digest with `cur` read up to its `emitted` position.
     fn digest(&self, cur: Option<&OpenFile>) -> Option<String> {
-        if !self.job.hash {
+        if !self.job.opts.hash {
             return None;
         }
         let mut h = Sha256::new();
@@ -253,7 +253,7 @@ impl<'a> ChunkReader<'a> {
 
     fn open(&mut self, idx: usize, range: (u64, u64)) -> Result<OpenFile, ShardError> {
         let spec = &self.job.inputs[idx];
-        let hash = self.job.hash;
+        let hash = self.job.opts.hash;
         let logical_start = spec.logical_start(range);
         let open = |src, hashing: Option<std::thread::JoinHandle<_>>| OpenFile {
             idx,
@@ -273,7 +273,7 @@ impl<'a> ChunkReader<'a> {
                 let src = Src::Docs { batch: DocBatch::default(), next: 0, total, parquet: None, eof: false };
                 return Ok(open(src, None));
             }
-            let docs = ParquetDocs::open(&spec.path, &self.job.jsonl_field, PARQUET_BATCH_BYTES)?;
+            let docs = ParquetDocs::open(&spec.path, &self.job.opts.jsonl_field, PARQUET_BATCH_BYTES)?;
             let total = Some(docs.num_rows());
             let hashing = hash.then(|| {
                 let path = spec.path.clone();
@@ -472,12 +472,12 @@ impl<'a> ChunkReader<'a> {
         }
         let (from, base) = (*next, batch.start(*next));
         let mut to = from + 1;
-        while to < batch.len() && batch.ends[to - 1] - base < self.job.chunk_size {
+        while to < batch.len() && batch.ends[to - 1] - base < self.job.opts.chunk_size {
             to += 1;
         }
         // A batch of up to two chunks' worth is one chunk: its buffer is handed over
         // instead of copied.
-        let whole = from == 0 && batch.ends[batch.len() - 1] <= 2 * self.job.chunk_size;
+        let whole = from == 0 && batch.ends[batch.len() - 1] <= 2 * self.job.opts.chunk_size;
         if whole {
             to = batch.len();
         }
@@ -508,8 +508,8 @@ impl<'a> ChunkReader<'a> {
         let tail = chunker.tail();
         let left = self.raw_total.saturating_sub(self.raw_before + stream.raw_count()) + tail as u64;
         let balanced = ((left / self.tail_split) as usize).max(MIN_TAIL_CHUNK);
-        let target = self.job.chunk_size.min(balanced).max(tail + 1);
-        let (separator, newline_cuts) = (&self.separator, self.job.newline_cuts);
+        let target = self.job.opts.chunk_size.min(balanced).max(tail + 1);
+        let (separator, newline_cuts) = (&self.separator, self.job.opts.newline_cuts);
         let cut = |buf: &[u8], at_end: bool| match at_end {
             true => Some((buf.len(), ())),
             false => last_cut(buf, spec.format, separator, newline_cuts).map(|c| (c, ())),
