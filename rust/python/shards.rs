@@ -108,7 +108,7 @@ fn shard_options(dtype: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Sh
             "hash" => o.hash = value.extract()?,
             other => {
                 return Err(PyTypeError::new_err(format!(
-                    "encode_shard() got an unexpected keyword argument {other:?}"
+                    "encode_shard() got an unexpected keyword argument '{other}'"
                 )))
             }
         }

@@ -186,6 +186,31 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 #[test]
+fn options_come_by_name_and_inputs_from_paths() {
+    assert_eq!("uint32".parse::<Dtype>(), Ok(Dtype::U32));
+    assert_eq!("int8".parse::<Dtype>().unwrap_err(), "dtype must be uint16 or uint32, got \"int8\"");
+    assert_eq!(Format::given(None), Ok(None));
+    assert_eq!(Format::given(Some("auto")), Ok(None));
+    assert_eq!(Format::given(Some("jsonl")), Ok(Some(Format::Jsonl)));
+    assert!(Format::given(Some("csv")).unwrap_err().contains("auto, text or jsonl, got \"csv\""));
+    let opts = ShardOptions { input_format: Some(Format::Text), ..ShardOptions::new(Dtype::U16) };
+    let paths = vec![PathBuf::new(), PathBuf::from("a.jsonl.gz"), PathBuf::from("b.parquet")];
+    let job = EncodeJob::new(paths, PathBuf::from("o.bin"), opts.clone());
+    let kinds: Vec<_> = job.inputs.iter().map(|s| (s.format, s.compression, s.format_given)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (Format::Docs, Compression::None, true),
+            (Format::Text, Compression::Gzip, true),
+            (Format::Text, Compression::None, true)
+        ]
+    );
+    let guessed =
+        EncodeJob::new(vec![PathBuf::from("a.jsonl.gz")], PathBuf::from("o.bin"), ShardOptions::new(Dtype::U16));
+    assert_eq!((guessed.inputs[0].format, guessed.inputs[0].format_given), (Format::Jsonl, false));
+}
+
+#[test]
 fn output_equals_whole_text_encoding_for_any_chunk_size_and_threads() {
     let dir = TempDir::new("chunks");
     let text = corpus(1, 300);
