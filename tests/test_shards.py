@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -466,6 +467,34 @@ def test_changed_options_start_over(tmp_path, gpt2_tok):
     sc = shards.encode(gpt2_tok, src, tmp_path / "o", progress=False)  # other params: starts over
     assert sc["resumed_tokens"] == 0 and "differ" in sc["restart_reason"]
     assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(src.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"dtype": "int8"}, ValueError, 'dtype must be uint16 or uint32, got "int8"'),
+        ({"input_format": "csv"}, ValueError, 'input format must be auto, text or jsonl, got "csv"'),
+        ({"errors": "ignore"}, ValueError, "ignore"),
+        ({"commit_interval": -1.0}, ValueError, "commit_interval must be a non-negative number of seconds"),
+        ({"commit_interval": float("nan")}, ValueError, "commit_interval must be a non-negative"),
+        ({"chunk_sise": 10}, TypeError, "unexpected keyword argument 'chunk_sise'"),
+        ({"chunk_size": "big"}, TypeError, ""),
+    ],
+)
+def test_encode_shard_options_are_checked_by_name(tmp_path, gpt2_tok, options, error, message):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c", encoding="utf-8")
+    kwargs = {"dtype": "uint16", **options}
+    with pytest.raises(error, match=re.escape(message)):
+        shards._core.encode_shard(gpt2_tok._core, [str(src)], str(tmp_path / "o.bin"), **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_part_range_refuses_an_unknown_input_format(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c", encoding="utf-8")
+    with pytest.raises(ValueError, match='input format must be auto, text or jsonl, got "csv"'):
+        shards._core.shard_part_range([str(src)], 0, 2, input_format="csv")
 
 
 # ------------------------------------------------------------------ decode CLI
