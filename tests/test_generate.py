@@ -783,3 +783,14 @@ def test_generate_raises_what_makes_a_row_fail(model):
         broken.lm_head.weight.fill_(float("nan"))
     with pytest.raises(ValueError, match="NaN"):
         list(generate(broken, [1, 2], 5, generator=torch.Generator().manual_seed(0)))
+
+
+def test_generate_text_raises_the_callers_own_error_as_it_was(model):
+    from ferrolm.lm.generate import generate_text
+
+    def on_piece(row: int, text: str) -> None:
+        raise BrokenPipeError("the reader went away")
+
+    with pytest.raises(BrokenPipeError, match="reader went away"):
+        generate_text(model, [1, 2], lambda t: b"x", 5, temperature=0, on_piece=on_piece)
+    assert generate_text(model, [[1, 2], [3]], lambda t: b"x", 5, temperature=0) == ["xxxxx", "xxxxx"]

@@ -103,6 +103,15 @@ class Failed:
     message: str
 
 
+def check_window_keep(window_keep: Any, context_length: int) -> int:
+    """``window_keep``, or its default context_length // 2; ValueError naming the range when bad."""
+    if window_keep is None:
+        return max(1, context_length // 2)
+    if isinstance(window_keep, bool) or not isinstance(window_keep, int) or not 1 <= window_keep <= context_length:
+        raise ValueError(f"window_keep must be an int in [1, context_length={context_length}], got {window_keep!r}")
+    return window_keep
+
+
 def _no_text(token: int) -> bytes:
     return b""
 
@@ -159,15 +168,7 @@ class Engine:
         self.model = model
         self.vocab_size = int(model.config.vocab_size)
         self.context_length = int(model.config.context_length)
-        self.window_keep = max(1, self.context_length // 2) if window_keep is None else window_keep
-        if (
-            isinstance(self.window_keep, bool)
-            or not isinstance(self.window_keep, int)
-            or not 1 <= self.window_keep <= self.context_length
-        ):
-            raise ValueError(
-                f"window_keep must be an int in [1, context_length={self.context_length}], got {self.window_keep!r}"
-            )
+        self.window_keep = check_window_keep(window_keep, self.context_length)
         self.use_cache = use_cache
         self.token_bytes = token_bytes if token_bytes is not None else _no_text
         self.eos_id = eos_id

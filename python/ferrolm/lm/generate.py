@@ -40,7 +40,7 @@ from ferrolm.lm.decoding import (
     top_p_mask,
 )
 from ferrolm.lm.device import resolve_device
-from ferrolm.lm.engine import Engine, Failed, Piece, SamplingParams
+from ferrolm.lm.engine import Engine, Failed, Piece, SamplingParams, check_window_keep
 
 __all__ = [
     "top_k_mask",
@@ -127,14 +127,16 @@ def _check_max_new(max_new_tokens: Any) -> None:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
 
 
-def _row_generators(n: int, temperature: float, generator: Optional[torch.Generator], batched: bool) -> list:
+def _row_generators(model: Any, n: int, temperature: float, generator: Optional[torch.Generator], batched: bool):
     """Each row's generator: ``generator`` itself for one prompt; in a batch (or with no
     ``generator``), one seeded with the row's seed drawn from ``generator`` (None: from
-    torch's default generator, so ``torch.manual_seed`` reproduces the draws)."""
-    if temperature == 0 or (generator is not None and not batched):  # greedy draws nothing
+    torch's default generator, so ``torch.manual_seed`` reproduces the draws). None where
+    nothing is drawn (greedy): the engine's own then goes unused."""
+    if temperature == 0 or (generator is not None and not batched):
         return [generator] * n
-    device = generator.device if generator is not None else "cpu"
-    seeds = torch.randint(0, SEED_LIMIT - 1, (n,), generator=generator, device=device).tolist()
+    at = generator.device if generator is not None else "cpu"
+    seeds = torch.randint(0, SEED_LIMIT - 1, (n,), generator=generator, device=at).tolist()
+    device = generator.device if generator is not None else next(model.parameters()).device
     return [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
 
 
@@ -154,14 +156,17 @@ def _submit_rows(
     ``on_piece(row, text)`` gets the text as it comes."""
     engine = Engine(model, token_bytes, eos_id, max_batch=len(rows), window_keep=window_keep, use_cache=use_cache)
 
-    failures: list[str] = []
+    failures: list[Exception] = []
 
     def events(r: int) -> Callable[[Any], None]:
         def on_event(event: Any) -> None:
             if isinstance(event, Failed):
-                failures.append(event.message)
+                failures.append(ValueError(event.message))
             elif isinstance(event, Piece) and on_piece is not None:
-                on_piece(r, event.text)
+                try:
+                    on_piece(r, event.text)
+                except Exception as e:  # noqa: BLE001 -- the caller's own error (a closed pipe, say), raised as is
+                    failures.append(e)
 
         return on_event
 
@@ -169,11 +174,12 @@ def _submit_rows(
     return _turns(engine, failures), handles
 
 
-def _turns(engine: Engine, failures: list[str]) -> Iterator[None]:
-    """The engine's turns in this thread; a sequence that failed (NaN logits, say) raises."""
+def _turns(engine: Engine, failures: list[Exception]) -> Iterator[None]:
+    """The engine's turns in this thread; a sequence that failed (NaN logits, say) raises
+    ValueError, and an error of ``on_piece`` is raised as it was."""
     for _ in engine.turns():
         if failures:
-            raise ValueError(failures[0])
+            raise failures[0]
         yield
 
 
@@ -207,11 +213,11 @@ def generate(
     check_sampling_args(temperature, top_k, top_p)
     _check_max_new(max_new_tokens)
     rows, batched = _prompt_rows(model, prompt_ids, eos_id)
+    check_window_keep(window_keep, _model_config(model)[1])
     if max_new_tokens == 0:
-        Engine(model, None, eos_id, max_batch=1, window_keep=window_keep)  # checks window_keep
         return iter(())
-    params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed=0)
-    generators = _row_generators(len(rows), temperature, generator, batched)
+    params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed=0)  # each row's generator is given
+    generators = _row_generators(model, len(rows), temperature, generator, batched)
     turns, handles = _submit_rows(
         model, rows, params, generators, eos_id=eos_id, use_cache=use_cache, window_keep=window_keep
     )
@@ -261,7 +267,7 @@ def generate_text(
             on_piece(r, piece)
 
     params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed=0, stop=tuple(stop))
-    generators = _row_generators(len(rows), temperature, generator, batched)
+    generators = _row_generators(model, len(rows), temperature, generator, batched)
     turns, _ = _submit_rows(model, rows, params, generators, token_bytes=token_bytes, eos_id=eos_id, on_piece=collect)
     for _ in turns:
         pass
