@@ -302,7 +302,7 @@ def _run_generate(args) -> int:
 
     from ferrolm.lm.checkpoint import load_model
     from ferrolm.lm.config import SEED_LIMIT
-    from ferrolm.lm.generate import StopText, check_sampling_args, generate, iter_text, resolve_device
+    from ferrolm.lm.generate import check_sampling_args, generate_text, resolve_device
 
     check_sampling_args(args.temperature, args.top_k, args.top_p)  # before any loading
     if args.max_new_tokens < 0:
@@ -333,10 +333,10 @@ def _run_generate(args) -> int:
         return tok.token_bytes(t) if t < known else "\ufffd".encode()
 
     emit = _emitter()
-    sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p, eos, generator)
     for i in range(args.num_samples):
         if len(rows) > 1:
-            texts = _batch_texts(model, rows, sampling, eos, generator, piece_of, args.stop)
+            texts = generate_text(model, rows, piece_of, *sampling, stop=args.stop)
             for r, (prompt, text) in enumerate(zip(prompts, texts)):
                 sample = f", sample {i + 1}/{args.num_samples}" if args.num_samples > 1 else ""
                 emit(f"--- prompt {r + 1}/{len(rows)}{sample} ---\n{prompt}{text}\n")
@@ -344,26 +344,9 @@ def _run_generate(args) -> int:
         if args.num_samples > 1:
             emit(f"--- sample {i + 1}/{args.num_samples} ---\n")
         emit(prompts[0])
-        stream = generate(model, rows[0], *sampling, eos_id=eos, generator=generator)
-        stop = StopText(args.stop)
-        for piece in iter_text((t for t in stream if t != eos), piece_of):
-            emit(stop.feed(piece))
-            if stop.done:
-                break
-        emit(stop.flush() + "\n")
+        generate_text(model, rows[0], piece_of, *sampling, stop=args.stop, on_piece=lambda _, text: emit(text))
+        emit("\n")
     return 0
-
-
-def _batch_texts(model, rows, sampling, eos, generator, piece_of, stops) -> list:
-    """The generated text of each prompt, run as one batch, each cut at its first stop string."""
-    from ferrolm.lm.generate import StopText, generate
-
-    new: list = [[] for _ in rows]
-    for step in generate(model, rows, *sampling, eos_id=eos, generator=generator):
-        for r, t in enumerate(step):
-            if t is not None and t != eos:
-                new[r].append(t)
-    return [StopText(stops).cut(b"".join(map(piece_of, ids)).decode("utf-8", "replace")) for ids in new]
 
 
 COMMANDS.append(add_generate_command)
