@@ -115,6 +115,7 @@ def encode(
     hash_inputs: bool = True,
     max_retries: int = DEFAULT_MAX_RETRIES,
     progress: bool = True,
+    force: bool = False,
 ) -> dict:
     """Encode ``inputs`` into the parts of ``out`` as Ray tasks; return the manifest.
 
@@ -142,6 +143,7 @@ def encode(
         "errors": errors,
         "chunk_size": chunk_size,
         "hash_inputs": hash_inputs,
+        "force": force,
     }
     dtype_resolved = shards.pick_dtype(dtype, tok.vocab_size)
     tok_ref = ray.put(tok)

@@ -570,6 +570,11 @@ def _add_train_tokenizer(sub) -> None:
         help="write the pre-token counts of --input (or of its --part) to FILE instead of training",
     )
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="let --counts-out replace a file that is not a counts file of ferrolm's (never an input)",
+    )
+    p.add_argument(
         "--part",
         default=None,
         metavar="I/N",
@@ -717,6 +722,7 @@ def _run_train_tokenizer_in_phases(args) -> int:
             num_threads=args.threads,
             column=args.column,
             progress=not args.no_progress,
+            force=args.force,
         )
         print(
             f"wrote {args.counts_out}: {header['unique_pretokens']:,} distinct pre-tokens"
@@ -790,6 +796,11 @@ def _add_encode(sub) -> None:
         help="input files, globs ('data/*.parquet') or folders, encoded in this order (each glob and folder sorted)",
     )
     p.add_argument("--out", required=True, metavar="PREFIX", help="output prefix: writes PREFIX.bin and PREFIX.json")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a PREFIX.bin or PREFIX.json that is not a shard of ferrolm's (never an input)",
+    )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="encoding threads (default: all cores)")
     p.add_argument(
         "--dtype",
@@ -885,6 +896,7 @@ def _run_encode(args) -> int:
             else shards.DEFAULT_COMMIT_INTERVAL,
             progress=False if args.no_progress else None,
             hash_inputs=not args.no_hash,
+            force=args.force,
         )
     except KeyboardInterrupt:
         print(
@@ -935,6 +947,7 @@ def _run_encode_ray(args, tok) -> int:
         chunk_size=int(args.chunk_size * 1_000_000) if args.chunk_size else None,
         hash_inputs=not args.no_hash,
         progress=not args.no_progress,
+        force=args.force,
     )
     elapsed = time.perf_counter() - t0
     in_bytes = m["total_input_bytes"]
