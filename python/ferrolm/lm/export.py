@@ -31,7 +31,7 @@ from ferrolm.bpe import files as tf
 from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.hf import hf_config, hf_special_ids, to_hf_state_dict
 
-__all__ = ["export", "export_hf", "export_safetensors", "MODEL_FILES"]
+__all__ = ["export_hf", "export_safetensors", "MODEL_FILES"]
 
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,29 +89,6 @@ def _folder_contents(out: Path, config: dict, fingerprint: str) -> str | None:
         what = "other files"
     shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
     return f"is not empty: it holds {what} ({shown}); export into a new or empty folder"
-
-
-def export(
-    checkpoint: PathLike,
-    out: PathLike,
-    tokenizer: Any = None,
-    *,
-    format: str = "hf",
-    dtype: str = "float32",
-    force: bool = False,
-) -> Path:
-    """Export ``checkpoint`` to ``out`` in ``format``: ``hf`` (``export_hf``), ``safetensors``
-    (``export_safetensors``; ``tokenizer`` and ``dtype`` do not apply) or ``gguf``
-    (``ferrolm.lm.gguf_export.export_gguf``, needs the gguf extra)."""
-    if format == "safetensors":
-        return export_safetensors(checkpoint, out, force=force)
-    if format == "gguf":
-        from ferrolm.lm.gguf_export import export_gguf
-
-        return export_gguf(checkpoint, out, tokenizer, dtype=dtype, force=force)
-    if format != "hf":
-        raise ValueError(f"export format must be hf, safetensors or gguf, got {format!r}")
-    return export_hf(checkpoint, out, tokenizer, dtype=dtype, force=force)
 
 
 def export_hf(
