@@ -200,13 +200,14 @@ def _submit_blocks(ray, dataset, tok, tok_ref, dtype: str, prefix: str, column: 
     remote = ray.remote(_encode_block).options(**task_options)
     count_rows = ray.remote(_num_rows).options(num_cpus=0)
     rows = ray.get([count_rows.remote(b) for b in blocks])
-    pending, done = {}, {}
+    pending, done, listed = {}, {}, _listed_parts(prefix)
     for i, block in enumerate(blocks):
         part_prefix = f"{prefix}.part-{i}-of-{n}"
         if _complete_block(Path(part_prefix + ".json"), tok, dtype, rows[i]):
             done[i] = _part_record(Path(part_prefix + ".json"))
         else:
-            pending[i] = remote.remote(tok_ref, block, column, part_prefix, options)
+            opts = {**options, "force": options["force"] or Path(part_prefix).name in listed}
+            pending[i] = remote.remote(tok_ref, block, column, part_prefix, opts)
     return n, pending, done, {"dataset_blocks": n, "column": column}
 
 
@@ -219,14 +220,27 @@ def _submit_file_parts(ray, inputs, n: int, tok, tok_ref, dtype: str, prefix: st
     _refuse_other_splits(prefix, n)
     total = sum(os.path.getsize(p) for p in paths)
     remote = ray.remote(_encode_file_part).options(**task_options)
-    pending, done = {}, {}
+    pending, done, listed = {}, {}, _listed_parts(prefix)
     for i in range(n):
         json_path = shards.output_paths(prefix, (i, n))[1]
         if _complete_file_part(json_path, tok, dtype, (i, n), paths, total):
             done[i] = _part_record(json_path)
         else:
-            pending[i] = remote.remote(tok_ref, paths, prefix, (i, n), options)
+            opts = {**options, "force": options["force"] or json_path.with_suffix("").name in listed}
+            pending[i] = remote.remote(tok_ref, paths, prefix, (i, n), opts)
     return n, pending, done, {"inputs": paths, "total_input_bytes": total}
+
+
+def _listed_parts(prefix: str) -> set:
+    """The parts the manifest of an earlier run at ``prefix`` lists: their files are this
+    writer's to replace, even where a part's sidecar is gone."""
+    try:
+        manifest = shards.read_json_object(manifest_path(prefix))
+    except (OSError, ValueError):
+        return set()
+    if manifest.get("format") != shards.MANIFEST_FORMAT or not isinstance(manifest.get("parts"), list):
+        return set()
+    return {name for name in manifest["parts"] if isinstance(name, str)}
 
 
 def _gather(ray, pending: dict, n: int, progress: bool) -> dict[int, dict]:
