@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -227,3 +228,31 @@ def test_zst_input_without_zstandard_trains_and_skips_only_the_compression_line(
     assert "compression not measured" in r.stderr and 'pip install "ferrolm[zstd]"' in r.stderr
     assert "bytes/token" not in r.stdout and "longest tokens:" in r.stdout
     assert Tokenizer.load(tmp_path / "tok").vocab_size == 300
+
+
+def _subcommands():
+    from ferrolm.app.cli import build_parser
+
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_shared_options_read_the_same_in_every_command():
+    helps: dict = {}
+    for name, sub in _subcommands().items():
+        for action in sub._actions:
+            for flag in ("--checkpoint", "--device", "--column"):
+                if flag in action.option_strings:
+                    helps.setdefault(flag, {})[name] = (action.help, action.default, action.metavar)
+    assert set(helps["--checkpoint"]) == {"generate", "serve", "export", "eval"}
+    assert set(helps["--device"]) == {"generate", "serve", "eval", "demo"}
+    assert set(helps["--column"]) == {"encode", "train-tokenizer"}
+    for flag, by_command in helps.items():
+        assert len(set(by_command.values())) == 1, (flag, by_command)
+
+
+def test_out_takes_its_short_form_in_every_command_that_writes():
+    with_out = {name: sub for name, sub in _subcommands().items() if "--out" in sub._option_string_actions}
+    assert {"plot", "train-tokenizer", "encode", "export", "demo", "download"} <= set(with_out)
+    for name, sub in with_out.items():
+        assert sub._option_string_actions["-o"] is sub._option_string_actions["--out"], name

@@ -298,3 +298,30 @@ def test_a_file_that_changes_while_it_is_counted_writes_no_counts(tmp_path, monk
     with pytest.raises(ValueError, match="changed while it was counted"):
         counts.count(corpus, tmp_path / "c.counts", SPECIALS, progress=False)
     assert not (tmp_path / "c.counts").exists()
+
+
+def test_counts_out_never_replaces_a_file_it_did_not_write_unless_forced(corpus, tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("notes of my own\n", encoding="utf-8")
+    args = ["train-tokenizer", "--input", corpus[2], "--counts-out", precious, "--no-progress"]
+    r = _cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert f"--counts-out {precious} exists and is not a pre-token counts file" in r.stderr
+    assert "--force" in r.stderr and "Traceback" not in r.stderr
+    assert precious.read_text(encoding="utf-8") == "notes of my own\n"
+    r = _cli(*args, "--force")
+    assert r.returncode == 0, r.stderr
+    assert counts.read_header(precious)["format"] == counts.FORMAT
+    r = _cli(*args)  # a counts file of ferrolm's is replaced without --force
+    assert r.returncode == 0, r.stderr
+
+
+def test_counts_out_never_replaces_an_input_even_forced(corpus, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("some words <|endoftext|> more words\n", encoding="utf-8")
+    before = src.read_bytes()
+    with pytest.raises(ValueError, match="--counts-out .* which this command reads"):
+        counts.count([src], src, force=True, progress=False)
+    with pytest.raises(FileExistsError, match="--counts-out"):
+        counts.count_texts(["a document"], src)
+    assert src.read_bytes() == before

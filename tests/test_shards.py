@@ -743,3 +743,53 @@ def test_parquet_is_read_without_pyarrow(tmp_path, small_tok, cli, monkeypatch):
     assert r.returncode == 0, r.stderr
     want = sum((tok.encode(d) + [tok.eos_id] for d in ["a document", "another one"]), [])
     assert read_bin(tmp_path / "o").tolist() == want
+
+
+@pytest.mark.parametrize("victim", ["out.bin", "out.json", "out.progress.json"])
+def test_encode_never_replaces_a_file_it_did_not_write_unless_forced(tmp_path, small_tok, cli, victim):
+    _, tok_dir = small_tok
+    src = tmp_path / "in.txt"
+    src.write_text(docs_text(20), encoding="utf-8")
+    precious = tmp_path / victim
+    precious.write_bytes(b'{"mine": "not a shard"}\n')
+    enc = ["encode", "--tokenizer", tok_dir, "--no-progress", "--input", src, "--out", tmp_path / "out"]
+    r = cli(*enc)
+    assert r.returncode == 2, r.stderr
+    assert f"{precious} exists" in r.stderr and "--force" in r.stderr, r.stderr
+    assert precious.read_bytes() == b'{"mine": "not a shard"}\n'
+    assert not (tmp_path / "out.bin.partial").exists()
+    r = cli(*enc, "--force")
+    assert r.returncode == 0, r.stderr
+    assert shards.read_sidecar(tmp_path / "out.json")["num_tokens"] == len(read_bin(tmp_path / "out"))
+
+
+def test_encode_replaces_its_own_shard_and_resumes_its_own_journal(tmp_path, small_tok, cli):
+    tok, tok_dir = small_tok
+    src = tmp_path / "in.txt"
+    src.write_text(docs_text(200), encoding="utf-8")
+    out = tmp_path / "out"
+    enc = ["encode", "--tokenizer", tok_dir, "--no-progress", "--input", src, "--out", out]
+    cli(*enc, check=True)
+    first = read_bin(out)
+    cli(*enc, check=True)  # an earlier shard of ferrolm's is replaced without --force
+    _interrupt_at_first_report(tok, src, out)
+    assert (tmp_path / "out.progress.json").exists()
+    r = cli(*enc, check=True)  # and an interrupted run resumes without it
+    assert "resumed after" in r.stderr, r.stderr
+    assert np.array_equal(read_bin(out), first)
+    # A run killed between its two renames leaves the data and the journal, no sidecar.
+    _interrupt_at_first_report(tok, src, out)
+    os.unlink(tmp_path / "out.json")
+    cli(*enc, check=True)
+    assert np.array_equal(read_bin(out), first)
+
+
+def test_encode_texts_refuses_a_foreign_file_unless_forced(tmp_path, small_tok):
+    tok, _ = small_tok
+    precious = tmp_path / "out.json"
+    precious.write_text("[1, 2, 3]\n", encoding="utf-8")
+    with pytest.raises(FileExistsError, match="out.json exists"):
+        shards.encode_texts(tok, ["one document"], tmp_path / "out", progress=False)
+    assert precious.read_text(encoding="utf-8") == "[1, 2, 3]\n"
+    shards.encode_texts(tok, ["one document"], tmp_path / "out", progress=False, force=True)
+    assert shards.read_sidecar(precious)["num_documents"] == 1

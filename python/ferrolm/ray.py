@@ -115,6 +115,7 @@ def encode(
     hash_inputs: bool = True,
     max_retries: int = DEFAULT_MAX_RETRIES,
     progress: bool = True,
+    force: bool = False,
 ) -> dict:
     """Encode ``inputs`` into the parts of ``out`` as Ray tasks; return the manifest.
 
@@ -142,6 +143,7 @@ def encode(
         "errors": errors,
         "chunk_size": chunk_size,
         "hash_inputs": hash_inputs,
+        "force": force,
     }
     dtype_resolved = shards.pick_dtype(dtype, tok.vocab_size)
     tok_ref = ray.put(tok)
@@ -152,43 +154,17 @@ def encode(
     if _is_dataset(inputs):
         if parts is not None:
             raise ValueError("parts is set by the Dataset's blocks; repartition the Dataset to change it")
-        ctx = ray.data.DataContext.get_current()
-        ctx.execution_options.preserve_order = True
-        blocks = inputs.to_arrow_refs()
-        n = len(blocks)
-        _refuse_other_splits(prefix, n)
-        remote = ray.remote(_encode_block).options(**task_options)
-        count_rows = ray.remote(_num_rows).options(num_cpus=0)
-        rows = ray.get([count_rows.remote(b) for b in blocks])
-        pending, done = {}, {}
-        for i, block in enumerate(blocks):
-            part_prefix = f"{prefix}.part-{i}-of-{n}"
-            if _complete_block(Path(part_prefix + ".json"), tok, dtype_resolved, rows[i]):
-                done[i] = _part_record(Path(part_prefix + ".json"))
-            else:
-                pending[i] = remote.remote(tok_ref, block, column, part_prefix, options)
-        source: dict = {"dataset_blocks": n, "column": column}
+        n, pending, done, source = _submit_blocks(
+            ray, inputs, tok, tok_ref, dtype_resolved, prefix, column, task_options, options
+        )
     else:
-        given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
-        paths = [os.path.abspath(p) for p in shards._input_files(given)]
         shards._check_options(input_format, errors, threads_per_part)
         options["input_format"] = input_format
         if parts is None:
             parts = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads_per_part)
-        n = int(parts)
-        if n < 1:
-            raise ValueError(f"parts must be >= 1, got {parts}")
-        _refuse_other_splits(prefix, n)
-        total = sum(os.path.getsize(p) for p in paths)
-        remote = ray.remote(_encode_file_part).options(**task_options)
-        pending, done = {}, {}
-        for i in range(n):
-            json_path = shards.output_paths(prefix, (i, n))[1]
-            if _complete_file_part(json_path, tok, dtype_resolved, (i, n), paths, total):
-                done[i] = _part_record(json_path)
-            else:
-                pending[i] = remote.remote(tok_ref, paths, prefix, (i, n), options)
-        source = {"inputs": paths, "total_input_bytes": total}
+        n, pending, done, source = _submit_file_parts(
+            ray, inputs, int(parts), tok, tok_ref, dtype_resolved, prefix, task_options, options
+        )
 
     skipped = len(done)
     if progress and skipped:
@@ -212,6 +188,59 @@ def encode(
         f.write((json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
     manifest["skipped_parts"] = skipped
     return manifest
+
+
+def _submit_blocks(ray, dataset, tok, tok_ref, dtype: str, prefix: str, column: str, task_options, options):
+    """A task per block of ``dataset`` not encoded yet: ``(n, pending, done, source)``."""
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    blocks = dataset.to_arrow_refs()
+    n = len(blocks)
+    _refuse_other_splits(prefix, n)
+    remote = ray.remote(_encode_block).options(**task_options)
+    count_rows = ray.remote(_num_rows).options(num_cpus=0)
+    rows = ray.get([count_rows.remote(b) for b in blocks])
+    pending, done, listed = {}, {}, _listed_parts(prefix)
+    for i, block in enumerate(blocks):
+        part_prefix = f"{prefix}.part-{i}-of-{n}"
+        if _complete_block(Path(part_prefix + ".json"), tok, dtype, rows[i]):
+            done[i] = _part_record(Path(part_prefix + ".json"))
+        else:
+            opts = {**options, "force": options["force"] or Path(part_prefix).name in listed}
+            pending[i] = remote.remote(tok_ref, block, column, part_prefix, opts)
+    return n, pending, done, {"dataset_blocks": n, "column": column}
+
+
+def _submit_file_parts(ray, inputs, n: int, tok, tok_ref, dtype: str, prefix: str, task_options, options):
+    """A task per part ``I/n`` of the input files not encoded yet: ``(n, pending, done, source)``."""
+    given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
+    paths = [os.path.abspath(p) for p in shards._input_files(given)]
+    if n < 1:
+        raise ValueError(f"parts must be >= 1, got {n}")
+    _refuse_other_splits(prefix, n)
+    total = sum(os.path.getsize(p) for p in paths)
+    remote = ray.remote(_encode_file_part).options(**task_options)
+    pending, done, listed = {}, {}, _listed_parts(prefix)
+    for i in range(n):
+        json_path = shards.output_paths(prefix, (i, n))[1]
+        if _complete_file_part(json_path, tok, dtype, (i, n), paths, total):
+            done[i] = _part_record(json_path)
+        else:
+            opts = {**options, "force": options["force"] or json_path.with_suffix("").name in listed}
+            pending[i] = remote.remote(tok_ref, paths, prefix, (i, n), opts)
+    return n, pending, done, {"inputs": paths, "total_input_bytes": total}
+
+
+def _listed_parts(prefix: str) -> set:
+    """The parts the manifest of an earlier run at ``prefix`` lists: their files are this
+    writer's to replace, even where a part's sidecar is gone."""
+    try:
+        manifest = shards.read_json_object(manifest_path(prefix))
+    except (OSError, ValueError):
+        return set()
+    if manifest.get("format") != shards.MANIFEST_FORMAT or not isinstance(manifest.get("parts"), list):
+        return set()
+    return {name for name in manifest["parts"] if isinstance(name, str)}
 
 
 def _gather(ray, pending: dict, n: int, progress: bool) -> dict[int, dict]:

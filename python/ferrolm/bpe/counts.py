@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Union
 
 from ferrolm import _core
-from ferrolm._util import check_special_tokens, fsync_dir
+from ferrolm._util import check_out, check_special_tokens, fsync_dir
 from ferrolm.bpe import inputs as _inputs
 from ferrolm.bpe import patterns
 from ferrolm.bpe import trainer as _trainer
@@ -78,10 +78,12 @@ def count(
     errors: str = "strict",
     column: str = "text",
     progress: bool = True,
+    force: bool = False,
 ) -> dict:
     """Count the pre-tokens of ``input`` (paths, globs, folders), or of its part ``(I, N)``
     (or ``"I/N"``, I 0-based), into the counts file ``counts_out``; return its header.
-    The file appears whole or not at all."""
+    The file appears whole or not at all. An existing ``counts_out`` that is not a counts
+    file is replaced only when ``force``; an input never."""
     from ferrolm.bpe.shards import parse_part
 
     specials = check_special_tokens(special_tokens)
@@ -95,6 +97,7 @@ def count(
     for p in paths:
         if not os.path.isfile(p):
             raise FileNotFoundError(f"input file not found: {p}")
+    check_counts_out(counts_out, paths, force=force)
     split = parse_part(part)
     before = [_inputs.identity(p) for p in paths]
     trainer = _core.BpeTrainer(specials, pattern, num_threads, errors, _trainer._CHUNK_SIZE)
@@ -134,17 +137,34 @@ def count_texts(
     num_threads: int | None = None,
     part: tuple[int, int] | None = None,
     source: object = None,
+    force: bool = False,
 ) -> dict:
     """Count the pre-tokens of documents (each a text of its own, as ``trainer.train`` reads
     an iterable) into ``counts_out``. ``part`` and ``source`` (any JSON value naming the
     whole of which these documents are part ``part``) let ``train_from_counts`` check that
-    every part of the whole is given once."""
+    every part of the whole is given once. ``force``: as for ``count``."""
+    check_counts_out(counts_out, [], force=force)
     specials = check_special_tokens(special_tokens)
     patterns.resolve(pattern)
     trainer = _core.BpeTrainer(specials, pattern, num_threads, "strict", _trainer._CHUNK_SIZE)
     _trainer._feed_documents(trainer, _inputs.text_batches(texts), None)
     extra = {"inputs": source, "part": list(part) if part else None, "ranges": None}
     return _write(trainer, counts_out, _header(specials, pattern, extra))
+
+
+def check_counts_out(counts_out: PathInput, inputs: Iterable[PathInput], *, force: bool) -> None:
+    """Refuse to write ``counts_out`` over one of ``inputs``, or, unless ``force``, over a file
+    that is not a counts file (one an earlier count wrote may be replaced)."""
+    check_out(counts_out, inputs, force=force, judge=_judge_counts, example="corpus.counts", flag="--counts-out")
+
+
+def _judge_counts(path: Path) -> str | None:
+    try:
+        if read_header(path).get("format") == FORMAT:
+            return None
+    except (OSError, ValueError):
+        pass
+    return "exists and is not a pre-token counts file of ferrolm's; choose another file name"
 
 
 def _write(trainer, counts_out: PathInput, header: str) -> dict:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ferrolm import _core
-from ferrolm._util import atomic_open
+from ferrolm._util import atomic_open, check_out
 from ferrolm.bpe import inputs as _inputs
 from ferrolm.bpe import patterns
 
@@ -38,6 +38,8 @@ PathInput = Union[str, "os.PathLike[str]"]
 FORMAT = "ferrolm-shard"
 FORMAT_VERSION = 1
 MANIFEST_FORMAT = "ferrolm-shards-manifest"
+#: The resume journal's format (rust/shards/writer.rs).
+JOURNAL_FORMAT = "ferrolm-encode-progress"
 EOT = "<|endoftext|>"
 
 #: Target size of the chunks read and encoded as one task (a chunk ends at a document
@@ -175,6 +177,7 @@ def encode(
     commit_interval: float = DEFAULT_COMMIT_INTERVAL,
     progress: bool | None = True,
     hash_inputs: bool = True,
+    force: bool = False,
 ) -> dict:
     """Encode ``inputs`` into the shard ``out`` (``out.bin`` + ``out.json``); return the sidecar.
 
@@ -204,7 +207,8 @@ def encode(
     with the same tokenizer, inputs and options continues from the last committed chunk
     (an input edited since is noticed, and the run starts over). The final names appear
     only once the data is complete and fsynced. An output that would replace an input is
-    refused.
+    refused; so is one that would replace a file that is not part of a shard (a ``.bin``
+    without ferrolm's sidecar, a ``.json`` that is not one) unless ``force``.
     """
     tok = _load_tokenizer(tokenizer)
     patterns_given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
@@ -213,6 +217,7 @@ def encode(
     _check_options(input_format, errors, threads)
     job = _Job(tok, out, parse_part(part), dtype, field, errors)
     _check_outputs_apart(paths, job.outputs())
+    job.check_replaceable(paths, force)
     params = job.params(inputs=[_input_identity(p) for p in paths], input_format=input_format, hash=bool(hash_inputs))
     job.identities = {rec[0]: rec for rec in map(_inputs.identity, paths)}
     result = job.run(
@@ -241,6 +246,7 @@ def encode_texts(
     chunk_size: int | None = None,
     progress: bool | None = True,
     hash_inputs: bool = True,
+    force: bool = False,
 ) -> dict:
     """Encode an iterable of documents (an HF ``datasets`` column, a generator, a list of
     str) into the shard ``out``; return the sidecar.
@@ -250,13 +256,14 @@ def encode_texts(
     file, or in a text file separated by ``<|endoftext|>``. The sidecar records the
     documents' count, bytes and sha256 in place of an input file. An interrupted run
     starts over (an iterable cannot be replayed); the final names appear only once the
-    data is complete.
+    data is complete. ``force``: as for ``encode``.
     """
     if isinstance(texts, (str, bytes, os.PathLike)):
         raise TypeError("encode_texts takes an iterable of documents (str); to encode files use encode()")
     tok = _load_tokenizer(tokenizer)
     _check_options("auto", errors, threads)
     job = _Job(tok, out, None, dtype, "text", errors)
+    job.check_replaceable([], force)
     # Each call is a run of its own: a journal left by another never matches.
     params = job.params(inputs=[["iterable", os.urandom(8).hex()]], input_format="auto", hash=bool(hash_inputs))
     result = job.run(
@@ -339,6 +346,23 @@ class _Job:
     def outputs(self) -> list[Path]:
         b = self.bin_path
         return [b, self.json_path, Path(f"{b}.partial"), _journal_path(b)]
+
+    def check_replaceable(self, inputs: list[str], force: bool) -> None:
+        """Refuse, unless ``force``, to write over a file this job's outputs did not make: a
+        ``.bin`` is a shard's when its sidecar is ferrolm's or a resume journal of ferrolm's
+        is beside it (a run killed between the two renames)."""
+        journal = _journal_path(self.bin_path)
+        ours = _is_journal(journal) or _is_sidecar(self.json_path)
+        checks = [
+            (self.json_path, lambda p: None if _is_sidecar(p) else "exists and is not a shard sidecar of ferrolm's"),
+            (
+                self.bin_path,
+                lambda p: None if ours else f"exists without a shard sidecar of ferrolm's ({self.json_path})",
+            ),
+            (journal, lambda p: None if _is_journal(p) else "exists and is not a resume journal of ferrolm's"),
+        ]
+        for path, judge in checks:
+            check_out(path, inputs, force=force, judge=lambda p, j=judge: _choose_another(j(p)), example="corpus")
 
     def params(self, **inputs) -> str:
         """The job's identity: a journal is resumed only by a job with the same."""
@@ -428,6 +452,25 @@ class _Job:
         if r["uncompressed_bytes"] is not None:
             rec["uncompressed_bytes"] = r["uncompressed_bytes"]
         return rec
+
+
+def _choose_another(found: str | None) -> str | None:
+    return None if found is None else f"{found}: choose another --out"
+
+
+def _is_sidecar(path: Path) -> bool:
+    try:
+        read_sidecar(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _is_journal(path: Path) -> bool:
+    try:
+        return read_json_object(path).get("format") == JOURNAL_FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def _finalize(partial: Path, bin_path: Path, json_path: Path, sidecar: dict) -> None:
