@@ -130,60 +130,24 @@ def encode(
         raise ValueError(f"threads_per_part must be >= 1, got {threads_per_part}")
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    dtype_resolved = shards.pick_dtype(dtype, tok.vocab_size)
     options = {
         "threads": threads_per_part,
         "dtype": dtype,
         "errors": errors,
         "chunk_size": chunk_size,
         "hash_inputs": hash_inputs,
+        "input_format": input_format,
+        "column": column,  # the driver's (see _task_options)
+        "dtype_resolved": dtype_resolved,
     }
-    dtype_resolved = shards.pick_dtype(dtype, tok.vocab_size)
     tok_ref = ray.put(tok)
     task_options = {"num_cpus": threads_per_part, "max_retries": max_retries, "retry_exceptions": False}
     prefix = str(shards.output_paths(out)[0].with_suffix(""))
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
 
-    if _is_dataset(inputs):
-        if parts is not None:
-            raise ValueError("parts is set by the Dataset's blocks; repartition the Dataset to change it")
-        ctx = ray.data.DataContext.get_current()
-        ctx.execution_options.preserve_order = True
-        blocks = inputs.to_arrow_refs()
-        n = len(blocks)
-        _refuse_other_splits(prefix, n)
-        remote = ray.remote(_encode_block).options(**task_options)
-        count_rows = ray.remote(_num_rows).options(num_cpus=0)
-        rows = ray.get([count_rows.remote(b) for b in blocks])
-        pending, done = {}, {}
-        for i, block in enumerate(blocks):
-            part_prefix = f"{prefix}.part-{i}-of-{n}"
-            if _complete_block(Path(part_prefix + ".json"), tok, dtype_resolved, rows[i]):
-                done[i] = _part_record(Path(part_prefix + ".json"))
-            else:
-                pending[i] = remote.remote(tok_ref, block, column, part_prefix, options)
-        source: dict = {"dataset_blocks": n, "column": column}
-    else:
-        given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
-        paths = [os.path.abspath(p) for p in shards._input_files(given)]
-        shards._check_options(input_format, errors, threads_per_part)
-        options["input_format"] = input_format
-        if parts is None:
-            parts = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads_per_part)
-        n = int(parts)
-        if n < 1:
-            raise ValueError(f"parts must be >= 1, got {parts}")
-        _refuse_other_splits(prefix, n)
-        total = sum(os.path.getsize(p) for p in paths)
-        remote = ray.remote(_encode_file_part).options(**task_options)
-        pending, done = {}, {}
-        for i in range(n):
-            json_path = shards.output_paths(prefix, (i, n))[1]
-            if _complete_file_part(json_path, tok, dtype_resolved, (i, n), paths, total):
-                done[i] = _part_record(json_path)
-            else:
-                pending[i] = remote.remote(tok_ref, paths, prefix, (i, n), options)
-        source = {"inputs": paths, "total_input_bytes": total}
-
+    submit = _submit_blocks if _is_dataset(inputs) else _submit_file_parts
+    n, pending, done, source = submit(ray, tok, tok_ref, inputs, prefix, parts, options, task_options)
     skipped = len(done)
     if progress and skipped:
         print(f"ferrolm.ray: {skipped} of {n} parts already complete, skipped", file=sys.stderr)
@@ -203,6 +167,58 @@ def encode(
     manifest = shards.write_manifest(prefix, manifest)
     manifest["skipped_parts"] = skipped
     return manifest
+
+
+def _submit_blocks(ray, tok, tok_ref, ds, prefix: str, parts, options: dict, task_options: dict):
+    """One part per block of the Dataset ``ds``: (n, pending tasks, records of the parts
+    already complete, the manifest's source fields)."""
+    if parts is not None:
+        raise ValueError("parts is set by the Dataset's blocks; repartition the Dataset to change it")
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    blocks = ds.to_arrow_refs()
+    n = len(blocks)
+    _refuse_other_splits(prefix, n)
+    remote = ray.remote(_encode_block).options(**task_options)
+    count_rows = ray.remote(_num_rows).options(num_cpus=0)
+    rows = ray.get([count_rows.remote(b) for b in blocks])
+    column = options["column"]
+    pending, done = {}, {}
+    for i, block in enumerate(blocks):
+        part_prefix = f"{prefix}.part-{i}-of-{n}"
+        if _complete_block(Path(part_prefix + ".json"), tok, options["dtype_resolved"], rows[i]):
+            done[i] = _part_record(Path(part_prefix + ".json"))
+        else:
+            pending[i] = remote.remote(tok_ref, block, column, part_prefix, _task_options(options, "input_format"))
+    return n, pending, done, {"dataset_blocks": n, "column": column}
+
+
+def _submit_file_parts(ray, tok, tok_ref, inputs, prefix: str, parts, options: dict, task_options: dict):
+    """``--part I/N`` of the files for I in 0..N-1, as for ``_submit_blocks``."""
+    given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
+    paths = [os.path.abspath(p) for p in shards._input_files(given)]
+    shards._check_options(options["input_format"], options["errors"], options["threads"])
+    if parts is None:
+        parts = max(1, int(ray.cluster_resources().get("CPU", 1)) // options["threads"])
+    n = int(parts)
+    if n < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    _refuse_other_splits(prefix, n)
+    total = sum(os.path.getsize(p) for p in paths)
+    remote = ray.remote(_encode_file_part).options(**task_options)
+    pending, done = {}, {}
+    for i in range(n):
+        json_path = shards.output_paths(prefix, (i, n))[1]
+        if _complete_file_part(json_path, tok, options["dtype_resolved"], (i, n), paths, total):
+            done[i] = _part_record(json_path)
+        else:
+            pending[i] = remote.remote(tok_ref, paths, prefix, (i, n), _task_options(options))
+    return n, pending, done, {"inputs": paths, "total_input_bytes": total}
+
+
+def _task_options(options: dict, *drop: str) -> dict:
+    """The encoder's options a part task takes: the driver's own keys, and ``drop``, left out."""
+    return {k: v for k, v in options.items() if k not in ("column", "dtype_resolved", *drop)}
 
 
 def _gather(ray, pending: dict, n: int, progress: bool) -> dict[int, dict]:
