@@ -59,7 +59,7 @@ def one_machine(tmp_path_factory, gpt2_tok, corpus):
 
 
 def parts_in_manifest_order(prefix: Path) -> np.ndarray:
-    manifest = json.loads(fray.manifest_path(prefix).read_text())
+    manifest = json.loads(shards.manifest_path(prefix).read_text())
     return np.concatenate([np.fromfile(prefix.parent / f"{p}.bin", dtype="<u2") for p in manifest["parts"]])
 
 
@@ -69,14 +69,14 @@ def test_parts_hold_the_one_machine_ids_and_a_rerun_skips_them(cluster, tmp_path
     assert m["parts"] == [f"corpus.part-{i}-of-3" for i in range(3)]
     assert m["num_tokens"] == len(one_machine) and m["skipped_parts"] == 0
     assert np.array_equal(parts_in_manifest_order(prefix), one_machine)
-    on_disk = json.loads(fray.manifest_path(prefix).read_text())
+    on_disk = json.loads(shards.manifest_path(prefix).read_text())
     for rec in on_disk["part_records"]:
         data = (prefix.parent / f"{rec['name']}.bin").read_bytes()
         assert rec["num_tokens"] == len(data) // 2
         assert rec["sha256"] == __import__("hashlib").sha256(data).hexdigest()
     # The readers take the prefix (or the manifest) as for any split.
     assert np.array_equal(TokenShards(prefix)[:], one_machine)
-    assert np.array_equal(TokenShards(fray.manifest_path(prefix))[:], one_machine)
+    assert np.array_equal(TokenShards(shards.manifest_path(prefix))[:], one_machine)
     assert shards.validate_shards(prefix, tokenizer=gpt2_tok) == []
     # A rerun finds every part complete and rewrites none of them.
     mtimes = [os.stat(prefix.parent / f"{p}.bin").st_mtime_ns for p in m["parts"]]

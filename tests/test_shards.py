@@ -793,3 +793,29 @@ def test_encode_texts_refuses_a_foreign_file_unless_forced(tmp_path, small_tok):
     assert precious.read_text(encoding="utf-8") == "[1, 2, 3]\n"
     shards.encode_texts(tok, ["one document"], tmp_path / "out", progress=False, force=True)
     assert shards.read_sidecar(precious)["num_documents"] == 1
+
+
+# ------------------------------------------------------------------ the manifest
+
+
+def test_manifest_written_and_read_in_one_place(tmp_path, gpt2_tok):
+    """write_manifest names and writes P.manifest.json; the shard tools and TokenShards read the
+    same parts from it, and refuse a manifest without parts with the same message."""
+    from ferrolm.lm.data import TokenShards
+
+    texts = [["one story", "two"], ["three stories here", "four"]]
+    for i, docs in enumerate(texts):
+        shards.encode_texts(gpt2_tok, docs, tmp_path / "sub" / f"c.part-{i}-of-2", progress=False)
+    record = shards.write_manifest(tmp_path / "c", {"parts": ["sub/c.part-0-of-2", "sub/c.part-1-of-2"]})
+    path = shards.manifest_path(tmp_path / "c")
+    assert path == tmp_path / "c.manifest.json" and shards.manifest_path(tmp_path / "c.bin") == path
+    assert json.loads(path.read_text()) == record
+    assert record["format"] == shards.MANIFEST_FORMAT and record["format_version"] == shards.MANIFEST_VERSION
+    assert shards.resolve_shards(path) == [tmp_path / "sub" / f"c.part-{i}-of-2.json" for i in range(2)]
+    want = [t for i in range(2) for t in np.fromfile(tmp_path / "sub" / f"c.part-{i}-of-2.bin", dtype="<u2")]
+    assert TokenShards(path)[:].tolist() == [int(t) for t in want]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": shards.MANIFEST_FORMAT, "parts": []}))
+    for read in (shards.resolve_shards, TokenShards):
+        with pytest.raises(shards.ShardError, match="a manifest needs a non-empty list of part prefixes"):
+            read(bad)

@@ -40,6 +40,7 @@ FORMAT_VERSION = 1
 MANIFEST_FORMAT = "ferrolm-shards-manifest"
 #: The resume journal's format (rust/shards/writer.rs).
 JOURNAL_FORMAT = "ferrolm-encode-progress"
+MANIFEST_VERSION = 1
 EOT = "<|endoftext|>"
 
 #: Target size of the chunks read and encoded as one task (a chunk ends at a document
@@ -510,7 +511,64 @@ def read_sidecar(path: Path) -> dict:
     return record
 
 
-_PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)\.json$")
+_PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)$")
+
+
+def manifest_path(out: PathInput) -> Path:
+    """``P.manifest.json`` for the output prefix ``P`` (or its ``P.bin``)."""
+    prefix = output_paths(out)[0].with_suffix("")
+    return prefix.with_name(prefix.name + ".manifest.json")
+
+
+def write_manifest(out: PathInput, record: dict) -> dict:
+    """Write ``record`` (its ``parts``: the part prefixes, relative to the manifest's folder)
+    as the manifest of ``out``, atomically, and return it as written; the manifest's
+    presence says the set of parts is whole."""
+    record = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, **record}
+    with atomic_open(manifest_path(out)) as f:
+        f.write((json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    return record
+
+
+def manifest_parts(path: Path, record: dict) -> list[Path]:
+    """The part prefixes that the manifest ``record`` read from ``path`` lists, in order."""
+    parts = record.get("parts")
+    if not isinstance(parts, list) or not parts or not all(isinstance(x, str) for x in parts):
+        raise ShardError(f'{path}: a manifest needs a non-empty list of part prefixes in "parts"')
+    return [path.parent / x for x in parts]
+
+
+def find_parts(prefix: PathInput) -> list[Path]:
+    """The prefixes of all ``prefix.part-I-of-N`` shards, in part order (every one of the N
+    must be there); [] when there is none."""
+    prefix = Path(prefix)
+    parent = prefix.parent if str(prefix.parent) else Path(".")
+    found: dict[int, set[int]] = {}
+    if parent.is_dir():
+        for f in parent.iterdir():
+            name = f.name
+            if name.startswith(prefix.name + ".part-") and name.endswith(".json"):
+                m = _PART_RE.search(name[: -len(".json")])
+                if m and name[: m.start()] == prefix.name:
+                    found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+    if not found:
+        return []
+    if len(found) > 1:
+        raise ShardError(
+            f"{prefix}: parts of different splits are present ({', '.join(f'of-{n}' for n in sorted(found))})"
+        )
+    n, have = next(iter(found.items()))
+    missing = sorted(set(range(n)) - have)
+    if missing:
+        shown = ", ".join(str(i) for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise ShardError(
+            f"{prefix}: {len(missing)} of {n} parts missing (part {shown}): "
+            f"{prefix.name}.part-{missing[0]}-of-{n}.json not found"
+        )
+    extra = sorted(i for i in have if i >= n)
+    if extra:
+        raise ShardError(f"{prefix}: part index {extra[0]} out of range for {n} parts")
+    return [prefix.with_name(f"{prefix.name}.part-{i}-of-{n}") for i in range(n)]
 
 
 def resolve_shards(src: PathInput | Sequence[PathInput]) -> list[Path]:
@@ -533,32 +591,14 @@ def resolve_shards(src: PathInput | Sequence[PathInput]) -> list[Path]:
     if s.endswith(".json") and p.exists():
         record = read_json_object(p)
         if record.get("format") == MANIFEST_FORMAT:
-            parts = record.get("parts")
-            if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
-                raise ShardError(f'{p}: a manifest needs "parts": [relative prefixes]')
-            return resolve_shards([str(p.parent / x) for x in parts])
+            return resolve_shards(manifest_parts(p, record))
         return [p]
     if Path(s + ".json").exists():
         return [Path(s + ".json")]
-    parent = p.parent if str(p.parent) else Path(".")
-    found: dict[int, set[int]] = {}
-    if parent.is_dir():
-        for f in parent.iterdir():
-            name = f.name
-            if name.startswith(p.name + ".part-"):
-                m = _PART_RE.search(name)
-                if m and name[: m.start()] == p.name:
-                    found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
-    if not found:
+    parts = find_parts(p)
+    if not parts:
         raise FileNotFoundError(f"no shard found at {s} (looked for {s}.json and {s}.part-I-of-N.json)")
-    if len(found) > 1:
-        raise ShardError(f"{s}: parts of different splits are present ({', '.join(f'of-{n}' for n in sorted(found))})")
-    n, have = next(iter(found.items()))
-    missing = sorted(set(range(n)) - have)
-    if missing:
-        shown = ", ".join(str(i) for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise ShardError(f"{s}: {len(missing)} of {n} parts missing (part {shown})")
-    return [Path(f"{s}.part-{i}-of-{n}.json") for i in range(n)]
+    return [q.with_name(q.name + ".json") for q in parts]
 
 
 def list_shards(src: PathInput | Sequence[PathInput]) -> list[dict]:
