@@ -189,9 +189,9 @@ def _train_split(out, vocab_size, input, counts_in, special_tokens, pattern, thr
     if ray:
         if input is None:
             raise ValueError("--ray needs --input")
-        import ferrolm.ray
+        from ferrolm.bpe import ray as ray_driver
 
-        vocab, merges, specials, pattern = ferrolm.ray.train_tokenizer(
+        vocab, merges, specials, pattern = ray_driver.train_tokenizer(
             input,
             vocab_size,
             specials,
@@ -305,9 +305,9 @@ def encode_corpus(
             raise ValueError(
                 "--part and --ray do not go together: --ray runs every part (set their number with --parts)"
             )
-        import ferrolm.ray
+        from ferrolm.bpe import ray as ray_driver
 
-        record = ferrolm.ray.encode(
+        record = ray_driver.encode(
             tok,
             inputs,
             out,
