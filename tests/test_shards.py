@@ -478,7 +478,7 @@ def test_changed_options_start_over(tmp_path, gpt2_tok):
         ({"commit_interval": -1.0}, ValueError, "commit_interval must be a non-negative number of seconds"),
         ({"commit_interval": float("nan")}, ValueError, "commit_interval must be a non-negative"),
         ({"chunk_sise": 10}, TypeError, "unexpected keyword argument 'chunk_sise'"),
-        ({"chunk_size": "big"}, TypeError, ""),
+        ({"chunk_size": "big"}, TypeError, "option chunk_size: 'str' object cannot be interpreted as an integer"),
     ],
 )
 def test_encode_shard_options_are_checked_by_name(tmp_path, gpt2_tok, options, error, message):

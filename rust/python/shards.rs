@@ -82,38 +82,53 @@ fn encode_shard<'py>(
 }
 
 /// `ShardOptions` from `encode_shard`'s keyword arguments (their names are its fields';
-/// `input_format` by name, `commit_interval` in seconds).
+/// `input_format` by name, `commit_interval` in seconds). A value of the wrong type is a
+/// TypeError that names its option.
 fn shard_options(dtype: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<ShardOptions> {
     let mut o = ShardOptions::new(dtype.parse().map_err(PyValueError::new_err)?);
     for (key, value) in kwargs.into_iter().flatten() {
         let key: PyBackedStr = key.extract()?;
-        match &*key {
-            "eos" => o.eos = value.extract()?,
-            "jsonl_field" => o.jsonl_field = value.extract()?,
-            "input_format" => {
-                let name: Option<PyBackedStr> = value.extract()?;
-                o.input_format = Format::given(name.as_deref()).map_err(PyValueError::new_err)?;
-            }
-            "errors" => o.errors = value.extract::<PyBackedStr>()?.parse().map_err(PyValueError::new_err)?,
-            "chunk_size" => o.chunk_size = value.extract()?,
-            "threads" => o.threads = value.extract()?,
-            "window" => o.window = value.extract()?,
-            "part" => o.part = value.extract()?,
-            "newline_cuts" => o.newline_cuts = value.extract()?,
-            "params" => o.params = value.extract()?,
-            "commit_interval" => {
-                o.commit_interval = Duration::try_from_secs_f64(value.extract()?)
-                    .map_err(|_| PyValueError::new_err("commit_interval must be a non-negative number of seconds"))?
-            }
-            "hash" => o.hash = value.extract()?,
-            other => {
+        match set_option(&mut o, &key, &value) {
+            Ok(true) => {}
+            Ok(false) => {
                 return Err(PyTypeError::new_err(format!(
-                    "encode_shard() got an unexpected keyword argument '{other}'"
+                    "encode_shard() got an unexpected keyword argument '{}'",
+                    &*key
                 )))
             }
+            Err(e) if e.is_instance_of::<PyTypeError>(value.py()) => {
+                return Err(PyTypeError::new_err(format!("encode_shard() option {}: {}", &*key, e.value(value.py()))))
+            }
+            Err(e) => return Err(e),
         }
     }
     Ok(o)
+}
+
+/// Set the option `key` of `o` from `value`; false when there is no such option.
+fn set_option(o: &mut ShardOptions, key: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match key {
+        "eos" => o.eos = value.extract()?,
+        "jsonl_field" => o.jsonl_field = value.extract()?,
+        "input_format" => {
+            let name: Option<PyBackedStr> = value.extract()?;
+            o.input_format = Format::given(name.as_deref()).map_err(PyValueError::new_err)?;
+        }
+        "errors" => o.errors = value.extract::<PyBackedStr>()?.parse().map_err(PyValueError::new_err)?,
+        "chunk_size" => o.chunk_size = value.extract()?,
+        "threads" => o.threads = value.extract()?,
+        "window" => o.window = value.extract()?,
+        "part" => o.part = value.extract()?,
+        "newline_cuts" => o.newline_cuts = value.extract()?,
+        "params" => o.params = value.extract()?,
+        "commit_interval" => {
+            o.commit_interval = Duration::try_from_secs_f64(value.extract()?)
+                .map_err(|_| PyValueError::new_err("commit_interval must be a non-negative number of seconds"))?
+        }
+        "hash" => o.hash = value.extract()?,
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// The summary of a finished job as the dict Python reads.
