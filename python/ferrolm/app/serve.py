@@ -14,10 +14,12 @@ in a last chunk with no choices, before ``data: [DONE]``. Choice j of a prompt i
 with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
 
 A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
-server keeps serving (a body nested past MAX_JSON_DEPTH is one). The decoding itself is
-``ferrolm.lm.engine``; this module parses, checks, renders chat turns, and carries events to
-the client. A client that goes away (streaming or not) has its sequences cancelled at once,
-which frees their batch rows.
+server keeps serving (a body nested past ``openai_api.MAX_JSON_DEPTH`` is one). The decoding
+itself is ``ferrolm.lm.engine``; checking a body and shaping replies and stream chunks are
+plain functions in ``ferrolm.app.openai_api``; this module is the transport between them:
+it reads bodies, renders chat turns, submits each request's choices, and carries the
+engine's events to the client. A client that goes away (streaming or not) has its sequences
+cancelled at once, which frees their batch rows.
 
 No client can hold the server: each request's sequences form one group of the engine, which
 shares the batch rows fairly between groups; at most ``--max-queue`` requests wait for a row
@@ -770,19 +772,9 @@ def serve(
         served, engine, max_tokens_limit=max_tokens_limit, stream_interval=stream_interval, write_timeout=write_timeout
     )
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.listen(2048)  # before the address is announced: early clients wait in the backlog, never refused
-    bound = sock.getsockname()[1]
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    sock, address = _listen(host, port)
     print(
-        f"serving {served.name} on http://{shown}:{bound}/v1 (chat template: {served.chat_template.origin}; "
+        f"serving {served.name} on http://{address}/v1 (chat template: {served.chat_template.origin}; "
         f"batch up to {max_batch}; Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
@@ -796,6 +788,22 @@ def serve(
     engine.close(10.0, cancel=True)
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _listen(host: str, port: int) -> tuple[socket.socket, str]:
+    """A socket listening on ``host:port``, and its address as a URL shows it (the port
+    chosen when ``port`` is 0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)  # before the address is announced: early clients wait in the backlog, never refused
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"{shown}:{sock.getsockname()[1]}"
 
 
 def _is_loopback(host: str) -> bool:
