@@ -13,6 +13,7 @@ server's defaults without them); the engine's event classes load when first need
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -342,6 +343,15 @@ def sampling_params(req: Request, j: int):
 # --------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _event_classes() -> tuple[type, type, type]:
+    """The engine's events (Piece, Finished, Failed), imported at the first one: the engine's
+    module needs torch."""
+    from ferrolm.lm.engine import Failed, Finished, Piece
+
+    return Piece, Finished, Failed
+
+
 def usage(req: Request, completion_tokens: int) -> dict:
     prompt_tokens = sum(len(ids) for ids in req.prompts)
     return {
@@ -367,9 +377,7 @@ class Reply:
         self.completion_tokens = 0
 
     def add(self, index: int, event: Any) -> None:
-        from ferrolm.lm.engine import Piece
-
-        if isinstance(event, Piece):
+        if isinstance(event, _event_classes()[0]):
             self.texts[index] += event.text
         else:
             self.reasons[index] = event.reason
@@ -411,11 +419,10 @@ def role_chunk(head: dict, req: Request, chat: bool) -> bytes:
 def event_chunk(head: dict, index: int, event: Any, chat: bool) -> bytes:
     """One chunk for one engine event of choice ``index``: a piece of text, or its end (the
     finish reason and no text). A failure is not a chunk: it raises ApiError (500)."""
-    from ferrolm.lm.engine import Failed, Piece
-
-    if isinstance(event, Piece):
+    piece, _, failed = _event_classes()
+    if isinstance(event, piece):
         return _chunk(head, [_choice(chat, index, event.text)])
-    if isinstance(event, Failed):
+    if isinstance(event, failed):
         raise ApiError(event.message, status=500, kind="server_error")
     return _chunk(head, [_choice(chat, index, None, event.reason)])
 
@@ -423,13 +430,12 @@ def event_chunk(head: dict, index: int, event: Any, chat: bool) -> bytes:
 def stream_bunch(head: dict, bunch: list[tuple[int, Any]], chat: bool) -> tuple[bytes, int]:
     """The chunks of a bunch of (choice index, event) pairs, one a piece as OpenAI sends them,
     joined for one write; and the completion tokens of the choices that ended in it."""
-    from ferrolm.lm.engine import Finished
-
+    finished = _event_classes()[1]
     tokens = 0
     chunks = []
     for index, event in bunch:
         chunks.append(event_chunk(head, index, event, chat))
-        if isinstance(event, Finished):
+        if isinstance(event, finished):
             tokens += event.completion_tokens
     return b"".join(chunks), tokens
 
@@ -437,13 +443,12 @@ def stream_bunch(head: dict, bunch: list[tuple[int, Any]], chat: bool) -> tuple[
 def bunch_ends(bunch: list[tuple[int, Any]]) -> int:
     """How many choices end in a bunch of (choice index, event) pairs; ApiError (500) for a
     choice the engine failed, before any of the bunch goes out."""
-    from ferrolm.lm.engine import Failed, Finished
-
+    _, finished, failed = _event_classes()
     ends = 0
     for _, event in bunch:
-        if isinstance(event, Failed):
+        if isinstance(event, failed):
             raise ApiError(event.message, status=500, kind="server_error")
-        ends += isinstance(event, Finished)
+        ends += isinstance(event, finished)
     return ends
 
 
