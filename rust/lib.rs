@@ -4,6 +4,7 @@
 //! converts types and releases the GIL, so `cargo test` needs no Python.
 
 mod buffers;
+mod chunks;
 pub mod cut;
 pub mod encode;
 pub mod fault;

@@ -104,6 +104,13 @@ impl Dtype {
     }
 }
 
+impl std::str::FromStr for Dtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Dtype, String> {
+        Dtype::parse(s).ok_or_else(|| format!("dtype must be uint16 or uint32, got {s:?}"))
+    }
+}
+
 /// Everything that defines one encode job. Output paths are derived from `out_bin`
 /// (`P.bin` → `P.bin.partial`, `P.progress.json`).
 #[derive(Debug, Clone)]
@@ -111,11 +118,20 @@ pub struct EncodeJob {
     pub inputs: Vec<InputSpec>,
     /// The final name of the token file (`P.bin`); this module writes `P.bin.partial`.
     pub out_bin: PathBuf,
+    pub opts: ShardOptions,
+}
+
+/// How an encode job reads, encodes and writes (all but its inputs and output); `new`
+/// gives `ferrolm encode`'s defaults.
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
     pub dtype: Dtype,
     /// The end-of-text token: its text (the document separator of plain-text inputs) and id.
     pub eos: Option<(String, u32)>,
     /// Field of a JSON Lines record that holds the document text.
     pub jsonl_field: String,
+    /// The inputs' format when given (else from their names and first bytes).
+    pub input_format: Option<Format>,
     pub errors: Utf8Errors,
     /// Target chunk size in bytes (a chunk grows past it only to reach a document boundary).
     pub chunk_size: usize,
@@ -137,10 +153,46 @@ pub struct EncodeJob {
     pub hash: bool,
 }
 
+impl ShardOptions {
+    pub fn new(dtype: Dtype) -> Self {
+        ShardOptions {
+            dtype,
+            eos: None,
+            jsonl_field: "text".into(),
+            input_format: None,
+            errors: Utf8Errors::Strict,
+            chunk_size: 1 << 20,
+            threads: 0,
+            window: 0,
+            part: None,
+            newline_cuts: true,
+            params: String::new(),
+            commit_interval: Duration::from_secs(5),
+            hash: true,
+        }
+    }
+}
+
 impl EncodeJob {
+    /// A job on `paths` (an empty path: documents from the caller, with no file behind
+    /// them), each input's kind guessed from its name unless `opts` gives the format.
+    pub fn new(paths: Vec<PathBuf>, out_bin: PathBuf, opts: ShardOptions) -> Self {
+        let inputs = paths
+            .into_iter()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    InputSpec::documents()
+                } else {
+                    InputSpec::detect(p, opts.input_format)
+                }
+            })
+            .collect();
+        EncodeJob { inputs, out_bin, opts }
+    }
+
     /// The matcher of the cuts at special tokens in plain text: the end-of-text separator.
     pub(crate) fn separator(&self) -> crate::specials::SpecialMatcher {
-        crate::specials::SpecialMatcher::new(self.eos.iter().cloned().collect())
+        crate::specials::SpecialMatcher::new(self.opts.eos.iter().cloned().collect())
     }
     pub fn partial_path(&self) -> PathBuf {
         with_suffix(&self.out_bin, ".partial")
@@ -175,7 +227,7 @@ pub struct InputRecord {
     /// Size of the file on disk.
     pub bytes: u64,
     /// sha256 of the raw bytes of `range` (the whole file unless `--part` split it);
-    /// `None` when the job does not hash (`EncodeJob::hash`).
+    /// `None` when the job does not hash (`ShardOptions::hash`).
     pub sha256: Option<String>,
     /// Byte range of the file this shard encoded, `[start, end)`.
     pub range: (u64, u64),
@@ -228,7 +280,7 @@ pub enum ShardError {
 }
 
 impl ShardError {
-    fn io(path: &Path, doing: &'static str, source: io::Error) -> Self {
+    pub(crate) fn io(path: &Path, doing: &'static str, source: io::Error) -> Self {
         ShardError::Io { path: path.to_path_buf(), doing, source }
     }
     /// Whether a rerun of the same job can continue where this one stopped (I/O failures
@@ -347,7 +399,7 @@ fn encode_bytes<E: TextEncoder + ?Sized>(
     }
     let text: Cow<str> = match crate::utf8::to_str(data) {
         Ok(s) => Cow::Borrowed(s),
-        Err(e) => match job.errors {
+        Err(e) => match job.opts.errors {
             Utf8Errors::Replace => String::from_utf8_lossy(data),
             Utf8Errors::Strict => {
                 return Err(ShardError::Utf8 {
@@ -362,7 +414,7 @@ fn encode_bytes<E: TextEncoder + ?Sized>(
         return Ok((encode_text(enc, job, chunk, &text, ids), data.len() as u64));
     }
     let (mut documents, mut text_bytes) = (0u64, 0u64);
-    jsonl::for_each_document(&text, chunk.first_line, &job.jsonl_field, |doc| {
+    jsonl::for_each_document(&text, chunk.first_line, &job.opts.jsonl_field, |doc| {
         enc.encode_ordinary(doc, ids);
         end_document(job, ids);
         documents += 1;
@@ -381,7 +433,7 @@ fn encode_text<E: TextEncoder + ?Sized>(
     ids: &mut Vec<u32>,
 ) -> u64 {
     enc.encode(text, ids);
-    let Some((sep, id)) = job.eos.as_ref() else { return 0 };
+    let Some((sep, id)) = job.opts.eos.as_ref() else { return 0 };
     let mut documents = ids.iter().filter(|&&t| t == *id).count() as u64;
     // A file whose last document has no separator: end that document.
     if chunk.at_file_end {
@@ -410,7 +462,7 @@ fn encode_docs<E: TextEncoder + ?Sized>(
         start = end;
         let text = match crate::utf8::to_str(doc) {
             Ok(s) => Cow::Borrowed(s),
-            Err(_) if job.errors == Utf8Errors::Replace => String::from_utf8_lossy(doc),
+            Err(_) if job.opts.errors == Utf8Errors::Replace => String::from_utf8_lossy(doc),
             Err(e) => {
                 return Err(docs::not_utf8(&job.inputs[chunk.file].path, chunk.start + i as u64, e.valid_up_to()))
             }
@@ -422,7 +474,7 @@ fn encode_docs<E: TextEncoder + ?Sized>(
 }
 
 fn end_document(job: &EncodeJob, ids: &mut Vec<u32>) {
-    if let Some((_, id)) = &job.eos {
+    if let Some((_, id)) = &job.opts.eos {
         ids.push(*id);
     }
 }
@@ -430,12 +482,12 @@ fn end_document(job: &EncodeJob, ids: &mut Vec<u32>) {
 /// `ids` as the output dtype's little-endian bytes, in `out` (a pooled buffer whose bytes
 /// are initialized: sized without zeroing what it holds, converted in one vectorizable pass).
 fn to_dtype(ids: &[u32], job: &EncodeJob, chunk: &Chunk, mut out: Vec<u8>) -> Result<Vec<u8>, ShardError> {
-    let size = ids.len() * job.dtype.itemsize() as usize;
+    let size = ids.len() * job.opts.dtype.itemsize() as usize;
     if out.len() < size {
         out.resize(size, 0);
     }
     out.truncate(size);
-    match job.dtype {
+    match job.opts.dtype {
         Dtype::U16 => {
             if let Some(&id) = ids.iter().find(|&&t| t > u16::MAX as u32) {
                 return Err(ShardError::DtypeOverflow {
@@ -489,14 +541,14 @@ where
     let job = &sniffed(job)?;
     // The shared pool of this size (its threads keep their encoder caches between
     // calls), had before anything is written.
-    let pool = crate::threads::try_pool(Some(job.threads)).map_err(ShardError::Invalid)?;
+    let pool = crate::threads::try_pool(Some(job.opts.threads)).map_err(ShardError::Invalid)?;
     let byte_range = byte_range(job, &sizes)?;
     let mut start = match start(job, &sizes, byte_range, source)? {
         Start::Done(summary) => return Ok(summary),
         Start::Run(s) => s,
     };
     start.reader.balance_tail(pool.current_num_threads());
-    let window = if job.window == 0 { 2 * pool.current_num_threads() + 2 } else { job.window.max(1) };
+    let window = if job.opts.window == 0 { 2 * pool.current_num_threads() + 2 } else { job.opts.window.max(1) };
     let mut run = Run {
         job,
         out: start.out,
@@ -518,15 +570,15 @@ fn check(job: &EncodeJob) -> Result<(), ShardError> {
     if job.inputs.is_empty() {
         return Err(ShardError::Invalid("no input files".into()));
     }
-    if job.chunk_size == 0 {
+    if job.opts.chunk_size == 0 {
         return Err(ShardError::Invalid("chunk size must be positive".into()));
     }
-    if let Some((i, n)) = job.part {
+    if let Some((i, n)) = job.opts.part {
         if n == 0 || i >= n {
             return Err(ShardError::Invalid(format!("--part {i}/{n}: need 0 <= I < N")));
         }
     }
-    if let Some((sep, _)) = &job.eos {
+    if let Some((sep, _)) = &job.opts.eos {
         if sep.is_empty() {
             return Err(ShardError::Invalid("the end-of-text token is empty".into()));
         }
@@ -539,7 +591,7 @@ fn sniffed(job: &EncodeJob) -> Result<EncodeJob, ShardError> {
     let mut job = job.clone();
     for spec in &mut job.inputs {
         if !spec.path.as_os_str().is_empty() && !spec.path.is_dir() && spec.path.exists() {
-            *spec = sniff::sniff(spec, &job.jsonl_field)?;
+            *spec = sniff::sniff(spec, &job.opts.jsonl_field)?;
         }
     }
     Ok(job)
@@ -547,8 +599,8 @@ fn sniffed(job: &EncodeJob) -> Result<EncodeJob, ShardError> {
 
 /// The range of the concatenated raw inputs that this job's part covers.
 fn byte_range(job: &EncodeJob, sizes: &[u64]) -> Result<(u64, u64), ShardError> {
-    match job.part {
-        Some((i, n)) => part_range(&job.inputs, sizes, i, n, &job.separator(), job.newline_cuts),
+    match job.opts.part {
+        Some((i, n)) => part_range(&job.inputs, sizes, i, n, &job.separator(), job.opts.newline_cuts),
         None => Ok((0, sizes.iter().sum())),
     }
 }
@@ -605,9 +657,10 @@ fn start<'a>(
             }
         }
     }
-    let journal = resume.unwrap_or_else(|| Journal::fresh(&job.params));
+    let journal = resume.unwrap_or_else(|| Journal::fresh(&job.opts.params));
     let resumed_tokens = journal.tokens;
-    let out = PartialWriter::open(&job.partial_path(), resumed_tokens * job.dtype.itemsize(), resumed_tokens == 0)?;
+    let out =
+        PartialWriter::open(&job.partial_path(), resumed_tokens * job.opts.dtype.itemsize(), resumed_tokens == 0)?;
     Ok(Start::Run(Box::new(Running { reader, out, journal, resumed_tokens, restart_reason })))
 }
 
@@ -615,7 +668,7 @@ fn start<'a>(
 fn read_journal(job: &EncodeJob) -> (Option<Journal>, Option<String>) {
     match Journal::read(&job.journal_path()) {
         Ok(None) => (None, None),
-        Ok(Some(j)) => match j.check(&job.params, &job.partial_path(), &job.out_bin, job.dtype.itemsize()) {
+        Ok(Some(j)) => match j.check(&job.opts.params, &job.partial_path(), &job.out_bin, job.opts.dtype.itemsize()) {
             Ok(()) => (Some(j), None),
             Err(why) => (None, Some(why)),
         },
@@ -758,8 +811,8 @@ impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
         self.text_bytes += enc.text_bytes;
         (j.next_file, j.next_offset) = enc.next_pos;
         j.digest = enc.digest.clone();
-        self.undigested = self.job.hash && enc.digest.is_none();
-        if !self.undigested && self.last_commit.elapsed() >= self.job.commit_interval {
+        self.undigested = self.job.opts.hash && enc.digest.is_none();
+        if !self.undigested && self.last_commit.elapsed() >= self.job.opts.commit_interval {
             self.commit()?;
         }
         Ok(())
@@ -791,7 +844,7 @@ impl<'j, P: FnMut(&Progress) -> bool> Run<'j, P> {
                 let summary = Summary {
                     num_tokens: self.journal.tokens,
                     num_documents: self.journal.documents,
-                    dtype: job.dtype,
+                    dtype: job.opts.dtype,
                     inputs: reader.records(),
                     byte_range,
                     resumed_tokens,

@@ -354,7 +354,7 @@ impl Trainer {
         bufs: &crate::buffers::BufferPool,
         ctl: &Control,
     ) -> Result<(), TrainError> {
-        use std::io::{Read, Seek};
+        use std::io::Seek;
         let path = &spec.path;
         let compressed = spec.compression != Compression::None;
         let name = if compressed { format!("{} (decompressed)", path.display()) } else { path.display().to_string() };
@@ -368,7 +368,7 @@ impl Trainer {
             None if compressed => (None, 0),
             None => (file.metadata().ok().map(|m| m.len()), 0),
         };
-        let input = shards::input::decoded(spec, file.take(size.unwrap_or(u64::MAX)))?;
+        let input = crate::chunks::Stream::open(path, file, size.unwrap_or(u64::MAX), spec.compression, false)?;
         let t0 = Instant::now();
         let mut count_s = 0.0;
         let mut bytes = 0u64;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import subprocess
 import sys
 
@@ -185,3 +187,72 @@ def test_shards_without_deep_says_ids_were_not_read(small):
     assert r.returncode == 0 and "token ids not read (--deep" in r.stdout
     r = run_cli("shards", small / "s", "--deep")
     assert r.returncode == 0 and "not read" not in r.stdout
+
+
+def _jsonl_of(docs: list[str]) -> str:
+    import json
+
+    return "".join(json.dumps({"text": d}) + "\n" for d in docs)
+
+
+def test_a_lone_surrogate_in_json_lines_costs_neither_summary_nor_exit_status(tmp_path):
+    # "\ud800" alone is valid JSON but no Unicode: the trainer reads it as U+FFFD, so must the summary.
+    src = tmp_path / "docs.jsonl"
+    src.write_text(
+        _jsonl_of([f"story {i}: a\ud800b the cat sat" for i in range(200)]), encoding="utf-8", errors="surrogatepass"
+    )
+    r = run_cli("train-tokenizer", "--input", src, "--vocab-size", 300, "--out", tmp_path / "tok", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "bytes/token" in r.stdout and "longest tokens:" in r.stdout
+    assert Tokenizer.load(tmp_path / "tok").vocab_size == 300
+
+
+def test_zst_input_without_zstandard_trains_and_skips_only_the_compression_line(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    src = tmp_path / "docs.jsonl.zst"
+    data = _jsonl_of([f"story {i}: the cat sat on the mat" for i in range(300)]).encode("utf-8")
+    src.write_bytes(zstandard.ZstdCompressor().compress(data))
+    # The core reads .zst itself; only the summary's sample needs the Python package.
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['zstandard'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(
+        [sys.executable, "-m", "ferrolm", "train-tokenizer", "--input", str(src), "--vocab-size", "300"]
+        + ["--out", str(tmp_path / "tok"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "compression not measured" in r.stderr and 'pip install "ferrolm[zstd]"' in r.stderr
+    assert "bytes/token" not in r.stdout and "longest tokens:" in r.stdout
+    assert Tokenizer.load(tmp_path / "tok").vocab_size == 300
+
+
+def _subcommands():
+    from ferrolm.app.cli import build_parser
+
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_shared_options_read_the_same_in_every_command():
+    helps: dict = {}
+    for name, sub in _subcommands().items():
+        for action in sub._actions:
+            for flag in ("--checkpoint", "--device", "--column"):
+                if flag in action.option_strings:
+                    helps.setdefault(flag, {})[name] = (action.help, action.default, action.metavar)
+    assert set(helps["--checkpoint"]) == {"generate", "serve", "export", "eval"}
+    assert set(helps["--device"]) == {"generate", "serve", "eval", "demo"}
+    assert set(helps["--column"]) == {"encode", "train-tokenizer"}
+    for flag, by_command in helps.items():
+        assert len(set(by_command.values())) == 1, (flag, by_command)
+
+
+def test_out_takes_its_short_form_in_every_command_that_writes():
+    with_out = {name: sub for name, sub in _subcommands().items() if "--out" in sub._option_string_actions}
+    assert {"plot", "train-tokenizer", "encode", "export", "demo", "download"} <= set(with_out)
+    for name, sub in with_out.items():
+        assert sub._option_string_actions["-o"] is sub._option_string_actions["--out"], name

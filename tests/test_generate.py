@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from ferrolm.lm.generate import Decoder, _nucleus_candidates, generate, sample, sampling_probs, top_k_mask, top_p_mask
+from ferrolm.lm.decoding import _nucleus_candidates
+from ferrolm.lm.generate import generate, sample, sampling_probs, top_k_mask, top_p_mask
 from ferrolm.lm.model import TransformerLM
 
 VOCAB, CTX = 64, 16
@@ -277,54 +278,28 @@ def _ref_logits(model, seq: list[int]) -> torch.Tensor:
         return model(torch.tensor([seq]))[0, -1]
 
 
-def test_cached_logits_equal_full_recomputation_at_every_step(model):
-    g = torch.Generator().manual_seed(3)
-    prompt = torch.randint(0, VOCAB, (5,), generator=g).tolist()
-    with torch.no_grad():
-        dec = Decoder(model, [prompt])
-        seq = list(prompt)
-        for step in range(CTX - len(prompt)):  # up to a full context
-            torch.testing.assert_close(dec.logits[0], _ref_logits(model, seq), atol=1e-5, rtol=0)
-            t = int(torch.randint(0, VOCAB, (1,), generator=g))
-            dec.push([t])
-            seq.append(t)
-        torch.testing.assert_close(dec.logits[0], _ref_logits(model, seq), atol=1e-5, rtol=0)
-    assert dec.sequences() == [seq]
+def _ref_greedy(model, prompt: list[int], n: int, keep: int) -> list[int]:
+    """The documented decoding, with no cache: the argmax of the model run on the row's window,
+    which grows by one a token and, once the context is full, restarts from the last ``keep``."""
+    seq, width, out = list(prompt), min(len(prompt), CTX), []
+    for _ in range(n):
+        t = int(_ref_logits(model, seq[-width:]).argmax())
+        out.append(t)
+        seq.append(t)
+        width = keep if width + 1 > CTX else width + 1
+    return out
 
 
 @pytest.mark.parametrize("keep", [CTX, CTX // 2, 3])
-def test_sliding_window_recomputes_the_kept_tokens(model, keep):
-    """Past the context: window_keep=CTX equals the model on the last CTX tokens at every
-    step; smaller windows equal the model on the documented window."""
+def test_sliding_window_decodes_the_documented_window(model, keep):
+    """Within the context the cache gives the model's logits on the whole sequence; past it,
+    each step equals the model run on the documented window (window_keep=CTX: the last CTX)."""
     g = torch.Generator().manual_seed(4)
-    prompt = torch.randint(0, VOCAB, (CTX + 5,), generator=g).tolist()  # longer than the context
-    with torch.no_grad():
-        dec = Decoder(model, [prompt], window_keep=keep)
-        seq, width = list(prompt), CTX
-        for step in range(2 * CTX):
-            torch.testing.assert_close(dec.logits[0], _ref_logits(model, seq[-width:]), atol=1e-5, rtol=0)
-            t = int(torch.randint(0, VOCAB, (1,), generator=g))
-            dec.push([t])
-            seq.append(t)
-            width = keep if width + 1 > CTX else width + 1
-        if keep == CTX:
-            torch.testing.assert_close(dec.logits[0], _ref_logits(model, seq[-CTX:]), atol=1e-5, rtol=0)
-
-
-def test_left_padded_batch_gives_each_row_its_own_logits(model):
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (1, 7, 3, 7)]
-    for use_cache in (True, False):
-        with torch.no_grad():
-            dec = Decoder(model, prompts, use_cache=use_cache, window_keep=CTX)
-            seqs = [list(p) for p in prompts]
-            for step in range(CTX + 3):  # through a slide of the longest rows
-                for b, s in enumerate(seqs):
-                    torch.testing.assert_close(dec.logits[b], _ref_logits(model, s[-CTX:]), atol=1e-5, rtol=0)
-                nxt = torch.randint(0, VOCAB, (len(prompts),), generator=g)
-                dec.push(nxt)
-                for s, t in zip(seqs, nxt.tolist()):
-                    s.append(t)
+    for n in (3, CTX + 5):  # a short prompt, and one longer than the context
+        prompt = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        assert list(generate(model, prompt, 2 * CTX, temperature=0, window_keep=keep)) == _ref_greedy(
+            model, prompt, 2 * CTX, keep
+        )
 
 
 # ------------------------------------------------------------------- generate ---------
@@ -334,19 +309,25 @@ def test_greedy_generate_with_and_without_cache_agree(model):
     prompt = [3, 1, 4, 1, 5]
     fast = list(generate(model, prompt, 3 * CTX, temperature=0, window_keep=CTX))
     slow = list(generate(model, prompt, 3 * CTX, temperature=0, use_cache=False))
-    assert fast == slow
+    assert fast == slow == _ref_greedy(model, prompt, 3 * CTX, CTX)
     assert len(fast) == 3 * CTX and all(isinstance(t, int) and 0 <= t < VOCAB for t in fast)
 
 
 def test_batch_of_different_lengths_equals_each_prompt_alone(model):
     prompts = [[7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11, 12]]
-    # Within the context, and beyond it with window_keep=CTX (with a shorter window_keep
-    # a batch slides all its rows at once, when its longest row fills the context).
-    for n, keep in ((CTX - 9, None), (20, CTX)):
+    # Within the context and beyond it: each row slides its own window, so a short row is
+    # never cut back when a longer one fills the context.
+    for n, keep in ((CTX - 9, None), (2 * CTX, None), (20, CTX), (20, 3)):
         steps = list(generate(model, prompts, n, temperature=0, window_keep=keep))
         assert len(steps) == n and all(len(s) == 3 for s in steps)
         for b, p in enumerate(prompts):
             assert [s[b] for s in steps] == list(generate(model, p, n, temperature=0, window_keep=keep))
+    # sampled: row b draws from a generator seeded with the b-th seed drawn from the one given
+    steps = list(generate(model, prompts, 2 * CTX, top_k=20, generator=torch.Generator().manual_seed(8)))
+    seeds = torch.randint(0, 2**63 - 1, (3,), generator=torch.Generator().manual_seed(8)).tolist()
+    for b, (p, seed) in enumerate(zip(prompts, seeds)):
+        alone = generate(model, p, 2 * CTX, top_k=20, generator=torch.Generator().manual_seed(seed))
+        assert [s[b] for s in steps] == list(alone)
     # a 2-D tensor or array is a batch too; 1-D ones and numpy ints are one prompt
     import numpy as np
 
@@ -699,3 +680,117 @@ def test_cli_generate_batch_prompt_file_and_stop(cli_files, capsys, tmp_path):
     assert rc == 0 and out == "the" + full[: full.index(stop)] + "\n"
     rc, out, err = _cli(capsys, "--checkpoint", f["ckpt"], "--tokenizer", f["tok"], "--device", "cpu")
     assert rc == 2 and "--prompt" in err
+
+
+# ------------------------------------------------------------- pinned outputs ---------
+
+# `ferrolm generate` on tests/tiny_lm.py's model, recorded before its decoding loop became the
+# inference engine's: one prompt (greedy, sampled, several samples from one seed), several
+# prompts within the context, a prompt longer than the context (the window slides; the
+# prompt's echo left out here), and stop strings.
+PINS = {
+    "greedy": "The parser efoooding e e e e e e e e e e e e e e e e\n",
+    "sampled": 'The parser E stion isrus $ "\\er arg:arser\n        obj.        umentinebje exababare\n',
+    "samples3": "--- sample 1/3 ---\nJSON')\n    ers TileHelo '\"-obj'\n--- sample 2/3 ---\nJSON\n    (.d4etrump(\n\n\nathoobj\n--- sample 3/3 ---\nJSON�is aqotx_'pictions pripi\n",
+    "batch_greedy": "--- prompt 1/3 ---\nThe parser efoooding e e e e e e e e e e e\n--- prompt 2/3 ---\nLogefoooooooooooooooooooooooooooo\n--- prompt 3/3 ---\n.dulololoduloloduloloodubcis('\n",
+    "slide_greedy": "looooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooo\n",
+    "slide_sampled": ".    ':\n\n\n\n\n    ...lod ...     Tons the ands s lood\"cromads apFanamauolrileedice conile-onooypy parser'pror etyppomed le no\n",
+    "stop": "The parser efoooding \n",
+    "batch_stop": "--- prompt 1/2 ---\nThe parser ef\n--- prompt 2/2 ---\nJSONo\n",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tiny_lm import tiny_run
+
+    ckpt, tok, text = tiny_run(tmp_path_factory.mktemp("tiny"))
+    return ckpt, " ".join(text.split()[40:120])
+
+
+def test_cli_generate_outputs_are_pinned(tiny, capsys):
+    ckpt, long_prompt = tiny
+    greedy, sampled = ["--temperature", 0], ["--seed", 7, "--temperature", 0.9, "--top-k", 40, "--top-p", 0.95]
+    cases = {
+        "greedy": ["--prompt", "The parser", "--max-new-tokens", 40, *greedy],
+        "sampled": ["--prompt", "The parser", "--max-new-tokens", 40, *sampled],
+        "samples3": ["--prompt", "JSON", "--max-new-tokens", 20, "--seed", 3, "--num-samples", 3],
+        "batch_greedy": ["--prompt", "The parser", "--prompt", "Log", "--prompt", "", "--max-new-tokens", 30, *greedy],
+        "slide_greedy": ["--prompt", long_prompt, "--max-new-tokens", 90, *greedy],
+        "slide_sampled": ["--prompt", long_prompt, "--max-new-tokens", 90, "--seed", 11, "--temperature", 0.8]
+        + ["--top-p", 0.9],
+        "stop": ["--prompt", "The parser", "--max-new-tokens", 40, *greedy, "--stop", "e e", "--stop", "zq"],
+        "batch_stop": ["--prompt", "The parser", "--prompt", "JSON", "--max-new-tokens", 30, *greedy]
+        + ["--stop", "oo", "--stop", "ni"],
+    }
+    for name, argv in cases.items():
+        rc, out, err = _cli(capsys, "--checkpoint", ckpt, "--device", "cpu", *argv)
+        assert rc == 0, err
+        if name.startswith("slide"):
+            assert out.startswith(long_prompt)
+            out = out[len(long_prompt) :]
+        assert out == PINS[name], name
+
+
+# ------------------------------------------------------- the engine, in this thread ---------
+
+
+def test_sequence_text_drops_eos_holds_partial_characters_and_cuts_at_stops():
+    from ferrolm.lm.decoding import SequenceText
+
+    pieces = {0: "é".encode()[:1], 1: "é".encode()[1:], 2: b"ab", 3: b"cd", 9: b"<eos>"}
+    t = SequenceText(pieces.__getitem__, 9, ["bc"])
+    assert t.feed(0) == "" and t.feed(1) == "é" and t.feed(2) == "a" and not t.done
+    assert t.feed(3) == "" and t.done and t.stopped and t.finish() == "" and t.feed(2) == ""
+    t = SequenceText(pieces.__getitem__, 9, ["bc"])
+    assert t.feed(2) == "a" and t.feed(0) == "" and t.feed(9) == "" and t.done and not t.stopped
+    assert t.finish() == "b\ufffd"  # what was held back, an unfinished character as U+FFFD
+    t = SequenceText(pieces.__getitem__, None)
+    assert t.feed(9) == "<eos>" and not t.done and t.finish() == ""
+
+
+def test_engine_runs_in_the_calling_thread_as_on_its_own(model):
+    import threading
+
+    from ferrolm.lm.engine import Engine, Finished, Piece, SamplingParams
+
+    def run(threaded: bool) -> list:
+        engine = Engine(model, lambda t: bytes([65 + t % 26]), 5, max_batch=2)
+        events: list = [[], [], []]
+        params = SamplingParams(12, temperature=0.8, seed=4, stop=("QQ",))
+        for r, p in enumerate([[1, 2], [3], [4, 5, 6]]):
+            engine.submit(p, params, events[r].append)
+        if threaded:
+            engine.start().close(timeout=60)
+        else:
+            before = threading.active_count()
+            assert list(engine.turns()) and threading.active_count() == before
+            with pytest.raises(RuntimeError, match="own thread"):
+                engine.start()
+                list(engine.turns())
+            engine.close(timeout=60)
+        return events
+
+    events = run(False)
+    assert events == run(True)
+    for ev in events:
+        assert all(isinstance(e, Piece) for e in ev[:-1]) and isinstance(ev[-1], Finished)
+
+
+def test_generate_raises_what_makes_a_row_fail(model):
+    broken = TransformerLM(VOCAB, CTX, d_model=32, num_layers=1, num_heads=4, d_ff=64).eval()
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaN"):
+        list(generate(broken, [1, 2], 5, generator=torch.Generator().manual_seed(0)))
+
+
+def test_generate_text_raises_the_callers_own_error_as_it_was(model):
+    from ferrolm.lm.generate import generate_text
+
+    def on_piece(row: int, text: str) -> None:
+        raise BrokenPipeError("the reader went away")
+
+    with pytest.raises(BrokenPipeError, match="reader went away"):
+        generate_text(model, [1, 2], lambda t: b"x", 5, temperature=0, on_piece=on_piece)
+    assert generate_text(model, [[1, 2], [3]], lambda t: b"x", 5, temperature=0) == ["xxxxx", "xxxxx"]

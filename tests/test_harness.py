@@ -230,3 +230,27 @@ def test_run_tasks_refuses_a_negative_fewshot_or_limit_before_loading():
     for limit in (-1, 0, float("nan")):
         with pytest.raises(ValueError, match=r"limit must be a finite number > 0"):
             run_tasks("no-such-run", "tiny_mc", limit=limit)
+
+
+def test_generate_until_outputs_are_pinned(setup):
+    """Greedy generations recorded before the harness ran on the inference engine: a batch
+    of contexts (an empty one among them) cut at a stop string, and a context longer than the
+    model's, whose window slides."""
+    from lm_eval.api.instance import Instance
+    from tiny_lm import stdlib_text
+
+    from ferrolm.lm.harness import FerrolmLM
+
+    _, tok, model, _ = setup
+    lm = FerrolmLM(model=model, tokenizer=tok, batch_size=4, progress=False)
+    kwargs = {"until": ["."], "max_gen_toks": 24}
+    reqs = [Instance("generate_until", {}, (c, kwargs), 0) for c in ["The parser", "Log", "", "JSON is"]]
+    assert lm.generate_until(reqs) == [
+        " efoooding e e e e e e e e",
+        "efoooooooooooooooooooooo",
+        "",
+        " efooooooooooooooooooooo",
+    ]
+    long_context = " ".join(stdlib_text().split()[40:120])
+    req = Instance("generate_until", {}, (long_context, {"until": ["zzz"], "max_gen_toks": 70}), 0)
+    assert lm.generate_until([req]) == ["l" + "o" * 69]

@@ -551,29 +551,6 @@ def test_kv_cache_stores_rotated_keys_and_can_be_reset():
         model.make_kv_cache(1, max_seq_len=25)
 
 
-def test_left_padded_batch_matches_unpadded_sequences():
-    model = small_model(10)
-    a, b = random_ids(1, 9, seed=11)[0], random_ids(1, 5, seed=12)[0]
-    pad = 0
-    ids = torch.stack([a, torch.cat([torch.full((4,), pad), b])])
-    mask = torch.ones(2, 9, dtype=torch.bool)
-    mask[1, :4] = False
-    with torch.no_grad():
-        out = model(ids, attention_mask=mask)
-        torch.testing.assert_close(out[0], model(a[None])[0], atol=1e-5, rtol=0)
-        torch.testing.assert_close(out[1, 4:], model(b[None])[0], atol=1e-5, rtol=0)
-        assert torch.isfinite(out).all()
-        # the same through the cache: prefill with the mask, then decode with it extended
-        cache = model.make_kv_cache(2)
-        nxt = torch.tensor([[3], [4]])
-        model(ids, kv_cache=cache, attention_mask=mask)
-        step = model(nxt, kv_cache=cache, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.bool)], 1))
-        torch.testing.assert_close(step[0, 0], model(torch.cat([a, nxt[0]])[None])[0, -1], atol=1e-5, rtol=0)
-        torch.testing.assert_close(step[1, 0], model(torch.cat([b, nxt[1]])[None])[0, -1], atol=1e-5, rtol=0)
-        # without the mask the padding would leak into sequence b
-        assert not torch.allclose(model(ids)[1, 4:], out[1, 4:], atol=1e-4)
-
-
 # ------------------------------------------------------------- dtype / autocast -------
 
 

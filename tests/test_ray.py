@@ -59,7 +59,7 @@ def one_machine(tmp_path_factory, gpt2_tok, corpus):
 
 
 def parts_in_manifest_order(prefix: Path) -> np.ndarray:
-    manifest = json.loads(fray.manifest_path(prefix).read_text())
+    manifest = json.loads(shards.manifest_path(prefix).read_text())
     return np.concatenate([np.fromfile(prefix.parent / f"{p}.bin", dtype="<u2") for p in manifest["parts"]])
 
 
@@ -69,14 +69,14 @@ def test_parts_hold_the_one_machine_ids_and_a_rerun_skips_them(cluster, tmp_path
     assert m["parts"] == [f"corpus.part-{i}-of-3" for i in range(3)]
     assert m["num_tokens"] == len(one_machine) and m["skipped_parts"] == 0
     assert np.array_equal(parts_in_manifest_order(prefix), one_machine)
-    on_disk = json.loads(fray.manifest_path(prefix).read_text())
+    on_disk = json.loads(shards.manifest_path(prefix).read_text())
     for rec in on_disk["part_records"]:
         data = (prefix.parent / f"{rec['name']}.bin").read_bytes()
         assert rec["num_tokens"] == len(data) // 2
         assert rec["sha256"] == __import__("hashlib").sha256(data).hexdigest()
     # The readers take the prefix (or the manifest) as for any split.
     assert np.array_equal(TokenShards(prefix)[:], one_machine)
-    assert np.array_equal(TokenShards(fray.manifest_path(prefix))[:], one_machine)
+    assert np.array_equal(TokenShards(shards.manifest_path(prefix))[:], one_machine)
     assert shards.validate_shards(prefix, tokenizer=gpt2_tok) == []
     # A rerun finds every part complete and rewrites none of them.
     mtimes = [os.stat(prefix.parent / f"{p}.bin").st_mtime_ns for p in m["parts"]]
@@ -172,6 +172,16 @@ def test_cli_encode_ray_joins_the_cluster_ray_address_names(cluster, tmp_path, g
     assert run.returncode == 0, run.stderr
     assert "wrote 2 parts (0 already complete)" in run.stdout
     assert np.array_equal(TokenShards(tmp_path / "c")[:], one_machine)
+    # A rerun with nothing to do says so, and reports no rate of zero work.
+    again = subprocess.run(
+        [sys.executable, "-m", "ferrolm", *map(str, args), "--ray", "--parts", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "all 2 parts already complete" in again.stdout and "tokens/s" not in again.stdout, again.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "ferrolm", *map(str, args), "--ray", "--part", "0/2"],
         capture_output=True,
@@ -217,3 +227,47 @@ def test_train_tokenizer_on_a_dataset_gives_the_merges_of_its_documents(cluster,
     vocab, merges, _, _ = fray.train_tokenizer(ds, 700, work_dir=tmp_path / "c", progress=False)
     assert (vocab, merges) == trainer.train_bpe(iter(docs), 700, [EOT])
     assert len(list((tmp_path / "c").iterdir())) == 3
+
+
+def _edit_keeping_size_and_mtime(path: Path, at: int, n: int = 1) -> None:
+    """Overwrite ``n`` bytes from ``at`` with a word the text lacks, then restore the
+    modification time."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    assert at + n <= len(data)
+    data[at : at + n] = (b"zqx " * n)[:n]
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _two_small_files(tmp_path: Path) -> list[Path]:
+    docs = stdlib_text(12_000).split(SEPARATOR)
+    half = len(docs) // 2
+    files = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for f, part in zip(files, (docs[:half], docs[half:])):
+        f.write_text(SEPARATOR.join(part) + SEPARATOR, encoding="utf-8")
+    return files
+
+
+def test_a_rerun_after_a_same_size_edit_encodes_the_parts_that_read_it(cluster, tmp_path, gpt2_tok):
+    files = _two_small_files(tmp_path)
+    prefix = tmp_path / "out" / "c"
+    fray.encode(gpt2_tok, files, prefix, parts=2, progress=False)
+    sidecars = [shards.read_sidecar(shards.output_paths(prefix, (i, 2))[1]) for i in range(2)]
+    touched = [i for i, sc in enumerate(sidecars) if any(r["path"] == str(files[1]) for r in sc["inputs"])]
+    _edit_keeping_size_and_mtime(files[1], files[1].stat().st_size // 2)
+    again = fray.encode(gpt2_tok, files, prefix, parts=2, progress=False)
+    assert again["skipped_parts"] == 2 - len(touched)
+    shards.encode(gpt2_tok, files, tmp_path / "whole", progress=False)
+    assert np.array_equal(parts_in_manifest_order(prefix), np.fromfile(tmp_path / "whole.bin", dtype="<u2"))
+
+
+def test_train_tokenizer_ray_rerun_after_a_same_size_edit_counts_again(cluster, tmp_path):
+    from ferrolm.bpe import trainer
+
+    files = _two_small_files(tmp_path)
+    work = tmp_path / "c"
+    fray.train_tokenizer(files, 400, parts=2, work_dir=work, progress=False)
+    _edit_keeping_size_and_mtime(files[1], 1_000, 2_000)
+    vocab, merges, _, _ = fray.train_tokenizer(files, 400, parts=2, work_dir=work, progress=False)
+    assert (vocab, merges) == trainer.train_bpe(files, 400, [EOT])

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from texts import SEPARATOR, stories_text, write_corpus
 
-from ferrolm.bpe import shards
+from ferrolm.bpe import inputs, shards
 from ferrolm.bpe.tokenizer import Tokenizer
 
 EOT = "<|endoftext|>"
@@ -95,8 +96,15 @@ def test_plain_text_equals_tiktoken_whole_file_encoding(tmp_path, gpt2_tok, tikt
     assert side["format"] == "ferrolm-shard" and side["format_version"] == 1
     assert side["dtype"] == "uint16" and side["vocab_size"] == 50257 and side["eos_id"] == 50256
     assert side["tokenizer_fingerprint"] == gpt2_tok.fingerprint
+    _, size, mtime_ns, sample = inputs.identity(src)
     assert side["inputs"] == [
-        {"path": str(src), "bytes": src.stat().st_size, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
+        {
+            "path": str(src),
+            "bytes": size,
+            "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+            "mtime_ns": mtime_ns,
+            "sample_sha256": sample,
+        }
     ]
     assert side["part"] is None and side["byte_range"] is None
     assert not (tmp_path / "ts.progress.json").exists() and not (tmp_path / "ts.bin.partial").exists()
@@ -461,6 +469,34 @@ def test_changed_options_start_over(tmp_path, gpt2_tok):
     assert read_bin(tmp_path / "o").tolist() == gpt2_tok.encode(src.read_text(encoding="utf-8"))
 
 
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"dtype": "int8"}, ValueError, 'dtype must be uint16 or uint32, got "int8"'),
+        ({"input_format": "csv"}, ValueError, 'input format must be auto, text or jsonl, got "csv"'),
+        ({"errors": "ignore"}, ValueError, "ignore"),
+        ({"commit_interval": -1.0}, ValueError, "commit_interval must be a non-negative number of seconds"),
+        ({"commit_interval": float("nan")}, ValueError, "commit_interval must be a non-negative"),
+        ({"chunk_sise": 10}, TypeError, "unexpected keyword argument 'chunk_sise'"),
+        ({"chunk_size": "big"}, TypeError, ""),
+    ],
+)
+def test_encode_shard_options_are_checked_by_name(tmp_path, gpt2_tok, options, error, message):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c", encoding="utf-8")
+    kwargs = {"dtype": "uint16", **options}
+    with pytest.raises(error, match=re.escape(message)):
+        shards._core.encode_shard(gpt2_tok._core, [str(src)], str(tmp_path / "o.bin"), **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_part_range_refuses_an_unknown_input_format(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c", encoding="utf-8")
+    with pytest.raises(ValueError, match='input format must be auto, text or jsonl, got "csv"'):
+        shards._core.shard_part_range([str(src)], 0, 2, input_format="csv")
+
+
 # ------------------------------------------------------------------ decode CLI
 
 
@@ -707,3 +743,79 @@ def test_parquet_is_read_without_pyarrow(tmp_path, small_tok, cli, monkeypatch):
     assert r.returncode == 0, r.stderr
     want = sum((tok.encode(d) + [tok.eos_id] for d in ["a document", "another one"]), [])
     assert read_bin(tmp_path / "o").tolist() == want
+
+
+@pytest.mark.parametrize("victim", ["out.bin", "out.json", "out.progress.json"])
+def test_encode_never_replaces_a_file_it_did_not_write_unless_forced(tmp_path, small_tok, cli, victim):
+    _, tok_dir = small_tok
+    src = tmp_path / "in.txt"
+    src.write_text(docs_text(20), encoding="utf-8")
+    precious = tmp_path / victim
+    precious.write_bytes(b'{"mine": "not a shard"}\n')
+    enc = ["encode", "--tokenizer", tok_dir, "--no-progress", "--input", src, "--out", tmp_path / "out"]
+    r = cli(*enc)
+    assert r.returncode == 2, r.stderr
+    assert f"{precious} exists" in r.stderr and "--force" in r.stderr, r.stderr
+    assert precious.read_bytes() == b'{"mine": "not a shard"}\n'
+    assert not (tmp_path / "out.bin.partial").exists()
+    r = cli(*enc, "--force")
+    assert r.returncode == 0, r.stderr
+    assert shards.read_sidecar(tmp_path / "out.json")["num_tokens"] == len(read_bin(tmp_path / "out"))
+
+
+def test_encode_replaces_its_own_shard_and_resumes_its_own_journal(tmp_path, small_tok, cli):
+    tok, tok_dir = small_tok
+    src = tmp_path / "in.txt"
+    src.write_text(docs_text(200), encoding="utf-8")
+    out = tmp_path / "out"
+    enc = ["encode", "--tokenizer", tok_dir, "--no-progress", "--input", src, "--out", out]
+    cli(*enc, check=True)
+    first = read_bin(out)
+    cli(*enc, check=True)  # an earlier shard of ferrolm's is replaced without --force
+    _interrupt_at_first_report(tok, src, out)
+    assert (tmp_path / "out.progress.json").exists()
+    r = cli(*enc, check=True)  # and an interrupted run resumes without it
+    assert "resumed after" in r.stderr, r.stderr
+    assert np.array_equal(read_bin(out), first)
+    # A run killed between its two renames leaves the data and the journal, no sidecar.
+    _interrupt_at_first_report(tok, src, out)
+    os.unlink(tmp_path / "out.json")
+    cli(*enc, check=True)
+    assert np.array_equal(read_bin(out), first)
+
+
+def test_encode_texts_refuses_a_foreign_file_unless_forced(tmp_path, small_tok):
+    tok, _ = small_tok
+    precious = tmp_path / "out.json"
+    precious.write_text("[1, 2, 3]\n", encoding="utf-8")
+    with pytest.raises(FileExistsError, match="out.json exists"):
+        shards.encode_texts(tok, ["one document"], tmp_path / "out", progress=False)
+    assert precious.read_text(encoding="utf-8") == "[1, 2, 3]\n"
+    shards.encode_texts(tok, ["one document"], tmp_path / "out", progress=False, force=True)
+    assert shards.read_sidecar(precious)["num_documents"] == 1
+
+
+# ------------------------------------------------------------------ the manifest
+
+
+def test_manifest_written_and_read_in_one_place(tmp_path, gpt2_tok):
+    """write_manifest names and writes P.manifest.json; the shard tools and TokenShards read the
+    same parts from it, and refuse a manifest without parts with the same message."""
+    from ferrolm.lm.data import TokenShards
+
+    texts = [["one story", "two"], ["three stories here", "four"]]
+    for i, docs in enumerate(texts):
+        shards.encode_texts(gpt2_tok, docs, tmp_path / "sub" / f"c.part-{i}-of-2", progress=False)
+    record = shards.write_manifest(tmp_path / "c", {"parts": ["sub/c.part-0-of-2", "sub/c.part-1-of-2"]})
+    path = shards.manifest_path(tmp_path / "c")
+    assert path == tmp_path / "c.manifest.json" and shards.manifest_path(tmp_path / "c.bin") == path
+    assert json.loads(path.read_text()) == record
+    assert record["format"] == shards.MANIFEST_FORMAT and record["format_version"] == shards.MANIFEST_VERSION
+    assert shards.resolve_shards(path) == [tmp_path / "sub" / f"c.part-{i}-of-2.json" for i in range(2)]
+    want = [t for i in range(2) for t in np.fromfile(tmp_path / "sub" / f"c.part-{i}-of-2.bin", dtype="<u2")]
+    assert TokenShards(path)[:].tolist() == [int(t) for t in want]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": shards.MANIFEST_FORMAT, "parts": []}))
+    for read in (shards.resolve_shards, TokenShards):
+        with pytest.raises(shards.ShardError, match="a manifest needs a non-empty list of part prefixes"):
+            read(bad)

@@ -17,9 +17,9 @@
 mod gpt2;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ferrolm::shards::{encode_to_shard, Dtype, EncodeJob, InputSpec, TextEncoder, Utf8Errors};
+use ferrolm::shards::{encode_to_shard, Dtype, EncodeJob, ShardOptions, TextEncoder};
 
 fn cpu_seconds() -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -30,25 +30,17 @@ fn cpu_seconds() -> f64 {
 
 fn job(input: &str, threads: usize) -> EncodeJob {
     let out = std::env::temp_dir().join(format!("ferrolm-bench-pipeline-{}.bin", std::process::id()));
-    EncodeJob {
-        inputs: vec![InputSpec::detect(PathBuf::from(input), None)],
-        out_bin: out,
-        dtype: Dtype::U16,
+    let opts = ShardOptions {
         eos: Some(("<|endoftext|>".into(), 50256)),
-        jsonl_field: "text".into(),
-        errors: Utf8Errors::Strict,
         chunk_size: 4 << 20,
         threads,
-        window: 0,
-        part: None,
-        newline_cuts: true,
         params: format!(
             "bench {}",
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
         ),
-        commit_interval: Duration::from_secs(5),
-        hash: true,
-    }
+        ..ShardOptions::new(Dtype::U16)
+    };
+    EncodeJob::new(vec![PathBuf::from(input)], out, opts)
 }
 
 fn measure(label: &str, bytes: u64, mut f: impl FnMut()) {

@@ -131,7 +131,7 @@ def encode_shard(
     out_bin: str,
     *,
     dtype: str,
-    eos: Optional[int] = None,
+    eos: Optional[tuple[str, int]] = None,
     jsonl_field: str = "text",
     input_format: Optional[str] = None,
     errors: str = "strict",

@@ -268,7 +268,7 @@ def atomic_write_dir(target: PathInput, files: dict[str, bytes], owned: Iterable
 # ---------------------------------------------------------------------------------------
 
 
-def _refuse_own_input(out: Path, inputs: Iterable[Any]) -> None:
+def _refuse_own_input(out: Path, inputs: Iterable[Any], flag: str = "--out") -> None:
     """An output never replaces what its writer reads, nor a folder holding it, even when forced."""
     target = out.resolve()
     for given in inputs:
@@ -282,7 +282,7 @@ def _refuse_own_input(out: Path, inputs: Iterable[Any]) -> None:
         else:
             continue
         raise ValueError(
-            f"--out {out} {how} {given}, which this command reads: choose another --out "
+            f"{flag} {out} {how} {given}, which this command reads: choose another {flag} "
             "(--force never replaces its own input)"
         )
 
@@ -308,10 +308,11 @@ def check_out(
     judge: Callable[[Path], Union[str, None]],
     folder: bool = False,
     example: str = "out",
+    flag: str = "--out",
 ) -> Path:
     """The check every writer of a named output (an export, a plot) makes before it writes
     ``out``, a folder when ``folder`` else a file; returns ``out`` as a Path. ``example``: a
-    name to suggest (e.g. model.gguf).
+    name to suggest (e.g. model.gguf); ``flag``: the option that named ``out``, for the messages.
 
     Refused even with ``force``: one of ``inputs`` (what the writer reads, as given and as
     found) or a folder holding one; for a folder, the current folder or one holding it; a
@@ -319,7 +320,7 @@ def check_out(
     existing ``out`` for which ``judge(out)`` says what it holds (None: an earlier output of
     this kind, which may be replaced)."""
     path = Path(out)
-    _refuse_own_input(path, inputs)
+    _refuse_own_input(path, inputs, flag)
     if folder:
         _refuse_current_folder(path, example)
     if not path.exists():
@@ -327,10 +328,10 @@ def check_out(
     if folder and not path.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a folder: give a new folder")
     if not folder and path.is_dir():
-        raise IsADirectoryError(f"--out {out} is a folder: give a file name, e.g. --out {path / example}")
+        raise IsADirectoryError(f"{flag} {out} is a folder: give a file name, e.g. {flag} {path / example}")
     found = None if force else judge(path)
     if found is not None:
-        raise FileExistsError(f"--out {out} {found}, or pass --force (force=True) to replace it")
+        raise FileExistsError(f"{flag} {out} {found}, or pass --force (force=True) to replace it")
     return path
 
 

@@ -5,14 +5,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyDict, PyList};
 
 use super::doc_batches::PyDocSource;
 use super::run_watched;
 use super::tokenizer::PyEncoder;
-use crate::shards::{self, Dtype, EncodeJob, Format, InputSpec, Progress, ShardError, Utf8Errors};
+use crate::shards::{self, EncodeJob, Format, InputSpec, Progress, ShardError, ShardOptions};
 
 pub(super) fn shard_err(e: ShardError) -> PyErr {
     let msg = e.to_string();
@@ -32,18 +35,14 @@ pub(super) fn shard_err(e: ShardError) -> PyErr {
 
 /// Encode input files into `out_bin` (written as `out_bin + ".partial"`, resumable
 /// through `P.progress.json`). Returns a dict describing the result; the caller
-/// renames the partial file and writes the sidecar. `progress(raw_done, raw_total,
-/// tokens, documents)` is called with the GIL held when chunks were written since its last
-/// call, at most every `progress_interval` seconds (and with the last chunk's figures);
-/// Ctrl-C or an exception from it stops the job cleanly after its current chunk (what
-/// was written is committed for a rerun to resume).
+/// renames the partial file and writes the sidecar. `options`: the fields of
+/// `ShardOptions` by name. `progress(raw_done, raw_total, tokens, documents)` is called
+/// with the GIL held when chunks were written since its last call, at most every
+/// `progress_interval` seconds (and with the last chunk's figures); Ctrl-C or an exception
+/// from it stops the job cleanly after its current chunk (what was written is committed
+/// for a rerun to resume).
 #[pyfunction]
-#[pyo3(signature = (
-    encoder, inputs, out_bin, *, dtype, eos = None, jsonl_field = "text", input_format = None,
-    errors = "strict", chunk_size = 1 << 20, threads = 0, window = 0, part = None,
-    newline_cuts = true, params = String::new(), commit_interval = 5.0, progress = None,
-    progress_interval = 0.1, hash = true, docs = None
-))]
+#[pyo3(signature = (encoder, inputs, out_bin, *, dtype, progress = None, progress_interval = 0.1, docs = None, **options))]
 #[allow(clippy::too_many_arguments)]
 fn encode_shard<'py>(
     py: Python<'py>,
@@ -51,56 +50,13 @@ fn encode_shard<'py>(
     inputs: Vec<PathBuf>,
     out_bin: PathBuf,
     dtype: &str,
-    eos: Option<(String, u32)>,
-    jsonl_field: &str,
-    input_format: Option<&str>,
-    errors: &str,
-    chunk_size: usize,
-    threads: usize,
-    window: usize,
-    part: Option<(u64, u64)>,
-    newline_cuts: bool,
-    params: String,
-    commit_interval: f64,
     progress: Option<Py<PyAny>>,
     progress_interval: f64,
-    hash: bool,
     docs: Option<Py<PyAny>>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let dtype = Dtype::parse(dtype)
-        .ok_or_else(|| PyValueError::new_err(format!("dtype must be uint16 or uint32, got {dtype:?}")))?;
-    let format = match input_format {
-        None | Some("auto") => None,
-        Some("text") => Some(Format::Text),
-        Some("jsonl") => Some(Format::Jsonl),
-        Some(other) => {
-            return Err(PyValueError::new_err(format!("input format must be auto, text or jsonl, got {other:?}")))
-        }
-    };
-    let errors: Utf8Errors = errors.parse().map_err(PyValueError::new_err)?;
-    if !(commit_interval >= 0.0 && commit_interval.is_finite()) {
-        return Err(PyValueError::new_err("commit_interval must be a non-negative number of seconds"));
-    }
-    let job = EncodeJob {
-        // An empty path: the documents of `docs`, with no file behind them.
-        inputs: inputs
-            .into_iter()
-            .map(|p| if p.as_os_str().is_empty() { InputSpec::documents() } else { InputSpec::detect(p, format) })
-            .collect(),
-        out_bin,
-        dtype,
-        eos,
-        jsonl_field: jsonl_field.to_string(),
-        errors,
-        chunk_size,
-        threads,
-        window,
-        part,
-        newline_cuts,
-        params,
-        commit_interval: Duration::from_secs_f64(commit_interval),
-        hash,
-    };
+    let opts = shard_options(dtype, options)?;
+    let job = EncodeJob::new(inputs, out_bin, opts);
     let enc = encoder.get().shared();
     let stop = AtomicBool::new(false);
     let latest: Mutex<Option<Progress>> = Mutex::new(None);
@@ -122,7 +78,46 @@ fn encode_shard<'py>(
     if let (Err(ShardError::Interrupted), Some(e)) = (&result, source.and_then(|s| s.error)) {
         return Err(e);
     }
-    let summary = result.map_err(shard_err)?;
+    summary_dict(py, result.map_err(shard_err)?)
+}
+
+/// `ShardOptions` from `encode_shard`'s keyword arguments (their names are its fields';
+/// `input_format` by name, `commit_interval` in seconds).
+fn shard_options(dtype: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<ShardOptions> {
+    let mut o = ShardOptions::new(dtype.parse().map_err(PyValueError::new_err)?);
+    for (key, value) in kwargs.into_iter().flatten() {
+        let key: PyBackedStr = key.extract()?;
+        match &*key {
+            "eos" => o.eos = value.extract()?,
+            "jsonl_field" => o.jsonl_field = value.extract()?,
+            "input_format" => {
+                let name: Option<PyBackedStr> = value.extract()?;
+                o.input_format = Format::given(name.as_deref()).map_err(PyValueError::new_err)?;
+            }
+            "errors" => o.errors = value.extract::<PyBackedStr>()?.parse().map_err(PyValueError::new_err)?,
+            "chunk_size" => o.chunk_size = value.extract()?,
+            "threads" => o.threads = value.extract()?,
+            "window" => o.window = value.extract()?,
+            "part" => o.part = value.extract()?,
+            "newline_cuts" => o.newline_cuts = value.extract()?,
+            "params" => o.params = value.extract()?,
+            "commit_interval" => {
+                o.commit_interval = Duration::try_from_secs_f64(value.extract()?)
+                    .map_err(|_| PyValueError::new_err("commit_interval must be a non-negative number of seconds"))?
+            }
+            "hash" => o.hash = value.extract()?,
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "encode_shard() got an unexpected keyword argument '{other}'"
+                )))
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// The summary of a finished job as the dict Python reads.
+fn summary_dict(py: Python<'_>, summary: shards::Summary) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("num_tokens", summary.num_tokens)?;
     d.set_item("num_documents", summary.num_documents)?;
@@ -186,11 +181,7 @@ fn shard_part_range(
     input_format: Option<&str>,
     newline_cuts: bool,
 ) -> PyResult<(u64, u64)> {
-    let format = match input_format {
-        Some("jsonl") => Some(Format::Jsonl),
-        Some("text") => Some(Format::Text),
-        _ => None,
-    };
+    let format = Format::given(input_format).map_err(PyValueError::new_err)?;
     if n == 0 || i >= n {
         return Err(PyValueError::new_err(format!("part {i}/{n}: need 0 <= I < N")));
     }

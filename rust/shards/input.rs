@@ -51,6 +51,18 @@ pub enum Format {
     Docs,
 }
 
+impl Format {
+    /// The format a user gives by name: `None` (or "auto") to tell from the input.
+    pub fn given(name: Option<&str>) -> Result<Option<Format>, String> {
+        match name {
+            None | Some("auto") => Ok(None),
+            Some("text") => Ok(Some(Format::Text)),
+            Some("jsonl") => Ok(Some(Format::Jsonl)),
+            Some(other) => Err(format!("input format must be auto, text or jsonl, got {other:?}")),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct InputSpec {
     pub path: PathBuf,
@@ -150,8 +162,8 @@ pub fn regular_file_size(path: &Path) -> Result<u64, ShardError> {
 }
 
 /// The bytes of `spec`'s file as its documents' text: decompressed for `.gz` / `.zst`.
-/// `raw`: the file, or a reader around it (the sniffer's head, the trainer's reads; the
-/// chunk reader builds its own decoders, to hash the raw bytes it reads through them).
+/// `raw`: the file, or a reader around it (the sniffer's head; the chunk reader opens its
+/// inputs as `crate::chunks::Stream`, to count and hash the raw bytes it reads through them).
 pub(crate) fn decoded<'r, R: Read + Send + 'r>(
     spec: &InputSpec,
     raw: R,

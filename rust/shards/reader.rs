@@ -1,5 +1,7 @@
-//! The chunk reader: the inputs of one part, in order, cut into chunks at document
-//! boundaries (see `input.rs` for where a cut may fall), hashed on the way.
+//! The shard writer's side of the chunk reader: the inputs of one part, in order, cut
+//! into chunks at document boundaries (see `input.rs` for where a cut may fall) by the one
+//! chunk reader (`crate::chunks`), or handed out a batch of documents at a time, hashed on
+//! the way.
 //!
 //! Two hashes. The sidecar's sha256 of each input is over its raw bytes (what
 //! `sha256sum` prints). The resume digest is over what was handed out, in logical units
@@ -15,7 +17,7 @@
 //! (the writer commits no journal at them).
 
 use std::fs::File;
-use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::io::{self, Seek, SeekFrom};
 use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
@@ -25,6 +27,7 @@ use super::input::{last_cut, part_files, Compression, Format};
 use super::parquet::{ParquetDocs, PARQUET_BATCH_BYTES};
 use super::{EncodeJob, ShardError};
 use crate::buffers::BufferPool;
+use crate::chunks::{Chunker, RawReader, Stream};
 use crate::specials::SpecialMatcher;
 
 /// A chunk of one input, cut at a document boundary.
@@ -49,67 +52,27 @@ pub(crate) struct Chunk {
     pub digest: Option<String>,
 }
 
-/// sha256 (when asked) and byte count of everything read through it.
-struct RawReader {
-    inner: io::Take<File>,
-    hasher: Option<Sha256>,
-    count: u64,
-}
-
-impl Read for RawReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        if let Some(h) = &mut self.hasher {
-            h.update(&buf[..n]);
-        }
-        self.count += n as u64;
-        Ok(n)
-    }
-}
-
-const RAW_BUFFER: usize = 1 << 20;
-
 enum Src {
-    Plain(RawReader),
-    Gzip(Box<flate2::bufread::MultiGzDecoder<BufReader<RawReader>>>),
-    Zstd(zstd::stream::read::Decoder<'static, BufReader<RawReader>>),
+    /// A text or JSON Lines file: its bytes, and the chunks cut from them so far.
+    Bytes { stream: Stream, chunker: Chunker },
     /// Documents: the current batch and the next document in it, from a Parquet file
-    /// (`parquet`) or else from the caller's `DocSource`.
-    Docs {
-        batch: DocBatch,
-        next: usize,
-        total: Option<u64>,
-        parquet: Option<Box<ParquetDocs>>,
-    },
+    /// (`parquet`) or else from the caller's `DocSource`; `eof`: no batch is left.
+    Docs { batch: DocBatch, next: usize, total: Option<u64>, parquet: Option<Box<ParquetDocs>>, eof: bool },
 }
 
 impl Src {
     fn raw_count(&self) -> u64 {
         match self {
-            Src::Plain(r) => r.count,
-            Src::Gzip(d) => d.get_ref().get_ref().count,
-            Src::Zstd(d) => d.get_ref().get_ref().count,
+            Src::Bytes { stream, .. } => stream.raw_count(),
             Src::Docs { .. } => 0,
-        }
-    }
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Src::Plain(r) => r.read(buf),
-            Src::Gzip(d) => d.read(buf),
-            Src::Zstd(d) => d.read(buf),
-            Src::Docs { .. } => Ok(0),
         }
     }
     /// Read what the decoder left of the raw file (so the hash covers every byte).
     fn into_raw(self) -> io::Result<Option<RawReader>> {
-        let mut raw = match self {
-            Src::Plain(r) => return Ok(Some(r)),
-            Src::Gzip(d) => d.into_inner().into_inner(),
-            Src::Zstd(d) => d.finish().into_inner(),
-            Src::Docs { .. } => return Ok(None),
-        };
-        io::copy(&mut raw, &mut io::sink())?;
-        Ok(Some(raw))
+        match self {
+            Src::Bytes { stream, .. } => stream.into_raw().map(Some),
+            Src::Docs { .. } => Ok(None),
+        }
     }
 }
 
@@ -124,7 +87,6 @@ struct OpenFile {
     lines: u64,
     /// Raw range of the file this part reads.
     range: (u64, u64),
-    eof: bool,
     /// Hash of the logical bytes handed out or skipped (see the module docs).
     logical: Option<Sha256>,
     /// A file whose documents the caller decodes: the sha256 of the whole file stands for
@@ -193,7 +155,6 @@ pub(crate) struct ChunkReader<'a> {
     plan: Vec<(usize, (u64, u64))>,
     plan_idx: usize,
     cur: Option<OpenFile>,
-    carry: Vec<u8>,
     records: Vec<FileSummary>,
     /// Logical hashes of the files already finished (the resume digest chains them).
     done_digests: Vec<[u8; 32]>,
@@ -230,7 +191,6 @@ impl<'a> ChunkReader<'a> {
             plan: part_files(&job.inputs, sizes, byte_range),
             plan_idx: 0,
             cur: None,
-            carry: Vec::new(),
             records: Vec::new(),
             done_digests: Vec::new(),
             raw_before: 0,
@@ -278,7 +238,7 @@ impl<'a> ChunkReader<'a> {
 
     /// The resume digest with `cur` read up to its `emitted` position.
     fn digest(&self, cur: Option<&OpenFile>) -> Option<String> {
-        if !self.job.hash {
+        if !self.job.opts.hash {
             return None;
         }
         let mut h = Sha256::new();
@@ -293,7 +253,7 @@ impl<'a> ChunkReader<'a> {
 
     fn open(&mut self, idx: usize, range: (u64, u64)) -> Result<OpenFile, ShardError> {
         let spec = &self.job.inputs[idx];
-        let hash = self.job.hash;
+        let hash = self.job.opts.hash;
         let logical_start = spec.logical_start(range);
         let open = |src, hashing: Option<std::thread::JoinHandle<_>>| OpenFile {
             idx,
@@ -302,7 +262,6 @@ impl<'a> ChunkReader<'a> {
             logical_start,
             lines: 0,
             range,
-            eof: false,
             logical: (hash && hashing.is_none()).then(Sha256::new),
             whole: None,
             hashing,
@@ -311,15 +270,17 @@ impl<'a> ChunkReader<'a> {
             if spec.path.as_os_str().is_empty() {
                 let source = self.source.as_mut().ok_or_else(no_source)?;
                 let total = source.open(idx)?;
-                return Ok(open(Src::Docs { batch: DocBatch::default(), next: 0, total, parquet: None }, None));
+                let src = Src::Docs { batch: DocBatch::default(), next: 0, total, parquet: None, eof: false };
+                return Ok(open(src, None));
             }
-            let docs = ParquetDocs::open(&spec.path, &self.job.jsonl_field, PARQUET_BATCH_BYTES)?;
+            let docs = ParquetDocs::open(&spec.path, &self.job.opts.jsonl_field, PARQUET_BATCH_BYTES)?;
             let total = Some(docs.num_rows());
             let hashing = hash.then(|| {
                 let path = spec.path.clone();
                 std::thread::spawn(move || hash_file(&path))
             });
-            let src = Src::Docs { batch: DocBatch::default(), next: 0, total, parquet: Some(Box::new(docs)) };
+            let parquet = Some(Box::new(docs));
+            let src = Src::Docs { batch: DocBatch::default(), next: 0, total, parquet, eof: false };
             return Ok(open(src, hashing));
         }
         let mut file = File::open(&spec.path).map_err(|e| ShardError::io(&spec.path, "reading input", e))?;
@@ -328,18 +289,8 @@ impl<'a> ChunkReader<'a> {
         }
         // Plain files are hashed once, as their logical bytes (see the module docs).
         let raw_hash = hash && spec.compression != Compression::None;
-        let raw = RawReader { inner: file.take(range.1 - range.0), hasher: raw_hash.then(Sha256::new), count: 0 };
-        let src = match spec.compression {
-            Compression::None => Src::Plain(raw),
-            Compression::Gzip => {
-                Src::Gzip(Box::new(flate2::bufread::MultiGzDecoder::new(BufReader::with_capacity(RAW_BUFFER, raw))))
-            }
-            Compression::Zstd => Src::Zstd(
-                zstd::stream::read::Decoder::with_buffer(BufReader::with_capacity(RAW_BUFFER, raw))
-                    .map_err(|e| ShardError::io(&spec.path, "opening zstd stream of", e))?,
-            ),
-        };
-        Ok(open(src, None))
+        let stream = Stream::open(&spec.path, file, range.1 - range.0, spec.compression, raw_hash)?;
+        Ok(open(Src::Bytes { stream, chunker: Chunker::new(logical_start, false) }, None))
     }
 
     fn read_err(&self, f: &OpenFile, e: io::Error) -> ShardError {
@@ -353,26 +304,6 @@ impl<'a> ChunkReader<'a> {
                 source: e,
             },
         }
-    }
-
-    /// Read into `buf[*filled..target]` until `*filled == target` or the file ends. `buf`'s
-    /// length is only ever grown (pooled buffers stay initialized, so nothing is re-zeroed).
-    fn fill(&self, f: &mut OpenFile, buf: &mut Vec<u8>, filled: &mut usize, target: usize) -> Result<(), ShardError> {
-        if buf.len() < target {
-            buf.resize(target, 0);
-        }
-        while *filled < target {
-            match f.src.read(&mut buf[*filled..target]) {
-                Ok(0) => {
-                    f.eof = true;
-                    break;
-                }
-                Ok(n) => *filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.read_err(f, e)),
-            }
-        }
-        Ok(())
     }
 
     /// Close the current file: finish its hashes, check its size, record it.
@@ -419,34 +350,26 @@ impl<'a> ChunkReader<'a> {
         if matches!(f.src, Src::Docs { .. }) {
             return self.skip_docs(f, target);
         }
-        let mut scratch = vec![0u8; RAW_BUFFER];
         let jsonl = self.job.inputs[f.idx].format == Format::Jsonl;
-        loop {
-            let want = match target {
-                Some(t) => (t.saturating_sub(f.emitted)).min(scratch.len() as u64) as usize,
-                None => scratch.len(),
-            };
-            if want == 0 {
-                return Ok(());
+        let want = target.map(|t| t.saturating_sub(f.emitted));
+        let OpenFile { src: Src::Bytes { stream, chunker }, logical, lines, .. } = f else { unreachable!() };
+        let r = chunker.skip(stream, want, |bytes| {
+            if jsonl {
+                *lines += memchr::memchr_iter(b'\n', bytes).count() as u64;
             }
-            match f.src.read(&mut scratch[..want]) {
-                Ok(0) => {
-                    f.eof = true;
-                    return match target {
-                        Some(t) if t != f.emitted => Err(self.changed(f, t)),
-                        _ => Ok(()),
-                    };
-                }
-                Ok(n) => {
-                    if jsonl {
-                        f.lines += memchr::memchr_iter(b'\n', &scratch[..n]).count() as u64;
-                    }
-                    f.hash_bytes(&scratch[..n]);
-                    f.emitted += n as u64;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.read_err(f, e)),
+            if let Some(h) = logical.as_mut() {
+                h.update(bytes);
             }
+        });
+        match r {
+            Ok(n) => {
+                f.emitted += n;
+                match target {
+                    Some(t) if want.is_some_and(|w| n < w) => Err(self.changed(f, t)),
+                    _ => Ok(()),
+                }
+            }
+            Err(e) => Err(self.read_err(f, e)),
         }
     }
 
@@ -474,9 +397,9 @@ impl<'a> ChunkReader<'a> {
 
     /// Make sure the current batch has a document left; `false` at the end of the input.
     fn fill_batch(&mut self, f: &mut OpenFile) -> Result<bool, ShardError> {
-        let Src::Docs { batch, next, parquet, .. } = &mut f.src else { unreachable!() };
+        let Src::Docs { batch, next, parquet, eof, .. } = &mut f.src else { unreachable!() };
         while *next >= batch.len() {
-            if f.eof {
+            if *eof {
                 return Ok(false);
             }
             let more = match parquet {
@@ -486,7 +409,7 @@ impl<'a> ChunkReader<'a> {
             if more {
                 *next = 0;
             } else {
-                f.eof = true;
+                *eof = true;
             }
         }
         Ok(true)
@@ -499,7 +422,6 @@ impl<'a> ChunkReader<'a> {
                 let Some(&(idx, range)) = self.plan.get(self.plan_idx) else {
                     return Ok(None);
                 };
-                self.carry.clear();
                 self.cur = Some(self.open(idx, range)?);
             }
             let f = self.cur.take().unwrap();
@@ -550,12 +472,12 @@ impl<'a> ChunkReader<'a> {
         }
         let (from, base) = (*next, batch.start(*next));
         let mut to = from + 1;
-        while to < batch.len() && batch.ends[to - 1] - base < self.job.chunk_size {
+        while to < batch.len() && batch.ends[to - 1] - base < self.job.opts.chunk_size {
             to += 1;
         }
         // A batch of up to two chunks' worth is one chunk: its buffer is handed over
         // instead of copied.
-        let whole = from == 0 && batch.ends[batch.len() - 1] <= 2 * self.job.chunk_size;
+        let whole = from == 0 && batch.ends[batch.len() - 1] <= 2 * self.job.opts.chunk_size;
         if whole {
             to = batch.len();
         }
@@ -582,44 +504,40 @@ impl<'a> ChunkReader<'a> {
     /// A chunk of bytes cut at the last document boundary that the read found.
     fn bytes_chunk(&mut self, mut f: OpenFile, pool: &BufferPool) -> Result<Option<Chunk>, ShardError> {
         let spec = &self.job.inputs[f.idx];
-        let mut buf = pool.take();
-        let mut filled = self.carry.len();
-        if buf.len() < filled {
-            buf.resize(filled, 0);
-        }
-        buf[..filled].copy_from_slice(&self.carry);
-        self.carry.clear();
-        let left = self.raw_total.saturating_sub(self.raw_before + f.src.raw_count()) + filled as u64;
+        let Src::Bytes { stream, chunker } = &mut f.src else { unreachable!() };
+        let tail = chunker.tail();
+        let left = self.raw_total.saturating_sub(self.raw_before + stream.raw_count()) + tail as u64;
         let balanced = ((left / self.tail_split) as usize).max(MIN_TAIL_CHUNK);
-        let mut target = self.job.chunk_size.min(balanced).max(filled + 1);
-        let cut = loop {
-            if let Err(e) = self.fill(&mut f, &mut buf, &mut filled, target) {
+        let target = self.job.opts.chunk_size.min(balanced).max(tail + 1);
+        let (separator, newline_cuts) = (&self.separator, self.job.opts.newline_cuts);
+        let cut = |buf: &[u8], at_end: bool| match at_end {
+            true => Some((buf.len(), ())),
+            false => last_cut(buf, spec.format, separator, newline_cuts).map(|c| (c, ())),
+        };
+        let chunk = match chunker.next(stream, pool, target, |filled| filled.saturating_mul(2), cut, |_| {}) {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                let e = self.read_err(&f, e);
                 self.cur = Some(f);
                 return Err(e);
             }
-            if f.eof {
-                break filled;
-            }
-            if let Some(c) = last_cut(&buf[..filled], spec.format, &self.separator, self.job.newline_cuts) {
-                break c;
-            }
-            target = filled.saturating_mul(2);
         };
-        self.carry.extend_from_slice(&buf[cut..filled]);
+        let (data, len) = (chunk.data, chunk.len);
         let (file, start, first_line) = (f.idx, f.emitted, f.lines);
+        debug_assert_eq!(start, chunk.offset);
         if spec.format == Format::Jsonl {
-            f.lines += memchr::memchr_iter(b'\n', &buf[..cut]).count() as u64;
+            f.lines += memchr::memchr_iter(b'\n', &data[..len]).count() as u64;
         }
-        f.hash_bytes(&buf[..cut]);
-        f.emitted += cut as u64;
-        let done_with_file = f.eof && self.carry.is_empty();
+        f.hash_bytes(&data[..len]);
+        f.emitted += len as u64;
+        let done_with_file = chunk.last;
         let at_file_end = done_with_file && f.range.1 == self.sizes[f.idx];
         let After { next_pos, raw_done, digest } = self.advance(f, done_with_file)?;
         Ok(Some(Chunk {
             file,
             start,
-            data: buf,
-            len: cut,
+            data,
+            len,
             ends: Vec::new(),
             at_file_end,
             first_line,

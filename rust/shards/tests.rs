@@ -149,28 +149,21 @@ fn corpus(seed: u64, docs: usize) -> String {
 }
 
 fn job(dir: &TempDir, inputs: &[PathBuf], out: &str) -> EncodeJob {
-    EncodeJob {
-        inputs: inputs.iter().map(|p| InputSpec::detect(p, None)).collect(),
-        out_bin: dir.path(out),
-        dtype: Dtype::U16,
+    let opts = ShardOptions {
         eos: Some((EOT.to_string(), EOT_ID)),
-        jsonl_field: "text".into(),
-        errors: Utf8Errors::Strict,
         chunk_size: 4096,
         threads: 2,
-        window: 0,
-        part: None,
-        newline_cuts: true,
         params: "test".into(),
         // fsync per chunk is slow on this disk; the resume test commits every chunk.
         commit_interval: Duration::from_secs(3600),
-        hash: true,
-    }
+        ..ShardOptions::new(Dtype::U16)
+    };
+    EncodeJob::new(inputs.to_vec(), dir.path(out), opts)
 }
 
 fn run(job: &EncodeJob, enc: &dyn TextEncoder) -> Result<(Summary, Vec<u32>), ShardError> {
     let s = encode_to_shard(job, enc, |_| true)?;
-    Ok((s.clone(), read_ids(&s.partial_path, job.dtype)))
+    Ok((s.clone(), read_ids(&s.partial_path, job.opts.dtype)))
 }
 
 fn read_ids(path: &Path, dtype: Dtype) -> Vec<u32> {
@@ -193,6 +186,31 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 #[test]
+fn options_come_by_name_and_inputs_from_paths() {
+    assert_eq!("uint32".parse::<Dtype>(), Ok(Dtype::U32));
+    assert_eq!("int8".parse::<Dtype>().unwrap_err(), "dtype must be uint16 or uint32, got \"int8\"");
+    assert_eq!(Format::given(None), Ok(None));
+    assert_eq!(Format::given(Some("auto")), Ok(None));
+    assert_eq!(Format::given(Some("jsonl")), Ok(Some(Format::Jsonl)));
+    assert!(Format::given(Some("csv")).unwrap_err().contains("auto, text or jsonl, got \"csv\""));
+    let opts = ShardOptions { input_format: Some(Format::Text), ..ShardOptions::new(Dtype::U16) };
+    let paths = vec![PathBuf::new(), PathBuf::from("a.jsonl.gz"), PathBuf::from("b.parquet")];
+    let job = EncodeJob::new(paths, PathBuf::from("o.bin"), opts.clone());
+    let kinds: Vec<_> = job.inputs.iter().map(|s| (s.format, s.compression, s.format_given)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (Format::Docs, Compression::None, true),
+            (Format::Text, Compression::Gzip, true),
+            (Format::Text, Compression::None, true)
+        ]
+    );
+    let guessed =
+        EncodeJob::new(vec![PathBuf::from("a.jsonl.gz")], PathBuf::from("o.bin"), ShardOptions::new(Dtype::U16));
+    assert_eq!((guessed.inputs[0].format, guessed.inputs[0].format_given), (Format::Jsonl, false));
+}
+
+#[test]
 fn output_equals_whole_text_encoding_for_any_chunk_size_and_threads() {
     let dir = TempDir::new("chunks");
     let text = corpus(1, 300);
@@ -202,9 +220,9 @@ fn output_equals_whole_text_encoding_for_any_chunk_size_and_threads() {
     assert_eq!(expected.iter().filter(|&&t| t == EOT_ID).count(), 300);
     for (chunk_size, threads, window) in [(64, 1, 0), (100, 2, 0), (4096, 3, 1), (1 << 20, 2, 0), (777, 4, 3)] {
         let mut j = job(&dir, std::slice::from_ref(&input), &format!("out-{chunk_size}-{threads}.bin"));
-        j.chunk_size = chunk_size;
-        j.threads = threads;
-        j.window = window;
+        j.opts.chunk_size = chunk_size;
+        j.opts.threads = threads;
+        j.opts.window = window;
         let (s, ids) = run(&j, &enc).unwrap();
         assert_eq!(ids, expected, "chunk_size {chunk_size} threads {threads}");
         assert_eq!(s.num_tokens, expected.len() as u64);
@@ -234,7 +252,7 @@ fn newline_cuts_are_exact_for_builtin_patterns() {
         expected.push(EOT_ID); // the unterminated last document gets its eos
         for chunk_size in [16, 200, 5000] {
             let mut j = job(&dir, std::slice::from_ref(&input), &format!("nl-{pattern}-{chunk_size}.bin"));
-            j.chunk_size = chunk_size;
+            j.opts.chunk_size = chunk_size;
             let (_, ids) = run(&j, &enc).unwrap();
             assert_eq!(ids, expected, "pattern {pattern} chunk {chunk_size}");
         }
@@ -248,8 +266,8 @@ fn a_document_longer_than_the_chunk_grows_the_chunk_when_no_cut_is_allowed() {
     let input = dir.write("in.txt", text.as_bytes());
     let enc = PieceEncoder::new("gpt2");
     let mut j = job(&dir, &[input], "out.bin");
-    j.chunk_size = 100;
-    j.newline_cuts = false;
+    j.opts.chunk_size = 100;
+    j.opts.newline_cuts = false;
     let (s, ids) = run(&j, &enc).unwrap();
     assert_eq!(ids, whole(&enc, &text));
     assert_eq!(s.num_documents, 2);
@@ -272,7 +290,7 @@ fn unterminated_last_document_gets_an_eos_but_whitespace_tail_does_not() {
     assert_eq!(s.inputs[1].sha256.as_deref().unwrap(), sha256_hex(b""));
     // Without hashing: the same ids, no sha256.
     let mut j = job(&dir, &[dir.path("a.txt"), dir.path("c.txt"), dir.path("b.txt")], "nohash.bin");
-    j.hash = false;
+    j.opts.hash = false;
     let (s, ids2) = run(&j, &enc).unwrap();
     assert_eq!(ids2, expected);
     assert!(s.inputs.iter().all(|r| r.sha256.is_none()));
@@ -348,7 +366,7 @@ fn invalid_utf8_is_an_error_with_offset_or_replaced() {
     data[bad_at] = 0xff;
     let p = dir.write("bad.txt", &data);
     let mut j = job(&dir, std::slice::from_ref(&p), "out.bin");
-    j.chunk_size = 256;
+    j.opts.chunk_size = 256;
     let err = run(&j, &enc).unwrap_err();
     match &err {
         ShardError::Utf8 { offset, .. } => assert_eq!(*offset, bad_at as u64),
@@ -357,7 +375,7 @@ fn invalid_utf8_is_an_error_with_offset_or_replaced() {
     assert!(err.to_string().contains(&format!("offset {bad_at}")));
     // Bad input leaves no partial output or journal behind.
     assert!(!j.partial_path().exists() && !j.journal_path().exists());
-    j.errors = Utf8Errors::Replace;
+    j.opts.errors = Utf8Errors::Replace;
     j.out_bin = dir.path("replaced.bin");
     let (_, ids) = run(&j, &enc).unwrap();
     assert_eq!(ids, whole(&enc, &String::from_utf8_lossy(&data)));
@@ -397,8 +415,8 @@ fn token_ids_that_do_not_fit_the_dtype_are_an_error() {
     let err = run(&j, &big).unwrap_err();
     assert!(err.to_string().contains("70097") && err.to_string().contains("uint16"), "{err}");
     let mut j32 = j.clone();
-    j32.dtype = Dtype::U32;
-    j32.eos = None;
+    j32.opts.dtype = Dtype::U32;
+    j32.opts.eos = None;
     let (_, ids) = run(&j32, &big).unwrap();
     assert_eq!(ids, vec![70_097, 70_098, 70_099]);
 }
@@ -410,8 +428,8 @@ fn an_interrupted_run_resumes_to_the_same_bytes() {
     let input = dir.write("in.txt", text.as_bytes());
     let enc = PieceEncoder::new("gpt2");
     let mut j = job(&dir, &[input], "out.bin");
-    j.chunk_size = 1000;
-    j.commit_interval = Duration::ZERO;
+    j.opts.chunk_size = 1000;
+    j.opts.commit_interval = Duration::ZERO;
     let reference = {
         let mut r = j.clone();
         r.out_bin = dir.path("ref.bin");
@@ -432,7 +450,7 @@ fn an_interrupted_run_resumes_to_the_same_bytes() {
         drop(f);
         let s = encode_to_shard(&j, &enc, |_| true).unwrap();
         assert!(s.resumed_tokens > 0, "stop_after {stop_after}");
-        assert_eq!(read_ids(&s.partial_path, j.dtype), reference, "stop_after {stop_after}");
+        assert_eq!(read_ids(&s.partial_path, j.opts.dtype), reference, "stop_after {stop_after}");
         assert_eq!(s.inputs[0].sha256.as_deref().unwrap(), sha256_hex(text.as_bytes()));
         // Running again once complete returns the recorded summary without re-encoding.
         let again = encode_to_shard(&j, &enc, |_| panic!("no work expected")).unwrap();
@@ -447,11 +465,11 @@ fn an_interrupted_run_resumes_to_the_same_bytes() {
         calls < 3
     });
     let mut other = j.clone();
-    other.params = "other".into();
+    other.opts.params = "other".into();
     let s = encode_to_shard(&other, &enc, |_| true).unwrap();
     assert_eq!(s.resumed_tokens, 0);
     assert!(s.restart_reason.is_some());
-    assert_eq!(read_ids(&s.partial_path, j.dtype), reference);
+    assert_eq!(read_ids(&s.partial_path, j.opts.dtype), reference);
 }
 
 #[test]
@@ -474,8 +492,8 @@ fn parts_tile_the_inputs_and_concatenate_to_the_whole() {
         let mut prev_end = 0;
         for i in 0..n {
             let mut j = job(&dir, &inputs, &format!("p{i}of{n}.bin"));
-            j.part = Some((i, n));
-            j.chunk_size = 500;
+            j.opts.part = Some((i, n));
+            j.opts.chunk_size = 500;
             let (s, ids) = run(&j, &enc).unwrap();
             assert_eq!(s.byte_range.0, prev_end, "part {i}/{n}");
             prev_end = s.byte_range.1;
@@ -510,10 +528,10 @@ fn documents_from_a_source_encode_as_the_same_documents_in_a_text_file() {
     let (_, reference) = run(&job(&dir, &files, "ref.bin"), &enc).unwrap();
     for (threads, chunk_size, batch) in [(1, 1, 1), (2, 700, 7), (3, 1 << 20, 1000)] {
         let mut j = docs_job(&dir, 2, "docs.bin");
-        (j.threads, j.chunk_size) = (threads, chunk_size);
+        (j.opts.threads, j.opts.chunk_size) = (threads, chunk_size);
         let mut src = VecSource::new(vec![a.clone(), b.clone()], batch);
         let s = encode_to_shard_with(&j, &enc, Some(&mut src), |_| true).unwrap();
-        assert!(read_ids(&s.partial_path, j.dtype) == reference, "threads {threads} chunk {chunk_size}");
+        assert!(read_ids(&s.partial_path, j.opts.dtype) == reference, "threads {threads} chunk {chunk_size}");
         assert_eq!(s.num_documents, 200);
         std::fs::remove_file(j.journal_path()).unwrap();
     }
@@ -525,12 +543,12 @@ fn documents_resume_after_an_interruption_and_need_a_source() {
     let enc = PieceEncoder::new("gpt2");
     let docs = split_docs(&corpus(23, 300));
     let mut j = docs_job(&dir, 1, "out.bin");
-    (j.chunk_size, j.commit_interval) = (500, Duration::ZERO);
+    (j.opts.chunk_size, j.opts.commit_interval) = (500, Duration::ZERO);
     let mut src = VecSource::new(vec![docs.clone()], 10);
     let reference = {
         let mut r = j.clone();
         r.out_bin = dir.path("ref.bin");
-        read_ids(&encode_to_shard_with(&r, &enc, Some(&mut src), |_| true).unwrap().partial_path, j.dtype)
+        read_ids(&encode_to_shard_with(&r, &enc, Some(&mut src), |_| true).unwrap().partial_path, j.opts.dtype)
     };
     let mut calls = 0;
     let mut src = VecSource::new(vec![docs.clone()], 10);
@@ -543,7 +561,7 @@ fn documents_resume_after_an_interruption_and_need_a_source() {
     let mut src = VecSource::new(vec![docs], 10);
     let s = encode_to_shard_with(&j, &enc, Some(&mut src), |_| true).unwrap();
     assert!(s.resumed_tokens > 0 && s.restart_reason.is_none());
-    assert!(read_ids(&s.partial_path, j.dtype) == reference);
+    assert!(read_ids(&s.partial_path, j.opts.dtype) == reference);
     // A file named and marked as Parquet that is not is an error naming it.
     let parquet = dir.write("x.parquet", b"PAR1 not really");
     let err = run(&job(&dir, &[parquet], "p.bin"), &enc).unwrap_err().to_string();
@@ -615,7 +633,7 @@ fn parquet_files_encode_as_the_same_documents_in_a_text_file_and_resume() {
         let path = dir.path("d.parquet");
         write_parquet(&path, &rows, 97, codec);
         let mut j = job(&dir, std::slice::from_ref(&path), "p.bin");
-        (j.threads, j.chunk_size) = (threads, chunk_size);
+        (j.opts.threads, j.opts.chunk_size) = (threads, chunk_size);
         let (s, ids) = run(&j, &enc).unwrap();
         assert!(ids == reference, "{codec:?}");
         assert_eq!(s.num_documents, docs.len() as u64);
@@ -624,17 +642,17 @@ fn parquet_files_encode_as_the_same_documents_in_a_text_file_and_resume() {
     // Killed part way (a progress callback that stops it), then resumed: the same bytes.
     let path = dir.path("d.parquet");
     let mut j = job(&dir, std::slice::from_ref(&path), "r.bin");
-    (j.chunk_size, j.commit_interval) = (500, Duration::ZERO);
+    (j.opts.chunk_size, j.opts.commit_interval) = (500, Duration::ZERO);
     assert!(matches!(interrupt_after(&j, &enc, 20), ShardError::Interrupted));
     let s = encode_to_shard(&j, &enc, |_| true).unwrap();
     assert!(s.resumed_tokens > 0 && s.restart_reason.is_none());
-    assert!(read_ids(&s.partial_path, j.dtype) == reference);
+    assert!(read_ids(&s.partial_path, j.opts.dtype) == reference);
     // A column that is not there, or not text, is named.
     let mut j = job(&dir, std::slice::from_ref(&path), "c.bin");
-    j.jsonl_field = "body".into();
+    j.opts.jsonl_field = "body".into();
     let err = run(&j, &enc).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("no column 'body'") && err.contains("id, text"), "{err}");
-    j.jsonl_field = "id".into();
+    j.opts.jsonl_field = "id".into();
     let err = run(&j, &enc).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("INT64, not a string column"), "{err}");
 }
@@ -646,7 +664,7 @@ fn an_input_edited_in_place_is_not_resumed_into_a_mixed_shard() {
     let text = corpus(24, 400);
     let input = dir.write("in.txt", text.as_bytes());
     let mut j = job(&dir, std::slice::from_ref(&input), "out.bin");
-    (j.chunk_size, j.commit_interval) = (1000, Duration::ZERO);
+    (j.opts.chunk_size, j.opts.commit_interval) = (1000, Duration::ZERO);
     interrupt_after(&j, &enc, 9);
     // Same size, same parameters (the caller's record of size and time), new first word.
     let edited = text.replacen(|c: char| c.is_ascii_lowercase(), "Q", 1);
@@ -657,7 +675,7 @@ fn an_input_edited_in_place_is_not_resumed_into_a_mixed_shard() {
     assert!(s.restart_reason.as_deref().unwrap().contains("content differs"), "{:?}", s.restart_reason);
     let mut fresh = j.clone();
     fresh.out_bin = dir.path("fresh.bin");
-    assert!(read_ids(&s.partial_path, j.dtype) == run(&fresh, &enc).unwrap().1);
+    assert!(read_ids(&s.partial_path, j.opts.dtype) == run(&fresh, &enc).unwrap().1);
 }
 
 #[test]

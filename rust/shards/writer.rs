@@ -233,7 +233,7 @@ impl Journal {
         Some(Summary {
             num_tokens: self.tokens,
             num_documents: self.documents,
-            dtype: job.dtype,
+            dtype: job.opts.dtype,
             inputs,
             byte_range: pair(s.get("byte_range")?)?,
             resumed_tokens: self.tokens,

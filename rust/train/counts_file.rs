@@ -172,7 +172,14 @@ pub fn verify(path: &Path) -> Result<String, TrainError> {
     }
     let mut r = Reading { inner: BufReader::with_capacity(1 << 20, file), hash: Some(Sha256::new()) };
     let header = read_head(&mut r, path)?;
-    let body = size - 32 - (16 + 4 + 4 + header.len() as u64);
+    // A damaged length can claim more header than the file has room for beside the rest.
+    let body = size.checked_sub(32 + 8 + 16 + 4 + 4 + header.len() as u64).map(|b| b + 8).ok_or_else(|| {
+        TrainError::InvalidInput(format!(
+            "{}: damaged (header length {} does not fit the file's {size} bytes)",
+            path.display(),
+            header.len()
+        ))
+    })?;
     io::copy(&mut (&mut r).take(body), &mut io::sink()).map_err(io_err)?;
     let digest = r.hash.take().unwrap().finalize();
     let mut stored = [0u8; 32];
@@ -252,6 +259,34 @@ mod tests {
         std::fs::write(&path, b"not a counts file at all, but long enough to be one").unwrap();
         let err = read(&path, &mut untouched).unwrap_err().to_string();
         assert!(err.contains("not a ferrolm pre-token counts file"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_header_length_is_refused_naming_the_file() {
+        let dir = std::env::temp_dir().join(format!("ferrolm-counts-len-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.counts");
+        // A file whose checksum starts with an ASCII byte: a header length reaching one byte
+        // into the checksum then reads as UTF-8 and must still be refused.
+        let good = (0..)
+            .find_map(|k| {
+                write(&path, &format!("{{\"k\": {k}}}"), &table(&[(b" the", 3), (b"cat", 1)])).unwrap();
+                let bytes = std::fs::read(&path).unwrap();
+                (bytes[bytes.len() - 32] < 0x80).then_some(bytes)
+            })
+            .unwrap();
+        let n = u32::from_le_bytes(good[20..24].try_into().unwrap());
+        let size = good.len() as u32;
+        // Longer (into the entries, into the checksum), shorter, zero, past the end, beyond any header.
+        for bad in [n + 9, size - 55, n - 3, 0, size - 30, size + 5, u32::MAX] {
+            let mut bytes = good.clone();
+            bytes[20..24].copy_from_slice(&bad.to_le_bytes());
+            std::fs::write(&path, &bytes).unwrap();
+            let err = verify(&path).unwrap_err().to_string();
+            assert!(err.contains(&path.display().to_string()), "{bad}: {err}");
+            assert!(err.contains("damaged") || err.contains("cut short") || err.contains("checksum"), "{bad}: {err}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

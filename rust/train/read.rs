@@ -1,5 +1,6 @@
 //! Stage 1: read the input in bounded chunks, each ending at an exact cut (the rule is
-//! `crate::cut`'s: a special-token match, or for the built-in patterns a text cut).
+//! `crate::cut`'s: a special-token match, or for the built-in patterns a text cut), through
+//! the one chunk reader (`crate::chunks`), on a thread of its own.
 //!
 //! A chunk grows past the target size only when no exact cut exists in it (e.g. a custom
 //! pattern and no special token for megabytes); see `Trainer::cut`.
@@ -7,6 +8,7 @@
 use std::io::{self, Read};
 
 use crate::buffers::BufferPool;
+use crate::chunks::{Chunk, Chunker};
 
 /// Reads one input (a file, or the decompressed stream of one; `size`: its size when
 /// known) in chunks ending at cut positions chosen by `cut(buffer, at_end)` (None: read
@@ -33,13 +35,11 @@ where
     // A small file needs no full-size buffer.
     let file_len = size.map_or(usize::MAX, |n| n.min(usize::MAX as u64) as usize);
     let chunk_size = chunk_size.min(file_len.saturating_add(1)).max(64);
-    let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<(Vec<u8>, usize, M, u64)>>(1);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Chunk<M>>>(1);
     std::thread::scope(|scope| {
         let cut = &cut;
         scope.spawn(move || {
-            let r = produce_chunks(input, chunk_size, skip_bom, cut, on_read, bufs, |chunk, len, found, offset| {
-                tx.send(Ok((chunk, len, found, offset))).is_ok()
-            });
+            let r = produce_chunks(input, chunk_size, skip_bom, cut, on_read, bufs, |chunk| tx.send(Ok(chunk)).is_ok());
             if let Err(e) = r {
                 let _ = tx.send(Err(e));
             }
@@ -47,9 +47,11 @@ where
         let rx = rx; // owned here, so that it is dropped before the scope joins the reader
         let result = (|| {
             for msg in rx.iter() {
-                let (chunk, len, found, offset) = msg?;
-                f(&chunk[..len], found, offset)?;
-                bufs.put(chunk);
+                let chunk = msg?;
+                if chunk.len > 0 {
+                    f(&chunk.data[..chunk.len], chunk.found, chunk.offset)?;
+                }
+                bufs.put(chunk.data);
             }
             Ok(())
         })();
@@ -64,9 +66,9 @@ where
 /// to the chunk size: the consumer waits for the first read alone, once per file.
 const FIRST_CHUNK: usize = 1 << 20;
 
-/// The reader side of `for_each_chunk`: `emit(buffer, len, found, offset)` hands over a
-/// chunk (the first `len` bytes of the buffer) and returns false to stop. Buffers keep
-/// their length when recycled, so they are zeroed only once.
+/// The reader side of `for_each_chunk`: `emit(chunk)` hands over a chunk and returns
+/// false to stop. Each chunk reads `step` bytes past half a step beyond the previous
+/// chunk's tail, and a buffer without a cut grows by a step.
 fn produce_chunks<M>(
     mut file: impl Read,
     chunk_size: usize,
@@ -74,70 +76,18 @@ fn produce_chunks<M>(
     cut: &impl Fn(&[u8], bool) -> Option<(usize, M)>,
     mut on_read: impl FnMut(usize),
     bufs: &BufferPool,
-    mut emit: impl FnMut(Vec<u8>, usize, M, u64) -> bool,
+    mut emit: impl FnMut(Chunk<M>) -> bool,
 ) -> io::Result<()> {
-    let mut buf = bufs.take();
-    let mut filled = 0usize; // bytes of buf holding data
-    let mut offset: u64 = 0; // file offset of buf[0]
+    let mut chunker = Chunker::new(0, skip_bom);
     let mut step = chunk_size.min(FIRST_CHUNK);
-    let mut target = step;
-    let mut eof = false;
-    let mut first = true;
     loop {
-        if buf.len() < target {
-            buf.resize(target, 0);
-        }
-        while filled < target && !eof {
-            let n = read_retry(&mut file, &mut buf[filled..target])?;
-            if n == 0 {
-                eof = true;
-            }
-            filled += n;
-            on_read(n);
-        }
-        if std::mem::take(&mut first) && skip_bom && buf[..filled].starts_with(crate::shards::BOM) {
-            let bom = crate::shards::BOM.len();
-            buf.copy_within(bom..filled, 0);
-            filled -= bom;
-            offset = bom as u64;
-        }
-        if eof {
-            if filled > 0 {
-                let (len, found) = cut(&buf[..filled], true).expect("the last chunk is cut at its end");
-                debug_assert_eq!(len, filled);
-                emit(buf, filled, found, offset);
-            }
+        let target = step.max(chunker.tail() + step / 2);
+        let chunk = chunker.next(&mut file, bufs, target, |filled| filled + step, cut, &mut on_read)?;
+        let last = chunk.last;
+        if !emit(chunk) || last {
             return Ok(());
         }
-        match cut(&buf[..filled], false) {
-            Some((c, found)) => {
-                // The tail after the cut starts the next buffer.
-                let mut next = bufs.take();
-                step = (step * 2).min(chunk_size);
-                let want = step.max(filled - c + step / 2);
-                if next.len() < want {
-                    next.resize(want, 0);
-                }
-                next[..filled - c].copy_from_slice(&buf[c..filled]);
-                if !emit(std::mem::replace(&mut buf, next), c, found, offset) {
-                    return Ok(());
-                }
-                filled -= c;
-                offset += c as u64;
-                target = want;
-            }
-            // No exact cut in the whole buffer: read more before processing.
-            None => target = filled + step,
-        }
-    }
-}
-
-fn read_retry(file: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        match file.read(buf) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            r => return r,
-        }
+        step = (step * 2).min(chunk_size);
     }
 }
 

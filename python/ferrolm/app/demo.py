@@ -637,20 +637,17 @@ def _sample(d: _Demo, ckpt: Path, tok, prompts, max_new_tokens, temperature, top
     import torch
 
     from ferrolm.lm.checkpoint import load_model
-    from ferrolm.lm.generate import generate, iter_text, resolve_device
+    from ferrolm.lm.generate import generate_text, resolve_device
 
     what = f"sampling {len(prompts)} texts of up to {max_new_tokens} tokens (temperature {temperature}, top-p {top_p})"
     with d.stage(5, "generate", what):
         dev = resolve_device(device)
         model, _, _ = load_model(ckpt, dev, tokenizer=tok)
-        eos = tok.eos_id
         gen = torch.Generator(device=dev).manual_seed(seed)
         samples = []
         for i, prompt in enumerate(prompts):
-            stream = generate(
-                model, tok.encode(prompt), max_new_tokens, temperature, None, top_p, eos_id=eos, generator=gen
-            )
-            samples.append(prompt + "".join(iter_text((t for t in stream if t != eos), tok.token_bytes)))
+            sampling = (max_new_tokens, temperature, None, top_p, tok.eos_id, gen)
+            samples.append(prompt + generate_text(model, tok.encode(prompt), tok.token_bytes, *sampling)[0])
             d.say(f"--- sample {i + 1} (prompt {prompt!r}) ---\n{samples[-1]}")
         listing = (f"--- sample {i + 1} (prompt {p!r}) ---\n{s}\n\n" for i, (p, s) in enumerate(zip(prompts, samples)))
         _write_text(d.out / "samples.txt", "".join(listing))

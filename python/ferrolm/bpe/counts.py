@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Union
 
 from ferrolm import _core
-from ferrolm._util import check_special_tokens, fsync_dir
+from ferrolm._util import check_out, check_special_tokens, fsync_dir
 from ferrolm.bpe import inputs as _inputs
 from ferrolm.bpe import patterns
 from ferrolm.bpe import trainer as _trainer
@@ -35,6 +35,9 @@ __all__ = ["count", "count_texts", "train_from_counts", "part_ranges", "read_hea
 
 PathInput = Union[str, "os.PathLike[str]"]
 FORMAT = "ferrolm-pretoken-counts"
+MAGIC = b"ferrolm-counts\n\0"
+#: The largest header the core writes or reads (rust/train/counts_file.rs).
+MAX_HEADER = 1 << 24
 
 
 def part_ranges(
@@ -75,10 +78,12 @@ def count(
     errors: str = "strict",
     column: str = "text",
     progress: bool = True,
+    force: bool = False,
 ) -> dict:
     """Count the pre-tokens of ``input`` (paths, globs, folders), or of its part ``(I, N)``
     (or ``"I/N"``, I 0-based), into the counts file ``counts_out``; return its header.
-    The file appears whole or not at all."""
+    The file appears whole or not at all. An existing ``counts_out`` that is not a counts
+    file is replaced only when ``force``; an input never."""
     from ferrolm.bpe.shards import parse_part
 
     specials = check_special_tokens(special_tokens)
@@ -92,7 +97,9 @@ def count(
     for p in paths:
         if not os.path.isfile(p):
             raise FileNotFoundError(f"input file not found: {p}")
+    check_counts_out(counts_out, paths, force=force)
     split = parse_part(part)
+    before = [_inputs.identity(p) for p in paths]
     trainer = _core.BpeTrainer(specials, pattern, num_threads, errors, _trainer._CHUNK_SIZE)
     bars = _trainer._Progress(progress)
     try:
@@ -104,12 +111,21 @@ def count(
             ranges = [(os.fspath(p), a, b) for p, a, b in trainer.count_part(paths, split[0], split[1], column, report)]
     finally:
         bars.close()
+    _check_unchanged(before)
     extra = {
-        "inputs": [[os.path.abspath(p), os.path.getsize(p)] for p in paths],
+        "inputs": before,
         "part": list(split) if split else None,
         "ranges": [[os.path.abspath(p), a, b] for p, a, b in ranges] if ranges is not None else None,
     }
     return _write(trainer, counts_out, _header(specials, pattern, extra))
+
+
+def _check_unchanged(before: list[list]) -> None:
+    """Refuse counts of a file that changed while it was read (a mix of two versions)."""
+    for rec in before:
+        change = _inputs.identity_change(rec, _inputs.identity(rec[0]))
+        if change:
+            raise ValueError(f"{rec[0]} changed while it was counted ({change}); count it again")
 
 
 def count_texts(
@@ -121,17 +137,34 @@ def count_texts(
     num_threads: int | None = None,
     part: tuple[int, int] | None = None,
     source: object = None,
+    force: bool = False,
 ) -> dict:
     """Count the pre-tokens of documents (each a text of its own, as ``trainer.train`` reads
     an iterable) into ``counts_out``. ``part`` and ``source`` (any JSON value naming the
     whole of which these documents are part ``part``) let ``train_from_counts`` check that
-    every part of the whole is given once."""
+    every part of the whole is given once. ``force``: as for ``count``."""
+    check_counts_out(counts_out, [], force=force)
     specials = check_special_tokens(special_tokens)
     patterns.resolve(pattern)
     trainer = _core.BpeTrainer(specials, pattern, num_threads, "strict", _trainer._CHUNK_SIZE)
     _trainer._feed_documents(trainer, _inputs.text_batches(texts), None)
     extra = {"inputs": source, "part": list(part) if part else None, "ranges": None}
     return _write(trainer, counts_out, _header(specials, pattern, extra))
+
+
+def check_counts_out(counts_out: PathInput, inputs: Iterable[PathInput], *, force: bool) -> None:
+    """Refuse to write ``counts_out`` over one of ``inputs``, or, unless ``force``, over a file
+    that is not a counts file (one an earlier count wrote may be replaced)."""
+    check_out(counts_out, inputs, force=force, judge=_judge_counts, example="corpus.counts", flag="--counts-out")
+
+
+def _judge_counts(path: Path) -> str | None:
+    try:
+        if read_header(path).get("format") == FORMAT:
+            return None
+    except (OSError, ValueError):
+        pass
+    return "exists and is not a pre-token counts file of ferrolm's; choose another file name"
 
 
 def _write(trainer, counts_out: PathInput, header: str) -> dict:
@@ -152,13 +185,25 @@ def _write(trainer, counts_out: PathInput, header: str) -> dict:
 
 
 def read_header(path: PathInput) -> dict:
-    """The header of a counts file (its checksum is checked when it is read for training)."""
+    """The header of a counts file (its checksum is checked when it is read for training);
+    ValueError naming the file when the header is not there whole."""
+    name = os.fspath(path)
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(24)
-        if len(head) < 24 or head[:16] != b"ferrolm-counts\n\0":
-            raise ValueError(f"{path}: not a ferrolm pre-token counts file")
+        if len(head) < 24 or head[:16] != MAGIC:
+            raise ValueError(f"{name}: not a ferrolm pre-token counts file")
         n = int.from_bytes(head[20:24], "little")
-        return json.loads(f.read(n).decode("utf-8"))
+        # The header, the entry count and the checksum must fit in the file.
+        if n > MAX_HEADER or 24 + n + 8 + 32 > size:
+            raise ValueError(f"{name}: damaged counts file (header length {n:,} does not fit its {size:,} bytes)")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ValueError(f"{name}: damaged counts file (its {n:,}-byte header is not a JSON object)") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{name}: damaged counts file (its {n:,}-byte header is not a JSON object)")
+    return header
 
 
 def train_from_counts(
@@ -217,12 +262,17 @@ def _check_headers(paths: list, headers: list[dict], want: dict) -> None:
                     "counts made under other settings do not add up to one run"
                 )
     splits: dict[str, dict[int, list]] = {}
+    members: dict[str, list] = {}
     for p, h in zip(paths, headers):
         part = h.get("part")
-        key = json.dumps([h.get("inputs"), part[1] if part else None])
+        files = _file_entries(h.get("inputs"))
+        whole = [e[0] for e in files] if files is not None else h.get("inputs")
+        key = json.dumps([whole, part[1] if part else None])
         index = part[0] if part else 0
         splits.setdefault(key, {}).setdefault(index, []).append(os.fspath(p))
+        members.setdefault(key, []).append((os.fspath(p), files))
     for key, found in splits.items():
+        _check_one_version(members[key])
         n = json.loads(key)[1] or 1
         twice = [names for names in found.values() if len(names) > 1]
         if twice:
@@ -235,3 +285,30 @@ def _check_headers(paths: list, headers: list[dict], want: dict) -> None:
                 if len(missing) > 1
                 else f"part {missing[0]}/{n} of the split that {example} belongs to is missing"
             )
+
+
+def _file_entries(inputs) -> list | None:
+    """The ``[path, size, ...]`` records of a header's inputs; None when they are not files
+    (the documents of a Dataset, say)."""
+    if not isinstance(inputs, list) or not all(
+        isinstance(e, list) and len(e) >= 2 and isinstance(e[0], str) and type(e[1]) is int for e in inputs
+    ):
+        return None
+    return inputs
+
+
+def _check_one_version(members: list[tuple[str, list | None]]) -> None:
+    """Refuse the counts files of one split that counted different versions of an input."""
+    seen: dict[str, list[tuple[str, list]]] = {}
+    for name, files in members:
+        for rec in files or []:
+            known = seen.setdefault(rec[0], [])
+            for other, earlier in known:
+                change = _inputs.identity_change(earlier, rec)
+                if change:
+                    raise ValueError(
+                        f"{other} and {name} counted different versions of {rec[0]} ({change}): "
+                        "count every part from the same version of the input"
+                    )
+            if all(earlier != rec for _, earlier in known):  # an older file's [path, size] beside a full record
+                known.append((name, rec))

@@ -7,12 +7,16 @@
   shard writer read Parquet inputs themselves, through the core's one input reader;
   ``parquet_batches`` hands the batches to Python (a sample for a summary).
 * ``text_batches``: an iterable of str in the same form (a loop per document is inherent).
+* ``identity``: which version of an input file a part, a counts file or a rerun was made
+  from (size, modification time and a hash of sampled windows: cheap at any size).
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -25,6 +29,10 @@ PARQUET_MAGIC = b"PAR1"
 #: Characters per batch taken from an iterable of str.
 TEXT_BATCH_CHARS = 1 << 20
 _GLOB_CHARS = frozenset("*?[")
+#: Bytes in each window that ``identity`` hashes, and the windows spread between the first
+#: and the last: about 1 MiB read per file, whatever its size.
+SAMPLE_WINDOW = 1 << 16
+SAMPLE_SPREAD = 16
 
 
 def expand(specs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
@@ -121,3 +129,49 @@ class DocReader:
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray] | None:
         return next(self._batches, None)
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def sample_offsets(size: int) -> list[int]:
+    """Where the windows that ``identity`` hashes start in a file of ``size`` bytes: all of
+    a file of up to ``SAMPLE_SPREAD + 2`` windows, else the first window, the last, and
+    ``SAMPLE_SPREAD`` spread evenly between them."""
+    w = SAMPLE_WINDOW
+    if size <= (SAMPLE_SPREAD + 2) * w:
+        return list(range(0, size, w))
+    last = size - w
+    return [0, *(last * j // (SAMPLE_SPREAD + 1) for j in range(1, SAMPLE_SPREAD + 1)), last]
+
+
+def identity(path: str | os.PathLike) -> list:
+    """``[absolute path, size, mtime_ns, sha256 of the sampled windows]``: what tells one
+    version of an input file from another without reading it whole. An edit that changes
+    the size or the modification time, or any byte inside a window, gives another identity;
+    an edit outside the windows that keeps size and modification time does not."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        # Opening a FIFO would wait for a writer: the reader refuses such inputs by name.
+        return [os.path.abspath(path), st.st_size, st.st_mtime_ns, None]
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        h = hashlib.sha256()
+        for at in sample_offsets(st.st_size):
+            f.seek(at)
+            h.update(f.read(SAMPLE_WINDOW))
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, h.hexdigest()]
+
+
+def identity_change(recorded: Sequence, now: Sequence) -> str | None:
+    """What differs between two identities of one file (``None`` when nothing does). A
+    record of ``[path, size]`` alone, as older counts files hold, is compared by size only."""
+    if recorded[1] != now[1]:
+        return f"size {recorded[1]:,} then {now[1]:,} bytes"
+    if len(recorded) < 4 or len(now) < 4:
+        return None
+    if recorded[2] != now[2]:
+        return "modification time"
+    if recorded[3] != now[3]:
+        return "sampled bytes"
+    return None

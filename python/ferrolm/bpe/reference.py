@@ -363,44 +363,50 @@ def _merge_loop(counts: Counter, num_merges: int) -> list[tuple[bytes, bytes]]:
 
         risen: set[tuple[int, int]] = set()
         for w in where.pop(pair):
-            ids = words[w]
-            freq = freqs[w]
-            # Replace each occurrence of (a, b), left to right, and update the counts of the
-            # pairs around it. Doing it in place, one occurrence at a time, keeps runs such
-            # as "a b a b" exact: the second merge sees the first one's result on its left.
-            i = 0
-            while True:
-                try:
-                    i = ids.index(a, i)
-                except ValueError:
-                    break
-                if i + 1 >= len(ids):
-                    break
-                if ids[i + 1] != b:
-                    i += 1
-                    continue
-                if i > 0:
-                    left = ids[i - 1]
-                    pair_count[left, a] -= freq
-                    p = (left, new)
-                    pair_count[p] = pair_count.get(p, 0) + freq
-                    risen.add(p)
-                    where.setdefault(p, set()).add(w)
-                if i + 2 < len(ids):
-                    right = ids[i + 2]
-                    pair_count[b, right] -= freq
-                    p = (new, right)
-                    pair_count[p] = pair_count.get(p, 0) + freq
-                    risen.add(p)
-                    where.setdefault(p, set()).add(w)
-                ids[i : i + 2] = [new]
-                i += 1
+            _merge_in_word(words[w], w, freqs[w], pair, new, pair_count, where, risen)
         pair_count.pop(pair, None)
         for p in risen:
             c = pair_count[p]
             if c > 0:
                 heapq.heappush(heap, (-c, order_key[p[0]] + order_key[p[1]], p))
     return merges
+
+
+def _merge_in_word(
+    ids: list[int], w: int, freq: int, pair, new: int, pair_count: dict, where: dict, risen: set
+) -> None:
+    """Replace each occurrence of ``pair`` in word ``w`` (its ``ids``, occurring ``freq``
+    times) by ``new``, left to right, and update the counts of the pairs around it; a pair
+    whose count rose goes into ``risen``. Doing it in place, one occurrence at a time, keeps
+    runs such as "a b a b" exact: the second merge sees the first one's result on its left."""
+    a, b = pair
+    i = 0
+    while True:
+        try:
+            i = ids.index(a, i)
+        except ValueError:
+            break
+        if i + 1 >= len(ids):
+            break
+        if ids[i + 1] != b:
+            i += 1
+            continue
+        if i > 0:
+            left = ids[i - 1]
+            pair_count[left, a] -= freq
+            p = (left, new)
+            pair_count[p] = pair_count.get(p, 0) + freq
+            risen.add(p)
+            where.setdefault(p, set()).add(w)
+        if i + 2 < len(ids):
+            right = ids[i + 2]
+            pair_count[b, right] -= freq
+            p = (new, right)
+            pair_count[p] = pair_count.get(p, 0) + freq
+            risen.add(p)
+            where.setdefault(p, set()).add(w)
+        ids[i : i + 2] = [new]
+        i += 1
 
 
 # --------------------------------------------------------------------------------------

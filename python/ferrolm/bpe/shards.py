@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ferrolm import _core
-from ferrolm._util import atomic_open
+from ferrolm._util import atomic_open, check_out
 from ferrolm.bpe import inputs as _inputs
 from ferrolm.bpe import patterns
 
@@ -38,6 +38,9 @@ PathInput = Union[str, "os.PathLike[str]"]
 FORMAT = "ferrolm-shard"
 FORMAT_VERSION = 1
 MANIFEST_FORMAT = "ferrolm-shards-manifest"
+#: The resume journal's format (rust/shards/writer.rs).
+JOURNAL_FORMAT = "ferrolm-encode-progress"
+MANIFEST_VERSION = 1
 EOT = "<|endoftext|>"
 
 #: Target size of the chunks read and encoded as one task (a chunk ends at a document
@@ -175,6 +178,7 @@ def encode(
     commit_interval: float = DEFAULT_COMMIT_INTERVAL,
     progress: bool | None = True,
     hash_inputs: bool = True,
+    force: bool = False,
 ) -> dict:
     """Encode ``inputs`` into the shard ``out`` (``out.bin`` + ``out.json``); return the sidecar.
 
@@ -204,7 +208,8 @@ def encode(
     with the same tokenizer, inputs and options continues from the last committed chunk
     (an input edited since is noticed, and the run starts over). The final names appear
     only once the data is complete and fsynced. An output that would replace an input is
-    refused.
+    refused; so is one that would replace a file that is not part of a shard (a ``.bin``
+    without ferrolm's sidecar, a ``.json`` that is not one) unless ``force``.
     """
     tok = _load_tokenizer(tokenizer)
     patterns_given = [os.fspath(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
@@ -213,7 +218,9 @@ def encode(
     _check_options(input_format, errors, threads)
     job = _Job(tok, out, parse_part(part), dtype, field, errors)
     _check_outputs_apart(paths, job.outputs())
+    job.check_replaceable(paths, force)
     params = job.params(inputs=[_input_identity(p) for p in paths], input_format=input_format, hash=bool(hash_inputs))
+    job.identities = {rec[0]: rec for rec in map(_inputs.identity, paths)}
     result = job.run(
         paths,
         params,
@@ -240,6 +247,7 @@ def encode_texts(
     chunk_size: int | None = None,
     progress: bool | None = True,
     hash_inputs: bool = True,
+    force: bool = False,
 ) -> dict:
     """Encode an iterable of documents (an HF ``datasets`` column, a generator, a list of
     str) into the shard ``out``; return the sidecar.
@@ -249,13 +257,14 @@ def encode_texts(
     file, or in a text file separated by ``<|endoftext|>``. The sidecar records the
     documents' count, bytes and sha256 in place of an input file. An interrupted run
     starts over (an iterable cannot be replayed); the final names appear only once the
-    data is complete.
+    data is complete. ``force``: as for ``encode``.
     """
     if isinstance(texts, (str, bytes, os.PathLike)):
         raise TypeError("encode_texts takes an iterable of documents (str); to encode files use encode()")
     tok = _load_tokenizer(tokenizer)
     _check_options("auto", errors, threads)
     job = _Job(tok, out, None, dtype, "text", errors)
+    job.check_replaceable([], force)
     # Each call is a run of its own: a journal left by another never matches.
     params = job.params(inputs=[["iterable", os.urandom(8).hex()]], input_format="auto", hash=bool(hash_inputs))
     result = job.run(
@@ -325,6 +334,8 @@ class _Job:
         self.field = field
         self.errors = errors
         self.bin_path, self.json_path = output_paths(out, part)
+        #: ``inputs.identity`` of each input file by absolute path, taken before the run.
+        self.identities: dict[str, list] = {}
         eos_id = tok.eos_id
         self.eos = (EOT, int(eos_id)) if eos_id is not None else None
         # Text cuts inside long documents are exact only for the built-in patterns, and only
@@ -336,6 +347,23 @@ class _Job:
     def outputs(self) -> list[Path]:
         b = self.bin_path
         return [b, self.json_path, Path(f"{b}.partial"), _journal_path(b)]
+
+    def check_replaceable(self, inputs: list[str], force: bool) -> None:
+        """Refuse, unless ``force``, to write over a file this job's outputs did not make: a
+        ``.bin`` is a shard's when its sidecar is ferrolm's or a resume journal of ferrolm's
+        is beside it (a run killed between the two renames)."""
+        journal = _journal_path(self.bin_path)
+        ours = _is_journal(journal) or _is_sidecar(self.json_path)
+        checks = [
+            (self.json_path, lambda p: None if _is_sidecar(p) else "exists and is not a shard sidecar of ferrolm's"),
+            (
+                self.bin_path,
+                lambda p: None if ours else f"exists without a shard sidecar of ferrolm's ({self.json_path})",
+            ),
+            (journal, lambda p: None if _is_journal(p) else "exists and is not a resume journal of ferrolm's"),
+        ]
+        for path, judge in checks:
+            check_out(path, inputs, force=force, judge=lambda p, j=judge: _choose_another(j(p)), example="corpus")
 
     def params(self, **inputs) -> str:
         """The job's identity: a journal is resumed only by a job with the same."""
@@ -417,11 +445,33 @@ class _Job:
         if path in ("", "."):  # documents from an iterable
             return {"path": None, "documents": result["num_documents"], "sha256": r["sha256"]}
         rec = {"path": path, "bytes": r["bytes"], "sha256": r["sha256"]}
+        known = self.identities.get(os.path.abspath(path))
+        if known is not None:  # what a rerun compares (ferrolm.ray): the version of the file read
+            rec["mtime_ns"], rec["sample_sha256"] = known[2], known[3]
         if self.part is not None:
             rec["range"] = list(r["range"])
         if r["uncompressed_bytes"] is not None:
             rec["uncompressed_bytes"] = r["uncompressed_bytes"]
         return rec
+
+
+def _choose_another(found: str | None) -> str | None:
+    return None if found is None else f"{found}: choose another --out"
+
+
+def _is_sidecar(path: Path) -> bool:
+    try:
+        read_sidecar(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _is_journal(path: Path) -> bool:
+    try:
+        return read_json_object(path).get("format") == JOURNAL_FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def _finalize(partial: Path, bin_path: Path, json_path: Path, sidecar: dict) -> None:
@@ -461,7 +511,64 @@ def read_sidecar(path: Path) -> dict:
     return record
 
 
-_PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)\.json$")
+_PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)$")
+
+
+def manifest_path(out: PathInput) -> Path:
+    """``P.manifest.json`` for the output prefix ``P`` (or its ``P.bin``)."""
+    prefix = output_paths(out)[0].with_suffix("")
+    return prefix.with_name(prefix.name + ".manifest.json")
+
+
+def write_manifest(out: PathInput, record: dict) -> dict:
+    """Write ``record`` (its ``parts``: the part prefixes, relative to the manifest's folder)
+    as the manifest of ``out``, atomically, and return it as written; the manifest's
+    presence says the set of parts is whole."""
+    record = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, **record}
+    with atomic_open(manifest_path(out)) as f:
+        f.write((json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    return record
+
+
+def manifest_parts(path: Path, record: dict) -> list[Path]:
+    """The part prefixes that the manifest ``record`` read from ``path`` lists, in order."""
+    parts = record.get("parts")
+    if not isinstance(parts, list) or not parts or not all(isinstance(x, str) for x in parts):
+        raise ShardError(f'{path}: a manifest needs a non-empty list of part prefixes in "parts"')
+    return [path.parent / x for x in parts]
+
+
+def find_parts(prefix: PathInput) -> list[Path]:
+    """The prefixes of all ``prefix.part-I-of-N`` shards, in part order (every one of the N
+    must be there); [] when there is none."""
+    prefix = Path(prefix)
+    parent = prefix.parent if str(prefix.parent) else Path(".")
+    found: dict[int, set[int]] = {}
+    if parent.is_dir():
+        for f in parent.iterdir():
+            name = f.name
+            if name.startswith(prefix.name + ".part-") and name.endswith(".json"):
+                m = _PART_RE.search(name[: -len(".json")])
+                if m and name[: m.start()] == prefix.name:
+                    found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+    if not found:
+        return []
+    if len(found) > 1:
+        raise ShardError(
+            f"{prefix}: parts of different splits are present ({', '.join(f'of-{n}' for n in sorted(found))})"
+        )
+    n, have = next(iter(found.items()))
+    missing = sorted(set(range(n)) - have)
+    if missing:
+        shown = ", ".join(str(i) for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise ShardError(
+            f"{prefix}: {len(missing)} of {n} parts missing (part {shown}): "
+            f"{prefix.name}.part-{missing[0]}-of-{n}.json not found"
+        )
+    extra = sorted(i for i in have if i >= n)
+    if extra:
+        raise ShardError(f"{prefix}: part index {extra[0]} out of range for {n} parts")
+    return [prefix.with_name(f"{prefix.name}.part-{i}-of-{n}") for i in range(n)]
 
 
 def resolve_shards(src: PathInput | Sequence[PathInput]) -> list[Path]:
@@ -484,32 +591,14 @@ def resolve_shards(src: PathInput | Sequence[PathInput]) -> list[Path]:
     if s.endswith(".json") and p.exists():
         record = read_json_object(p)
         if record.get("format") == MANIFEST_FORMAT:
-            parts = record.get("parts")
-            if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
-                raise ShardError(f'{p}: a manifest needs "parts": [relative prefixes]')
-            return resolve_shards([str(p.parent / x) for x in parts])
+            return resolve_shards(manifest_parts(p, record))
         return [p]
     if Path(s + ".json").exists():
         return [Path(s + ".json")]
-    parent = p.parent if str(p.parent) else Path(".")
-    found: dict[int, set[int]] = {}
-    if parent.is_dir():
-        for f in parent.iterdir():
-            name = f.name
-            if name.startswith(p.name + ".part-"):
-                m = _PART_RE.search(name)
-                if m and name[: m.start()] == p.name:
-                    found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
-    if not found:
+    parts = find_parts(p)
+    if not parts:
         raise FileNotFoundError(f"no shard found at {s} (looked for {s}.json and {s}.part-I-of-N.json)")
-    if len(found) > 1:
-        raise ShardError(f"{s}: parts of different splits are present ({', '.join(f'of-{n}' for n in sorted(found))})")
-    n, have = next(iter(found.items()))
-    missing = sorted(set(range(n)) - have)
-    if missing:
-        shown = ", ".join(str(i) for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise ShardError(f"{s}: {len(missing)} of {n} parts missing (part {shown})")
-    return [Path(f"{s}.part-{i}-of-{n}.json") for i in range(n)]
+    return [q.with_name(q.name + ".json") for q in parts]
 
 
 def list_shards(src: PathInput | Sequence[PathInput]) -> list[dict]:

@@ -8,5 +8,7 @@
 - ``train``: the training loop
 - ``memory``: the memory a training configuration needs, checked before allocating
 - ``checkpoint``: saving and resuming; ``load_model`` for inference
-- ``generate``: sampling
+- ``decoding``: a decoding step's rules: sampling from logits, tokens to text
+- ``engine``: the one decoding loop (continuous batching; in the calling thread or its own)
+- ``generate``: sampling for library users, on the engine
 """

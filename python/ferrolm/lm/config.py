@@ -591,6 +591,26 @@ def load_config(config: str | Path | None = None, overrides: Iterable[str] = ())
     return cfg.validate()
 
 
+def resume_config(
+    config: str | Path | None, overrides: Iterable[str] = (), resume: str | Path | None = None
+) -> TrainConfig:
+    """The config of a run that ``resume`` (a run folder or one of its checkpoints) continues:
+    ``config`` when given, else the run's own config.toml, with its ``run.out_dir`` set to
+    the run folder; then ``overrides``. Without ``resume``: ``load_config(config, overrides)``."""
+    overrides = list(overrides)
+    if resume is not None and not Path(resume).exists():
+        raise FileNotFoundError(f"--resume {resume}: no such run directory or checkpoint")
+    if resume is not None and config is None:
+        rdir = Path(resume)
+        if not rdir.is_dir():  # a checkpoint file: RUN/checkpoints/step_N.pt or RUN/best.pt
+            rdir = rdir.parent.parent if rdir.parent.name == "checkpoints" else rdir.parent
+        config = rdir / CONFIG_NAME
+        if not config.is_file():
+            raise FileNotFoundError(f"--resume {resume}: {config} not found (pass --config too)")
+        overrides = [f"run.out_dir={rdir}"] + overrides
+    return load_config(config, overrides)
+
+
 def apply_overrides(cfg: TrainConfig, overrides: Iterable[str]) -> TrainConfig:
     for item in overrides:
         key, eq, text = item.partition("=")

@@ -28,7 +28,7 @@ from typing import Union
 import numpy as np
 import torch
 
-from ferrolm.bpe.shards import FORMAT, MANIFEST_FORMAT, ShardError, read_json_object
+from ferrolm.bpe.shards import FORMAT, MANIFEST_FORMAT, ShardError, find_parts, manifest_parts, read_json_object
 from ferrolm.lm.device import unavailable
 
 __all__ = [
@@ -45,7 +45,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 SUPPORTED_FORMAT_VERSION = 1
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-_PART_RE = re.compile(r"\.part-(\d+)-of-(\d+)$")
 
 
 # ---------------------------------------------------------------------------------------
@@ -240,37 +239,6 @@ def _open_part(prefix: Path, meta: dict | None = None) -> _Part:
     return _Part(prefix, meta, tokens)
 
 
-def _find_parts(prefix: Path) -> list[Path]:
-    """Prefixes of all `prefix.part-I-of-N` shards, in part order; all N must be present."""
-    parent = prefix.parent if str(prefix.parent) else Path(".")
-    if not parent.is_dir():
-        return []
-    found: dict[int, dict[int, Path]] = {}
-    stem = prefix.name + ".part-"
-    for entry in parent.iterdir():
-        name = entry.name
-        if not name.startswith(stem) or not name.endswith(".json"):
-            continue
-        m = _PART_RE.search(name[: -len(".json")])
-        if m and name[: -len(".json")][: m.start()] == prefix.name:
-            i, n = int(m.group(1)), int(m.group(2))
-            found.setdefault(n, {})[i] = parent / name[: -len(".json")]
-    if not found:
-        return []
-    if len(found) > 1:
-        raise ShardError(f"{prefix}: parts from different splits are mixed: of-{sorted(found)}")
-    ((n, parts),) = found.items()
-    missing = [i for i in range(n) if i not in parts]
-    if missing:
-        raise ShardError(
-            f"{prefix}: {len(missing)} of {n} parts missing (e.g. {prefix.name}.part-{missing[0]}-of-{n}.json)"
-        )
-    extra = [i for i in parts if i >= n]
-    if extra:
-        raise ShardError(f"{prefix}: part index {extra[0]} out of range for {n} parts")
-    return [parts[i] for i in range(n)]
-
-
 def _open_raw(bin_path: Path, dtype: str) -> _Part:
     """A token file without a sidecar (nanoGPT's train.bin): little-endian ids of `dtype`;
     vocab size, eos and tokenizer are unknown (None)."""
@@ -300,10 +268,7 @@ def _resolve(src, dtype: str | None = None) -> list[_Part]:
     if path.suffix == ".json" and path.is_file():
         record = read_json_object(path)
         if record.get("format") == MANIFEST_FORMAT:
-            parts = record.get("parts")
-            if not isinstance(parts, list) or not parts or not all(isinstance(p, str) for p in parts):
-                raise ShardError(f'{path}: a manifest needs a non-empty list of part prefixes in "parts"')
-            return _resolve([path.parent / p for p in parts])
+            return _resolve(manifest_parts(path, record))
         return [_open_part(path.with_suffix(""), record)]
     prefix = _strip_suffix(path)
     if prefix.with_name(prefix.name + ".json").is_file():
@@ -311,7 +276,7 @@ def _resolve(src, dtype: str | None = None) -> list[_Part]:
         if dtype is not None and part.meta["dtype"] != dtype:
             raise ShardError(f"{prefix}.json says dtype {part.meta['dtype']}, not the {dtype} given")
         return [part]
-    parts = _find_parts(prefix)
+    parts = find_parts(prefix)
     if parts:
         return [_open_part(p) for p in parts]
     raw = prefix.with_name(prefix.name + ".bin")

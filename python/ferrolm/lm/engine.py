@@ -22,18 +22,26 @@ and when a row is free again its row is recomputed from them (as a sliding windo
 ``max_queue`` bounds the groups that wait with no row (beyond those the free rows take at
 once): one more is refused (``QueueFull``).
 
-A sequence's tokens are exactly those ``generate`` samples for its prompt alone: the same
-prefill, the same cache layout, ``sample`` on its own (1, vocab) logits with its own
-``torch.Generator`` seeded with its seed. The batch changes only the matrix shapes of a
-step, which may round the logits differently in the last bit, never the rules. Past the
-context a row slides its window as ``generate`` does for one prompt: it keeps its last
-``window_keep`` tokens (default context_length // 2) and recomputes them into its row.
+This is the one decoding loop: ``ferrolm serve`` runs it on the engine's thread
+(``start``); ``generate``, ``ferrolm generate``, the evaluation harness and the demo run it
+in the calling thread (``turns`` / ``run_until_done``), with no thread of its own.
 
-Text comes out as ``generate``'s CLI prints it: end-of-text ends the sequence and is not
-shown, ids are turned into text at UTF-8 character boundaries (``iter_text``), and the text
-is cut before the first stop string (``StopText``), which ends the sequence too.
+A sequence's tokens do not depend on the batch: its prompt runs alone into its row (a
+prefill), and it draws with ``sample`` on its own (1, vocab) logits from its own
+``torch.Generator`` (seeded with its seed, or the one given to ``submit``). The batch changes
+only the matrix shapes of a step, which may round the logits differently in the last bit,
+never the rules. A prompt longer than the context keeps its last context_length tokens;
+when a row's context is full it slides its own window: it keeps its last ``window_keep``
+tokens (default context_length // 2) and recomputes them into its row. ``window_keep =
+context_length`` gives, at every step, the logits of the model run on the last
+context_length tokens, at the price of a full forward pass per token once the context is
+full.
 
-Events go to each sequence's ``on_event`` callable, called on the engine's thread:
+Text (``ferrolm.lm.decoding.SequenceText``, one per sequence): end-of-text ends the
+sequence and is not shown, ids are turned into text at UTF-8 character boundaries, and the
+text is cut before the first stop string, which ends the sequence too.
+
+Events go to each sequence's ``on_event`` callable, called on the thread that runs the loop:
 ``Piece(text)`` for new text, then one ``Finished(reason, completion_tokens)`` with reason
 "stop" (end-of-text or a stop string) or "length" (max_tokens), or ``Failed(message)``.
 A cancelled sequence gets no further events.
@@ -47,18 +55,17 @@ thread that ends before the engine starts).
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import secrets
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
-from ferrolm.lm.generate import StopText, check_sampling_args, sample
+from ferrolm.lm.decoding import SequenceText, check_sampling_args, sample
 
 __all__ = ["SamplingParams", "Piece", "Finished", "Failed", "Handle", "Engine", "QueueFull"]
 
@@ -96,6 +103,19 @@ class Failed:
     message: str
 
 
+def check_window_keep(window_keep: Any, context_length: int) -> int:
+    """``window_keep``, or its default context_length // 2; ValueError naming the range when bad."""
+    if window_keep is None:
+        return max(1, context_length // 2)
+    if isinstance(window_keep, bool) or not isinstance(window_keep, int) or not 1 <= window_keep <= context_length:
+        raise ValueError(f"window_keep must be an int in [1, context_length={context_length}], got {window_keep!r}")
+    return window_keep
+
+
+def _no_text(token: int) -> bytes:
+    return b""
+
+
 class QueueFull(RuntimeError):
     """``Engine.submit`` refused a new group: ``max_queue`` groups already wait for a row."""
 
@@ -103,19 +123,19 @@ class QueueFull(RuntimeError):
 class Handle:
     """One submitted sequence; ``Engine.cancel(handle)`` stops it and frees its row."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Any], None], device, group):
+    def __init__(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Any], None], engine, group):
         self.prompt = prompt
         self.group = self if group is None else group
         self.params = params
         self.on_event = on_event
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
-        self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        self.generator = torch.Generator(device=engine.device).manual_seed(self.seed)
         self.history = list(prompt)  # prompt and sampled tokens: what a sliding window keeps
+        self.tokens: list[int] = []  # every sampled token, the last one (eos, say) included
         self.length = 0  # positions filled in its cache row
         self.next_token = -1  # sampled, not yet fed
         self.generated = 0
-        self.text = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.stop = StopText(params.stop)
+        self.text = SequenceText(engine.token_bytes, engine.eos_id, params.stop)
         self.cancelled = False  # set by any thread; read by the engine between steps
         self.done = False
         self.parked = False  # taken out of its row for another group; resumes from its tokens
@@ -124,19 +144,22 @@ class Handle:
 class Engine:
     """Decode many sequences as one batch; see the module docstring.
 
-    ``token_bytes(id)`` gives a token's bytes (ids the tokenizer lacks may map to U+FFFD);
-    ``eos_id`` ends a sequence (None: only max_tokens and stop strings do).
+    ``token_bytes(id)`` gives a token's bytes (ids the tokenizer lacks may map to U+FFFD;
+    None: no text, only tokens); ``eos_id`` ends a sequence (None: only max_tokens and stop
+    strings do). ``use_cache=False`` recomputes each row's last context_length tokens for
+    every token: the slow reference the cache is tested against.
     """
 
     def __init__(
         self,
         model: Any,
-        token_bytes: Callable[[int], bytes],
+        token_bytes: Optional[Callable[[int], bytes]],
         eos_id: Optional[int],
         *,
         max_batch: int = 16,
         window_keep: Optional[int] = None,
         max_queue: Optional[int] = None,
+        use_cache: bool = True,
     ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
@@ -145,10 +168,9 @@ class Engine:
         self.model = model
         self.vocab_size = int(model.config.vocab_size)
         self.context_length = int(model.config.context_length)
-        self.window_keep = max(1, self.context_length // 2) if window_keep is None else window_keep
-        if not 1 <= self.window_keep <= self.context_length:
-            raise ValueError(f"window_keep must be in [1, {self.context_length}], got {self.window_keep!r}")
-        self.token_bytes = token_bytes
+        self.window_keep = check_window_keep(window_keep, self.context_length)
+        self.use_cache = use_cache
+        self.token_bytes = token_bytes if token_bytes is not None else _no_text
         self.eos_id = eos_id
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -188,11 +210,18 @@ class Engine:
             self._thread.join(timeout)
 
     def submit(
-        self, prompt: Sequence[int], params: SamplingParams, on_event: Callable[[Any], None], *, group: Any = None
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        on_event: Callable[[Any], None],
+        *,
+        group: Any = None,
+        generator: Optional[torch.Generator] = None,
     ) -> Handle:
         """Queue a sequence; events arrive through ``on_event`` on the engine's thread.
         ``group``: a hashable naming the sequences that share rows fairly with the other
-        groups (default: the sequence alone). QueueFull: the group is new and ``max_queue``
+        groups (default: the sequence alone). ``generator``: draw from this one instead of
+        one seeded with ``params.seed``. QueueFull: the group is new and ``max_queue``
         groups already wait with no row."""
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -200,7 +229,9 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {self.vocab_size})")
-        handle = Handle(prompt, params, on_event, self.device, group)
+        handle = Handle(prompt, params, on_event, self, group)
+        if generator is not None:
+            handle.generator = generator
         with self._cond:
             if self._closing:
                 raise RuntimeError("the engine is shutting down")
@@ -288,6 +319,26 @@ class Engine:
 
     # ---------------------------------------------------------------- the loop ---
 
+    def turns(self) -> Iterator[None]:
+        """Run the loop in the calling thread instead of the engine's own: each ``next`` runs
+        one turn (admit, step, leave; the events of that turn delivered), and the iterator
+        ends when no sequence is left. Not with ``start``."""
+        if self._thread is not None:
+            raise RuntimeError("the engine runs on its own thread (start() was called)")
+        while True:
+            with self._cond:
+                if not self._waiting and not self._rows:
+                    return
+                admitted = self._pick()
+            with torch.inference_mode():
+                self._turn(admitted)
+            yield
+
+    def run_until_done(self) -> None:
+        """Decode every submitted sequence to its end in the calling thread."""
+        for _ in self.turns():
+            pass
+
     def _loop(self) -> None:
         with torch.inference_mode():
             while True:
@@ -297,24 +348,27 @@ class Engine:
                     if self._closing and not self._waiting and not self._rows:
                         return
                     admitted = self._pick()
-                try:
-                    self._leave()
-                    for handle in admitted:
-                        self._admit(handle)
-                    self._leave()
-                    if self._rows:
-                        self._step()
-                        self._leave()
-                except Exception as e:  # noqa: BLE001 -- a failed step fails its sequences, not the server
-                    self._rows = list({id(h): h for h in self._rows + admitted}.values())
-                    for handle in self._rows:
-                        if handle.parked:  # queued again: it resumes later
-                            continue
-                        if not handle.done:
-                            handle.done = True
-                            with contextlib.suppress(Exception):  # a failing callback must not end the loop
-                                handle.on_event(Failed(f"generation failed: {e}"))
-                    self._leave()
+                self._turn(admitted)
+
+    def _turn(self, admitted: list[Handle]) -> None:
+        try:
+            self._leave()
+            for handle in admitted:
+                self._admit(handle)
+            self._leave()
+            if self._rows:
+                self._step()
+                self._leave()
+        except Exception as e:  # noqa: BLE001 -- a failed step fails its sequences, not the server
+            self._rows = list({id(h): h for h in self._rows + admitted}.values())
+            for handle in self._rows:
+                if handle.parked:  # queued again: it resumes later
+                    continue
+                if not handle.done:
+                    handle.done = True
+                    with contextlib.suppress(Exception):  # a failing callback must not end the loop
+                        handle.on_event(Failed(f"generation failed: {e}"))
+            self._leave()
 
     def _prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
         """Run ``tokens`` from position 0 into cache row ``slot``; the next-token logits (1, vocab)."""
@@ -334,25 +388,27 @@ class Engine:
         self._take(handle, logits)
 
     def _step(self) -> None:
-        rows = self._rows
+        rows, ctx = self._rows, self.context_length
         positions = []
-        sliding = []
+        slid: dict[int, torch.Tensor] = {}
         for slot, h in enumerate(rows):
-            if h.length + 1 > self.context_length:
-                # The row's context is full: keep its last window_keep tokens (the one to
-                # feed among them) and recompute them into its row, as generate does.
-                keep = h.history[-self.window_keep :]
-                sliding.append((h, self._prefill(slot, keep)))
+            if not self.use_cache or h.length + 1 > ctx:
+                # The row's context is full (or no cache is kept): keep its last window_keep
+                # tokens (context_length without a cache), the one to feed among them, and
+                # recompute them into its row. Its slot in the step below is a placeholder,
+                # written over before it is read (a full row is recomputed again next step).
+                keep = h.history[-(self.window_keep if self.use_cache else ctx) :]
+                slid[id(h)] = self._prefill(slot, keep)
                 h.length = len(keep)
-                positions.append(h.length)  # a placeholder slot, written over by its next token
+                positions.append(min(h.length, ctx - 1))
             else:
                 positions.append(h.length)
-        feed = torch.tensor([[h.next_token] for h in rows], dtype=torch.long, device=self.device)
-        # Rows all at one length (one stream, say) take the plain path with no tensor of positions.
-        at = positions[0] if len(set(positions)) == 1 else torch.tensor(positions, device=self.device)
-        out = self.model(feed, kv_cache=self.cache.rows(0, len(rows)), start_pos=at)
-        logits = out[:, -1].float()
-        slid = {id(h): lg for h, lg in sliding}
+        logits = None
+        if len(slid) < len(rows):
+            feed = torch.tensor([[h.next_token] for h in rows], dtype=torch.long, device=self.device)
+            # Rows all at one length (one stream, say) take the plain path with no tensor of positions.
+            at = positions[0] if len(set(positions)) == 1 else torch.tensor(positions, device=self.device)
+            logits = self.model(feed, kv_cache=self.cache.rows(0, len(rows)), start_pos=at)[:, -1].float()
         for slot, h in enumerate(rows):
             if id(h) in slid:
                 self._take(h, slid[id(h)])
@@ -372,12 +428,11 @@ class Engine:
             h.on_event(Failed(str(e)))
             return
         h.generated += 1
-        if token == self.eos_id:
-            return self._finish(h, "stop")
-        text = h.stop.feed(h.text.decode(self.token_bytes(token)))
+        h.tokens.append(token)
+        text = h.text.feed(token)
         if text:
             h.on_event(Piece(text))
-        if h.stop.done:
+        if h.text.done:
             return self._finish(h, "stop")
         if h.generated >= p.max_tokens:
             return self._finish(h, "length")
@@ -385,7 +440,7 @@ class Engine:
         h.history.append(token)
 
     def _finish(self, h: Handle, reason: str) -> None:
-        tail = "" if h.stop.done else h.stop.feed(h.text.decode(b"", final=True)) + h.stop.flush()
+        tail = h.text.finish()
         if tail:
             h.on_event(Piece(tail))
         h.done = True

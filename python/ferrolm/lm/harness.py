@@ -25,8 +25,9 @@ The three request types, exactly:
   (lm-eval's ``get_rolling_token_windows`` with context_len = 1).
 - ``generate_until(context, {"until", "max_gen_toks", "do_sample", "temperature", "top_k",
   "top_p"})``: greedy unless do_sample with a temperature > 0, with
-  ``ferrolm.lm.generate.generate``; the text is cut before the first stop string, and ends at
-  the end-of-text token. Other generation kwargs are refused by name.
+  ``ferrolm.lm.generate.generate_text`` (the inference engine, each request its own row);
+  the text is cut before the first stop string, and ends at the end-of-text token. Other
+  generation kwargs are refused by name.
 
 Requests run in batches of ``batch_size`` rows, longest first, right-padded (a causal
 model's logits at a position do not depend on what follows it), with a progress bar.
@@ -112,9 +113,9 @@ class FerrolmLM(LM):
 
     # ---- tokens ----------------------------------------------------------------------
 
-    def _text(self, ids: list[int]) -> str:
-        known = self.tok.vocab_size
-        return b"".join(self.tok.token_bytes(t) if t < known else b"" for t in ids).decode("utf-8", "replace")
+    def _token_bytes(self, t: int) -> bytes:
+        # A model may have more ids than its tokenizer (a rounded-up vocab_size): no text.
+        return self.tok.token_bytes(t) if t < self.tok.vocab_size else b""
 
     def _pair_ids(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         stripped = context.rstrip()
@@ -209,27 +210,14 @@ class FerrolmLM(LM):
         check_sampling_args(temperature, top_k, top_p)
         return stops, max_new, (temperature, top_k, top_p)
 
-    @torch.inference_mode()
     def _generate_batch(self, contexts: list[str], stops: list[str], max_new: int, sampling: tuple) -> list[str]:
-        from ferrolm.lm.generate import StopText, generate
+        from ferrolm.lm.generate import generate_text
 
         rows = [self.tok.encode(c) for c in contexts]  # an empty one starts from eos
-        new: list[list[int]] = [[] for _ in rows]
-        done = [False] * len(rows)
         generator = torch.Generator(device=self._device).manual_seed(1234)
-        stream = generate(self.model, rows, max_new, *sampling, eos_id=self.eos_id, generator=generator)
-        for step in stream:
-            for r, t in enumerate(step):
-                if t is None or done[r]:
-                    continue
-                if t == self.eos_id:
-                    done[r] = True
-                    continue
-                new[r].append(t)
-                done[r] = any(s in self._text(new[r]) for s in stops)
-            if all(done):
-                break
-        return [StopText(stops).cut(self._text(ids)) for ids in new]
+        return generate_text(
+            self.model, rows, self._token_bytes, max_new, *sampling, eos_id=self.eos_id, generator=generator, stop=stops
+        )
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         groups: dict[str, list[int]] = defaultdict(list)

@@ -65,7 +65,7 @@ Speed: attention uses torch's ``scaled_dot_product_attention`` (flash kernels on
 and CPU) unless ``attention="reference"``, which runs the literal equation from
 ``ferrolm.lm.functional``; both are tested equal. For generation, ``make_kv_cache`` gives a
 preallocated key/value cache and ``forward(ids, kv_cache=...)`` computes only the new
-positions (``attention_mask`` handles left-padded prompts).
+positions (one start position for the batch, or one per row: continuous batching).
 
 Accounting for a ``ModelConfig``: ``count_parameters(cfg)`` and ``flops_per_token(cfg)``
 (forward; training is 3x), for MFU.
@@ -686,7 +686,6 @@ class TransformerLM(nn.Module):
         *,
         kv_cache: Optional[KVCache] = None,
         start_pos: Union[int, Tensor, None] = None,
-        attention_mask: Optional[Tensor] = None,
         token_positions: Optional[Tensor] = None,
         targets: Optional[Tensor] = None,
         document_ids: Optional[Tensor] = None,
@@ -703,30 +702,22 @@ class TransformerLM(nn.Module):
           only the new positions are computed. ``start_pos`` defaults to the cache's
           ``length``, which is advanced to start_pos + seq. One start position is shared
           by the whole batch.
-        - ``attention_mask`` (batch, keys) bool, True = a real token: keys that are
-          padding are never attended (for left-padded prompts). ``keys`` is seq without
-          a cache and start_pos + seq with one. Because RoPE depends only on distances,
-          left padding with shared positions gives the real tokens the same logits as
-          without padding. Padded query rows attend to themselves and are garbage.
         - ``token_positions`` (seq,) or (batch, seq): explicit RoPE positions.
         - ``start_pos`` as a (batch,) LongTensor, with a cache and one new token per row:
           row b's token is at position start_pos[b] and attends to its cache slots
           [0, start_pos[b]] only; the rows of a continuous batch each at its own length.
-          ``attention_mask`` is not taken then (the lengths are the mask).
         - ``document_ids`` (batch, seq) ints, non-decreasing along each row: a query attends
           only to earlier keys of its own document (``functional.document_mask``); what
           training passes with ``doc_mask`` (``functional.document_ids`` of the inputs).
-          Not with a cache or an ``attention_mask``.
+          Not with a cache.
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must be (batch, seq), got shape {tuple(ids.shape)}")
         batch, seq = ids.shape
         cfg = self.config
         if isinstance(start_pos, Tensor):
-            if kv_cache is None or seq != 1 or start_pos.shape != (batch,) or attention_mask is not None:
-                raise ValueError(
-                    "start_pos as a tensor needs a kv_cache, one new token per row, shape (batch,) and no attention_mask"
-                )
+            if kv_cache is None or seq != 1 or start_pos.shape != (batch,):
+                raise ValueError("start_pos as a tensor needs a kv_cache, one new token per row and shape (batch,)")
             if bool((start_pos == start_pos[0]).all()):
                 start_pos = int(start_pos[0])  # every row at one length: the plain path
             else:
@@ -745,16 +736,9 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence reaches position {end}, beyond context_length {cfg.context_length}")
 
         mask = None  # None: causal, built by each attention layer as needed
-        if attention_mask is not None:
-            if attention_mask.shape != (batch, end):
-                raise ValueError(f"attention_mask must be (batch, {end}), got {tuple(attention_mask.shape)}")
-            mask = causal_mask(seq, end, device=ids.device) & attention_mask.bool()[:, None, None, :]
-            # every query may see itself, so a row of padding never becomes all -inf (NaN)
-            mask = mask | (torch.arange(end, device=ids.device) == torch.arange(start, end, device=ids.device)[:, None])
-
         if document_ids is not None:
-            if kv_cache is not None or attention_mask is not None:
-                raise ValueError("document_ids cannot be combined with a kv_cache or an attention_mask")
+            if kv_cache is not None:
+                raise ValueError("document_ids cannot be combined with a kv_cache")
             if document_ids.shape != (batch, seq):
                 raise ValueError(f"document_ids must be (batch, seq) = {(batch, seq)}, got {tuple(document_ids.shape)}")
             mask = functional.document_mask(document_ids)[:, None]  # (batch, 1, seq, seq): over heads
