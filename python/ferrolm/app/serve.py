@@ -14,10 +14,12 @@ in a last chunk with no choices, before ``data: [DONE]``. Choice j of a prompt i
 with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
 
 A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
-server keeps serving (a body nested past MAX_JSON_DEPTH is one). The decoding itself is
-``ferrolm.lm.engine``; this module parses, checks, renders chat turns, and carries events to
-the client. A client that goes away (streaming or not) has its sequences cancelled at once,
-which frees their batch rows.
+server keeps serving (a body nested past ``openai_api.MAX_JSON_DEPTH`` is one). The decoding
+itself is ``ferrolm.lm.engine``; checking a body and shaping replies and stream chunks are
+plain functions in ``ferrolm.app.openai_api``; this module is the transport between them:
+it reads bodies, renders chat turns, submits each request's choices, and carries the
+engine's events to the client. A client that goes away (streaming or not) has its sequences
+cancelled at once, which frees their batch rows.
 
 No client can hold the server: each request's sequences form one group of the engine, which
 shares the batch rows fairly between groups; at most ``--max-queue`` requests wait for a row
@@ -48,17 +50,18 @@ import functools
 import json
 import math
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
+
+from ferrolm.app import openai_api
+from ferrolm.app.openai_api import ApiError
 
 __all__ = ["ApiError", "ChatTemplate", "PLAIN_CHAT_TEMPLATE", "PLAIN_CHAT_STOP", "load_served_model", "create_app"]
 
@@ -74,110 +77,15 @@ STREAM_INTERVAL = 0.05  # seconds between two hand-overs of a stream's tokens (t
 WRITE_TIMEOUT = 30.0  # seconds a stream waits for a client that stopped reading
 SHUTDOWN_GRACE = 30.0  # seconds the running requests have to finish after Ctrl-C or SIGTERM
 MAX_QUEUE = 64  # requests that may wait for a batch row
-MAX_STOP_STRINGS = 4
-MAX_N = 64
-MAX_CHOICES = 256  # n times the number of prompts, per request
 MAX_BODY_BYTES = 8 << 20
-MAX_JSON_DEPTH = 64  # nesting of a request body: OpenAI's shapes need a handful
 TEMPLATE_OUTPUT_LIMIT = 4 << 20  # characters of a rendered chat prompt
 TEMPLATE_TIME_LIMIT = 3.0  # seconds for a chat template to render (real ones take milliseconds)
 TEMPLATE_MEMORY_LIMIT = 1 << 30  # bytes of address space of the process that renders templates
 TEMPLATE_WORKERS = 2  # processes rendering chat templates
-TEMPERATURE_MAX = 2.0
-ROLES = ("system", "developer", "user", "assistant")
-# OpenAI parameters accepted only at their neutral value (ferrolm does not implement them).
-NEUTRAL = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
-    "best_of": (None, 1),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
-    "suffix": (None, ""),
-    "tools": (None, []),
-    "response_format": (None, {"type": "text"}),
-}
 
 
 def _missing_extra(e: ImportError) -> ImportError:
     return ImportError(f'`ferrolm serve` needs the serve extra: pip install "ferrolm[serve]" ({e})')
-
-
-# --------------------------------------------------------------------------------------
-# Errors and argument checks
-# --------------------------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    """A caller's mistake: an HTTP status and OpenAI's error body."""
-
-    def __init__(
-        self, message: str, param: Optional[str] = None, *, status: int = 400, code: Optional[str] = None, kind=None
-    ):
-        super().__init__(message)
-        self.status = status
-        self.body = {
-            "error": {
-                "message": message,
-                "type": kind or ("invalid_request_error" if status < 500 else "server_error"),
-                "param": param,
-                "code": code,
-            }
-        }
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
-    x = body.get(name)
-    if x is None:
-        return default
-    if not _is_number(x) or x > high or x < low or (low_open and x == low):
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise ApiError(f"{name} must be a number in {interval}, got {json.dumps(x)}", name)
-    return float(x)
-
-
-def _int(body: dict, name: str, default: Optional[int], low: int, high: int) -> Optional[int]:
-    x = body.get(name)
-    if x is None:
-        return default
-    if not _is_int(x) or not low <= x <= high:
-        raise ApiError(f"{name} must be an integer in [{low}, {high}], got {json.dumps(x)}", name)
-    return x
-
-
-def _stop_strings(body: dict) -> Optional[tuple[str, ...]]:
-    stop = body.get("stop")
-    if stop is None:
-        return None
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
-        raise ApiError(f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings", "stop")
-    return tuple(s for s in stop if s)
-
-
-@dataclass
-class Request:
-    """A checked request: token-id prompts and how to sample each of their n choices."""
-
-    prompts: list[list[int]]
-    n: int
-    max_tokens: int
-    temperature: float
-    top_k: Optional[int]
-    top_p: Optional[float]
-    seed: Optional[int]
-    stop: tuple[str, ...]
-    stream: bool
 
 
 # --------------------------------------------------------------------------------------
@@ -264,7 +172,11 @@ def _sandbox():
         def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
             # A sequence times a count: its size is known before it is built.
             for seq, count in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and _is_int(count) and len(seq) * count > TEMPLATE_OUTPUT_LIMIT:
+                if (
+                    isinstance(seq, (str, list, tuple))
+                    and isinstance(count, int)
+                    and len(seq) * count > TEMPLATE_OUTPUT_LIMIT
+                ):
                     raise TemplateLimit(f"a value repeated with * would pass {TEMPLATE_OUTPUT_LIMIT:,} items")
             return super().call_binop(context, operator, left, right)
 
@@ -482,205 +394,131 @@ def create_app(
     try:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
-        from starlette.responses import JSONResponse
         from starlette.routing import Route
     except ImportError as e:
         raise _missing_extra(e) from None
-    from ferrolm.lm.engine import Failed, Finished, Piece, QueueFull, SamplingParams
 
-    created = int(time.time())
-    eos_id = served.tokenizer.eos_id
-    eos_text = next((s for s in served.tokenizer.special_tokens if s == "<|endoftext|>"), "")
-    renderer = _RenderWorkers()
+    routes = _Routes(served, engine, max_tokens_limit, stream_interval, write_timeout)
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/health", routes.health, methods=["GET"]),
+        ],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        lifespan=routes.lifespan,
+    )
+    app.state.close_renderer = routes.renderer.close  # for `serve` after a forced exit, which skips the lifespan's end
+    return app
 
-    # ---------------------------------------------------------------- parsing ---
 
-    async def read_body(request) -> dict:
-        size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > MAX_BODY_BYTES:
-            raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
-        raw = b""
-        async for part in request.stream():  # counted as it comes: a body without a length is capped too
-            raw += part
-            if len(raw) > MAX_BODY_BYTES:
-                raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
-        # A large body is parsed off the event loop: /health and the streams go on meanwhile.
-        body = _parse_json(raw) if len(raw) < 1 << 20 else await asyncio.to_thread(_parse_json, raw)
-        if not isinstance(body, dict):
-            raise ApiError("the request body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str):
-            raise ApiError("model must be a string naming the served model (see GET /v1/models)", "model")
-        if model != served.name:
-            raise ApiError(
-                f"the model {model!r} does not exist; this server serves {served.name!r}",
-                "model",
-                status=404,
-                code="model_not_found",
-            )
-        for name, allowed in NEUTRAL.items():
-            if name in body and body[name] not in allowed:
-                raise ApiError(f"{name} is not supported by this server", name, code="unsupported_parameter")
-        return body
+def _json_response(body: Any, status: int = 200):
+    from starlette.responses import JSONResponse
 
-    def encode(text: str, param: str) -> list[int]:
-        ids = served.tokenizer.encode(text)
-        if not ids:
-            if eos_id is None:
-                raise ApiError("an empty prompt starts from the end-of-text token, which this tokenizer lacks", param)
-            ids = [eos_id]  # a new document, as `ferrolm generate --prompt ''` starts
-        return ids
+    return JSONResponse(body, status_code=status)
 
-    def check_ids(ids: list, param: str) -> list[int]:
-        if not ids:
-            raise ApiError("a prompt of token ids must hold at least one id", param)
-        for t in ids:
-            if not _is_int(t) or not 0 <= t < served.vocab_size:
-                raise ApiError(
-                    f"token id {json.dumps(t)} is outside the model's vocabulary [0, {served.vocab_size})",
-                    param,
-                    code="invalid_token_id",
-                )
-        return ids
 
-    def sampling(body: dict, prompts: list[list[int]], param: str, default_max: int, template_stop=()) -> Request:
-        for ids in prompts:
-            if len(ids) > served.context_length:
-                raise ApiError(
-                    f"the prompt is {len(ids)} tokens; the model's context is {served.context_length}",
-                    param,
-                    code="context_length_exceeded",
-                )
-        max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        max_tokens = _int(body, max_name, default_max, 1, max_tokens_limit)
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise ApiError("stream must be a boolean", "stream")
-        seed = body.get("seed")
-        if seed is not None and not _is_int(seed):
-            raise ApiError(f"seed must be an integer, got {json.dumps(seed)}", "seed")
-        stop = _stop_strings(body)
-        top_k = _int(body, "top_k", None, 1, 1 << 30)
-        top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
-        n = _int(body, "n", 1, 1, MAX_N)
-        if n * len(prompts) > MAX_CHOICES:
-            raise ApiError(f"n times the number of prompts must be at most {MAX_CHOICES}", "n")
-        return Request(
-            prompts=prompts,
-            n=n,
-            max_tokens=max_tokens,
-            temperature=_number(body, "temperature", 1.0, 0.0, TEMPERATURE_MAX),
-            top_k=top_k,
-            top_p=None if top_p >= 1.0 else top_p,
-            seed=None if seed is None else seed % (1 << 63),
-            stop=tuple(dict.fromkeys((*(stop or ()), *template_stop))),  # the caller's, then the template's
-            stream=bool(stream),
+async def _api_error(request, exc: ApiError):
+    return _json_response(exc.body, exc.status)
+
+
+async def _http_error(request, exc):
+    return _json_response(openai_api.http_error(exc.status_code, str(exc.detail)).body, exc.status_code)
+
+
+async def _server_error(request, exc: Exception):
+    return _json_response(ApiError(f"internal error: {exc}", status=500).body, 500)
+
+
+class _Routes:
+    """The routes' handlers over one served model and engine: each reads its body, checks it
+    with ``openai_api``, submits the choices, and writes what ``openai_api`` makes of the
+    engine's events; the transport (outbox, disconnects, write timeouts, the 429 of a full
+    queue, chat rendering in worker processes) is here."""
+
+    def __init__(self, served: ServedModel, engine: Any, max_tokens_limit: int, interval: float, write_timeout: float):
+        self.served, self.engine = served, engine
+        self.interval, self.write_timeout = interval, write_timeout
+        self.created = int(time.time())
+        tok = served.tokenizer
+        self.info = openai_api.ModelInfo(
+            served.name, tok.encode, tok.eos_id, served.vocab_size, served.context_length, max_tokens_limit
         )
+        self.eos_text = next((s for s in tok.special_tokens if s == "<|endoftext|>"), "")
+        self.renderer = _RenderWorkers()
 
-    def completion_request(body: dict) -> Request:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            prompts = [encode(prompt, "prompt")]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            prompts = [encode(p, "prompt") for p in prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
-            prompts = [check_ids(p, "prompt") for p in prompt]
-        elif isinstance(prompt, list) and prompt and all(not isinstance(p, (list, str)) for p in prompt):
-            prompts = [check_ids(prompt, "prompt")]
-        else:
-            raise ApiError(
-                "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids",
-                "prompt",
-            )
-        return sampling(body, prompts, "prompt", 16)
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        self.engine.start()
+        warming = asyncio.ensure_future(self.renderer.warm())
+        try:
+            yield
+        finally:
+            # uvicorn has let the open requests finish, or cancelled those past the shutdown's
+            # grace: nobody waits for what is left.
+            warming.cancel()
+            self.renderer.close()
+            close = functools.partial(self.engine.close, 10.0, cancel=True)
+            await asyncio.get_running_loop().run_in_executor(None, close)
 
-    async def chat_request(body: dict) -> Request:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError("messages must be a non-empty list of {role, content} objects", "messages")
-        turns = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ROLES:
-                raise ApiError(f"messages[{i}] must be an object with a role among {', '.join(ROLES)}", "messages")
-            content = m.get("content")
-            if isinstance(content, list):  # content parts: text only
-                if not all(
-                    isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-                ):
-                    raise ApiError(f"messages[{i}].content: only text parts are supported", "messages")
-                content = "".join(p["text"] for p in content)
-            if not isinstance(content, str):
-                raise ApiError(f"messages[{i}].content must be a string", "messages")
-            turns.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-        prompt = await renderer.render(served.chat_template.source, turns, eos_text)
-        return sampling(
-            body, [encode(prompt, "messages")], "messages", served.context_length, served.chat_template.default_stop
-        )
+    async def completions(self, request):
+        req = openai_api.parse_completion(await _read_body(request), self.info)
+        return await self._run(request, req, chat=False)
 
-    # ---------------------------------------------------------------- running ---
+    async def chat_completions(self, request):
+        body = await _read_body(request)
+        turns = openai_api.chat_turns(body, self.info)
+        template = self.served.chat_template
+        prompt = await self.renderer.render(template.source, turns, self.eos_text)
+        req = openai_api.parse_chat(body, prompt, self.info, template.default_stop)
+        return await self._run(request, req, chat=True)
 
-    def submit_all(req: Request, outbox: _Outbox) -> list:
+    async def models(self, request):
+        card = {"id": self.served.name, "object": "model", "created": self.created, "owned_by": "ferrolm"}
+        return _json_response({"object": "list", "data": [card]})
+
+    async def health(self, request):
+        running, waiting = self.engine.counts()
+        return _json_response({"status": "ok", "model": self.served.name, "running": running, "waiting": waiting})
+
+    def _submit(self, req: openai_api.Request, outbox: _Outbox) -> list:
+        """Every choice of ``req`` into the engine as one group (its rows shared fairly with
+        other requests'); its events go to ``outbox`` as (choice index, event)."""
+        from ferrolm.lm.engine import Piece, QueueFull
+
         handles = []
-        group = object()  # the request's sequences share rows fairly with other requests
+        group = object()
         try:
             for p, ids in enumerate(req.prompts):
                 for j in range(req.n):
-                    index = p * req.n + j
-                    params = SamplingParams(
-                        max_tokens=req.max_tokens,
-                        temperature=req.temperature,
-                        top_k=req.top_k,
-                        top_p=req.top_p,
-                        seed=None if req.seed is None else (req.seed + j) % (1 << 63),
-                        stop=req.stop,
-                    )
 
-                    def on_event(event, index=index):
+                    def on_event(event, index=p * req.n + j):
                         outbox.put((index, event), urgent=not isinstance(event, Piece))
 
-                    handles.append(engine.submit(ids, params, on_event, group=group))
+                    handles.append(self.engine.submit(ids, openai_api.sampling_params(req, j), on_event, group=group))
         except QueueFull as e:  # refused whole, before any of its sequences was queued
             raise ApiError(
                 f"the server is busy: {e}; retry later", status=429, kind="rate_limit_error", code="queue_full"
             ) from None
         except RuntimeError as e:  # the engine is shutting down
             for h in handles:
-                engine.cancel(h)
+                self.engine.cancel(h)
             raise ApiError(str(e), status=503, kind="server_error") from None
         return handles
 
-    def usage(req: Request, completion_tokens: int) -> dict:
-        prompt_tokens = sum(len(ids) for ids in req.prompts)
-        return {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-
-    async def events(req: Request, outbox: _Outbox) -> AsyncIterator[list[tuple[int, Any]]]:
-        """The (choice index, event) pairs handed over together, until every choice has finished."""
-        left = len(req.prompts) * req.n
-        while left:
-            bunch = await outbox.get()
-            for _, event in bunch:
-                if isinstance(event, Failed):
-                    raise ApiError(event.message, status=500, kind="server_error")
-                left -= isinstance(event, Finished)
-            yield bunch
-
-    async def run(request, req: Request, chat: bool):
+    async def _run(self, request, req: openai_api.Request, chat: bool):
         # A stream's text goes out as it comes (the first piece at once, then at most every
-        # stream_interval); a whole reply needs only the end of each choice.
-        outbox = _Outbox(asyncio.get_running_loop(), stream_interval if req.stream else math.inf)
-        handles = submit_all(req, outbox)
+        # interval); a whole reply needs only the end of each choice.
+        outbox = _Outbox(asyncio.get_running_loop(), self.interval if req.stream else math.inf)
+        handles = self._submit(req, outbox)
 
         def cancel_all() -> None:
             for h in handles:
                 if not h.done:
-                    engine.cancel(h)
+                    self.engine.cancel(h)
 
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        head = {"id": rid, "object": "", "created": int(time.time()), "model": served.name}
+        head = openai_api.response_head(self.served.name, chat)
         if req.stream:
 
             def abort() -> None:  # the client stopped reading: drop its connection
@@ -688,123 +526,62 @@ def create_app(
                 if hook is not None and request.client is not None:
                     hook(tuple(request.client))
 
-            events_out = stream_events(req, outbox, head, chat)
-            return _event_stream_class()(events_out, on_close=cancel_all, write_timeout=write_timeout, on_stall=abort)
+            chunks = _stream(req, outbox, openai_api.stream_head(head, chat), chat)
+            return _event_stream_class()(chunks, on_close=cancel_all, write_timeout=self.write_timeout, on_stall=abort)
+        reply = openai_api.Reply(req)
+
+        async def collect() -> None:
+            async for bunch in _bunches(req, outbox):
+                for index, event in bunch:
+                    reply.add(index, event)
+
         try:
-            texts = [""] * len(handles)
-            reasons: list = [None] * len(handles)
-            completion_tokens = 0
-
-            async def collect() -> None:
-                nonlocal completion_tokens
-                async for bunch in events(req, outbox):
-                    for index, event in bunch:
-                        if isinstance(event, Piece):
-                            texts[index] += event.text
-                        else:
-                            reasons[index] = event.reason
-                            completion_tokens += event.completion_tokens
-
             if await _until_disconnect(request, collect()):
-                return JSONResponse({}, status_code=499)  # nobody is listening
+                return _json_response({}, 499)  # nobody is listening
         finally:
             cancel_all()
-        if chat:
-            choices = [
-                {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
-                for i, (t, r) in enumerate(zip(texts, reasons))
-            ]
-        else:
-            choices = [
-                {"index": i, "text": t, "logprobs": None, "finish_reason": r}
-                for i, (t, r) in enumerate(zip(texts, reasons))
-            ]
-        obj = "chat.completion" if chat else "text_completion"
-        return JSONResponse({**head, "object": obj, "choices": choices, "usage": usage(req, completion_tokens)})
+        return _json_response(reply.body(head, chat))
 
-    async def stream_events(req: Request, outbox: _Outbox, head: dict, chat: bool) -> AsyncIterator[bytes]:
-        head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
 
-        def chunk(choices: list, **extra) -> bytes:
-            return b"data: " + json.dumps({**head, "choices": choices, **extra}).encode() + b"\n\n"
+async def _read_body(request) -> Any:
+    """The request's parsed JSON, its size capped at MAX_BODY_BYTES (413)."""
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
+    raw = b""
+    async for part in request.stream():  # counted as it comes: a body without a length is capped too
+        raw += part
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB", status=413)
+    # A large body is parsed off the event loop: /health and the streams go on meanwhile.
+    return openai_api.parse_json(raw) if len(raw) < 1 << 20 else await asyncio.to_thread(openai_api.parse_json, raw)
 
-        def choice(index: int, text: Optional[str], reason: Optional[str] = None, first: bool = False) -> dict:
-            if chat:
-                delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-                return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
-            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
 
-        if chat:
-            yield chunk([choice(i, None, first=True) for i in range(len(req.prompts) * req.n)])
-        completion_tokens = 0
-        try:
-            async for bunch in events(req, outbox):
-                chunks = []  # one event per piece, as OpenAI sends them; one write for the bunch
-                for index, event in bunch:
-                    if isinstance(event, Piece):
-                        chunks.append(chunk([choice(index, event.text)]))
-                    else:
-                        completion_tokens += event.completion_tokens
-                        chunks.append(chunk([choice(index, None, event.reason)]))
-                yield b"".join(chunks)
-        except ApiError as e:
-            yield b"data: " + json.dumps(e.body).encode() + b"\n\n"
-            return
-        yield chunk([], usage=usage(req, completion_tokens))
-        yield b"data: [DONE]\n\n"
+async def _bunches(req: openai_api.Request, outbox: _Outbox) -> AsyncIterator[list[tuple[int, Any]]]:
+    """The (choice index, event) pairs handed over together, until every choice has finished."""
+    left = req.choices
+    while left:
+        bunch = await outbox.get()
+        left -= openai_api.bunch_ends(bunch)
+        yield bunch
 
-    # ---------------------------------------------------------------- routes ---
 
-    async def completions(request):
-        return await run(request, completion_request(await read_body(request)), chat=False)
-
-    async def chat_completions(request):
-        return await run(request, await chat_request(await read_body(request)), chat=True)
-
-    async def models(request):
-        card = {"id": served.name, "object": "model", "created": created, "owned_by": "ferrolm"}
-        return JSONResponse({"object": "list", "data": [card]})
-
-    async def health(request):
-        running, waiting = engine.counts()
-        return JSONResponse({"status": "ok", "model": served.name, "running": running, "waiting": waiting})
-
-    async def api_error(request, exc: ApiError):
-        return JSONResponse(exc.body, status_code=exc.status)
-
-    async def http_error(request, exc: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return JSONResponse(ApiError(str(exc.detail), status=exc.status_code, code=code).body, exc.status_code)
-
-    async def server_error(request, exc: Exception):
-        return JSONResponse(ApiError(f"internal error: {exc}", status=500).body, status_code=500)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        engine.start()
-        warming = asyncio.ensure_future(renderer.warm())
-        try:
-            yield
-        finally:
-            # uvicorn has let the open requests finish, or cancelled those past the shutdown's
-            # grace: nobody waits for what is left.
-            warming.cancel()
-            renderer.close()
-            close = functools.partial(engine.close, 10.0, cancel=True)
-            await asyncio.get_running_loop().run_in_executor(None, close)
-
-    app = Starlette(
-        routes=[
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-        ],
-        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
-        lifespan=lifespan,
-    )
-    app.state.close_renderer = renderer.close  # for `serve` after a forced exit, which skips the lifespan's end
-    return app
+async def _stream(req: openai_api.Request, outbox: _Outbox, head: dict, chat: bool) -> AsyncIterator[bytes]:
+    """A stream's server-sent events: one write per bunch, then the usage and DONE."""
+    opening = openai_api.role_chunk(head, req, chat)
+    if opening:
+        yield opening
+    completion_tokens = 0
+    try:
+        async for bunch in _bunches(req, outbox):
+            data, tokens = openai_api.stream_bunch(head, bunch, chat)
+            completion_tokens += tokens
+            yield data
+    except ApiError as e:
+        yield openai_api.error_chunk(e)
+        return
+    yield openai_api.usage_chunk(head, req, completion_tokens)
+    yield openai_api.DONE
 
 
 class _Outbox:
@@ -846,30 +623,6 @@ class _Outbox:
     async def get(self) -> list:
         """The next bunch of events, in the order they came."""
         return await self._bunches.get()
-
-
-def _parse_json(raw: bytes) -> Any:
-    """The body's JSON; ApiError (400) when it is not JSON or nests past MAX_JSON_DEPTH (the
-    parser recurses once per level, and so would the code that walks the value)."""
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
-        depth = 0
-        for token in _JSON_TOKENS.finditer(raw):
-            run = token.group()
-            if run[0] in b"[{":
-                depth += len(run)
-                if depth > MAX_JSON_DEPTH:
-                    raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
-            elif run[0] != ord('"'):
-                depth -= len(run)
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise ApiError(f"the request body is not valid JSON: {e}") from None
-
-
-# A string (to its closing quote, or the end of an unterminated one: each byte is scanned
-# once), or a run of opening or of closing brackets.
-_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[\[{]+|[\]}]+', re.DOTALL)
 
 
 async def _until_disconnect(request, work) -> bool:
@@ -1019,19 +772,9 @@ def serve(
         served, engine, max_tokens_limit=max_tokens_limit, stream_interval=stream_interval, write_timeout=write_timeout
     )
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.listen(2048)  # before the address is announced: early clients wait in the backlog, never refused
-    bound = sock.getsockname()[1]
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    sock, address = _listen(host, port)
     print(
-        f"serving {served.name} on http://{shown}:{bound}/v1 (chat template: {served.chat_template.origin}; "
+        f"serving {served.name} on http://{address}/v1 (chat template: {served.chat_template.origin}; "
         f"batch up to {max_batch}; Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
@@ -1045,6 +788,22 @@ def serve(
     engine.close(10.0, cancel=True)
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _listen(host: str, port: int) -> tuple[socket.socket, str]:
+    """A socket listening on ``host:port``, and its address as a URL shows it (the port
+    chosen when ``port`` is 0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)  # before the address is announced: early clients wait in the backlog, never refused
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"{shown}:{sock.getsockname()[1]}"
 
 
 def _is_loopback(host: str) -> bool:
