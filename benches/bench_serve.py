@@ -87,7 +87,16 @@ def start_server(ckpt: Path, tok: Path, stream_interval: Optional[float] = None)
 
 def stream_once(port: int, model: str, max_tokens: int = NEW_TOKENS) -> dict:
     """One streamed request: when it was sent, its first and last token arrived, and its token count."""
-    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True, **SAMPLING})
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": PROMPT,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **SAMPLING,
+        }
+    )
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     sent = time.perf_counter()
     conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})

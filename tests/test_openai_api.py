@@ -176,6 +176,19 @@ def test_stream_and_seed():
         assert error(e)[:2] == (400, "seed") and str(e) == f"seed must be an integer, got {json.dumps(bad)}"
 
 
+def test_stream_options_include_usage():
+    assert completion(stream=True).include_usage is False
+    assert completion(stream=True, stream_options={"include_usage": True}).include_usage is True
+    assert completion(stream=True, stream_options={"include_usage": False, "other": 1}).include_usage is False
+    assert completion(stream=True, stream_options=None).include_usage is False
+    e = refused(completion, stream_options={"include_usage": True})  # without a stream
+    assert error(e)[:2] == (400, "stream_options") and "only allowed when stream is true" in str(e)
+    e = refused(completion, stream=True, stream_options=[True])
+    assert error(e)[:2] == (400, "stream_options")
+    e = refused(completion, stream=True, stream_options={"include_usage": "yes"})
+    assert error(e)[:2] == (400, "stream_options.include_usage")
+
+
 def test_stop_strings():
     assert completion(stop="x").stop == ("x",)
     assert completion(stop=["a", "", "b", "a"]).stop == ("a", "b")  # empty ones dropped, repeats once
@@ -317,7 +330,7 @@ def events_of(data: bytes) -> list:
 def test_completion_stream_chunks():
     req = completion(n=2)
     head = api.stream_head(HEAD, False)
-    assert head["object"] == "text_completion"
+    assert head["object"] == "text_completion" and "usage" not in head
     assert api.role_chunk(head, req, False) == b""  # completions open with their first text
     data, tokens = api.stream_bunch(head, [(1, Piece("a")), (0, Piece("b")), (1, Finished("stop", 3))], False)
     assert tokens == 3
@@ -331,6 +344,16 @@ def test_completion_stream_chunks():
     (last,) = events_of(api.usage_chunk(head, req, 3))
     assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
     assert api.DONE == b"data: [DONE]\n\n"
+
+
+def test_a_stream_that_asks_for_usage_carries_a_null_usage_until_its_last_chunk():
+    req = completion(stream=True, stream_options={"include_usage": True})
+    head = api.stream_head(HEAD, False, req)
+    (piece,) = events_of(api.event_chunk(head, 0, Piece("a"), False))
+    assert piece["usage"] is None and piece["choices"][0]["text"] == "a"
+    (last,) = events_of(api.usage_chunk(head, req, 1))
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 1
+    assert "usage" not in api.stream_head(HEAD, False, completion(stream=True))
 
 
 def test_chat_stream_chunks():

@@ -379,8 +379,21 @@ def test_completion_with_a_seed_is_what_ferrolm_generate_prints(server, files, c
         stream = client.completions.create(
             model=server.name, prompt=prompt, max_tokens=40, seed=seed, stream=True, **sampling
         )
-        chunks = list(stream)
+        # The client loop most code has: every chunk has a choice (no usage unless asked for).
+        assert "".join(chunk.choices[0].text for chunk in stream) == want
+        chunks = list(
+            client.completions.create(
+                model=server.name,
+                prompt=prompt,
+                max_tokens=40,
+                seed=seed,
+                stream=True,
+                stream_options={"include_usage": True},
+                **sampling,
+            )
+        )
         assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+        assert all(c.usage is None for c in chunks[:-1])
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     # top_k, and n choices: choice j is seeded with seed + j
     r = client.completions.create(
@@ -401,7 +414,13 @@ def test_chat_goes_through_the_plain_template_and_stops_at_a_new_user_turn(serve
     assert r.usage.prompt_tokens == len(files["tokenizer"].encode(prompt))
     chunks = list(
         client.chat.completions.create(
-            model=server.name, messages=messages, max_tokens=60, seed=4, temperature=0.7, stream=True
+            model=server.name,
+            messages=messages,
+            max_tokens=60,
+            seed=4,
+            temperature=0.7,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -424,7 +443,13 @@ def test_stop_strings_cut_the_text_and_end_the_sequence(server):
     want = full.text[: full.text.index(stop)]
     for stream in (False, True):
         r = client.completions.create(
-            model=server.name, prompt="the mat", max_tokens=40, temperature=0, stop=[stop, "never there"], stream=stream
+            model=server.name,
+            prompt="the mat",
+            max_tokens=40,
+            temperature=0,
+            stop=[stop, "never there"],
+            stream=stream,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
         )
         if stream:
             chunks = list(r)
@@ -602,7 +627,16 @@ def test_an_exported_folder_serves_the_same_text_and_sigterm_drains(server, file
         _, got = exported.request("POST", "/v1/completions", {"model": "exported", **body})
         assert got["choices"][0]["text"] == want["choices"][0]["text"]
         # SIGTERM while a long reply is running: it is finished, then the process exits 0.
-        conn, resp = _open_stream(exported, {"model": "exported", "prompt": "the", "max_tokens": 300, "temperature": 0})
+        conn, resp = _open_stream(
+            exported,
+            {
+                "model": "exported",
+                "prompt": "the",
+                "max_tokens": 300,
+                "temperature": 0,
+                "stream_options": {"include_usage": True},
+            },
+        )
         resp.readline()
         exported.proc.send_signal(signal.SIGTERM)
         text, reasons, usage = "", [], None

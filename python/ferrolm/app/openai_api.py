@@ -117,6 +117,7 @@ class Request:
     seed: Optional[int]
     stop: tuple[str, ...]
     stream: bool
+    include_usage: bool = False  # stream_options.include_usage: a usage chunk before DONE
 
     @property
     def choices(self) -> int:
@@ -266,6 +267,7 @@ def _sampling(
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise ApiError("stream must be a boolean", "stream")
+    include_usage = _include_usage(body.get("stream_options"), bool(stream))
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise ApiError(f"seed must be an integer, got {json.dumps(seed)}", "seed")
@@ -285,7 +287,23 @@ def _sampling(
         seed=None if seed is None else seed % (1 << 63),
         stop=tuple(dict.fromkeys((*stop, *template_stop))),  # the caller's, then the template's
         stream=bool(stream),
+        include_usage=include_usage,
     )
+
+
+def _include_usage(options: Any, stream: bool) -> bool:
+    """``stream_options.include_usage``, as OpenAI checks it: options only with a stream;
+    other keys of the object are left alone."""
+    if options is None:
+        return False
+    if not stream:
+        raise ApiError("stream_options is only allowed when stream is true", "stream_options")
+    if not isinstance(options, dict):
+        raise ApiError("stream_options must be an object", "stream_options")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise ApiError("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    return include
 
 
 def parse_completion(body: Any, info: ModelInfo) -> Request:
@@ -396,8 +414,11 @@ class Reply:
         return {**head, "object": obj, "choices": choices, "usage": usage(self.req, self.completion_tokens)}
 
 
-def stream_head(head: dict, chat: bool) -> dict:
-    return {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+def stream_head(head: dict, chat: bool, req: Optional[Request] = None) -> dict:
+    """The fields every chunk of a stream carries; with ``include_usage``, ``"usage": null``
+    (the last chunk before DONE holds the counts), as OpenAI sends them."""
+    head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+    return {**head, "usage": None} if req is not None and req.include_usage else head
 
 
 def _chunk(head: dict, choices: list, **extra) -> bytes:
@@ -453,7 +474,9 @@ def bunch_ends(bunch: list[tuple[int, Any]]) -> int:
 
 
 def usage_chunk(head: dict, req: Request, completion_tokens: int) -> bytes:
-    """A stream's last chunk before DONE: no choices, the usage counts."""
+    """The last chunk before DONE of a stream that asked for it (``include_usage``): no
+    choices, the usage counts. A stream that did not ask ends without it, so every chunk it
+    sends has a choice (clients read ``chunk.choices[0]``)."""
     return _chunk(head, [], usage=usage(req, completion_tokens))
 
 

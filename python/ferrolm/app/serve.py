@@ -9,8 +9,10 @@ Routes (the shapes of OpenAI's API):
 
 Both POST routes take model, max_tokens (chat also max_completion_tokens), temperature
 (0 to 2; 0 is greedy), top_p (0 < p <= 1), top_k (an extension: a positive int), n, stop
-(a string or up to 4), seed, stream. Every reply carries usage counts; a stream sends them
-in a last chunk with no choices, before ``data: [DONE]``. Choice j of a prompt is sampled
+(a string or up to 4), seed, stream, stream_options. Every whole reply carries usage counts;
+a stream sends them only when ``stream_options.include_usage`` asks (then in a last chunk
+with no choices, before ``data: [DONE]``, as OpenAI does), so that every chunk of a plain
+stream has a choice. Choice j of a prompt is sampled
 with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
 
 A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
@@ -526,7 +528,7 @@ class _Routes:
                 if hook is not None and request.client is not None:
                     hook(tuple(request.client))
 
-            chunks = _stream(req, outbox, openai_api.stream_head(head, chat), chat)
+            chunks = _stream(req, outbox, openai_api.stream_head(head, chat, req), chat)
             return _event_stream_class()(chunks, on_close=cancel_all, write_timeout=self.write_timeout, on_stall=abort)
         reply = openai_api.Reply(req)
 
@@ -567,7 +569,8 @@ async def _bunches(req: openai_api.Request, outbox: _Outbox) -> AsyncIterator[li
 
 
 async def _stream(req: openai_api.Request, outbox: _Outbox, head: dict, chat: bool) -> AsyncIterator[bytes]:
-    """A stream's server-sent events: one write per bunch, then the usage and DONE."""
+    """A stream's server-sent events: one write per bunch, then the usage (when asked for)
+    and DONE."""
     opening = openai_api.role_chunk(head, req, chat)
     if opening:
         yield opening
@@ -580,7 +583,8 @@ async def _stream(req: openai_api.Request, outbox: _Outbox, head: dict, chat: bo
     except ApiError as e:
         yield openai_api.error_chunk(e)
         return
-    yield openai_api.usage_chunk(head, req, completion_tokens)
+    if req.include_usage:
+        yield openai_api.usage_chunk(head, req, completion_tokens)
     yield openai_api.DONE
 
 
