@@ -16,6 +16,7 @@ import stat
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 # The largest tokenizer file read: several times the largest public tokenizer.json files
 # (a few tens of MB, for vocabularies of ~260k tokens), yet small enough that parsing one
@@ -118,6 +119,15 @@ def read_file_bytes(path: str | os.PathLike, what: str) -> bytes:
     if len(data) > MAX_FILE_BYTES:
         raise TokenizerFileError(f"{path}: is over the {MAX_FILE_BYTES >> 20} MiB a tokenizer file may be")
     return data
+
+
+def parse_json(text: str, path: str | os.PathLike) -> Any:
+    """The JSON value of ``text`` read from ``path``; TokenizerFileError naming the file when it
+    is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
 
 
 def _read_text(path: Path, what: str) -> str:

@@ -38,6 +38,7 @@ from ferrolm.bpe.fileformat import (
     TokenizerFileError,
     _json_bytes,
     _read_text,
+    parse_json,
     read_file_bytes,
     str_to_token,
     tokens_to_strs,
@@ -139,10 +140,7 @@ def parse_vocab(text: str, path: Path, special_tokens: Sequence[str] = (), *, fa
         vocab = _core.read_vocab_json(text, list(special_tokens))
         if vocab is not None:
             return vocab
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
+    raw = parse_json(text, path)
     if not isinstance(raw, dict):
         raise TokenizerFileError(f"{path}: expected a JSON object {{token: id}}, got {type(raw).__name__}")
     specials = set(special_tokens)
@@ -239,11 +237,7 @@ def write_config(
 def read_config(path: str | os.PathLike) -> dict:
     """Read a ferrolm record (``ferrolm_tokenizer.json``, or a 0.1.0 folder's ``tokenizer.json``)."""
     path = Path(path)
-    try:
-        rec = json.loads(_read_text(path, "tokenizer record"))
-    except json.JSONDecodeError as e:
-        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
-    return _check_record(rec, path)
+    return _check_record(parse_json(_read_text(path, "tokenizer record"), path), path)
 
 
 def _check_record(rec: Any, path: Path) -> dict:
@@ -381,10 +375,7 @@ def _legacy_record(directory: Path) -> tuple[dict | None, Path]:
             + (f" (it has {' and '.join(present)}; a save was interrupted?)" if present else "")
             + "; a bare vocab.json + merges.txt pair loads with Tokenizer.from_files(vocab, merges, special_tokens, pattern)"
         )
-    try:
-        data = json.loads(_read_text(path, "tokenizer.json"))
-    except json.JSONDecodeError as e:
-        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
+    data = parse_json(_read_text(path, "tokenizer.json"), path)
     if isinstance(data, dict) and data.get("format") == FORMAT:
         return _check_record(data, path), path
     return None, path
@@ -425,12 +416,7 @@ def _check_edited_hf_config(
     """An edited tokenizer_config.json must keep the special tokens the tokenizer gives
     (``HF_CONFIG_TOKEN_KEYS`` as ferrolm writes them): transformers takes their ids and
     roles from it, and a change there would make it disagree with ferrolm."""
-    from ferrolm.bpe import hf  # hf imports this module
-
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
+    config = parse_json(text, path)
     if not isinstance(config, dict):
         raise TokenizerFileError(f"{path}: must hold a JSON object")
     want = hf.hf_tokenizer_config(special_ids_in(vocab, specials))

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from ferrolm.bpe import patterns
-from ferrolm.bpe.fileformat import EOT, FORMAT, TokenizerFileError, _json_bytes, _read_text, str_to_token, token_to_str
+from ferrolm.bpe.fileformat import (
+    EOT,
+    FORMAT,
+    TokenizerFileError,
+    _json_bytes,
+    _read_text,
+    parse_json,
+    str_to_token,
+    token_to_str,
+)
 
 HF_FILE = "tokenizer.json"
 HF_CONFIG_FILE = "tokenizer_config.json"
@@ -195,10 +204,7 @@ def read_hf_tokenizer(
         raise TokenizerFileError(
             f"{path}: a SentencePiece model file: ferrolm reads byte-level BPE tokenizer.json files"
         )
-    try:
-        data = json.loads(_read_text(path, "HF tokenizer.json"))
-    except json.JSONDecodeError as e:
-        raise TokenizerFileError(f"{path}: not valid JSON: {e}") from None
+    data = parse_json(_read_text(path, "HF tokenizer.json"), path)
     if isinstance(data, dict) and data.get("format") == FORMAT:
         raise TokenizerFileError(
             f"{path}: is ferrolm's own record (a 0.1.0 folder): load the folder with Tokenizer.load"
