@@ -123,13 +123,15 @@ class QueueFull(RuntimeError):
 class Handle:
     """One submitted sequence; ``Engine.cancel(handle)`` stops it and frees its row."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Any], None], engine, group):
+    def __init__(
+        self, prompt: list[int], params: SamplingParams, on_event: Callable[[Any], None], engine, group, generator=None
+    ):
         self.prompt = prompt
         self.group = self if group is None else group
         self.params = params
         self.on_event = on_event
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
-        self.generator = torch.Generator(device=engine.device).manual_seed(self.seed)
+        self.generator = generator if generator is not None else torch.Generator(engine.device).manual_seed(self.seed)
         self.history = list(prompt)  # prompt and sampled tokens: what a sliding window keeps
         self.tokens: list[int] = []  # every sampled token, the last one (eos, say) included
         self.length = 0  # positions filled in its cache row
@@ -182,7 +184,6 @@ class Engine:
         self._running: dict[Any, int] = {}
         self._arrival: dict[Any, int] = {}
         self._arrivals = 0
-        self._n_waiting = 0
         self._cond = threading.Condition()
         self._closing = False
         self._thread: Optional[threading.Thread] = None
@@ -204,7 +205,6 @@ class Engine:
                 for h in [*self._rows, *(h for q in self._waiting.values() for h in q)]:
                     h.cancelled = True
                 self._waiting.clear()
-                self._n_waiting = 0
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -229,9 +229,7 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {self.vocab_size})")
-        handle = Handle(prompt, params, on_event, self, group)
-        if generator is not None:
-            handle.generator = generator
+        handle = Handle(prompt, params, on_event, self, group, generator)
         with self._cond:
             if self._closing:
                 raise RuntimeError("the engine is shutting down")
@@ -256,20 +254,18 @@ class Engine:
             queue = self._waiting.get(handle.group)
             if queue is not None and handle in queue:
                 queue.remove(handle)
-                self._n_waiting -= 1
                 self._forget_if_idle(handle.group)
             self._cond.notify()
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting) sequences."""
-        return len(self._rows), self._n_waiting
+        return len(self._rows), sum(len(q) for q in self._waiting.values())
 
     # ---------------------------------------------------------------- groups (under the lock) ---
 
     def _queue(self, handle: Handle, *, front: bool = False) -> None:
         queue = self._waiting.setdefault(handle.group, deque())
         queue.appendleft(handle) if front else queue.append(handle)
-        self._n_waiting += 1
 
     def _forget_if_idle(self, g: Any) -> None:
         if not self._waiting.get(g, True):
@@ -291,7 +287,6 @@ class Engine:
             g = self._next_group()
             queue = self._waiting[g]
             handle = queue.popleft()
-            self._n_waiting -= 1
             self._running[g] = self._running.get(g, 0) + 1
             self._forget_if_idle(g)
             picked.append(handle)
