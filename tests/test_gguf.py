@@ -262,6 +262,54 @@ def test_the_portable_preset_trains_models_that_export_to_gguf_and_hugging_face(
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
+def test_ferrolm_train_config_portable_then_export_gguf(tmp_path, capsys):
+    """The preset's whole path at a tiny shape: train (Muon, WSD, QK-norm) and export, read back."""
+    from tiny_lm import stdlib_text
+
+    from ferrolm import Tokenizer
+    from ferrolm.app.cli import main
+    from ferrolm.bpe import shards
+
+    text = stdlib_text()
+    tok = Tokenizer.train(iter([text]), 320, ["<|endoftext|>"], progress=False)
+    tokdir = tok.save(tmp_path / "tok")
+    half = len(text) // 2
+    for name, part in (("train", text[:half]), ("val", text[half:])):
+        shards.encode_texts(tok, [part], tmp_path / name, progress=False)
+    sets = {
+        "model.d_model": 32,
+        "model.num_heads": 4,
+        "model.num_layers": 2,
+        "model.d_ff": 64,
+        "model.context_length": 32,
+        "data.train": tmp_path / "train",
+        "data.val": tmp_path / "val",
+        "data.tokenizer": tokdir,
+        "schedule.max_steps": 3,
+        "schedule.warmup_steps": 1,
+        "schedule.schedule_by": "steps",
+        "schedule.max_time_s": 0,
+        "schedule.batch_size": 2,
+        "run.out_dir": tmp_path / "run",
+        "run.eval_every": 3,
+        "run.eval_batches": 1,
+        "run.checkpoint_every": 0,
+        "run.progress": "false",
+        "run.num_threads": 1,
+        "run.autocast_bf16": "false",
+    }
+    argv = ["train", "--config", "portable"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = tmp_path / "m.gguf"
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out), "--format", "gguf"]) == 0
+    model, _, _ = load_model(tmp_path / "run", tokenizer=False)
+    assert _fields(gguf.GGUFReader(out))["general.architecture"] == "qwen3"
+    ids = tok.encode(PROMPT)
+    with torch.no_grad():
+        want = model(torch.tensor([ids]))[0].double().numpy()
+    np.testing.assert_allclose(_gguf_logits(out, ids), want, atol=1e-4, rtol=0)
+
+
 def test_gguf_refuses_what_llama_cpp_cannot_express(tmp_path):
     from ferrolm import Tokenizer
     from ferrolm.lm.checkpoint import save_checkpoint
