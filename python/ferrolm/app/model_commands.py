@@ -52,22 +52,24 @@ def add_export_command(sub) -> None:
     p.add_argument(
         "--dtype",
         default="float32",
-        choices=["float32", "bfloat16", "float16"],
-        help="weights dtype (hf; gguf: no bf16)",
+        choices=["float32", "bfloat16", "float16", "f32", "bf16", "f16", "q8_0"],
+        help="the weights' type: float32 (f32), bfloat16 (bf16) or float16 (f16); gguf also q8_0 "
+        "(8-bit blocks of 32 with a float16 scale; norms stay float32)",
     )
     p.set_defaults(run=_run_export)
 
 
 def _run_export(args) -> int:
     from ferrolm.lm.export import export_hf, export_safetensors
-    from ferrolm.lm.gguf_export import export_gguf  # the gguf package itself is imported when it writes
+    from ferrolm.lm.gguf_export import DTYPE_ALIASES, export_gguf  # the gguf package is imported when it writes
 
     if args.format == "safetensors":
         out = export_safetensors(args.checkpoint, args.out, force=args.force)
     elif args.format == "gguf":
         out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     else:
-        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
+        dtype = {short: long for long, short in DTYPE_ALIASES.items()}.get(args.dtype, args.dtype)
+        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=dtype, force=args.force)
     print(out)
     return 0
 
