@@ -33,7 +33,8 @@ def add_export_command(sub) -> None:
         help="export a checkpoint as a Hugging Face model folder (or a safetensors file)",
         description="Write a folder that transformers loads with no ferrolm code: config.json (LlamaForCausalLM), "
         "model.safetensors, generation_config.json and the tokenizer files (AutoModelForCausalLM and "
-        "AutoTokenizer .from_pretrained(DIR)). --format safetensors writes the weights alone under ferrolm's "
+        "AutoTokenizer .from_pretrained(DIR)); a model no transformers architecture computes gets ferrolm's "
+        "modeling_ferrolm.py beside them (from_pretrained(DIR, trust_remote_code=True)). --format safetensors writes the weights alone under ferrolm's "
         "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it). "
         "--format gguf writes one GGUF file for llama.cpp and the tools built on it, tokenizer included "
         '(needs the gguf extra: pip install "ferrolm[gguf]").',
@@ -55,6 +56,13 @@ def add_export_command(sub) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="weights dtype (hf; gguf: no bf16)",
     )
+    p.add_argument(
+        "--no-remote-code",
+        dest="remote_code",
+        action="store_false",
+        help="hf: refuse a model that no transformers architecture computes (value embeddings, x0 mixing, ReLU^2, "
+        "soft-capped logits, ...) instead of writing it with ferrolm's modeling file (trust_remote_code=True)",
+    )
     p.set_defaults(run=_run_export)
 
 
@@ -67,9 +75,23 @@ def _run_export(args) -> int:
     elif args.format == "gguf":
         out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     else:
-        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
+        out = export_hf(
+            args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force, remote_code=args.remote_code
+        )
+        _say_remote_code(out)
     print(out)
     return 0
+
+
+def _say_remote_code(out) -> None:
+    from ferrolm.lm.hf_remote import MODELING_FILE, is_remote_folder
+
+    if is_remote_folder(out):
+        print(
+            f"{out}: no transformers architecture computes this model; it runs from the folder's {MODELING_FILE}: "
+            "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)",
+            file=sys.stderr,
+        )
 
 
 def add_eval_command(sub) -> None:
