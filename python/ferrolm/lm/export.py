@@ -9,9 +9,11 @@ QK-norm), model.safetensors, generation_config.json and the tokenizer files
 ferrolm's default architecture is Llama's (RMSNorm, pre-norm, RoPE, SwiGLU, no biases);
 grouped-query attention maps to num_key_value_heads, and QK-norm to Qwen3's q_norm/k_norm.
 HF rotates halves of each head where ferrolm rotates pairs, so q/k rows are permuted
-(``ferrolm.lm.hf.to_hf_state_dict``) and the logits are equal. Settings no exported
-architecture has are refused by name (``ferrolm.lm.hf.hf_architecture``); config.json is
-``ferrolm.lm.hf.hf_config``. The folder is written whole or not at all.
+(``ferrolm.lm.hf.to_hf_state_dict``) and the logits are equal; config.json is
+``ferrolm.lm.hf.hf_config``. A model with settings no native architecture has
+(``ferrolm.lm.hf.hf_architecture`` names them) is written with ferrolm's own modeling file,
+loaded with ``trust_remote_code=True`` (``ferrolm.lm.hf_remote``), or refused with
+``remote_code=False``. The folder is written whole or not at all.
 
 ``export_safetensors`` writes the weights alone, under ferrolm's own names, with the model
 config in the file's metadata: a checkpoint that needs no pickle reader.
