@@ -88,8 +88,10 @@ def test_remote_code_export_gives_ferrolms_logits_and_greedy_tokens(exported):
         args = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=tok.eos_id)
         cached = hf.generate(torch.tensor([prompt]), **args, **{_cache_kwarg(): cache})
         uncached = hf.generate(torch.tensor([prompt]), **args, use_cache=False)
+        static = hf.generate(torch.tensor([prompt]), **args, cache_implementation="static")
     assert cache.get_seq_length() == len(prompt) + 20 - 1  # every step but the last token went through it
     assert cached[0, len(prompt) :].tolist() == want == uncached[0, len(prompt) :].tolist()
+    assert static[0, len(prompt) :].tolist() == want
     # ferrolm reads the folder back: the same model
     back, back_tok, info = load_model(out)
     assert back_tok.fingerprint == tok.fingerprint and info["tokenizer_source"] == out
@@ -129,6 +131,10 @@ def test_value_embeddings_sit_in_the_last_layer_and_every_second_before_it(tmp_p
     x = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert (model.eval()(x) - hf(x).logits).abs().max().item() < 1e-5
+        # labels give the mean next-token loss, as ferrolm's targets do
+        assert abs(hf(x, labels=x).loss.item() - model(x[:, :-1], targets=x[:, 1:]).item()) < 1e-5
+        with pytest.raises(ValueError, match="needs input_ids"):
+            hf(inputs_embeds=torch.zeros(1, 4, 32))
 
 
 def test_cli_says_trust_remote_code_and_refuses_with_no_remote_code(exported, tmp_path, capsys):

@@ -210,7 +210,10 @@ class Block(nn.Module):
 def attention_mask_4d(attention_mask, batch: int, seq: int, past: int, device) -> torch.Tensor:
     """Bool (batch, 1, seq, past + seq), True = may attend: causal over the cache's slots,
     minus the padding that ``attention_mask`` (batch, past + seq) marks with 0. A query
-    always sees its own slot, so a padding row is never empty."""
+    always sees its own slot, so a padding row is never empty. A 4-D mask, what transformers
+    builds for a static cache, is taken as it is (an additive one: 0 = may attend)."""
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
     slots = torch.arange(past + seq, device=device)
     own = past + torch.arange(seq, device=device)
     mask = (slots[None, :] <= own[:, None]).expand(batch, 1, seq, past + seq)
