@@ -135,6 +135,10 @@ def test_value_embeddings_sit_in_the_last_layer_and_every_second_before_it(tmp_p
         assert abs(hf(x, labels=x).loss.item() - model(x[:, :-1], targets=x[:, 1:]).item()) < 1e-5
         with pytest.raises(ValueError, match="needs input_ids"):
             hf(inputs_embeds=torch.zeros(1, 4, 32))
+    # what transformers saves of it (after fine-tuning there, say) loads back in ferrolm
+    hf.save_pretrained(tmp_path / "resaved")
+    with torch.no_grad():
+        assert torch.equal(load_model(tmp_path / "resaved", tokenizer=False).model(x), model(x))
 
 
 def test_cli_says_trust_remote_code_and_refuses_with_no_remote_code(exported, tmp_path, capsys):
