@@ -34,8 +34,8 @@ def add_export_command(sub) -> None:
         description="Write a folder that transformers loads with no ferrolm code: config.json (LlamaForCausalLM), "
         "model.safetensors, generation_config.json and the tokenizer files (AutoModelForCausalLM and "
         "AutoTokenizer .from_pretrained(DIR)); a model no transformers architecture computes gets ferrolm's "
-        "modeling_ferrolm.py beside them (from_pretrained(DIR, trust_remote_code=True)). --format safetensors writes the weights alone under ferrolm's "
-        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it). "
+        "modeling_ferrolm.py beside them (from_pretrained(DIR, trust_remote_code=True)). --format safetensors "
+        "writes the weights alone under ferrolm's names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it). "
         "--format gguf writes one GGUF file for llama.cpp and the tools built on it, tokenizer included "
         '(needs the gguf extra: pip install "ferrolm[gguf]").',
     )
