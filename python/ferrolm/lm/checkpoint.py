@@ -36,6 +36,7 @@ from ferrolm._util import atomic_open
 from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm.device import resolve_device
 from ferrolm.lm.hf import is_hf_folder, read_hf_folder, safetensors_open
+from ferrolm.lm.hf_remote import is_remote_folder, read_remote_folder
 from ferrolm.lm.model import ModelConfig, TransformerLM
 
 __all__ = [
@@ -417,9 +418,10 @@ def _read_safetensors(path: Path) -> dict[str, Any]:
 
 
 def _read_hf_folder(path: Path) -> dict[str, Any]:
-    """A checkpoint dict from an exported Hugging Face folder (``ferrolm.lm.hf.read_hf_folder``)."""
+    """A checkpoint dict from an exported Hugging Face folder (``ferrolm.lm.hf.read_hf_folder``;
+    ``ferrolm.lm.hf_remote.read_remote_folder`` for one with ferrolm's modeling file)."""
     try:
-        return read_hf_folder(path)
+        return read_remote_folder(path) if is_remote_folder(path) else read_hf_folder(path)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
 
