@@ -52,10 +52,10 @@ class ConfigError(ValueError):
 
 
 _MODEL_CHOICES = {
-    "norm": ("rms", "none"),
+    "norm": ("rms", "layer", "none"),
     "norm_position": ("pre", "post"),
-    "positions": ("rope", "none"),
-    "ffn": ("swiglu", "silu", "relu2"),
+    "positions": ("rope", "sinusoidal", "learned", "none"),
+    "ffn": ("swiglu", "silu", "relu2", "relu"),
     "attention": ("fast", "reference"),
 }
 
@@ -70,13 +70,19 @@ class ModelConfig:
     each switch's equation).
 
     - ``vocab_size``: 0 in a training config means the training shards' vocabulary size.
-    - ``norm``: "rms" (RMSNorm everywhere) or "none" (no normalization at all).
+    - ``norm``: "rms" (RMSNorm everywhere), "layer" (LayerNorm, with a gain and a bias) or
+      "none" (no normalization at all).
     - ``norm_position``: "pre" (h = x + Attn(N(x))) or "post" (h = N(x + Attn(x))).
-    - ``positions``: "rope" or "none" (no positional information; causal masking alone).
-    - ``ffn``: "swiglu" W2 (SiLU(W1 x) * W3 x), "silu" W2 SiLU(W1 x) or "relu2"
-      W2 relu(W1 x)^2. The two ungated FFNs have two matrices instead of three, so their
-      hidden width is ``d_ff_ungated``, which when 0 is round(3 d_ff / 2): the parameter
-      count of a SwiGLU of width d_ff.
+    - ``positions``: "rope"; "sinusoidal" (the original Transformer's fixed table added to
+      the token embeddings); "learned" (a (context_length, d_model) table added to them);
+      or "none" (no positional information; causal masking alone).
+    - ``ffn``: "swiglu" W2 (SiLU(W1 x) * W3 x), "silu" W2 SiLU(W1 x), "relu2"
+      W2 relu(W1 x)^2 or "relu" W2 relu(W1 x) (the original Transformer's, without biases).
+      The ungated FFNs have two matrices instead of three, so their hidden width is
+      ``d_ff_ungated``, which when 0 is round(3 d_ff / 2): the parameter count of a
+      SwiGLU of width d_ff.
+    - ``dropout``: p in [0, 1): in training only, dropout on the embeddings' sum, on the
+      attention weights and on each residual branch's output (attention and FFN); 0 is off.
     - ``tie_embeddings``: one (vocab, d_model) matrix for the embedding and the LM head,
       initialized like the LM head (std sqrt(2/(vocab+d_model))).
     - ``attention``: "fast" (torch's fused SDPA) or "reference" (the literal equation).
@@ -117,6 +123,7 @@ class ModelConfig:
     doc_mask: bool = False
     value_embeds: bool = False
     x0_mix: bool = False
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         self.check()
@@ -141,6 +148,8 @@ class ModelConfig:
                 raise ValueError(f"model.{name} must be a positive number, got {value}")
         if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
             raise ValueError(f"model.logit_softcap must be >= 0 (0: off), got {self.logit_softcap}")
+        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
+            raise ValueError(f"model.dropout must be in [0, 1) (0: off), got {self.dropout!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
         if self.positions == "rope" and self.d_head % 2:

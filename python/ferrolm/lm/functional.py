@@ -14,6 +14,9 @@ These are the literal definitions the model is checked against:
     x0_mix(x, x0, a, b) = a x + b x0
     document_ids   = number of end-of-text tokens at or before each position
     document_mask  = causal mask AND (query and key in one document)
+    layer_norm(x)  = (x - mean x) / sqrt(var x + eps) * g + b
+    sinusoidal_positions: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)
+    dropout(x, p)  = x * mask / (1 - p), mask ~ Bernoulli(1 - p)
 
 The model's default (fast) path uses torch's fused kernels for SiLU and attention,
 which compute the same functions; ``tests/test_functional.py`` holds both to the
@@ -25,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ferrolm.lm import gemm
@@ -263,21 +267,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype).contiguous(), None, None, None
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> Tensor:
     """softmax(Q K^T / sqrt(d_k) + M) V for q (..., n, d_k), k (..., m, d_k), v (..., m, d_v).
 
     ``mask`` is boolean, broadcastable to (..., n, m); True means "query i may attend to
     key j". Masked scores become -inf, so they get probability exactly 0. A query whose
-    row is entirely masked has no distribution and yields NaN.
+    row is entirely masked has no distribution and yields NaN. ``dropout_p`` > 0 drops
+    attention weights (``dropout``) before they weigh V: what training does with dropout.
     """
     d_k = q.shape[-1]
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., n, m)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return softmax(scores, dim=-1) @ v
+    return dropout(softmax(scores, dim=-1), dropout_p) @ v
 
 
-def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+def grouped_query_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> Tensor:
     """Attention of H query heads over H_kv key/value heads (H_kv divides H): query head h
     reads key/value head h // (H / H_kv), i.e. each K and V head is repeated H / H_kv times
     in place. q (..., H, n, d_k), k (..., H_kv, m, d_k), v (..., H_kv, m, d_v); with
@@ -286,7 +295,37 @@ def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
     if heads % kv_heads:
         raise ValueError(f"grouped_query_attention: {kv_heads} key/value heads do not divide {heads} query heads")
     group = heads // kv_heads
-    return scaled_dot_product_attention(q, k.repeat_interleave(group, -3), v.repeat_interleave(group, -3), mask)
+    k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+    return scaled_dot_product_attention(q, k, v, mask, dropout_p)
+
+
+def dropout(x: Tensor, p: float) -> Tensor:
+    """Each element zeroed with probability p, the rest scaled by 1 / (1 - p) (so the
+    expectation is x); x itself when p is 0. The mask is drawn by ``torch.rand_like``
+    through torch's own dropout (the same draws, so the model's dropout can be compared)."""
+    return F.dropout(x, p, training=True) if p > 0 else x
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """LayerNorm (x - mean(x)) / sqrt(var(x) + eps) * g + b over the last dim (the variance
+    without Bessel's correction), computed in (at least) float32 and cast back."""
+    work = x.to(torch.promote_types(x.dtype, torch.float32))
+    mean = work.mean(dim=-1, keepdim=True)
+    var = ((work - mean) ** 2).mean(dim=-1, keepdim=True)
+    return ((work - mean) / torch.sqrt(var + eps) * weight.to(work.dtype) + bias.to(work.dtype)).to(x.dtype)
+
+
+def sinusoidal_positions(num_positions: int, d_model: int) -> Tensor:
+    """The original Transformer's position table (num_positions, d_model), float32:
+    PE[p, 2i] = sin(p / 10000^(2i / d_model)), PE[p, 2i + 1] = cos(p / 10000^(2i / d_model))."""
+    table = torch.zeros(num_positions, d_model, dtype=torch.float64)
+    for p in range(num_positions):
+        for j in range(0, d_model, 2):
+            angle = p / 10000 ** (j / d_model)
+            table[p, j] = math.sin(angle)
+            if j + 1 < d_model:
+                table[p, j + 1] = math.cos(angle)
+    return table.float()
 
 
 def qk_norm(x: Tensor, eps: float = 1e-5) -> Tensor:
