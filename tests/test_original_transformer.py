@@ -170,3 +170,45 @@ def test_the_default_model_is_unchanged_by_the_new_switches():
 def test_bad_values_are_named(field, value, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**{field: value})
+
+
+@pytest.mark.parametrize("cap", [0.0, 15.0])
+@pytest.mark.parametrize("eps", [0.1, 0.4])
+def test_label_smoothing_equals_torchs(cap, eps):
+    torch.manual_seed(3)
+    h = torch.randn(37, 16, requires_grad=True)
+    w = (torch.randn(50, 16) * 0.5).requires_grad_()
+    t = torch.randint(0, 50, (37,))
+    got = functional.linear_cross_entropy(h, w, t, softcap_at=cap, label_smoothing=eps, chunk_rows=8)
+    got.backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    logits = h @ w.T
+    if cap:
+        logits = cap * torch.tanh(logits / cap)
+    want = F.cross_entropy(logits, t, label_smoothing=eps)
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gh, h.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # the path without a gradient computes the same loss
+        torch.testing.assert_close(
+            functional.linear_cross_entropy(h, w, t, softcap_at=cap, label_smoothing=eps), want, rtol=1e-5, atol=1e-6
+        )
+
+
+def test_label_smoothing_only_in_training():
+    model = make(label_smoothing=0.2)
+    ids, targets = torch.randint(0, V, (2, 9)), torch.randint(0, V, (2, 9))
+    model.train()
+    smoothed = model(ids, targets=targets)
+    with torch.no_grad():
+        logits = model(ids)
+    torch.testing.assert_close(smoothed, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=0.2))
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(ids, targets=targets), F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        )
+    with pytest.raises(ValueError, match="label_smoothing must be in"):
+        ModelConfig(label_smoothing=1.0)

@@ -83,6 +83,9 @@ class ModelConfig:
       SwiGLU of width d_ff.
     - ``dropout``: p in [0, 1): in training only, dropout on the embeddings' sum, on the
       attention weights and on each residual branch's output (attention and FFN); 0 is off.
+    - ``label_smoothing``: e in [0, 1): the training loss's target is (1 - e) on the next
+      token plus e / V on every token (torch's ``label_smoothing``); in training only, so
+      validation losses stay comparable; 0 is off.
     - ``tie_embeddings``: one (vocab, d_model) matrix for the embedding and the LM head,
       initialized like the LM head (std sqrt(2/(vocab+d_model))).
     - ``attention``: "fast" (torch's fused SDPA) or "reference" (the literal equation).
@@ -124,6 +127,7 @@ class ModelConfig:
     value_embeds: bool = False
     x0_mix: bool = False
     dropout: float = 0.0
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         self.check()
@@ -148,8 +152,10 @@ class ModelConfig:
                 raise ValueError(f"model.{name} must be a positive number, got {value}")
         if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
             raise ValueError(f"model.logit_softcap must be >= 0 (0: off), got {self.logit_softcap}")
-        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
-            raise ValueError(f"model.dropout must be in [0, 1) (0: off), got {self.dropout!r}")
+        for name in ("dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
+                raise ValueError(f"model.{name} must be in [0, 1) (0: off), got {value!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
         if self.positions == "rope" and self.d_head % 2:

@@ -114,7 +114,13 @@ class _CrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(
-    hidden: Tensor, weight: Tensor, targets: Tensor, *, softcap_at: float = 0.0, chunk_rows: int | None = None
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    softcap_at: float = 0.0,
+    chunk_rows: int | None = None,
+    label_smoothing: float = 0.0,
 ) -> Tensor:
     """``cross_entropy(hidden @ weight.T, targets)`` without the (N, vocab) logits; with
     ``softcap_at`` c > 0, of the soft-capped logits ``softcap(hidden @ weight.T, c)``.
@@ -131,6 +137,10 @@ def linear_cross_entropy(
 
     With the cap, the gradient of the capped logits is multiplied by the derivative of
     c tanh(z / c), 1 - tanh(z / c)^2, kept for the chunk only.
+
+    ``label_smoothing`` e in [0, 1): the target is (1 - e) on the true token plus e / V on
+    every token (torch's ``label_smoothing``): per position logsumexp(o) - (1 - e) o[t]
+    - e mean(o), with gradient softmax(o) - (1 - e) onehot(t) - e / V.
 
     ``hidden`` (..., d), ``weight`` (vocab, d), ``targets`` (...) class ids. Under
     autocast the GEMMs run in the autocast dtype and the softmax in float32. The default
@@ -149,13 +159,15 @@ def linear_cross_entropy(
         chunk_rows = _chunk_rows(weight.shape[0], h.device)
     if not (softcap_at >= 0 and math.isfinite(softcap_at)):
         raise ValueError(f"linear_cross_entropy: softcap_at must be >= 0 (0: off), got {softcap_at}")
+    if not 0 <= label_smoothing < 1:
+        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1), got {label_smoothing}")
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, t, chunk_rows, float(softcap_at))
+        return _LinearCrossEntropy.apply(h, weight, t, chunk_rows, float(softcap_at), float(label_smoothing))
     head_in, _, weight = _head_operands(h, weight, softcap_at)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, h.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        total = total + _chunk_forward(head_in[rows], weight, t[rows], softcap_at)[0]
+        total = total + _chunk_forward(head_in[rows], weight, t[rows], softcap_at, label_smoothing)[0]
     return total / max(t.numel(), 1)
 
 
@@ -185,18 +197,26 @@ def _head_logits(h: Tensor, weight: Tensor) -> Tensor:
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
-def _chunk_loss(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """(Sum over the chunk of logsumexp(o) - o[t], the row sums of exp(o - max o)); leaves
-    ``logits`` holding exp(o - max o)."""
-    top = logits.amax(dim=-1, keepdim=True)
+def _smoothed_target(logits: Tensor, targets: Tensor, smoothing: float) -> Tensor:
+    """(1 - e) o[t] + e mean(o) per row: what the loss subtracts from logsumexp(o)."""
     target_logit = logits.gather(-1, targets.unsqueeze(-1))
+    if not smoothing:
+        return target_logit
+    return target_logit * (1.0 - smoothing) + logits.mean(dim=-1, keepdim=True) * smoothing
+
+
+def _chunk_loss(logits: Tensor, targets: Tensor, smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(Sum over the chunk of logsumexp(o) - o[t] (smoothed: see ``linear_cross_entropy``),
+    the row sums of exp(o - max o)); leaves ``logits`` holding exp(o - max o)."""
+    top = logits.amax(dim=-1, keepdim=True)
+    target_logit = _smoothed_target(logits, targets, smoothing)
     exps = logits.sub_(top).exp_()
     sums = exps.sum(dim=-1, keepdim=True)
     return (sums.log() + top - target_logit).sum(), sums
 
 
 def _chunk_loss_capped(
-    scaled_h: Tensor, weight: Tensor, targets: Tensor, cap: float
+    scaled_h: Tensor, weight: Tensor, targets: Tensor, cap: float, smoothing: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The chunk's summed loss with capped logits o = c tanh(z / c), z = h W^T, by way of
     s = sigmoid(-2 z / c): c tanh(z / c) - c = -2 c s exactly, and 1 - tanh^2 = 4 s (1 - s).
@@ -209,22 +229,22 @@ def _chunk_loss_capped(
     """
     gate = _head_logits(scaled_h, weight).sigmoid_()  # s
     shifted = gate * (-2.0 * cap)  # o - c
-    target_logit = shifted.gather(-1, targets.unsqueeze(-1))
+    target_logit = _smoothed_target(shifted, targets, smoothing)  # the shift c cancels
     exps = shifted.exp_()
     sums = exps.sum(dim=-1, keepdim=True)
     return (sums.log() - target_logit).sum(), exps, sums, gate
 
 
 def _chunk_forward(
-    head_in: Tensor, weight: Tensor, targets: Tensor, cap: float
+    head_in: Tensor, weight: Tensor, targets: Tensor, cap: float, smoothing: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """A chunk's (summed loss, exp(o - shift), its row sums, s) from its rows of
     ``_head_operands``' first tensor: ``_chunk_loss_capped`` with a cap, else the plain
     logits' loss (s None)."""
     if cap:
-        return _chunk_loss_capped(head_in, weight, targets, cap)
+        return _chunk_loss_capped(head_in, weight, targets, cap, smoothing)
     exps = _head_logits(head_in, weight)
-    loss, sums = _chunk_loss(exps, targets)
+    loss, sums = _chunk_loss(exps, targets, smoothing)
     return loss, exps, sums, None
 
 
@@ -233,7 +253,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     folded into d h = G W and d W = G^T h chunk by chunk."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int, cap: float) -> Tensor:
+    def forward(
+        ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int, cap: float, smoothing: float = 0.0
+    ) -> Tensor:
         n = targets.numel()
         total = h.new_zeros((), dtype=torch.float32)
         grad_h = []
@@ -243,13 +265,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         head_in, h_mm, w_mm = _head_operands(h, weight, cap)
         for start in range(0, h.shape[0], chunk_rows):
             rows, tc = slice(start, start + chunk_rows), targets[start : start + chunk_rows]
-            loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, tc, cap)
+            loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, tc, cap, smoothing)
             total = total + loss
             # exp(o - m) / sum = softmax; minus onehot(t): the gradient of the summed loss
             # (with the cap, 4 times it: the 4 of the cap's derivative below, folded in here)
             scale = 0.25 if cap else 1.0
             grad = exps.div_(sums.mul_(scale))
-            grad.scatter_add_(-1, tc.unsqueeze(-1), grad.new_full((grad.shape[0], 1), -1.0 / scale))
+            grad.scatter_add_(-1, tc.unsqueeze(-1), grad.new_full((grad.shape[0], 1), -(1.0 - smoothing) / scale))
+            if smoothing:  # and e / V off every token
+                grad.sub_(smoothing / (grad.shape[-1] * scale))
             if gate is not None:  # through the cap: d o / d z = 1 - tanh(z / c)^2 = 4 s (1 - s)
                 torch.ops.aten.sigmoid_backward.grad_input(grad, gate, grad_input=grad)
             grad = grad.to(w_mm.dtype)  # a no-op in float32; under autocast the GEMMs' dtype
@@ -264,7 +288,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss / max(ctx.n, 1)
-        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype).contiguous(), None, None, None
+        grad_w = (grad_w * scale).to(ctx.weight_dtype).contiguous()
+        return grad_h * scale.to(grad_h.dtype), grad_w, None, None, None, None
 
 
 def scaled_dot_product_attention(

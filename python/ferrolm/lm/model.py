@@ -45,6 +45,8 @@ The original Transformer's parts, as switches:
     ffn="relu"     W2 relu(W1 x)
     dropout        p > 0, in training only: on the embeddings' sum, on the attention
                    weights and on each residual branch's output (functional.dropout)
+    label_smoothing  e > 0, in training only: the loss's target is (1 - e) onehot + e / V
+                   (functional.linear_cross_entropy, equal to torch's label_smoothing)
 
 Two recipes are built from these: the default model (every switch off) is the CS336
 assignment's, trained with AdamW and a cosine schedule (the ``cs336`` preset); the
@@ -860,7 +862,10 @@ class TransformerLM(nn.Module):
         """Final norm and LM head (soft-capped when on): logits, or the loss with ``targets``."""
         cap = self.config.logit_softcap
         if targets is not None:
-            return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets, softcap_at=cap)
+            smoothing = self.config.label_smoothing if self.training else 0.0
+            return functional.linear_cross_entropy(
+                self.ln_final(x), self.lm_head.weight, targets, softcap_at=cap, label_smoothing=smoothing
+            )
         logits = self.lm_head(self.ln_final(x))
         return functional.softcap(logits, cap) if cap else logits
 
