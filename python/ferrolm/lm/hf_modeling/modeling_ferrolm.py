@@ -10,7 +10,7 @@ config.json holds ferrolm's model config under its own field names, and the para
 carry ferrolm's checkpoint names, so model.safetensors is ferrolm's state dict as saved
 (a tied model stores the embedding once). The equations, in the order they run:
 
-    x0 = E[ids];  x = x0
+    x0 = E[ids] (+ PE[pos] or P[pos]: sinusoidal or learned positions);  x = x0
     per block i:  x = a_i x + b_i x0                                   (x0_mix)
                   pre-norm:  h = x + Attn(N(x));  x = h + FFN(N(h))
                   post-norm: h = N(x + Attn(x));  x = N(h + FFN(h))
@@ -18,10 +18,12 @@ carry ferrolm's checkpoint names, so model.safetensors is ferrolm's state dict a
                   RoPE rotates each pair (x[2k], x[2k+1]) by  position * theta^(-2k/d_head)
                   q, k <- q / rms(q), k / rms(k) per head (qk_norm, no weight)
                   softmax(q k^T / sqrt(d_head), causal) v; key/value head h // group (GQA)
-    FFN:          W2 (SiLU(W1 x) * W3 x) | W2 SiLU(W1 x) | W2 relu(W1 x)^2
+    FFN:          W2 (SiLU(W1 x) * W3 x) | W2 SiLU(W1 x) | W2 relu(W1 x)^2 | W2 relu(W1 x)
     logits:       N(x) W_head^T (W_head = E when tied), then c tanh(z / c) (logit_softcap)
 
-N is RMSNorm (computed in float32) or nothing. Keys are cached after RoPE and QK-norm,
+N is RMSNorm or LayerNorm (computed in float32) or nothing; PE[p, 2i] = sin(p / 10000^(2i/d)),
+PE[p, 2i+1] = cos(same). Dropout and label smoothing act only in ferrolm's training and
+change nothing here. Keys are cached after RoPE and QK-norm,
 values with their value embedding, in transformers' own cache.
 """
 
@@ -62,6 +64,8 @@ FERROLM_FIELDS = {
     "doc_mask": False,
     "value_embeds": False,
     "x0_mix": False,
+    "dropout": 0.0,
+    "label_smoothing": 0.0,
 }
 
 
@@ -123,6 +127,28 @@ class RMSNorm(nn.Module):
         return rms_normalize(x, self.weight, self.eps)
 
 
+class LayerNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), self.eps)
+        return y.to(x.dtype)
+
+
+def sinusoidal_table(num_positions: int, d_model: int) -> torch.Tensor:
+    """PE[p, 2i] = sin(p / 10000^(2i / d_model)), PE[p, 2i + 1] = cos of the same angle."""
+    angles = torch.arange(num_positions, dtype=torch.float64)[:, None] / torch.pow(
+        10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model
+    )
+    table = torch.zeros(num_positions, d_model, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = angles.sin(), angles.cos()[:, : d_model // 2]
+    return table.float()
+
+
 def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """RoPE on x (batch, heads, seq, d_head) at positions (batch, seq): each pair
     (x[2k], x[2k+1]) turned by the angle position * theta^(-2k/d_head), in float32."""
@@ -182,12 +208,16 @@ class FFN(nn.Module):
             h = F.silu(h) * self.w3(x)
         elif self.kind == "relu2":
             h = torch.relu(h).square()
+        elif self.kind == "relu":
+            h = torch.relu(h)
         else:
             h = F.silu(h)
         return self.w2(h)
 
 
 def make_norm(config: FerroLMConfig) -> nn.Module:
+    if config.norm == "layer":
+        return LayerNorm(config.d_model, config.norm_eps)
     return RMSNorm(config.d_model, config.norm_eps) if config.norm == "rms" else nn.Identity()
 
 
@@ -241,6 +271,8 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
         if config.x0_mix:
             self.residual_scales = nn.Parameter(torch.ones(config.num_layers))
             self.x0_scales = nn.Parameter(torch.zeros(config.num_layers))
+        if config.positions == "learned":
+            self.position_embeddings = nn.Embedding(config.context_length, config.d_model)
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -251,8 +283,10 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
             nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
         elif isinstance(module, nn.Embedding):
             nn.init.trunc_normal_(module.weight, std=1.0, a=-3.0, b=3.0)
-        elif isinstance(module, RMSNorm):
+        elif isinstance(module, (RMSNorm, LayerNorm)):
             nn.init.ones_(module.weight)
+            if isinstance(module, LayerNorm):
+                nn.init.zeros_(module.bias)
         elif module is self and self.config.x0_mix:
             nn.init.ones_(self.residual_scales)
             nn.init.zeros_(self.x0_scales)
@@ -302,7 +336,15 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
 
     def hidden_states(self, ids, positions, mask, cache) -> torch.Tensor:
         """Embedding and blocks: the last block's output."""
-        x = x0 = self.token_embeddings(ids)
+        x = self.token_embeddings(ids)
+        if self.config.positions == "learned":
+            x = x + self.position_embeddings(positions.clamp(min=0))
+        elif self.config.positions == "sinusoidal":
+            # made here, not kept as a buffer: a buffer missing from the weights file is left
+            # unset when transformers builds the model on the meta device
+            table = sinusoidal_table(self.config.context_length, self.config.d_model).to(x.device, x.dtype)
+            x = x + table[positions.clamp(min=0)]
+        x0 = x
         for i, block in enumerate(self.layers):
             if self.config.x0_mix:
                 x = self.residual_scales[i] * x + self.x0_scales[i] * x0
