@@ -93,6 +93,8 @@ class ModelConfig:
       E_v a (vocab, num_kv_heads d_head) table of its own in each such layer.
     - ``x0_mix``: each block's input is a_i x + b_i x0, x0 the token embeddings and a_i,
       b_i two learned scalars per layer that start at 1 and 0 (the plain residual).
+    - ``embed_norm``: the token embeddings are divided by their RMS, with no weight, before
+      the first block (and x0 is the normalized embedding), as transformers' nanochat does.
     """
 
     vocab_size: int = 0
@@ -117,6 +119,7 @@ class ModelConfig:
     doc_mask: bool = False
     value_embeds: bool = False
     x0_mix: bool = False
+    embed_norm: bool = False
 
     def __post_init__(self) -> None:
         self.check()
@@ -271,6 +274,9 @@ class RunSection:
     progress: bool = True  # tqdm progress bar
     wandb: str = ""  # wandb project name (logs there too when wandb is installed); "" = off
     tensorboard: bool = False  # also write TensorBoard scalars to out_dir/tb when installed
+    # a new run starting from these weights (a ferrolm run folder, checkpoint or .safetensors
+    # file, an exported or a Llama / Qwen3 / nanochat Hugging Face folder); "" = random init
+    init_from: str = ""
 
 
 SECTIONS = {

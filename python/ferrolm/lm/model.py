@@ -35,6 +35,8 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
                    such layer (a value residual straight from the token)
     x0_mix         block i reads a_i x + b_i x0 (functional.x0_mix), x0 the token
                    embeddings, a_i and b_i learned and starting at 1 and 0
+    embed_norm     x = x0 = E[ids] / sqrt(mean(E[ids]^2) + eps), no weight, before the
+                   first block (functional.qk_norm's equation over d_model): nanochat's
 
 Two recipes are built from these: the default model (every switch off) is the CS336
 assignment's, trained with AdamW and a cosine schedule (the ``cs336`` preset); the
@@ -753,6 +755,8 @@ class TransformerLM(nn.Module):
     ) -> Tensor:
         """Embedding and blocks: the final hidden states of ``ids``."""
         x = x0 = self.token_embeddings(ids)
+        if self.config.embed_norm:
+            x = x0 = rms_normalize(x, None, self.config.norm_eps)
         for i, layer in enumerate(self.layers):
             if self.config.x0_mix:  # the first block's x is x0 itself: one input, the equation
                 mix = functional.x0_mix if x is x0 else _X0Mix.apply
