@@ -41,6 +41,7 @@ __all__ = [
     "preset_names",
     "preset_path",
     "to_toml",
+    "adopt_model",
 ]
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -295,6 +296,8 @@ class TrainConfig:
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
     run: RunSection = field(default_factory=RunSection)
+    # "section.field" of every value a config file, preset or --set gave (not the defaults)
+    given: set = field(default_factory=set, repr=False, compare=False)
 
     # -- conversion -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -344,6 +347,7 @@ class TrainConfig:
             )
         default = names[name].default
         setattr(obj, name, _coerce(f"{section}.{name}", value, default, source))
+        self.given.add(f"{section}.{name}")
 
     # -- checks ----------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
@@ -462,6 +466,33 @@ def _check_schedule(s: ScheduleSection, m: ModelConfig) -> None:
         raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
     if s.cosine_steps and s.cosine_steps < s.warmup_steps:
         raise ConfigError(f"schedule.cosine_steps ({s.cosine_steps}) is before the end of warmup ({s.warmup_steps})")
+
+
+# [model] fields a run started from weights may set: they change no weight and only how it
+# trains (attention kernel, document masking, an initialization the weights replace)
+INIT_FREE_FIELDS = ("attention", "doc_mask", "zero_init_output")
+
+
+def adopt_model(cfg: TrainConfig, source: ModelConfig, name: str) -> None:
+    """Make ``cfg.model`` the model of the weights read from ``name`` (``run.init_from``).
+    A [model] value the config gave that contradicts the source is a ConfigError naming
+    both; the fields of INIT_FREE_FIELDS keep the config's value, and model.context_length
+    may be shorter than the source's (RoPE's tables are not weights); model.vocab_size = 0
+    means the source's."""
+    given = {k.split(".", 1)[1] for k in cfg.given if k.startswith("model.")}
+    mine = cfg.model
+    for k in sorted(given - set(INIT_FREE_FIELDS)):
+        value, theirs = getattr(mine, k), getattr(source, k)
+        if value == theirs or (k == "vocab_size" and value == 0):
+            continue
+        if k == "context_length" and value <= theirs:
+            continue
+        what = "is longer than" if k == "context_length" else "contradicts"
+        raise ConfigError(f"model.{k} = {value!r} {what} {theirs!r} of {name} (run.init_from)")
+    keep = {k: getattr(mine, k) for k in INIT_FREE_FIELDS}
+    if "context_length" in given:
+        keep["context_length"] = mine.context_length
+    cfg.model = dataclasses.replace(source, **keep)
 
 
 def name_in(name: str, section_cls) -> bool:
