@@ -84,6 +84,9 @@ class ModelConfig:
     - ``num_kv_heads``: grouped-query attention, num_kv_heads key/value heads each shared
       by num_heads / num_kv_heads query heads; 0 means num_heads (plain multi-head).
     - ``qk_norm``: RMSNorm, with no weight, of each head's query and key after RoPE.
+    - ``qk_norm_gain``: with ``qk_norm``, Qwen3's QK-norm instead: RMSNorm of each head's
+      query and key times a learned (d_head,) gain (one for q, one for k, shared by the heads
+      of a layer), before RoPE.
     - ``logit_softcap``: c > 0 maps the logits z to c tanh(z / c); 0 is off.
     - ``zero_init_output``: the attention output projection and the FFN's W2 start at
       zero, so each block starts as the identity.
@@ -121,6 +124,7 @@ class ModelConfig:
     value_embeds: bool = False
     x0_mix: bool = False
     embed_norm: bool = False
+    qk_norm_gain: bool = False
 
     def __post_init__(self) -> None:
         self.check()
@@ -149,6 +153,8 @@ class ModelConfig:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
         if self.positions == "rope" and self.d_head % 2:
             raise ValueError(f"RoPE needs an even head size: model.d_model / model.num_heads = {self.d_head}")
+        if self.qk_norm_gain and not self.qk_norm:
+            raise ValueError("model.qk_norm_gain needs model.qk_norm = true (it is a kind of QK-norm)")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"model.num_kv_heads ({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})")
         return self

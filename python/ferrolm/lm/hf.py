@@ -14,6 +14,7 @@ The tokenizer's HF files are ``ferrolm.bpe.hf``'s.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -71,6 +72,7 @@ def _nanochat_differences(cfg: ModelConfig) -> list[str]:
         "positions": "rope",
         "ffn": "relu2",
         "qk_norm": True,
+        "qk_norm_gain": False,
         "embed_norm": True,
         "value_embeds": False,
         "x0_mix": False,
@@ -142,6 +144,7 @@ def to_hf_state_dict(model: nn.Module) -> dict[str, Tensor]:
     dh = cfg.d_head
     device = sd["lm_head.weight"].device
     q_rows, k_rows = (r.to(device) for r in _qk_rows(cfg))
+    perm = q_rows[:dh]
     out = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"]}
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
@@ -161,9 +164,10 @@ def to_hf_state_dict(model: nn.Module) -> dict[str, Tensor]:
         out[theirs + "self_attn.k_proj.weight"] = sd[ours + "attn.k_proj.weight"][k_rows]
         for hf_name, name in names.items():
             out[theirs + hf_name + ".weight"] = sd[ours + name + ".weight"]
-        if cfg.qk_norm:  # ferrolm's QK-norm has no weight: Qwen3's with unit weights
-            out[theirs + "self_attn.q_norm.weight"] = unit.clone()  # one tensor per name (safetensors)
-            out[theirs + "self_attn.k_norm.weight"] = unit.clone()
+        for norm in ("q_norm", "k_norm") if cfg.qk_norm else ():
+            # qk_norm_gain is Qwen3's own (its gains in halves order); without it unit gains
+            gain = sd.get(ours + f"attn.{norm}.weight")
+            out[theirs + f"self_attn.{norm}.weight"] = unit.clone() if gain is None else gain[perm.to(device)]
     return out
 
 
@@ -174,8 +178,9 @@ def from_hf_llama_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[st
     """The inverse of ``to_hf_state_dict``: HF ``LlamaForCausalLM`` (or, with ``qk_norm``,
     ``Qwen3ForCausalLM``) weights under ferrolm's names, each head's q/k rows put back from
     halves order into pairs order. A tied model's ``lm_head.weight`` is the embedding.
-    Raises KeyError on a missing weight, ValueError on q/k norm weights other than ones
-    (ferrolm's QK-norm has no weight)."""
+    Qwen3's q_norm/k_norm gains become ``qk_norm_gain``'s (pairs order); without that switch
+    they must be ones. Raises KeyError on a missing weight, ValueError on gains other than
+    ones for a config without ``qk_norm_gain``."""
     if hf_architecture(cfg) == "nanochat":
         return _from_nanochat_state_dict(sd, cfg)
     q_rows, k_rows = _qk_rows(cfg)
@@ -200,13 +205,15 @@ def from_hf_llama_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[st
             out[ours + f"attn.{proj}.weight"] = w
         for name, hf_name in names.items():
             out[ours + name + ".weight"] = sd[theirs + hf_name + ".weight"]
-        if cfg.qk_norm:
-            for norm in ("q_norm", "k_norm"):
-                if not bool((sd[theirs + f"self_attn.{norm}.weight"] == 1).all()):
-                    raise ValueError(
-                        f"{theirs}self_attn.{norm}.weight is not all ones: this model's QK-norm has learned "
-                        "weights, and ferrolm's QK-norm has none, so its logits cannot be computed"
-                    )
+        for norm in ("q_norm", "k_norm") if cfg.qk_norm else ():
+            gain = sd[theirs + f"self_attn.{norm}.weight"]
+            if cfg.qk_norm_gain:
+                out[ours + f"attn.{norm}.weight"] = gain[torch.argsort(q_rows[: cfg.d_head])]
+            elif not bool((gain == 1).all()):
+                raise ValueError(
+                    f"{theirs}self_attn.{norm}.weight is not all ones: a model with learned QK-norm gains "
+                    "loads with model.qk_norm_gain"
+                )
     return out
 
 
@@ -425,6 +432,12 @@ def _nanochat_switches(hf: dict) -> dict[str, Any]:
     return {"ffn": "relu2", "d_ff_ungated": hf["intermediate_size"], "embed_norm": True, "logit_softcap": cap or 0.0}
 
 
+def _has_learned_qk_gains(sd: dict[str, Tensor]) -> bool:
+    """Whether a Qwen3 state dict's q_norm/k_norm gains are anything but ones (ferrolm exports
+    its weightless QK-norm as ones, and such a folder loads back as the model it was)."""
+    return any(k.endswith(("q_norm.weight", "k_norm.weight")) and not bool((v == 1).all()) for k, v in sd.items())
+
+
 def read_hf_folder(path: Path) -> dict[str, Any]:
     """A checkpoint dict (config, model weights under ferrolm's names, the tokenizer
     fingerprint) from a Hugging Face folder: one ``ferrolm export`` wrote (Llama, Qwen3 for a
@@ -441,6 +454,8 @@ def read_hf_folder(path: Path) -> dict[str, Any]:
     try:
         with safe_open(os.fspath(path / "model.safetensors"), framework="pt") as f:
             hf_sd = {k: f.get_tensor(k) for k in f.keys()}
+        if cfg.qk_norm and _has_learned_qk_gains(hf_sd):
+            cfg = dataclasses.replace(cfg, qk_norm_gain=True)
         sd = from_hf_llama_state_dict(hf_sd, cfg)
     except KeyError as e:
         raise ValueError(f"{path / 'model.safetensors'} lacks the weight {e}") from None
