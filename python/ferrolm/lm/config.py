@@ -489,6 +489,8 @@ def adopt_model(cfg: TrainConfig, source: ModelConfig, name: str) -> None:
     mine = cfg.model
     for k in sorted(given - set(INIT_FREE_FIELDS)):
         value, theirs = getattr(mine, k), getattr(source, k)
+        if k == "num_kv_heads":  # 0 means num_heads: compare the heads each one means
+            value, theirs = value or mine.num_heads, theirs or source.num_heads
         if value == theirs or (k == "vocab_size" and value == 0):
             continue
         if k == "context_length" and value <= theirs:

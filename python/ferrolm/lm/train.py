@@ -478,6 +478,8 @@ def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict
                     raise
                 if main:
                     warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=5)
+    if cfg.run.init_from:
+        resumed_from_weights(cfg, ckpt, path)
     saved_model = (ckpt.get("config") or {}).get("model")
     now = cfg.to_dict()["model"]
     if saved_model:  # fields a checkpoint predates are its defaults (switches off)
@@ -525,6 +527,17 @@ def start_weights(cfg: TrainConfig) -> Optional[InitialWeights]:
     adopt_model(cfg, init.config, source)
     cfg.validate()
     return init
+
+
+def resumed_from_weights(cfg: TrainConfig, ckpt: dict, path: Path) -> None:
+    """A run started from weights, resumed with the config it started from: its model is the
+    one its checkpoint saved (not the source's, which is never read again) and, unless the
+    config gives one, its tokenizer the one the run recorded."""
+    saved = ckpt.get("config") or {}
+    if isinstance(saved.get("model"), dict):
+        adopt_model(cfg, ModelConfig.from_dict(saved["model"]), os.fspath(path))
+    if not cfg.data.tokenizer and isinstance(saved.get("data"), dict):
+        cfg.data.tokenizer = str(saved["data"].get("tokenizer") or "")
 
 
 def record_tokenizer(cfg: TrainConfig, tok: Tokenizer, shards, run_dir: Path, dist_: Dist) -> None:
