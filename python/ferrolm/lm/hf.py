@@ -1,12 +1,14 @@
 """Hugging Face interop for the model: ferrolm's Transformer as HF's ``LlamaForCausalLM``
-(``Qwen3ForCausalLM`` for a model with QK-norm) and back.
+(``Qwen3ForCausalLM`` for a model with QK-norm, transformers' ``NanoChatForCausalLM`` for one
+with ReLU², QK-norm and ``embed_norm``) and back, for folders ferrolm exported and for those
+transformers saved.
 
-    hf_architecture(cfg)            "llama" or "qwen3"; ValueError naming what neither has
+    hf_architecture(cfg)            "llama", "qwen3" or "nanochat"; ValueError naming what none has
     to_hf_state_dict(model)         weights under HF's names (q/k rows permuted: equal logits)
     from_hf_llama_state_dict(sd, cfg)   the inverse
     hf_config(cfg, tokenizer)       config.json out (``ferrolm.lm.export`` writes the folder)
-    read_hf_folder(path)            config.json and model.safetensors in (``load_model`` reads
-                                    an exported folder through it)
+    read_hf_folder(path)            config.json and model.safetensors in (``load_model`` and
+                                    ``initial_weights`` read a folder through it)
     check_llama_compatible(cfg)     what llama.cpp's "llama" architecture can express (GGUF)
 
 The tokenizer's HF files are ``ferrolm.bpe.hf``'s.
