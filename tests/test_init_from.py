@@ -235,7 +235,7 @@ def test_cli_init_from_trains_and_errors_exit_2_naming_the_path(base, tmp_path):
 
     def cli(*args):
         cmd = [sys.executable, "-m", "ferrolm", "train", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
 
     out = cli("--init-from", str(root / "src"), *common, "--set", f"run.out_dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr
