@@ -245,6 +245,8 @@ def test_cli_init_from_trains_and_errors_exit_2_naming_the_path(base, tmp_path):
     assert "Traceback" not in missing.stderr
     bad = cli("--init-from", str(root / "src"), *common, "--set", "model.num_layers=3", "--set", "run.out_dir=x")
     assert bad.returncode == 2 and "model.num_layers = 3 contradicts 2" in bad.stderr
+    shown = cli("--init-from", str(root / "src"), "--print-config")  # the model the run will have
+    assert shown.returncode == 0 and "d_model = 32\n" in shown.stdout and "num_layers = 2\n" in shown.stdout
     helped = cli("--help")
     assert "--init-from" in helped.stdout and "Qwen3" in helped.stdout
 

@@ -82,7 +82,7 @@ def _run_train(args) -> int:
     import os
 
     from ferrolm.lm.config import resume_config, to_toml
-    from ferrolm.lm.train import train
+    from ferrolm.lm.train import start_weights, train
 
     if args.config is None and args.resume is None and args.init_from is None and not args.print_config:
         raise ValueError(
@@ -92,6 +92,8 @@ def _run_train(args) -> int:
     if args.init_from is not None:
         cfg.set("run.init_from", args.init_from, source="--init-from")
     if args.print_config:
+        if cfg.run.init_from and args.resume is None:
+            start_weights(cfg)  # the [model] section the run will have: the source's
         print(to_toml(cfg), end="")
         return 0
     summary = train(cfg, resume=args.resume)
