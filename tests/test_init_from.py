@@ -491,5 +491,9 @@ def test_qk_norm_gain_is_qwen3s_qk_norm_written_out():
     ref = TransformerLM.from_config(ModelConfig(**{**cfg.to_dict(), "attention": "reference"})).double()
     ref.load_state_dict(model.state_dict())
     torch.testing.assert_close(ref(ids), want)
+    with torch.no_grad():  # decoding with the KV cache: the gains apply to each new position alone
+        cache = model.make_kv_cache(1)
+        steps = [model(ids[:, :4], kv_cache=cache)] + [model(ids[:, t : t + 1], kv_cache=cache) for t in range(4, 10)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), want)
     with pytest.raises(ValueError, match="model.qk_norm_gain needs model.qk_norm"):
         ModelConfig(vocab_size=40, qk_norm_gain=True)
