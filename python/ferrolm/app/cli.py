@@ -60,6 +60,14 @@ def add_train_command(sub) -> None:
     p.add_argument(
         "--resume", metavar="RUN_DIR|CKPT", help="continue a run (its config.toml is used; --set still applies)"
     )
+    p.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="start a new run from these weights instead of a random init (run.init_from): a ferrolm run folder, "
+        "checkpoint or .safetensors file, an exported Hugging Face folder, or a local Llama, Qwen3 or nanochat "
+        "folder saved by transformers; the model shape and tokenizer are the source's, the optimizer and schedule "
+        "start at step 0",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")
     p.set_defaults(run=_run_train)
 
@@ -74,12 +82,18 @@ def _run_train(args) -> int:
     import os
 
     from ferrolm.lm.config import resume_config, to_toml
-    from ferrolm.lm.train import train
+    from ferrolm.lm.train import start_weights, train
 
-    if args.config is None and args.resume is None and not args.print_config:
-        raise ValueError(f"give --config FILE|PRESET (presets: {', '.join(_preset_names())}) or --resume RUN_DIR")
+    if args.config is None and args.resume is None and args.init_from is None and not args.print_config:
+        raise ValueError(
+            f"give --config FILE|PRESET (presets: {', '.join(_preset_names())}), --init-from PATH or --resume RUN_DIR"
+        )
     cfg = resume_config(args.config, args.overrides, args.resume)
+    if args.init_from is not None:
+        cfg.set("run.init_from", args.init_from, source="--init-from")
     if args.print_config:
+        if cfg.run.init_from and args.resume is None:
+            start_weights(cfg)  # the [model] section the run will have: the source's
         print(to_toml(cfg), end="")
         return 0
     summary = train(cfg, resume=args.resume)

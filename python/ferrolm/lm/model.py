@@ -23,6 +23,9 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
     qk_norm        q <- q / sqrt(mean(q^2) + eps), k likewise, per head, after RoPE, with
                    no weight (functional.qk_norm); RoPE keeps each head's norm, so this
                    equals normalizing before RoPE
+    qk_norm_gain   with qk_norm, Qwen3's: q <- RMSNorm(q) * g_q, k <- RMSNorm(k) * g_k per head,
+                   BEFORE RoPE, g_q and g_k learned (d_head,) gains per layer (the gain does
+                   not commute with the rotation, so the order is Qwen3's)
     ffn="relu2"    W2 relu(W1 x)^2 (functional.relu_squared), width d_ff_ungated
                    (default round(3 d_ff / 2): SwiGLU's parameter count)
     logit_softcap  logits <- c tanh(logits / c) (functional.softcap)
@@ -35,6 +38,8 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
                    such layer (a value residual straight from the token)
     x0_mix         block i reads a_i x + b_i x0 (functional.x0_mix), x0 the token
                    embeddings, a_i and b_i learned and starting at 1 and 0
+    embed_norm     x = x0 = E[ids] / sqrt(mean(E[ids]^2) + eps), no weight, before the
+                   first block (functional.qk_norm's equation over d_model), as nanochat does
 
 The original Transformer's parts, as switches:
 
@@ -68,9 +73,10 @@ The checkpoint format is ``TransformerLM.state_dict()``; its keys are
 Ablations and switches change only what they must: ``norm="none"`` drops every
 ``ln*`` key, ``ffn="silu"``, ``"relu2"`` and ``"relu"`` have no ``w3``, ``num_kv_heads`` makes
 ``k_proj``/``v_proj`` narrower; ``value_embeds`` adds ``value_embeddings.{i}.weight`` for
-its layers and ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer);
-``positions="learned"`` adds ``position_embeddings.weight`` and ``norm="layer"`` a
-``.bias`` beside each norm's ``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
+its layers, ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer),
+``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``positions="learned"``
+adds ``position_embeddings.weight`` and ``norm="layer"`` a ``.bias`` beside each norm's
+``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
 RoPE's cos/sin tables are non-persistent buffers and never saved.
 
@@ -466,7 +472,9 @@ class CausalSelfAttention(nn.Module):
     RoPE (when given) rotates Q and K; V is never rotated. With ``num_kv_heads`` < num_heads
     (grouped-query attention) K and V have num_kv_heads heads and query head h reads
     key/value head h // (num_heads / num_kv_heads). With ``qk_norm`` each head's q and k
-    are divided by their RMS after RoPE (``functional.qk_norm``, no weight).
+    are divided by their RMS after RoPE (``functional.qk_norm``, no weight); with
+    ``qk_norm_gain`` too, before RoPE and times the learned gains ``q_norm.weight`` and
+    ``k_norm.weight`` (Qwen3's order).
     """
 
     def __init__(
@@ -480,6 +488,7 @@ class CausalSelfAttention(nn.Module):
         *,
         num_kv_heads: Optional[int] = None,
         qk_norm: bool = False,
+        qk_norm_gain: bool = False,
         eps: float = 1e-5,
         dropout: float = 0.0,
     ):
@@ -505,6 +514,10 @@ class CausalSelfAttention(nn.Module):
         self.v_proj = Linear(d_model, kv_dim, device=device, dtype=dtype)
         self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
         self.rope = rope
+        self.q_norm = self.k_norm = None
+        if qk_norm and qk_norm_gain:
+            self.q_norm = RMSNorm(self.d_head, eps, device=device, dtype=dtype)
+            self.k_norm = RMSNorm(self.d_head, eps, device=device, dtype=dtype)
 
     def forward(
         self,
@@ -545,14 +558,13 @@ class CausalSelfAttention(nn.Module):
         if value_embed is not None:
             v = v + split_heads(value_embed)
 
+        if self.q_norm is not None:  # Qwen3's order: the gains do not commute with RoPE
+            q, k = self._qk_normed(q, self.q_norm.weight), self._qk_normed(k, self.k_norm.weight)
         if self.rope is not None:  # positions default to start_pos, ..., start_pos + seq - 1
             q = self.rope(q, token_positions, offset=start_pos)
             k = self.rope(k, token_positions, offset=start_pos)
-        if self.qk_norm:  # functional.qk_norm's equation; the fast path by torch's fused kernel
-            if self.attention == "reference":
-                q, k = functional.qk_norm(q, self.eps), functional.qk_norm(k, self.eps)
-            else:
-                q, k = rms_normalize(q, None, self.eps), rms_normalize(k, None, self.eps)
+        if self.qk_norm and self.q_norm is None:
+            q, k = self._qk_normed(q, None), self._qk_normed(k, None)
 
         if kv_cache is not None and isinstance(start_pos, Tensor):  # one token per row
             k_cache, v_cache = kv_cache
@@ -597,6 +609,13 @@ class CausalSelfAttention(nn.Module):
         out = out.transpose(1, 2).reshape(batch, seq, self.d_model)  # concat heads
         return self.output_proj(out)
 
+    def _qk_normed(self, t: Tensor, gain: Optional[Tensor]) -> Tensor:
+        """functional.qk_norm's equation (times ``gain``); the fast path by torch's fused kernel."""
+        if self.attention == "reference":
+            t = functional.qk_norm(t, self.eps)
+            return t if gain is None else t * gain
+        return rms_normalize(t, gain, self.eps)
+
 
 # --------------------------------------------------------------------------------------
 # The Transformer block and the language model
@@ -622,6 +641,7 @@ class TransformerBlock(nn.Module):
         num_kv_heads: Optional[int] = None,
         qk_norm: bool = False,
         dropout: float = 0.0,
+        qk_norm_gain: bool = False,
         device=None,
         dtype=None,
     ):
@@ -641,6 +661,7 @@ class TransformerBlock(nn.Module):
             dtype=dtype,
             num_kv_heads=num_kv_heads,
             qk_norm=qk_norm,
+            qk_norm_gain=qk_norm_gain,
             eps=eps,
             dropout=dropout,
         )
@@ -711,6 +732,7 @@ class TransformerLM(nn.Module):
                 num_kv_heads=cfg.kv_heads,
                 qk_norm=cfg.qk_norm,
                 dropout=cfg.dropout,
+                qk_norm_gain=cfg.qk_norm_gain,
                 device=device,
                 dtype=dtype,
             )
@@ -828,6 +850,8 @@ class TransformerLM(nn.Module):
     ) -> Tensor:
         """Embedding and blocks: the final hidden states of ``ids``."""
         x = self.token_embeddings(ids)
+        if self.config.embed_norm:
+            x = rms_normalize(x, None, self.config.norm_eps)
         if self.config.positions in ("sinusoidal", "learned"):
             x = x + self._absolute_positions(ids, positions, start_pos)
         if self.config.dropout and self.training:
@@ -962,12 +986,13 @@ def count_parameters(cfg: ModelConfig) -> int:
          + 2 d)                    ln1, ln2 gains        (0 with norm="none")
     + d                            final norm gain       (0 with norm="none")
     + V d                          LM head               (0 when tied)
-    + V d_kv per value-embedding layer, 2 L with x0_mix
+    + V d_kv per value-embedding layer, 2 L with x0_mix, 2 L d_head with qk_norm_gain
     """
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
     norms = d if cfg.norm == "rms" else 0
     per_layer = _matmul_weights_per_layer(cfg) + 2 * norms
     extras = cfg.num_value_embeds * V * cfg.kv_heads * cfg.d_head + (2 * L if cfg.x0_mix else 0)
+    extras += 2 * L * cfg.d_head if cfg.qk_norm_gain else 0
     return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d) + extras
 
 
