@@ -33,6 +33,7 @@ RUNS = {
     "llama": {},
     "llama-gqa-tied": {"tie_embeddings": True, "num_kv_heads": 2},
     "qwen3-gqa": {"qk_norm": True, "num_kv_heads": 2, "zero_init_output": True},
+    "qwen3-gains": {"qk_norm": True, "qk_norm_gain": True},  # Qwen3's learned q/k norm gains
 }
 
 
@@ -81,8 +82,9 @@ def _expected_tensors(model) -> dict[str, np.ndarray]:
         # llama's RoPE rotates pairs as ferrolm's does: rows as they are; qwen3's rotates halves
         want[f"blk.{i}.attn_q.weight"] = _halves(q, cfg.num_heads) if qwen3 else q
         want[f"blk.{i}.attn_k.weight"] = _halves(k, cfg.kv_heads) if qwen3 else k
-        if qwen3:
-            want[f"blk.{i}.attn_q_norm.weight"] = want[f"blk.{i}.attn_k_norm.weight"] = np.ones(cfg.d_head, "f4")
+        for norm in ("q_norm", "k_norm") if qwen3 else ():  # the gains (ones without them), in halves order
+            gain = sd.get(f"layers.{i}.attn.{norm}.weight", np.ones(cfg.d_head, "f4"))
+            want[f"blk.{i}.attn_{norm}.weight"] = _halves(gain[:, None], 1)[:, 0]
     return want
 
 

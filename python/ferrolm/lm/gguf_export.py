@@ -136,11 +136,12 @@ def gguf_tensors(model: Any) -> dict[str, np.ndarray]:
     names = gguf.TENSOR_NAMES
     T = gguf.MODEL_TENSOR
     sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    hf = {}
     if arch == "qwen3":  # its RoPE rotates halves, as Hugging Face's: the HF export's q/k rows
-        hf = to_hf_state_dict(model)
+        hf = {k: v.detach().float().cpu().numpy() for k, v in to_hf_state_dict(model).items()}
         for i in range(cfg.num_layers):
             for proj in ("q_proj", "k_proj"):
-                sd[f"layers.{i}.attn.{proj}.weight"] = hf[f"model.layers.{i}.self_attn.{proj}.weight"].float().numpy()
+                sd[f"layers.{i}.attn.{proj}.weight"] = hf[f"model.layers.{i}.self_attn.{proj}.weight"]
     out = {names[T.TOKEN_EMBD] + ".weight": sd["token_embeddings.weight"]}
     per_layer = {
         T.ATTN_NORM: "ln1",
@@ -156,9 +157,9 @@ def gguf_tensors(model: Any) -> dict[str, np.ndarray]:
     for i in range(cfg.num_layers):
         for tensor, ours in per_layer.items():
             out[names[tensor].format(bid=i) + ".weight"] = sd[f"layers.{i}.{ours}.weight"]
-        if arch == "qwen3":  # ferrolm's QK-norm has no weight: Qwen3's with unit weights
-            for tensor in (T.ATTN_Q_NORM, T.ATTN_K_NORM):
-                out[names[tensor].format(bid=i) + ".weight"] = np.ones(cfg.d_head, dtype=np.float32)
+        if arch == "qwen3":  # the HF export's gains: qk_norm_gain's in halves order, else ones
+            for tensor, norm in ((T.ATTN_Q_NORM, "q_norm"), (T.ATTN_K_NORM, "k_norm")):
+                out[names[tensor].format(bid=i) + ".weight"] = hf[f"model.layers.{i}.self_attn.{norm}.weight"]
     out[names[T.OUTPUT_NORM] + ".weight"] = sd["ln_final.weight"]
     if not cfg.tie_embeddings:
         out[names[T.OUTPUT] + ".weight"] = sd["lm_head.weight"]
