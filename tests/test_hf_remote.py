@@ -38,6 +38,12 @@ COMBOS = {
         "d_ff_ungated": 48,
     },
     "learned-positions-layernorm": {"positions": "learned", "norm": "layer", "ffn": "relu", "d_ff_ungated": 40},
+    "embed-norm-qk-gains-value-embeds": {
+        "embed_norm": True,
+        "qk_norm": True,
+        "qk_norm_gain": True,
+        "value_embeds": True,
+    },
 }
 
 

@@ -10,13 +10,14 @@ config.json holds ferrolm's model config under its own field names, and the para
 carry ferrolm's checkpoint names, so model.safetensors is ferrolm's state dict as saved
 (a tied model stores the embedding once). The equations, in the order they run:
 
-    x0 = E[ids] (+ PE[pos] or P[pos]: sinusoidal or learned positions);  x = x0
+    x0 = E[ids] (/ rms: embed_norm) (+ PE[pos] or P[pos]: sinusoidal or learned positions);  x = x0
     per block i:  x = a_i x + b_i x0                                   (x0_mix)
                   pre-norm:  h = x + Attn(N(x));  x = h + FFN(N(h))
                   post-norm: h = N(x + Attn(x));  x = N(h + FFN(h))
     Attn:         q, k, v = x W_Q^T, x W_K^T, x W_V^T (+ E_v[ids] on v in value-embedding layers)
                   RoPE rotates each pair (x[2k], x[2k+1]) by  position * theta^(-2k/d_head)
-                  q, k <- q / rms(q), k / rms(k) per head (qk_norm, no weight)
+                  q, k <- q / rms(q), k / rms(k) per head (qk_norm, no weight), or with
+                  qk_norm_gain times learned gains g_q, g_k and BEFORE RoPE (Qwen3's order)
                   softmax(q k^T / sqrt(d_head), causal) v; key/value head h // group (GQA)
     FFN:          W2 (SiLU(W1 x) * W3 x) | W2 SiLU(W1 x) | W2 relu(W1 x)^2 | W2 relu(W1 x)
     logits:       N(x) W_head^T (W_head = E when tied), then c tanh(z / c) (logit_softcap)
@@ -66,6 +67,8 @@ FERROLM_FIELDS = {
     "x0_mix": False,
     "dropout": 0.0,
     "label_smoothing": 0.0,
+    "embed_norm": False,
+    "qk_norm_gain": False,
 }
 
 
@@ -169,6 +172,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.d_model, kv_dim, bias=False)
         self.v_proj = nn.Linear(config.d_model, kv_dim, bias=False)
         self.output_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        if config.qk_norm and config.qk_norm_gain:
+            self.q_norm = RMSNorm(config.d_head, config.norm_eps)
+            self.k_norm = RMSNorm(config.d_head, config.norm_eps)
 
     def forward(self, x, positions, mask, cache, value_embed):
         cfg = self.config
@@ -180,9 +186,12 @@ class Attention(nn.Module):
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         if value_embed is not None:
             v = v + heads(value_embed)
+        gains = cfg.qk_norm and cfg.qk_norm_gain
+        if gains:  # the gains do not commute with the rotation: normed first, as Qwen3 does
+            q, k = self.q_norm(q), self.k_norm(k)
         if cfg.positions == "rope":
             q, k = rotate_pairs(q, positions, cfg.rope_theta), rotate_pairs(k, positions, cfg.rope_theta)
-        if cfg.qk_norm:
+        if cfg.qk_norm and not gains:
             q, k = rms_normalize(q, None, cfg.norm_eps), rms_normalize(k, None, cfg.norm_eps)
         if cache is not None:
             k, v = cache.update(k, v, self.layer)
@@ -337,6 +346,8 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
     def hidden_states(self, ids, positions, mask, cache) -> torch.Tensor:
         """Embedding and blocks: the last block's output."""
         x = self.token_embeddings(ids)
+        if self.config.embed_norm:
+            x = rms_normalize(x, None, self.config.norm_eps)
         if self.config.positions == "learned":
             x = x + self.position_embeddings(positions.clamp(min=0))
         elif self.config.positions == "sinusoidal":
