@@ -602,7 +602,9 @@ BAD = [
     ({"prompt": "hi", "stop": 3}, 400, "stop"),
     ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"prompt": "hi", "seed": "x"}, 400, "seed"),
-    ({"prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+    ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ({"prompt": "hi", "echo": "yes"}, 400, "echo"),
+    ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ({"prompt": "the cat sat on the mat. " * 20}, 400, "prompt"),
     ({"prompt": list(range(CTX + 1))}, 400, "prompt"),
     ({"prompt": [1, 2, 10**6]}, 400, "prompt"),
@@ -617,6 +619,8 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "the cat sat on the mat. " * 20}]}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5}, 400, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
 ]
 
 
