@@ -280,7 +280,7 @@ def add_serve_command(sub) -> None:
         "serve",
         help="serve a model over the OpenAI HTTP API (needs the serve extra)",
         description="Serve a checkpoint (or a folder written by `ferrolm export`) with OpenAI's API: POST "
-        "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models and /health. Concurrent "
+        "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models, /health and /metrics. Concurrent "
         'requests are decoded as one batch. Needs pip install "ferrolm[serve]". Ctrl-C or SIGTERM lets the '
         "running requests finish (within --shutdown-grace), then exits; a second one exits at once.",
     )

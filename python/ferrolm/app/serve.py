@@ -6,14 +6,15 @@ Routes (the shapes of OpenAI's API):
     POST /v1/chat/completions    messages, rendered to one prompt by the chat template
     GET  /v1/models              the one model served, under its name
     GET  /health                 {"status": "ok", "running": N, "waiting": M}
+    GET  /metrics                Prometheus's text format (``ferrolm.app.serve_metrics``)
 
 Both POST routes take model, max_tokens (chat also max_completion_tokens), temperature
 (0 to 2; 0 is greedy), top_p (0 < p <= 1), top_k (an extension: a positive int), n, stop
-(a string or up to 4), seed, stream, stream_options. Every whole reply carries usage counts;
-a stream sends them only when ``stream_options.include_usage`` asks (then in a last chunk
-with no choices, before ``data: [DONE]``, as OpenAI does), so that every chunk of a plain
-stream has a choice. Choice j of a prompt is sampled
-with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
+(a string or up to 4), seed, stream, stream_options, and log-probabilities (completions:
+logprobs and echo; chat: logprobs and top_logprobs; see ``openai_api``). Every whole reply
+carries usage counts; a stream sends them only when ``stream_options.include_usage`` asks
+(then in a last chunk with no choices, before ``data: [DONE]``, as OpenAI does), so that
+every chunk of a plain stream has a choice. Choice j of a prompt is sampled with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
 
 A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
 server keeps serving (a body nested past ``openai_api.MAX_JSON_DEPTH`` is one). The decoding
@@ -28,8 +29,9 @@ shares the batch rows fairly between groups; at most ``--max-queue`` requests wa
 (one more gets 429, code "queue_full"); a stream whose send waits ``--write-timeout``
 seconds for a client that stopped reading is ended and its connection dropped; Ctrl-C or
 SIGTERM gives the running requests ``--shutdown-grace`` seconds, then cancels them, and a
-second signal exits at once. ``--host`` beyond this machine gets a warning at start (there
-is no authentication).
+second signal exits at once. ``--api-key`` (or FERROLM_API_KEY) makes the /v1 routes want
+``Authorization: Bearer KEY``; ``--host`` beyond this machine with no key gets a warning at
+start. ``--allowed-origins`` enables CORS for browser pages on those origins.
 
 Chat template: a Jinja template over ``messages`` (each with ``role`` and ``content``) and
 ``add_generation_prompt``, as Hugging Face tokenizers carry them; the first found of
