@@ -570,7 +570,7 @@ class _Routes:
                 for j in range(req.n):
 
                     def on_event(event, index=p * req.n + j):
-                        if not started[index]:
+                        if not started[index] and isinstance(event, (Piece, Finished)):  # not the prompt's
                             started[index] = True
                             counters.first_token(time.monotonic() - arrived)
                         if isinstance(event, Finished):

@@ -7,7 +7,8 @@ naming the extra.
     ferrolm_generation_tokens_total              tokens generated (a finished choice's completion tokens)
     ferrolm_queue_length                         sequences waiting for a batch row
     ferrolm_running_sequences                    sequences in the batch
-    ferrolm_time_to_first_token_seconds          from a request's arrival to each choice's first event
+    ferrolm_time_to_first_token_seconds          from a request's submission to the engine (its body
+                                                 read, its chat rendered) to each choice's first token
 
 Each app keeps its own registry (two servers in one process count apart). Counting happens
 on the thread that has the event (the engine's for tokens and first tokens): the client's
@@ -51,7 +52,7 @@ class ServeMetrics:
         )
         self._ttft = prom.Histogram(
             "ferrolm_time_to_first_token_seconds",
-            "from a request's arrival to each choice's first event",
+            "from a request's submission to the engine to each choice's first token",
             buckets=TTFT_BUCKETS,
             registry=reg,
         )

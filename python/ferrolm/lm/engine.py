@@ -50,10 +50,11 @@ Log-probabilities are computed only for a sequence that asks (``SamplingParams.l
 ``prompt_logprobs``): the others' steps do no extra work. They are those of the model's own
 distribution, log_softmax of its logits, whatever the temperature, top-k or top-p the
 token was drawn with (what vLLM reports by default): ``Piece.logprobs`` holds a
-``TokenLogprob`` for each token sampled since the last piece (the end-of-text token that
-ends a sequence is not shown and has none; a piece may carry tokens and no text while a
-character waits for its last bytes), and a ``PromptLogprobs`` event, before any piece, holds
-those of the prompt's tokens after its first. ``max_tokens=0`` runs the prompt only.
+``TokenLogprob`` for each token sampled since the last piece (a token whose text is held
+back, a character's first bytes or a possible start of a stop string, comes with the piece
+that shows it or with the last piece; the end-of-text token that ends a sequence is not
+shown and has none), and a ``PromptLogprobs`` event, before any piece, holds those of the
+prompt's tokens after its first. ``max_tokens=0`` runs the prompt only.
 
 On a CPU, let the engine's thread be the only one that runs torch work: under OpenMP each
 such thread keeps its own team of worker threads, and once the teams hold more threads
@@ -202,6 +203,8 @@ class Handle:
         self.logprobs: list[TokenLogprob] = []  # sampled, not yet sent with a piece
 
     def take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        if not self.logprobs:  # the common case, not asked: nothing built
+            return ()
         out, self.logprobs = tuple(self.logprobs), []
         return out
 
