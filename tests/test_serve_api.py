@@ -5,6 +5,7 @@ prometheus_client)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import pytest
@@ -173,14 +174,20 @@ def served(files):  # noqa: F811
     return load_served_model(files["ckpt"], files["tok"], device="cpu", name="m")
 
 
+@contextlib.contextmanager
 def _app(served, **options):
+    """A client of the app, without its lifespan (which would start chat-template render
+    processes that outlive the client's event loop): the engine is started here."""
     from starlette.testclient import TestClient
 
     from ferrolm.app.serve import create_app
     from ferrolm.lm.engine import Engine
 
-    engine = Engine(served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=2)
-    return TestClient(create_app(served, engine, **options))
+    engine = Engine(served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=2).start()
+    try:
+        yield TestClient(create_app(served, engine, **options))
+    finally:
+        engine.close(10.0, cancel=True)
 
 
 def test_cors_answers_preflight_for_the_allowed_origins_before_the_key(served):
@@ -253,3 +260,5 @@ def test_serve_options_key_from_the_environment_and_bad_origins(files, capsys, m
     assert "no authentication (--api-key or FERROLM_API_KEY sets a key)" in capsys.readouterr().err
     assert main([*argv, "--allowed-origins", "https://a.example/path"]) == 2
     assert "--allowed-origins takes * or origins such as https://example.com" in capsys.readouterr().err
+    assert main([*argv, "--api-key", " "]) == 2
+    assert "--api-key (or FERROLM_API_KEY) must not be empty" in capsys.readouterr().err

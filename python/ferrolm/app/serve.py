@@ -14,7 +14,8 @@ Both POST routes take model, max_tokens (chat also max_completion_tokens), tempe
 logprobs and echo; chat: logprobs and top_logprobs; see ``openai_api``). Every whole reply
 carries usage counts; a stream sends them only when ``stream_options.include_usage`` asks
 (then in a last chunk with no choices, before ``data: [DONE]``, as OpenAI does), so that
-every chunk of a plain stream has a choice. Choice j of a prompt is sampled with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
+every chunk of a plain stream has a choice. Choice j of a prompt is sampled with seed + j,
+so a request's first choice is what ``ferrolm generate --seed S`` prints.
 
 A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
 server keeps serving (a body nested past ``openai_api.MAX_JSON_DEPTH`` is one). The decoding
@@ -453,7 +454,7 @@ def _require_key(app, key: str):
     """An ASGI app around ``app`` whose /v1 routes want ``Authorization: Bearer KEY``."""
     import hmac
 
-    want = key.encode()
+    want = key.strip().encode()
 
     async def guarded(scope, receive, send):
         path = scope.get("path", "")
