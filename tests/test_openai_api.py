@@ -437,6 +437,12 @@ def test_fields_openai_does_not_define_are_ignored_and_logged_once(caplog):
         assert api.chat_turns({"model": "m", "messages": [{"role": "user", "content": "x"}], "echo": 1}, INFO)
     assert ["'foo'" in r.getMessage() for r in caplog.records] == [True, False]  # echo is not chat's field
     assert "'echo'" in caplog.records[1].getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ferrolm.serve"):
+        completion(**{"x\ny" + "z" * 100: 1}, **{f"f{i}": i for i in range(25)})
+    (line,) = caplog.records
+    assert "'x\\nyzz" in line.getMessage() and "z" * 70 not in line.getMessage()  # escaped, cut short
+    assert "'f18'" in line.getMessage() and "'f19'" not in line.getMessage() and line.getMessage().endswith(", ...")
 
 
 def test_token_strings_are_text_or_openai_bytes_notation():

@@ -96,8 +96,16 @@ LABELS = ("user", "metadata", "service_tier", "safety_identifier", "prompt_cache
 _SAMPLING_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream")
 COMPLETION_FIELDS = frozenset((*_SAMPLING_FIELDS, *NEUTRAL, *LABELS, "prompt", "logprobs", "echo", "stream_options"))
 CHAT_FIELDS = frozenset(
-    (*_SAMPLING_FIELDS, *NEUTRAL, *LABELS, "messages", "max_completion_tokens", "logprobs", "top_logprobs")
-    + ("stream_options",)
+    (
+        *_SAMPLING_FIELDS,
+        *NEUTRAL,
+        *LABELS,
+        "messages",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "stream_options",
+    )
 )
 log = logging.getLogger("ferrolm.serve")
 DONE = b"data: [DONE]\n\n"
@@ -217,7 +225,9 @@ def check_body(body: Any, model_name: str, fields: Optional[frozenset] = None) -
             raise ApiError(f"{name} is not supported by this server", name, code="unsupported_parameter")
     unknown = [name for name in body if name not in fields] if fields is not None else []
     if unknown:
-        log.warning("ignored fields that OpenAI's API does not define: %s", ", ".join(map(repr, unknown[:20])))
+        # Names cut short and escaped (repr): a body's keys must not make the log huge or forge lines.
+        names = ", ".join(repr(name[:64]) for name in unknown[:20]) + (", ..." if len(unknown) > 20 else "")
+        log.warning("ignored fields that OpenAI's API does not define: %s", names)
     return body
 
 
