@@ -283,6 +283,7 @@ COMMANDS.append(add_generate_command)
 
 def add_serve_command(sub) -> None:
     from ferrolm.app.serve import (  # the standard library only: no torch, no starlette
+        API_KEY_ENV,
         MAX_QUEUE,
         SHUTDOWN_GRACE,
         STREAM_INTERVAL,
@@ -293,7 +294,7 @@ def add_serve_command(sub) -> None:
         "serve",
         help="serve a model over the OpenAI HTTP API (needs the serve extra)",
         description="Serve a checkpoint (or a folder written by `ferrolm export`) with OpenAI's API: POST "
-        "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models and /health. Concurrent "
+        "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models, /health and /metrics. Concurrent "
         'requests are decoded as one batch. Needs pip install "ferrolm[serve]". Ctrl-C or SIGTERM lets the '
         "running requests finish (within --shutdown-grace), then exits; a second one exits at once.",
     )
@@ -336,6 +337,18 @@ def add_serve_command(sub) -> None:
         metavar="SECONDS",
         help=f"after Ctrl-C or SIGTERM, running requests are cancelled after this long (default {SHUTDOWN_GRACE:g})",
     )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"the /v1 routes want the header Authorization: Bearer KEY (default: ${API_KEY_ENV}; none: open)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        default=None,
+        metavar="ORIGINS",
+        help="let browser pages on these origins call the API (CORS): comma-separated, or * for any",
+    )
     add_threads(p, "torch threads (default: torch's choice)")
     p.add_argument(
         "--stream-interval",
@@ -369,6 +382,8 @@ def _run_serve(args) -> int:
         max_queue=args.max_queue,
         write_timeout=args.write_timeout,
         shutdown_grace=args.shutdown_grace,
+        api_key=args.api_key,
+        allowed_origins=args.allowed_origins,
     )
 
 
