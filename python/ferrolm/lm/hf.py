@@ -42,6 +42,7 @@ __all__ = [
     "is_hf_folder",
     "model_config_from_hf",
     "read_hf_folder",
+    "folder_checkpoint",
     "safetensors_open",
 ]
 
@@ -465,6 +466,12 @@ def read_hf_folder(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path / 'model.safetensors'}: {e}") from None
     except Exception as e:
         raise ValueError(f"{path / 'model.safetensors'} is not readable ({type(e).__name__}: {e})") from None
+    return folder_checkpoint(path, cfg, sd)
+
+
+def folder_checkpoint(path: Path, cfg: ModelConfig, sd: dict[str, Tensor]) -> dict[str, Any]:
+    """The checkpoint dict of a model folder's config and weights (ferrolm's names), with the
+    fingerprint of the tokenizer recorded beside them (None when there is no record)."""
     fingerprint = None  # the tokenizer record beside the weights says which tokenizer they need
     try:
         fingerprint = json.loads((path / tf.RECORD_FILE).read_text(encoding="utf-8")).get("fingerprint")

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ferrolm.bpe import files as tf
 from ferrolm.lm.config import ModelConfig
-from ferrolm.lm.hf import hf_special_ids, safetensors_open
+from ferrolm.lm.hf import folder_checkpoint, hf_special_ids, safetensors_open
 
 __all__ = [
     "MODELING_FILE",
@@ -112,9 +112,4 @@ def read_remote_folder(path: Path) -> dict[str, Any]:
         raise ValueError(f"{weights} is not readable ({type(e).__name__}: {e})") from None
     if cfg.tie_embeddings and "token_embeddings.weight" in sd:
         sd["lm_head.weight"] = sd["token_embeddings.weight"]
-    fingerprint = None  # the tokenizer record beside the weights says which tokenizer they need
-    try:
-        fingerprint = json.loads((path / tf.RECORD_FILE).read_text(encoding="utf-8")).get("fingerprint")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        pass
-    return {"config": {"model": cfg.to_dict()}, "model": sd, "iteration": None, "tokenizer_fingerprint": fingerprint}
+    return folder_checkpoint(path, cfg, sd)
