@@ -22,7 +22,6 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ferrolm.bpe import files as tf
 from ferrolm.lm.config import ModelConfig
 from ferrolm.lm.hf import folder_checkpoint, hf_special_ids, safetensors_open
 
