@@ -6,10 +6,15 @@ A chat template is a Jinja template over ``messages`` (each with ``role`` and ``
 ``chat_template`` string in its ``tokenizer_config.json``; else the plain-text default
 ``PLAIN_CHAT_TEMPLATE`` ("User: ...", "Assistant: ..." turns, blank-line separated), with
 which a reply also ends where the model starts a new "User:" line (``PLAIN_CHAT_STOP``).
-Templates get transformers' ``raise_exception(msg)`` (a 400 with the message) and
-``strftime_now(fmt)``, and render in Jinja's sandbox in worker processes, within
+Templates get transformers' ``raise_exception(msg)`` (a 400 with the message),
+``strftime_now(fmt)`` and its ``{% generation %}`` block (rendered as its body), and render in Jinja's sandbox in worker processes, within
 TEMPLATE_TIME_LIMIT seconds, TEMPLATE_OUTPUT_LIMIT characters and TEMPLATE_MEMORY_LIMIT
 bytes (see ``RenderWorkers``); past a limit the request gets a 400.
+
+A tokenizer with ferrolm's chat tokens, served with its own template (or none) and no
+``--chat-template``, skips all that: ``chat_prompt_ids`` renders the messages straight to
+ids with ``ferrolm.lm.chat.render_prompt``, so that content stays text (a message holding
+"<|end|>" cannot end its turn), and the reply ends at the chat end token.
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ from typing import Any, Optional, Union
 
 from ferrolm.app.openai_api import ApiError
 
-__all__ = ["ChatTemplate", "PLAIN_CHAT_STOP", "PLAIN_CHAT_TEMPLATE", "RenderWorkers", "missing_serve_extra"]
+__all__ = [
+    "ChatTemplate",
+    "PLAIN_CHAT_STOP",
+    "PLAIN_CHAT_TEMPLATE",
+    "RenderWorkers",
+    "chat_prompt_ids",
+    "missing_serve_extra",
+    "uses_chat_tokens",
+]
 
 PLAIN_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -138,9 +151,51 @@ def _sandbox():
     def strftime_now(fmt: str) -> str:
         return datetime.datetime.now().strftime(str(fmt))
 
-    env = Sandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, extensions=[_generation_tag()])
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
     return env
+
+
+def _generation_tag():
+    """transformers' ``{% generation %}...{% endgeneration %}`` (it marks the assistant's
+    tokens for a loss mask): here the body renders as it is."""
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return Generation
+
+
+def uses_chat_tokens(tokenizer: Any, template: ChatTemplate, override: Any) -> bool:
+    """Whether to render chats with the tokenizer's chat tokens (``chat_prompt_ids``): it has
+    them, no template was given, and the folder's template is ferrolm's own (or absent)."""
+    from ferrolm.bpe.chat_format import CHAT_TEMPLATE, carries_chat
+
+    return (
+        override is None
+        and carries_chat(tokenizer.special_tokens)
+        and template.source
+        in (
+            CHAT_TEMPLATE,
+            PLAIN_CHAT_TEMPLATE,
+        )
+    )
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The ids that ask for the assistant's reply (``ferrolm.lm.chat.render_prompt``);
+    ApiError (400) naming the message when the roles are out of order."""
+    from ferrolm.lm.chat import ConversationError, render_prompt
+
+    try:
+        return render_prompt(tokenizer, messages)
+    except ConversationError as e:
+        raise ApiError(f"messages: {e}", "messages") from None
 
 
 # --------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 __all__ = [
     "ApiError",
@@ -118,6 +118,7 @@ class Request:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool = False  # stream_options.include_usage: a usage chunk before DONE
+    end_ids: tuple[int, ...] = ()  # ids that end a choice as end-of-text does (a chat's end token)
 
     @property
     def choices(self) -> int:
@@ -336,10 +337,16 @@ def chat_turns(body: Any, info: ModelInfo) -> list[dict[str, str]]:
     return turns
 
 
-def parse_chat(body: dict, prompt: str, info: ModelInfo, template_stop: tuple[str, ...] = ()) -> Request:
-    """A chat body (checked by ``chat_turns``) whose turns rendered to ``prompt``; the reply may
-    run to the model's context by default, and also ends at the template's own stop strings."""
-    return _sampling(body, [_encode(prompt, "messages", info)], "messages", info.context_length, info, template_stop)
+def parse_chat(
+    body: dict, prompt: Union[str, list[int]], info: ModelInfo, template_stop: tuple[str, ...] = (), end_ids=()
+) -> Request:
+    """A chat body (checked by ``chat_turns``) whose turns rendered to ``prompt`` (text, or
+    ids already); the reply may run to the model's context by default, and also ends at the
+    template's own stop strings and at ``end_ids``."""
+    ids = prompt if isinstance(prompt, list) else _encode(prompt, "messages", info)
+    req = _sampling(body, [ids], "messages", info.context_length, info, template_stop)
+    req.end_ids = tuple(end_ids)
+    return req
 
 
 def sampling_params(req: Request, j: int):
@@ -353,6 +360,7 @@ def sampling_params(req: Request, j: int):
         top_p=req.top_p,
         seed=None if req.seed is None else (req.seed + j) % (1 << 63),
         stop=req.stop,
+        end_ids=req.end_ids,
     )
 
 

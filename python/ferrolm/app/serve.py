@@ -3,7 +3,7 @@
 Routes (the shapes of OpenAI's API):
 
     POST /v1/completions         prompt: a string, a list of strings, a list of ids, a list of lists of ids
-    POST /v1/chat/completions    messages, rendered to one prompt by the chat template
+    POST /v1/chat/completions    messages, rendered to one prompt by the chat template (or the chat tokens)
     GET  /v1/models              the one model served, under its name
     GET  /health                 {"status": "ok", "running": N, "waiting": M}
 
@@ -59,7 +59,9 @@ from ferrolm.app.chat_template import (
     PLAIN_CHAT_TEMPLATE,
     ChatTemplate,
     RenderWorkers,
+    chat_prompt_ids,
     missing_serve_extra,
+    uses_chat_tokens,
 )
 from ferrolm.app.openai_api import ApiError
 
@@ -83,6 +85,7 @@ class ServedModel:
     model: Any
     tokenizer: Any
     chat_template: ChatTemplate
+    chat_end_id: Optional[int] = None  # set when chats render on the tokenizer's chat tokens
 
     @property
     def context_length(self) -> int:
@@ -127,7 +130,13 @@ def load_served_model(
         default_name = (run.parent if run.name == "checkpoints" else run).name + "/" + source.stem
     tok_dir = info.get("tokenizer_source")
     tok_dir = Path(tok_dir) if tok_dir is not None and Path(tok_dir).is_dir() else None
-    return ServedModel(name or default_name, model, tok, ChatTemplate.find(tok_dir, chat_template))
+    template = ChatTemplate.find(tok_dir, chat_template)
+    if not uses_chat_tokens(tok, template, chat_template):
+        return ServedModel(name or default_name, model, tok, template)
+    from ferrolm.bpe.chat_format import CHAT_TEMPLATE, END_TOKEN
+
+    native = ChatTemplate(CHAT_TEMPLATE, "the tokenizer's chat tokens")
+    return ServedModel(name or default_name, model, tok, native, tok.special_token_ids[END_TOKEN])
 
 
 # --------------------------------------------------------------------------------------
@@ -232,9 +241,12 @@ class _Routes:
     async def chat_completions(self, request):
         body = await _read_body(request)
         turns = openai_api.chat_turns(body, self.info)
-        template = self.served.chat_template
-        prompt = await self.renderer.render(template.source, turns, self.eos_text)
-        req = openai_api.parse_chat(body, prompt, self.info, template.default_stop)
+        template, end = self.served.chat_template, self.served.chat_end_id
+        if end is not None:  # ferrolm's chat tokens: straight to ids, the reply ends at the end token
+            prompt = chat_prompt_ids(self.served.tokenizer, turns)
+        else:
+            prompt = await self.renderer.render(template.source, turns, self.eos_text)
+        req = openai_api.parse_chat(body, prompt, self.info, template.default_stop, () if end is None else (end,))
         return await self._run(request, req, chat=True)
 
     async def models(self, request):
