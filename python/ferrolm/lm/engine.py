@@ -86,6 +86,8 @@ class SamplingParams:
         check_sampling_args(self.temperature, self.top_k, self.top_p)
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in self.end_ids):
+            raise ValueError(f"end_ids must be token ids (ints), got {self.end_ids!r}")
 
 
 @dataclass(frozen=True)
