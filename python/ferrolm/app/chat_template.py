@@ -176,15 +176,8 @@ def uses_chat_tokens(tokenizer: Any, template: ChatTemplate, override: Any) -> b
     them, no template was given, and the folder's template is ferrolm's own (or absent)."""
     from ferrolm.bpe.chat_format import CHAT_TEMPLATE, carries_chat
 
-    return (
-        override is None
-        and carries_chat(tokenizer.special_tokens)
-        and template.source
-        in (
-            CHAT_TEMPLATE,
-            PLAIN_CHAT_TEMPLATE,
-        )
-    )
+    own = template.source in (CHAT_TEMPLATE, PLAIN_CHAT_TEMPLATE)
+    return override is None and own and carries_chat(tokenizer.special_tokens)
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
