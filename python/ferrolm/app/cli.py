@@ -1,5 +1,6 @@
 """The `ferrolm` command: one subcommand per job (train, plot, generate and serve here; the
-corpus commands in `corpus_commands`, export, eval, demo and download in `model_commands`).
+corpus commands in `corpus_commands`, export, eval, demo and download in `model_commands`,
+chat in `chat_command`).
 
 Each subcommand is a pair of functions: `add_*` declares its arguments (the ones several
 commands share come from `ferrolm.app.args`), `_run_*` calls the library and prints. Heavy
@@ -14,7 +15,7 @@ import sys
 
 import ferrolm
 from ferrolm._util import ForgivingStream, fix_surrogates, say_where_possible, silence
-from ferrolm.app import corpus_commands, model_commands
+from ferrolm.app import chat_command, corpus_commands, model_commands
 from ferrolm.app.args import (
     add_device,
     add_model,
@@ -390,6 +391,7 @@ def _run_serve(args) -> int:
 COMMANDS.append(add_serve_command)
 COMMANDS.extend(corpus_commands.COMMANDS)
 COMMANDS.extend(model_commands.COMMANDS)
+COMMANDS.extend(chat_command.COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -130,6 +130,11 @@ def add_eval_command(sub) -> None:
         "--limit", type=positive_number, default=None, metavar="N", help="examples per task (a fraction if < 1)"
     )
     tasks.add_argument("--include-path", default=None, metavar="DIR", help="a folder of task YAMLs of your own")
+    tasks.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        help="prompts as conversations, rendered with the chat template (a chat model: --config sft)",
+    )
     p.set_defaults(run=_run_eval)
 
 
@@ -148,6 +153,7 @@ def _run_eval(args) -> int:
         ("--num-fewshot", args.num_fewshot),
         ("--limit", args.limit),
         ("--include-path", args.include_path),
+        ("--apply-chat-template", args.apply_chat_template or None),
     ):
         if value is not None:
             raise ValueError(f"{flag} is for --tasks (lm-eval tasks), not --data")
@@ -185,6 +191,7 @@ def _run_eval_tasks(args) -> int:
         batch_size=args.batch_size,
         device=args.device,
         include_path=args.include_path,
+        apply_chat_template=args.apply_chat_template,
     )
     if args.json:
         print(json.dumps({k: r[k] for k in ("results", "n-shot", "n-samples") if k in r}, default=str))

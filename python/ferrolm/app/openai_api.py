@@ -30,7 +30,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 __all__ = [
     "ApiError",
@@ -165,6 +165,7 @@ class Request:
     echo: bool = False  # completions: the prompt's text (and log-probabilities) before the reply
     prompt_texts: Optional[list[Optional[str]]] = None  # each prompt as given, when a string
     token_bytes: Optional[Callable[[int], bytes]] = None
+    end_ids: tuple[int, ...] = ()  # ids that end a choice as end-of-text does (a chat's end token)
     offsets: list[int] = field(default_factory=list)  # a stream's text offset per choice, for logprobs
 
     def __post_init__(self) -> None:
@@ -417,10 +418,15 @@ def chat_turns(body: Any, info: ModelInfo) -> list[dict[str, str]]:
     return turns
 
 
-def parse_chat(body: dict, prompt: str, info: ModelInfo, template_stop: tuple[str, ...] = ()) -> Request:
-    """A chat body (checked by ``chat_turns``) whose turns rendered to ``prompt``; the reply may
-    run to the model's context by default, and also ends at the template's own stop strings."""
-    req = _sampling(body, [_encode(prompt, "messages", info)], "messages", info.context_length, info, template_stop)
+def parse_chat(
+    body: dict, prompt: Union[str, list[int]], info: ModelInfo, template_stop: tuple[str, ...] = (), end_ids=()
+) -> Request:
+    """A chat body (checked by ``chat_turns``) whose turns rendered to ``prompt`` (text, or
+    ids already); the reply may run to the model's context by default, and also ends at the
+    template's own stop strings and at ``end_ids``."""
+    ids = prompt if isinstance(prompt, list) else _encode(prompt, "messages", info)
+    req = _sampling(body, [ids], "messages", info.context_length, info, template_stop)
+    req.end_ids = tuple(end_ids)
     req.logprobs = _chat_logprobs(body)
     return req
 
@@ -438,6 +444,7 @@ def sampling_params(req: Request, j: int):
         stop=req.stop,
         logprobs=req.logprobs,
         prompt_logprobs=req.logprobs if req.echo else None,
+        end_ids=req.end_ids,
     )
 
 

@@ -3,7 +3,7 @@
 Routes (the shapes of OpenAI's API):
 
     POST /v1/completions         prompt: a string, a list of strings, a list of ids, a list of lists of ids
-    POST /v1/chat/completions    messages, rendered to one prompt by the chat template
+    POST /v1/chat/completions    messages, rendered to one prompt by the chat template (or the chat tokens)
     GET  /v1/models              the one model served, under its name
     GET  /health                 {"status": "ok", "running": N, "waiting": M}
     GET  /metrics                Prometheus's text format (``ferrolm.app.serve_metrics``)
@@ -34,16 +34,8 @@ second signal exits at once. ``--api-key`` (or FERROLM_API_KEY) makes the /v1 ro
 ``Authorization: Bearer KEY``; ``--host`` beyond this machine with no key gets a warning at
 start. ``--allowed-origins`` enables CORS for browser pages on those origins.
 
-Chat template: a Jinja template over ``messages`` (each with ``role`` and ``content``) and
-``add_generation_prompt``, as Hugging Face tokenizers carry them; the first found of
-``--chat-template FILE``, ``chat_template.jinja`` in the tokenizer folder, and the
-``chat_template`` string in its ``tokenizer_config.json``; else the plain-text default
-``PLAIN_CHAT_TEMPLATE`` ("User: ...", "Assistant: ..." turns, blank-line separated), with
-which a reply also ends where the model starts a new "User:" line (``PLAIN_CHAT_STOP``).
-Templates get transformers' ``raise_exception(msg)`` (a 400 with the message) and
-``strftime_now(fmt)``, and render in Jinja's sandbox in worker processes, within
-TEMPLATE_TIME_LIMIT seconds, TEMPLATE_OUTPUT_LIMIT characters and TEMPLATE_MEMORY_LIMIT
-bytes (see ``_RenderWorkers``); past a limit the request gets a 400.
+Chat messages become one prompt through the chat template (``ferrolm.app.chat_template``:
+which template, its sandbox, and the worker processes that render it within limits).
 """
 
 from __future__ import annotations
@@ -52,7 +44,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import json
 import math
 import os
 import re
@@ -67,259 +58,31 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ferrolm.app import openai_api, serve_metrics
+from ferrolm.app.chat_template import (
+    PLAIN_CHAT_STOP,
+    PLAIN_CHAT_TEMPLATE,
+    ChatTemplate,
+    RenderWorkers,
+    chat_prompt_ids,
+    missing_serve_extra,
+    uses_chat_tokens,
+)
 from ferrolm.app.openai_api import ApiError
 from ferrolm.app.serve_metrics import ServeMetrics
 
 __all__ = ["ApiError", "ChatTemplate", "PLAIN_CHAT_TEMPLATE", "PLAIN_CHAT_STOP", "load_served_model", "create_app"]
-
-PLAIN_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}"
-)
-PLAIN_CHAT_STOP = ("\nUser:",)
 
 STREAM_INTERVAL = 0.05  # seconds between two hand-overs of a stream's tokens (the first goes at once)
 WRITE_TIMEOUT = 30.0  # seconds a stream waits for a client that stopped reading
 SHUTDOWN_GRACE = 30.0  # seconds the running requests have to finish after Ctrl-C or SIGTERM
 MAX_QUEUE = 64  # requests that may wait for a batch row
 MAX_BODY_BYTES = 8 << 20
-TEMPLATE_OUTPUT_LIMIT = 4 << 20  # characters of a rendered chat prompt
-TEMPLATE_TIME_LIMIT = 3.0  # seconds for a chat template to render (real ones take milliseconds)
-TEMPLATE_MEMORY_LIMIT = 1 << 30  # bytes of address space of the process that renders templates
-TEMPLATE_WORKERS = 2  # processes rendering chat templates
 API_KEY_ENV = "FERROLM_API_KEY"  # the key --api-key takes when not given
-
-
-def _missing_extra(e: ImportError) -> ImportError:
-    return ImportError(f'`ferrolm serve` needs the serve extra: pip install "ferrolm[serve]" ({e})')
 
 
 # --------------------------------------------------------------------------------------
 # The served model: weights, tokenizer, chat template
 # --------------------------------------------------------------------------------------
-
-
-class TemplateRefused(Exception):
-    """A chat template called ``raise_exception(message)``: the messages are not for it."""
-
-
-class ChatTemplate:
-    """Renders chat messages to one prompt string with a Jinja template, in Jinja's immutable
-    sandbox, with the globals transformers gives templates (``raise_exception``,
-    ``strftime_now``) and limits: ``range`` (Jinja's sandbox: 100,000 items), a string or
-    list repeated with ``*`` and the output itself stop at TEMPLATE_OUTPUT_LIMIT characters.
-    ``render`` runs in the calling thread with no time limit: the server renders in a worker
-    process with a deadline (``_RenderWorkers``)."""
-
-    def __init__(self, source: str, origin: str, default_stop: tuple[str, ...] = ()):
-        try:
-            from jinja2.exceptions import TemplateError
-        except ImportError as e:
-            raise _missing_extra(e) from None
-        self._errors = TemplateError
-        try:
-            self.template = _sandbox().from_string(source)
-        except TemplateError as e:
-            raise ValueError(f"chat template {origin} does not parse: {e}") from None
-        self.source = source
-        self.origin = origin
-        self.default_stop = default_stop
-
-    @classmethod
-    def find(cls, tokenizer_dir: Optional[Path], override: Optional[Union[str, os.PathLike]] = None) -> ChatTemplate:
-        """The template to use (see the module docstring for the order)."""
-        if override is not None:
-            return cls(Path(override).read_text(encoding="utf-8"), os.fspath(override))
-        if tokenizer_dir is not None:
-            path = Path(tokenizer_dir) / "chat_template.jinja"
-            if path.is_file():
-                return cls(path.read_text(encoding="utf-8"), str(path))
-            config = Path(tokenizer_dir) / "tokenizer_config.json"
-            if config.is_file():
-                try:
-                    source = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-                except (ValueError, AttributeError):
-                    source = None
-                if isinstance(source, str) and source:
-                    return cls(source, f"{config} (chat_template)")
-        return cls(PLAIN_CHAT_TEMPLATE, "the plain-text default", PLAIN_CHAT_STOP)
-
-    def render(self, messages: list[dict[str, str]], eos_token: str = "") -> str:
-        """The prompt; ApiError (400) when the template fails, refuses or passes a limit."""
-        context = {"messages": messages, "add_generation_prompt": True, "bos_token": "", "eos_token": eos_token}
-        out, size = [], 0
-        try:
-            for piece in self.template.generate(**context):
-                size += len(piece)
-                if size > TEMPLATE_OUTPUT_LIMIT:
-                    raise TemplateLimit(f"its output passed {TEMPLATE_OUTPUT_LIMIT:,} characters")
-                out.append(piece)
-        except TemplateRefused as e:
-            raise ApiError(f"the chat template refused these messages: {e}", "messages") from None
-        except (self._errors, TemplateLimit, MemoryError, RecursionError) as e:
-            what = "ran out of memory" if isinstance(e, MemoryError) else str(e) or type(e).__name__
-            raise ApiError(f"the chat template cannot render these messages: {what}", "messages") from None
-        return "".join(out)
-
-
-class TemplateLimit(Exception):
-    """A chat template's render passed one of its limits."""
-
-
-@functools.cache
-def _sandbox():
-    import datetime
-
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Sandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*"})
-
-        def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
-            # A sequence times a count: its size is known before it is built.
-            for seq, count in ((left, right), (right, left)):
-                if (
-                    isinstance(seq, (str, list, tuple))
-                    and isinstance(count, int)
-                    and len(seq) * count > TEMPLATE_OUTPUT_LIMIT
-                ):
-                    raise TemplateLimit(f"a value repeated with * would pass {TEMPLATE_OUTPUT_LIMIT:,} items")
-            return super().call_binop(context, operator, left, right)
-
-    def raise_exception(message: Any = "") -> None:
-        raise TemplateRefused(str(message))
-
-    def strftime_now(fmt: str) -> str:
-        return datetime.datetime.now().strftime(str(fmt))
-
-    env = Sandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
-    return env
-
-
-# --------------------------------------------------------------------------------------
-# Chat templates render in worker processes
-# --------------------------------------------------------------------------------------
-# A template is code from a model folder, steered by the messages; a loop in it, or a huge
-# value built by one C call (a filter such as replace), can hold a thread and memory as long
-# as it likes, and Python cannot stop a thread. So the server renders in worker processes:
-# the event loop only waits on a pipe; a render past TEMPLATE_TIME_LIMIT has its process
-# killed (a fresh one takes its place); each process's address space is capped. The sandbox's
-# own limits inside make the common blow-ups fail at once, with a clear message.
-
-_WORKER_CODE = "from ferrolm.app.serve import _render_worker_main; _render_worker_main()"
-_WORKER_READY = b"ready\n"
-
-
-def _render_worker_main() -> None:
-    """A render process: one JSON request a line on stdin ({template, messages, eos_token}),
-    one JSON reply a line on stdout ({"text"} or {"error"})."""
-    import resource
-
-    with contextlib.suppress(ValueError, OSError):  # a platform without the limit still renders
-        resource.setrlimit(resource.RLIMIT_AS, (TEMPLATE_MEMORY_LIMIT, TEMPLATE_MEMORY_LIMIT))
-    out = sys.stdout.buffer
-    out.write(_WORKER_READY)
-    out.flush()
-    templates: dict[str, ChatTemplate] = {}
-    for line in sys.stdin.buffer:
-        with contextlib.suppress(ValueError, OSError):
-            # A render past twice its time in CPU ends the process, should its server be gone.
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            cpu = int(usage.ru_utime + usage.ru_stime + 2 * TEMPLATE_TIME_LIMIT) + 1
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, resource.getrlimit(resource.RLIMIT_CPU)[1]))
-        try:
-            req = json.loads(line)
-            if req["template"] not in templates:
-                templates.clear()  # one served template: keep the last one compiled
-                templates[req["template"]] = ChatTemplate(req["template"], "served")
-            reply = {"text": templates[req["template"]].render(req["messages"], req["eos_token"])}
-        except ApiError as e:
-            reply = {"error": e.body["error"]["message"]}
-        except Exception as e:  # noqa: BLE001 -- a template's failure is the request's answer
-            reply = {"error": f"the chat template cannot render these messages: {type(e).__name__}: {e}"}
-        out.write(json.dumps(reply).encode() + b"\n")
-        out.flush()
-
-
-class _RenderWorkers:
-    """Up to ``size`` render processes (see above), started as needed and reused."""
-
-    def __init__(self, size: int = TEMPLATE_WORKERS, time_limit: float = TEMPLATE_TIME_LIMIT):
-        self.time_limit = time_limit
-        self._size = size
-        self._idle: list = []
-        self._all: set = set()  # idle or rendering
-        self._slots: Optional[asyncio.Semaphore] = None
-
-    async def _spawn(self):
-        package_root = str(Path(__file__).resolve().parents[2])  # the child imports this ferrolm
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _WORKER_CODE,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-            limit=8 * TEMPLATE_OUTPUT_LIMIT,  # a reply line: the prompt JSON-escaped
-        )
-        self._all.add(proc)
-        try:
-            if await asyncio.wait_for(proc.stdout.readline(), 120) != _WORKER_READY:
-                raise ApiError("the chat template's render process did not start", status=500)
-        except BaseException:
-            self._kill(proc)
-            raise
-        return proc
-
-    async def warm(self) -> None:
-        """Start one process ahead of the first chat request."""
-        with contextlib.suppress(Exception):  # the first request starts one and reports what fails
-            self._idle.append(await self._spawn())
-
-    def _kill(self, proc) -> None:
-        self._all.discard(proc)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-
-    async def render(self, template: str, messages: list[dict[str, str]], eos_token: str) -> str:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self._size)
-        async with self._slots:
-            proc = self._idle.pop() if self._idle else await self._spawn()
-            reply = None
-            try:
-                proc.stdin.write(
-                    json.dumps({"template": template, "messages": messages, "eos_token": eos_token}).encode()
-                )
-                proc.stdin.write(b"\n")
-                await proc.stdin.drain()
-                reply = json.loads(await asyncio.wait_for(proc.stdout.readline(), self.time_limit) or b"null")
-            except asyncio.TimeoutError:
-                raise ApiError(
-                    f"the chat template took over {self.time_limit:g} s to render these messages", "messages"
-                ) from None
-            except (ValueError, OSError):
-                pass  # a reply too long, or a process that died: reply stays None
-            finally:
-                if isinstance(reply, dict):
-                    self._idle.append(proc)
-                else:  # killed at its deadline, cancelled mid-render, or dead: a new one next time
-                    self._kill(proc)
-        if not isinstance(reply, dict):
-            raise ApiError("the chat template's render process failed (past its memory limit?)", "messages")
-        if "error" in reply:
-            raise ApiError(reply["error"], "messages")
-        return reply["text"]
-
-    def close(self) -> None:
-        """Kill every render process, a rendering one too."""
-        for proc in list(self._all):
-            self._kill(proc)
-        self._idle.clear()
 
 
 @dataclass
@@ -328,6 +91,7 @@ class ServedModel:
     model: Any
     tokenizer: Any
     chat_template: ChatTemplate
+    chat_end_id: Optional[int] = None  # set when chats render on the tokenizer's chat tokens
 
     @property
     def context_length(self) -> int:
@@ -372,7 +136,13 @@ def load_served_model(
         default_name = (run.parent if run.name == "checkpoints" else run).name + "/" + source.stem
     tok_dir = info.get("tokenizer_source")
     tok_dir = Path(tok_dir) if tok_dir is not None and Path(tok_dir).is_dir() else None
-    return ServedModel(name or default_name, model, tok, ChatTemplate.find(tok_dir, chat_template))
+    template = ChatTemplate.find(tok_dir, chat_template)
+    if not uses_chat_tokens(tok, template, chat_template):
+        return ServedModel(name or default_name, model, tok, template)
+    from ferrolm.bpe.chat_format import CHAT_TEMPLATE, END_TOKEN
+
+    native = ChatTemplate(CHAT_TEMPLATE, "the tokenizer's chat tokens")
+    return ServedModel(name or default_name, model, tok, native, tok.special_token_ids[END_TOKEN])
 
 
 # --------------------------------------------------------------------------------------
@@ -411,7 +181,7 @@ def create_app(
         from starlette.exceptions import HTTPException
         from starlette.routing import Route
     except ImportError as e:
-        raise _missing_extra(e) from None
+        raise missing_serve_extra(e) from None
 
     routes = _Routes(served, engine, max_tokens_limit, stream_interval, write_timeout)
     app = Starlette(
@@ -512,7 +282,7 @@ class _Routes:
             served.token_bytes,
         )
         self.eos_text = next((s for s in tok.special_tokens if s == "<|endoftext|>"), "")
-        self.renderer = _RenderWorkers()
+        self.renderer = RenderWorkers()
         paths = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
         self.counters = ServeMetrics(engine.counts, paths)
 
@@ -537,9 +307,12 @@ class _Routes:
     async def chat_completions(self, request):
         body = await _read_body(request)
         turns = openai_api.chat_turns(body, self.info)
-        template = self.served.chat_template
-        prompt = await self.renderer.render(template.source, turns, self.eos_text)
-        req = openai_api.parse_chat(body, prompt, self.info, template.default_stop)
+        template, end = self.served.chat_template, self.served.chat_end_id
+        if end is not None:  # ferrolm's chat tokens: straight to ids, the reply ends at the end token
+            prompt = chat_prompt_ids(self.served.tokenizer, turns)
+        else:
+            prompt = await self.renderer.render(template.source, turns, self.eos_text)
+        req = openai_api.parse_chat(body, prompt, self.info, template.default_stop, () if end is None else (end,))
         return await self._run(request, req, chat=True)
 
     async def models(self, request):
@@ -814,7 +587,7 @@ def serve(
     try:
         import uvicorn
     except ImportError as e:
-        raise _missing_extra(e) from None
+        raise missing_serve_extra(e) from None
     import torch
 
     from ferrolm.lm.engine import Engine

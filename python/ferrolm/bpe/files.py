@@ -7,6 +7,9 @@ A tokenizer directory holds:
   in merge order;
 * ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``: the same
   tokenizer for HF ``tokenizers`` and ``transformers`` (``AutoTokenizer.from_pretrained(dir)``);
+* ``chat_template.jinja``, for a tokenizer with the chat tokens (``ferrolm.bpe.chat_format``):
+  the conversation format as a Jinja template, also in ``tokenizer_config.json``'s
+  ``chat_template``, so transformers' ``apply_chat_template`` renders ferrolm's ids;
 * ``ferrolm_tokenizer.json``: ferrolm's own record: special tokens, the pattern, the Unicode
   version of the pre-tokenizer's classes, the fingerprint and the sha256 of the five
   files above it, all verified on load (a folder saved before the two config files were
@@ -33,6 +36,7 @@ from typing import Any, NamedTuple
 
 from ferrolm._util import atomic_write_bytes, atomic_write_dir
 from ferrolm.bpe import hf, patterns
+from ferrolm.bpe.chat_format import CHAT_TEMPLATE_FILE
 from ferrolm.bpe.fileformat import (
     FORMAT,
     TokenizerFileError,
@@ -54,7 +58,8 @@ FORMAT_VERSION = 2
 # The files whose sha256 the record keeps: all but the record itself, since transformers
 # reads its special tokens' roles and model_max_length from the two config files.
 CHECKED_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE)
-TOKENIZER_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE, RECORD_FILE)
+# chat_template.jinja (a chat tokenizer's) is not checked: a template may be edited, as in tokenizer_config.json.
+TOKENIZER_FILES = (VOCAB_FILE, MERGES_FILE, HF_FILE, HF_CONFIG_FILE, HF_SPECIALS_FILE, CHAT_TEMPLATE_FILE, RECORD_FILE)
 # The keys of tokenizer_config.json that define the tokenizer for transformers: the special
 # tokens' ids and roles. Its other keys (chat_template, model_max_length ...) may be edited.
 HF_CONFIG_TOKEN_KEYS = (

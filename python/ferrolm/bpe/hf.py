@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ferrolm.bpe import patterns
+from ferrolm.bpe.chat_format import CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, CHAT_TOKENS, carries_chat
 from ferrolm.bpe.fileformat import (
     EOT,
     FORMAT,
@@ -150,8 +151,20 @@ def hf_tokenizer_config(special_ids: Sequence[tuple[str, int]], model_max_length
             for s, i in special_ids
         },
     }
-    config.update(hf_special_roles([s for s, _ in special_ids]))
+    config.update(hf_special_map([s for s, _ in special_ids]))
+    if carries_chat(s for s, _ in special_ids):
+        config["chat_template"] = CHAT_TEMPLATE
     return config
+
+
+def hf_special_map(special_tokens: Sequence[str]) -> dict[str, Any]:
+    """``special_tokens_map.json``: the roles (``hf_special_roles``) and, for a chat
+    tokenizer, its chat tokens as ``additional_special_tokens`` (the key transformers 4 and 5
+    read), so that transformers counts them among its special tokens."""
+    out: dict[str, Any] = dict(hf_special_roles(special_tokens))
+    if carries_chat(special_tokens):
+        out["additional_special_tokens"] = list(CHAT_TOKENS)
+    return out
 
 
 def hf_files(
@@ -161,13 +174,19 @@ def hf_files(
     pattern: str,
     model_max_length: int | None = None,
 ) -> dict[str, bytes]:
-    """tokenizer.json, tokenizer_config.json and special_tokens_map.json, by name."""
+    """tokenizer.json, tokenizer_config.json and special_tokens_map.json, by name; with the
+    chat tokens, also chat_template.jinja (the template in both places, as transformers
+    saves it)."""
     hf = json.dumps(hf_tokenizer_json(vocab, merges, special_ids, pattern), ensure_ascii=False).encode("utf-8")
-    return {
+    config = hf_tokenizer_config(special_ids, model_max_length)
+    files = {
         HF_FILE: hf,
-        HF_CONFIG_FILE: _json_bytes(hf_tokenizer_config(special_ids, model_max_length)),
-        HF_SPECIALS_FILE: _json_bytes(hf_special_roles([s for s, _ in special_ids])),
+        HF_CONFIG_FILE: _json_bytes(config),
+        HF_SPECIALS_FILE: _json_bytes(hf_special_map([s for s, _ in special_ids])),
     }
+    if "chat_template" in config:
+        files[CHAT_TEMPLATE_FILE] = CHAT_TEMPLATE.encode("utf-8")
+    return files
 
 
 # --------------------------------------------------------------------------------------

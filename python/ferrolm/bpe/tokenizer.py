@@ -545,7 +545,8 @@ class Tokenizer:
         """Write an HF ``tokenizer.json`` (ByteLevel BPE) that ``tokenizers.Tokenizer.from_file``
         loads and that encodes like this tokenizer. ``path`` is a file, or a directory to
         write it into with tokenizer_config.json and special_tokens_map.json (what
-        ``AutoTokenizer.from_pretrained`` reads): the same bytes :meth:`save` writes. A
+        ``AutoTokenizer.from_pretrained`` reads; a chat tokenizer's chat_template.jinja too):
+        the same bytes :meth:`save` writes. A
         directory holding ferrolm's record is saved whole, so its checksums stay true."""
         path = Path(path)
         if (path / tf.RECORD_FILE).is_file():

@@ -17,6 +17,8 @@ conversation so far followed by ``<|assistant|>``; the reply ends at ``<|end|>``
 
 The tokenizer folder carries the same rendering as a Jinja ``chat_template`` (see
 ``CHAT_TEMPLATE``), whose ``{% generation %}`` blocks mark the masked part for transformers.
+The tokens and the template live on the tokenizer side (``ferrolm.bpe.chat_format``), which
+writes the template into tokenizer folders.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+
+from ferrolm.bpe.chat_format import CHAT_TEMPLATE, CHAT_TOKENS, END_TOKEN, ROLE_TOKENS
+from ferrolm.bpe.chat_format import START_TOKEN as _START
 
 __all__ = [
     "CHAT_TOKENS",
@@ -40,34 +45,6 @@ __all__ = [
     "render",
     "render_prompt",
 ]
-
-ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
-END_TOKEN = "<|end|>"
-#: The chat tokens, in the order their ids are appended.
-CHAT_TOKENS = (*ROLE_TOKENS.values(), END_TOKEN)
-_START = "<|endoftext|>"
-
-#: The rendering above as a Jinja chat template (transformers' ``apply_chat_template``):
-#: the same text, so the same ids, and the assistant's part inside ``{% generation %}``.
-CHAT_TEMPLATE = (
-    "{%- if messages | length == 0 %}{{ raise_exception('a conversation needs at least one message') }}{% endif %}"
-    "{{- '" + _START + "' }}"
-    "{%- for message in messages %}"
-    "{%- set first = 1 if messages[0]['role'] == 'system' else 0 %}"
-    "{%- if message['role'] == 'system' and loop.index0 != 0 %}"
-    "{{ raise_exception('a system message may only come first') }}"
-    "{%- elif message['role'] != 'system' and message['role'] != ['user', 'assistant'][(loop.index0 - first) % 2] %}"
-    "{{ raise_exception('after an optional system message, user and assistant messages take turns, "
-    "starting with the user') }}"
-    "{%- endif %}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{{- '<|assistant|>' }}{% generation %}{{ message['content'] }}{{ '<|end|>' }}{% endgeneration %}"
-    "{%- else %}"
-    "{{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{% endif %}"
-)
 
 
 class ConversationError(ValueError):

@@ -299,11 +299,19 @@ class SequenceText:
     safe to show and sets ``done`` when the sequence ends, at ``eos_id`` (not shown) or at a
     stop string (cut before it; ``stopped`` is set too); ``finish()`` returns what was held
     back (a character still missing bytes, a possible start of a stop string) once it ends
-    for another reason. ``token_bytes(id)`` gives a token's bytes."""
+    for another reason. ``token_bytes(id)`` gives a token's bytes; ``end_ids``: more ids that
+    end the sequence as ``eos_id`` does (a chat reply's end token)."""
 
-    def __init__(self, token_bytes: Callable[[int], bytes], eos_id: Optional[int], stops: Sequence[str] = ()):
+    def __init__(
+        self,
+        token_bytes: Callable[[int], bytes],
+        eos_id: Optional[int],
+        stops: Sequence[str] = (),
+        end_ids: Sequence[int] = (),
+    ):
         self.token_bytes = token_bytes
         self.eos_id = eos_id
+        self._ends = frozenset(t for t in (eos_id, *end_ids) if t is not None)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = StopText(stops)
         self.done = False
@@ -315,7 +323,7 @@ class SequenceText:
     def feed(self, token: int) -> str:
         if self.done:
             return ""
-        if token == self.eos_id:
+        if token in self._ends:
             self.done = True
             return ""
         text = self._stop.feed(self._utf8.decode(self.token_bytes(token)))

@@ -37,8 +37,8 @@ context_length`` gives, at every step, the logits of the model run on the last
 context_length tokens, at the price of a full forward pass per token once the context is
 full.
 
-Text (``ferrolm.lm.decoding.SequenceText``, one per sequence): end-of-text ends the
-sequence and is not shown, ids are turned into text at UTF-8 character boundaries, and the
+Text (``ferrolm.lm.decoding.SequenceText``, one per sequence): end-of-text (and any of the
+sequence's ``end_ids``, such as a chat reply's end token) ends the sequence and is not shown, ids are turned into text at UTF-8 character boundaries, and the
 text is cut before the first stop string, which ends the sequence too.
 
 Events go to each sequence's ``on_event`` callable, called on the thread that runs the loop:
@@ -104,6 +104,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: Optional[int] = None
     prompt_logprobs: Optional[int] = None
+    end_ids: tuple[int, ...] = ()  # ids that end the sequence as end-of-text does (a chat's <|end|>)
 
     def __post_init__(self) -> None:
         check_sampling_args(self.temperature, self.top_k, self.top_p)
@@ -113,6 +114,8 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
                 raise ValueError(f"{name} must be None or an int >= 0, got {k!r}")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in self.end_ids):
+            raise ValueError(f"end_ids must be token ids (ints), got {self.end_ids!r}")
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,7 @@ class Handle:
         self.length = 0  # positions filled in its cache row
         self.next_token = -1  # sampled, not yet fed
         self.generated = 0
-        self.text = SequenceText(engine.token_bytes, engine.eos_id, params.stop)
+        self.text = SequenceText(engine.token_bytes, engine.eos_id, params.stop, params.end_ids)
         self.cancelled = False  # set by any thread; read by the engine between steps
         self.done = False
         self.parked = False  # taken out of its row for another group; resumes from its tokens

@@ -1,7 +1,8 @@
 """Export a checkpoint as a Hugging Face model folder that transformers loads with no
 ferrolm code: config.json (LlamaForCausalLM, or Qwen3ForCausalLM for a model with
 QK-norm), model.safetensors, generation_config.json and the tokenizer files
-(tokenizer.json, tokenizer_config.json, ... and ferrolm's own).
+(tokenizer.json, tokenizer_config.json, ... and ferrolm's own; a chat model's carry its chat
+template, and its generation_config.json ends generation at the chat end token too).
 
     export_hf("runs/x/best.pt", "hf_model")          # tokenizer: the run's data.tokenizer
     AutoModelForCausalLM.from_pretrained("hf_model"); AutoTokenizer.from_pretrained("hf_model")
@@ -30,6 +31,7 @@ import torch
 
 from ferrolm._util import atomic_write_bytes, atomic_write_dir, check_out
 from ferrolm.bpe import files as tf
+from ferrolm.bpe.chat_format import END_TOKEN, carries_chat
 from ferrolm.lm.checkpoint import load_model
 from ferrolm.lm.hf import hf_architecture, hf_config, hf_special_ids, to_hf_state_dict
 from ferrolm.lm.hf_remote import MODELING_FILE, modeling_source, remote_config, remote_state_dict
@@ -145,7 +147,7 @@ def export_hf(
     files = {
         **extra,
         "config.json": _json(config),
-        "generation_config.json": _json({**hf_special_ids(tok), "do_sample": True, "temperature": 1.0, "top_k": 0}),
+        "generation_config.json": _json(_generation_config(tok)),
         "model.safetensors": _safetensors_bytes(weights, {}),
     }
     special_ids = [(s, tok.special_token_ids[s]) for s in tok.special_tokens]
@@ -153,6 +155,15 @@ def export_hf(
         tf.directory_files(tok.vocab, tok.merges, special_ids, tok.pattern, tok.fingerprint, cfg.context_length)
     )
     return atomic_write_dir(out, files, owned=MODEL_FILES + (MODELING_FILE,) + tf.TOKENIZER_FILES)
+
+
+def _generation_config(tok: Any) -> dict:
+    """generation_config.json: sampling as ``ferrolm generate`` does; a chat model's replies
+    end at its end token, so transformers' generate stops there as well as at end-of-text."""
+    config = {**hf_special_ids(tok), "do_sample": True, "temperature": 1.0, "top_k": 0}
+    if carries_chat(tok.special_tokens) and config["eos_token_id"] is not None:
+        config["eos_token_id"] = [config["eos_token_id"], tok.special_token_ids[END_TOKEN]]
+    return config
 
 
 def export_safetensors(checkpoint: PathLike, out: PathLike, *, force: bool = False) -> Path:

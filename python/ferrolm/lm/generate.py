@@ -248,10 +248,12 @@ def generate_text(
     generator: Optional[torch.Generator] = None,
     *,
     stop: Sequence[str] = (),
+    end_ids: Sequence[int] = (),
     on_piece: Optional[Callable[[int, str], None]] = None,
 ) -> list[str]:
     """The text each prompt continues with: as ``generate`` samples it, with end-of-text not
     shown and the text cut before the first of the ``stop`` strings (which ends that row).
+    ``end_ids``: more ids that end a row as ``eos_id`` does, not shown (a chat's end token).
     One text per row, also for a single prompt; ``on_piece(row, text)`` is called with each
     row's text as it is produced. ``token_bytes(id)``: a token's bytes."""
     check_sampling_args(temperature, top_k, top_p)
@@ -266,7 +268,7 @@ def generate_text(
         if on_piece is not None:
             on_piece(r, piece)
 
-    params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed=0, stop=tuple(stop))
+    params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed=0, stop=tuple(stop), end_ids=tuple(end_ids))
     generators = _row_generators(model, len(rows), temperature, generator, batched)
     turns, _ = _submit_rows(model, rows, params, generators, token_bytes=token_bytes, eos_id=eos_id, on_piece=collect)
     for _ in turns:

@@ -29,6 +29,13 @@ The three request types, exactly:
   the text is cut before the first stop string, and ends at the end-of-text token. Other
   generation kwargs are refused by name.
 
+Chat (lm-eval's ``--apply_chat_template``, ``ferrolm eval --apply-chat-template``), for a
+model whose tokenizer has the chat tokens: ``apply_chat_template`` renders the task's
+messages with ``ferrolm.lm.chat`` and keeps the ids of each prompt it hands back, so the
+prompt is scored on exactly those ids (a content spelling "<|end|>" stays text); the
+reply of ``generate_until`` also ends at ``<|end|>``. ``tokenizer_name`` and
+``chat_template`` name the tokenizer and the template for lm-eval's caches and results.
+
 Requests run in batches of ``batch_size`` rows, longest first, right-padded (a causal
 model's logits at a position do not depend on what follows it), with a progress bar.
 """
@@ -110,6 +117,8 @@ class FerrolmLM(LM):
         self._device = next(model.parameters()).device
         self.context_length = model.config.context_length
         self.progress = progress
+        self._end_ids = _chat_end_ids(tokenizer)
+        self._chat_prompts: dict[str, list[int]] = {}  # prompt text -> its ids, from apply_chat_template
 
     # ---- tokens ----------------------------------------------------------------------
 
@@ -118,6 +127,8 @@ class FerrolmLM(LM):
         return self.tok.token_bytes(t) if t < self.tok.vocab_size else b""
 
     def _pair_ids(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        if context in self._chat_prompts:
+            return self._chat_prompts[context], self.tok.encode(continuation)
         stripped = context.rstrip()
         context, continuation = stripped, context[len(stripped) :] + continuation
         ctx = self.tok.encode(context) if context else [self.eos_id]
@@ -191,6 +202,38 @@ class FerrolmLM(LM):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, res)
         return totals
 
+    # ---- chat ------------------------------------------------------------------------
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``chat_history`` (see the module docstring); without a generation
+        prompt a last assistant message stays open, for the model to continue."""
+        from ferrolm.lm import chat
+
+        chat.chat_token_ids(self.tok)  # a clear error for a model that cannot chat
+        if add_generation_prompt:
+            ids = chat.render_prompt(self.tok, chat_history)
+        elif chat_history and chat_history[-1].get("role") == "assistant":
+            ids = chat.render(self.tok, chat_history)[0][:-1]  # its end token dropped
+        else:
+            ids = chat.render_prompt(self.tok, chat_history)[:-1]  # no assistant token
+        text = self.tok.decode(ids)
+        self._chat_prompts[text] = ids
+        return text
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"ferrolm-{self.tok.fingerprint[:16]}"
+
+    def chat_template(self, chat_template: Union[bool, str] = False) -> Optional[str]:
+        """ferrolm's chat template (the same rendering as Jinja) when asked for; ValueError
+        for a model whose tokenizer has no chat tokens."""
+        if not chat_template:
+            return None
+        from ferrolm.lm import chat
+
+        chat.chat_token_ids(self.tok)
+        return chat.CHAT_TEMPLATE
+
     # ---- generation ------------------------------------------------------------------
 
     def _sampling(self, kwargs: dict) -> tuple[list[str], int, tuple]:
@@ -213,10 +256,18 @@ class FerrolmLM(LM):
     def _generate_batch(self, contexts: list[str], stops: list[str], max_new: int, sampling: tuple) -> list[str]:
         from ferrolm.lm.generate import generate_text
 
-        rows = [self.tok.encode(c) for c in contexts]  # an empty one starts from eos
+        rows = [self._chat_prompts.get(c) or self.tok.encode(c) for c in contexts]  # an empty one starts from eos
         generator = torch.Generator(device=self._device).manual_seed(1234)
         return generate_text(
-            self.model, rows, self._token_bytes, max_new, *sampling, eos_id=self.eos_id, generator=generator, stop=stops
+            self.model,
+            rows,
+            self._token_bytes,
+            max_new,
+            *sampling,
+            eos_id=self.eos_id,
+            generator=generator,
+            stop=stops,
+            end_ids=self._end_ids,
         )
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -236,6 +287,13 @@ class FerrolmLM(LM):
                         self.cache_hook.add_partial("generate_until", requests[n].args, text)
                     bar.update(len(batch))
         return out
+
+
+def _chat_end_ids(tokenizer: Any) -> tuple[int, ...]:
+    """(the chat end token's id,) for a tokenizer with the chat tokens, else ()."""
+    from ferrolm.bpe.chat_format import END_TOKEN, carries_chat
+
+    return (tokenizer.special_token_ids[END_TOKEN],) if carries_chat(tokenizer.special_tokens) else ()
 
 
 # Run as ``python -m ferrolm.lm.harness`` this file is __main__; the class registered is
@@ -270,6 +328,7 @@ def run_tasks(
     log_samples: bool = False,
     bootstrap_iters: int = 100_000,
     progress: bool = True,
+    apply_chat_template: bool = False,
 ) -> dict:
     """Score ``checkpoint`` on lm-eval ``tasks`` (names or a comma-separated string); return
     lm-eval's results dict ("results" per task; "samples" too with ``log_samples``).
@@ -277,6 +336,8 @@ def run_tasks(
     ``include_path``: a folder of task YAMLs of your own; ``limit``: examples per task (a
     fraction when < 1); tasks that need a download fetch their data through HF datasets.
     ``bootstrap_iters``: lm-eval's resamples for the standard errors of some metrics (0: none).
+    ``apply_chat_template``: prompts as conversations of a chat model (few-shot examples as
+    turns), as lm-eval's ``--apply_chat_template``.
     """
     from lm_eval import simple_evaluate
 
@@ -291,6 +352,8 @@ def run_tasks(
     if limit is not None and (isinstance(limit, bool) or not 0 < limit < float("inf")):
         raise ValueError(f"limit must be a finite number > 0 (a fraction of each task when below 1), got {limit!r}")
     lm = FerrolmLM(checkpoint, tokenizer, device=device, batch_size=batch_size, progress=progress)  # fails fast
+    if apply_chat_template:
+        lm.chat_template(True)  # a model that cannot chat fails here, before any task is read
     manager = _task_manager(names, include_path)
     unknown = [t for t in names if not manager.match_tasks([t])]
     if unknown:
@@ -303,6 +366,7 @@ def run_tasks(
         task_manager=manager,
         log_samples=log_samples,
         bootstrap_iters=bootstrap_iters,
+        apply_chat_template=bool(apply_chat_template),
     )
     if results is None:  # pragma: no cover - only ranks other than 0 get None
         raise RuntimeError("lm-eval returned no results")
