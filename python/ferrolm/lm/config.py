@@ -255,6 +255,10 @@ class OptimizerSection:
     muon_nesterov: bool = True
     muon_ns_steps: int = 5  # Newton-Schulz iterations
     muon_weight_decay: float = 0.0
+    muon_orthogonalizer: str = "newton-schulz"  # or "polar-express" (a quintic per step)
+    normuon: bool = False  # NorMuon: each neuron's update by its running RMS, Muon's norm kept
+    normuon_beta2: float = 0.95
+    cautious_weight_decay: bool = False  # Muon's decay only where update and weight agree in sign
     embedding_lr: float = 0.2  # muon: the AdamW groups' peak lrs, set for d_model 768 ...
     head_lr: float = 0.004
     scalar_lr: float = 0.02  # norm gains and other small parameters
@@ -462,6 +466,12 @@ def _check_optimizer(o: OptimizerSection) -> None:
             raise ConfigError(f"optimizer.{k} must be a positive number, got {getattr(o, k)}")
     if o.muon_ns_steps < 1:
         raise ConfigError(f"optimizer.muon_ns_steps must be at least 1, got {o.muon_ns_steps}")
+    if o.muon_orthogonalizer not in ("newton-schulz", "polar-express"):
+        raise ConfigError(
+            f"optimizer.muon_orthogonalizer must be 'newton-schulz' or 'polar-express', got {o.muon_orthogonalizer!r}"
+        )
+    if not 0 <= o.normuon_beta2 < 1:
+        raise ConfigError(f"optimizer.normuon_beta2 must be in [0, 1), got {o.normuon_beta2}")
     for k in ("muon_weight_decay", "muon_momentum_warmup_steps"):
         if getattr(o, k) < 0:
             raise ConfigError(f"optimizer.{k} must be >= 0, got {getattr(o, k)}")

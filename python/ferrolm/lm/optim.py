@@ -49,6 +49,7 @@ __all__ = [
     "muon_param_groups",
     "newton_schulz",
     "newton_schulz_reference",
+    "orthogonalizer_steps",
     "muon_shape_scale",
     "muon_momentum_at",
     "cosine_lr",
@@ -251,6 +252,20 @@ def param_groups_for_decay(model: nn.Module, weight_decay: float) -> list[dict]:
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic (a, b, c) of the public Muon implementations
 NS_EPS = 1e-7  # keeps a zero update zero in the first normalisation
+# Polar Express (Amsel, Persson, Musco & Gower, 2025, arXiv:2505.16932): a quintic per step,
+# each the minimax-optimal one for the singular values the steps before it leave, with the
+# input normalised by POLAR_EXPRESS_SAFETY ||X||_F (the numbers the modded-nanogpt speedrun
+# uses); steps past the fifth repeat the fifth.
+POLAR_EXPRESS_COEFFICIENTS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+POLAR_EXPRESS_SAFETY = 1.02
+ORTHOGONALIZERS = ("newton-schulz", "polar-express")
+NORMUON_EPS = 1e-10  # under the square root of a row's second moment
 GRAM_MIN_ASPECT = 2  # from this cols/rows on, newton_schulz's Gram form takes fewer flops (even at 1.5)
 MUON_MIN_SIDE = 16  # a matrix with a side under this (a per-head gate, say) is a few numbers: AdamW
 
@@ -260,18 +275,30 @@ def muon_shape_scale(rows: int, cols: int) -> float:
     return max(1.0, rows / cols) ** 0.5
 
 
-def newton_schulz_reference(u: Tensor, steps: int = 5) -> Tensor:
+def orthogonalizer_steps(method: str, steps: int) -> tuple[float, list[tuple[float, float, float]]]:
+    """(the factor on ||X||_F of the first normalisation, the (a, b, c) of each step) of
+    ``method``: "newton-schulz" (one quintic, every step) or "polar-express"."""
+    if method == "newton-schulz":
+        return 1.0, [NS_COEFFICIENTS] * steps
+    if method == "polar-express":
+        table = POLAR_EXPRESS_COEFFICIENTS
+        return POLAR_EXPRESS_SAFETY, [table[min(i, len(table) - 1)] for i in range(steps)]
+    raise ValueError(f"the orthogonalizer must be one of {ORTHOGONALIZERS}, got {method!r}")
+
+
+def newton_schulz_reference(u: Tensor, steps: int = 5, method: str = "newton-schulz") -> Tensor:
     """NS₅ of one matrix, written out: the reference the batched ``newton_schulz`` is held to.
+    ``method="polar-express"`` takes Polar Express's quintic at each step instead.
 
     Computed in float32 on the wide orientation; returns a float32 matrix of ``u``'s shape.
     """
-    a, b, c = NS_COEFFICIENTS
+    safety, coefficients = orthogonalizer_steps(method, steps)
     x = u.float()
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T
-    x = x / (x.norm() + NS_EPS)
-    for _ in range(steps):
+    x = x / (x.norm() * safety + NS_EPS)
+    for a, b, c in coefficients:
         gram = x @ x.T
         poly = b * gram + c * (gram @ gram)
         x = a * x + poly @ x
@@ -288,7 +315,9 @@ def newton_schulz_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if use_bf16("auto", device) else torch.float32
 
 
-def newton_schulz(u: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
+def newton_schulz(
+    u: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32, method: str = "newton-schulz"
+) -> Tensor:
     """NS₅ of a stack of same-shape matrices (k, rows, cols) at once, in ``dtype``.
 
     The same iteration as ``newton_schulz_reference``, as batched matrix products with the
@@ -298,23 +327,23 @@ def newton_schulz(u: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32)
     twice as wide as tall takes the Gram form (``_newton_schulz_gram``): the same
     polynomial in fewer flops.
     """
+    safety, coefficients = orthogonalizer_steps(method, steps)
     x = u.to(dtype)
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = x.mT
-    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + NS_EPS)
+    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) * safety + NS_EPS)
     if dtype in (torch.float32, torch.float64) and x.shape[-1] >= GRAM_MIN_ASPECT * x.shape[-2]:
-        x = _newton_schulz_gram(x, steps)
+        x = _newton_schulz_gram(x, coefficients)
     else:
-        a, b, c = NS_COEFFICIENTS
-        for _ in range(steps):
+        for a, b, c in coefficients:
             gram = torch.bmm(x, x.mT)
             poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A·A
             x = torch.baddbmm(x, poly, x, beta=a)  # a·X + poly·X
     return x.mT if tall else x
 
 
-def _newton_schulz_gram(x: Tensor, steps: int) -> Tensor:
+def _newton_schulz_gram(x: Tensor, coefficients: list[tuple[float, float, float]]) -> Tensor:
     """The NS iteration of wide matrices x (k, m, n), m < n, carried on m×m matrices.
 
     Each step is X ← P X with P = aI + bG + cG², G = X Xᵀ. Every P is a polynomial in
@@ -324,10 +353,10 @@ def _newton_schulz_gram(x: Tensor, steps: int) -> Tensor:
     flops for five steps against 20m²n + 10m³, 44 % fewer at n = 4m. Only in float32 or
     wider: the Gram matrix squares the conditioning, which bfloat16 does not survive.
     """
-    a, b, c = NS_COEFFICIENTS
     gram = torch.bmm(x, x.mT)
     q = None
-    for i in range(steps):
+    steps = len(coefficients)
+    for i, (a, b, c) in enumerate(coefficients):
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·G + c·G·G
         poly.diagonal(dim1=-2, dim2=-1).add_(a)  # + a·I
         q = poly if q is None else torch.bmm(poly, q)
@@ -435,8 +464,20 @@ class Muon(AdamW):
     "muon"), its own ``lr`` and ``weight_decay``; Muon groups have ``momentum``,
     ``nesterov`` and ``ns_steps``, AdamW groups ``betas`` and ``eps``, and their update is
     ``AdamW``'s (fused kernel where it runs). Build the groups with ``muon_param_groups``.
-    The state of a Muon parameter is its ``momentum_buffer``: it is in ``state_dict()``, so a
-    checkpoint restores it.
+    The state of a Muon parameter is its ``momentum_buffer`` (and with ``normuon`` its rows'
+    ``neuron_second_moment``): it is in ``state_dict()``, so a checkpoint restores it.
+
+    Three switches of the Muon groups, each off by default (the modded-nanogpt speedrun's):
+
+    - ``orthogonalizer="polar-express"``: Polar Express's quintic at each step
+      (``orthogonalizer_steps``) instead of Newton-Schulz's one.
+    - ``normuon=True`` (NorMuon, Li et al. 2025): each row (output neuron) of O divided by the
+      root of its running mean square, v ← β₂ v + (1 − β₂) mean_j O_ij², Ô = O / sqrt(v + ε),
+      then Ô rescaled to O's Frobenius norm, so the step's size stays Muon's and only its
+      spread over the neurons is evened out (β₂ = ``normuon_beta2``).
+    - ``cautious_weight_decay=True`` (Chen et al. 2025): the decay applied only where the
+      update and the weight have the same sign (O_ij W_ij >= 0), where decay and update both
+      pull the weight towards zero: W ← W − η λ (W ⊙ 1[O ⊙ W >= 0]) − η s O.
 
     Two ways to compute the Muon update, tested equal:
 
@@ -466,8 +507,21 @@ class Muon(AdamW):
         fast: bool = True,
         ns_dtype: torch.dtype | None = None,
         fused: bool | None = None,
+        orthogonalizer: str = "newton-schulz",
+        normuon: bool = False,
+        normuon_beta2: float = 0.95,
+        cautious_weight_decay: bool = False,
     ):
-        self._muon_defaults = dict(kind="muon", momentum=momentum, nesterov=bool(nesterov), ns_steps=ns_steps)
+        self._muon_defaults = dict(
+            kind="muon",
+            momentum=momentum,
+            nesterov=bool(nesterov),
+            ns_steps=ns_steps,
+            orthogonalizer=orthogonalizer,
+            normuon=bool(normuon),
+            normuon_beta2=normuon_beta2,
+            cautious_weight_decay=bool(cautious_weight_decay),
+        )
         self.fast = bool(fast)
         self.ns_dtype = ns_dtype
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
@@ -483,6 +537,9 @@ class Muon(AdamW):
         steps = param_group["ns_steps"]
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"ns_steps must be a positive integer, got {steps!r}")
+        orthogonalizer_steps(param_group["orthogonalizer"], 1)  # a known method, or ValueError
+        if not 0.0 <= param_group["normuon_beta2"] < 1.0:
+            raise ValueError(f"invalid normuon_beta2: {param_group['normuon_beta2']}")
         if param_group.get("lr", 0.0) < 0 or param_group.get("weight_decay", 0.0) < 0:
             raise ValueError("invalid learning rate or weight_decay in a parameter group")
         params = param_group["params"]
@@ -491,6 +548,8 @@ class Muon(AdamW):
             for p in params:
                 if p.dim() != 2:
                     raise ValueError(f"Muon takes 2-D matrices only, got a parameter of shape {tuple(p.shape)}")
+                if param_group["normuon"] and _is_sharded(p):
+                    raise ValueError("normuon keeps whole rows' statistics: not with sharded (FSDP) parameters")
         super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -509,6 +568,8 @@ class Muon(AdamW):
             state = self.state[p]
             if not state:
                 state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group["normuon"] and "neuron_second_moment" not in state:
+                state["neuron_second_moment"] = torch.zeros(p.shape[0], device=p.device, dtype=torch.float32)
         if not params:
             return
         if self.fast:
@@ -524,10 +585,19 @@ class Muon(AdamW):
             m.mul_(mu).add_(g, alpha=1.0 - mu)  # M ← μ M + (1−μ) G
             u = (1.0 - mu) * g + mu * m if group["nesterov"] else m
             full = u.full_tensor() if _is_sharded(u) else u
-            o = newton_schulz_reference(full, steps) * muon_shape_scale(*full.shape)
+            o = newton_schulz_reference(full, steps, group["orthogonalizer"])
+            if group["normuon"]:  # each row by the root of its running mean square, then O's norm back
+                v = self.state[p]["neuron_second_moment"]
+                v.mul_(group["normuon_beta2"]).add_((o * o).mean(dim=1), alpha=1.0 - group["normuon_beta2"])
+                evened = o / torch.sqrt(v + NORMUON_EPS)[:, None]
+                o = evened * (o.norm() / (evened.norm() + NS_EPS))
+            o = o * muon_shape_scale(*full.shape)
             if _is_sharded(p):
                 o = _own_rows(o, p)
-            p.mul_(1.0 - lr * wd)  # W ← W − η λ W
+            if group["cautious_weight_decay"]:  # W ← W − η λ W where O and W agree in sign
+                p.sub_(p * (o * p >= 0), alpha=lr * wd)
+            else:
+                p.mul_(1.0 - lr * wd)  # W ← W − η λ W
             p.add_(o.to(p.dtype), alpha=-lr)  # W ← W − η s O
 
     def _muon_fast(self, group: dict, params: list[Tensor]) -> None:
@@ -544,13 +614,34 @@ class Muon(AdamW):
         for (shape, dtype, device), idx in by_shape.items():
             stack = torch.stack([updates[i].full_tensor() if _is_sharded(updates[i]) else updates[i] for i in idx])
             ns_dtype = self.ns_dtype or newton_schulz_dtype(device)
-            ortho = newton_schulz(stack, steps, ns_dtype).to(dtype)
+            ortho = newton_schulz(stack, steps, ns_dtype, method=group["orthogonalizer"])
             ps = [params[i] for i in idx]
+            if group["normuon"]:
+                ortho = self._normuon_stack(group, ps, ortho)
+            ortho = ortho.to(dtype)
             outs = list(ortho.unbind(0))
             if _is_sharded(ps[0]):
                 outs = [_own_rows(o, p) for o, p in zip(outs, ps)]
-            torch._foreach_mul_(ps, 1.0 - lr * wd)  # W ← W − η λ W
+            if group["cautious_weight_decay"]:  # the decay only where O and W agree in sign
+                decays = [p * (o * p >= 0) for o, p in zip(outs, ps)]
+                torch._foreach_add_(ps, decays, alpha=-lr * wd)
+            else:
+                torch._foreach_mul_(ps, 1.0 - lr * wd)  # W ← W − η λ W
             torch._foreach_add_(ps, outs, alpha=-lr * muon_shape_scale(*shape))  # W ← W − η s O
+
+    def _normuon_stack(self, group: dict, ps: list[Tensor], ortho: Tensor) -> Tensor:
+        """NorMuon on a stack (k, rows, cols) of orthogonalised updates, in float32: each row
+        by the root of its running mean square (the state updated), then each matrix back to
+        its norm (the loop's arithmetic, a stack at a time)."""
+        o = ortho.float()
+        beta2 = group["normuon_beta2"]
+        v = torch.stack([self.state[p]["neuron_second_moment"] for p in ps])
+        v.mul_(beta2).add_((o * o).mean(dim=-1), alpha=1.0 - beta2)
+        for p, row in zip(ps, v.unbind(0)):
+            self.state[p]["neuron_second_moment"].copy_(row)
+        evened = o / torch.sqrt(v + NORMUON_EPS)[..., None]
+        norms = torch.linalg.vector_norm(o, dim=(-2, -1), keepdim=True)
+        return evened * (norms / (torch.linalg.vector_norm(evened, dim=(-2, -1), keepdim=True) + NS_EPS))
 
 
 def _is_sharded(t: Tensor) -> bool:

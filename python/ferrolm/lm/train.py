@@ -636,6 +636,10 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.opti
         ns_steps=cfg.muon_ns_steps,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
+        orthogonalizer=cfg.muon_orthogonalizer,
+        normuon=cfg.normuon,
+        normuon_beta2=cfg.normuon_beta2,
+        cautious_weight_decay=cfg.cautious_weight_decay,
     )
 
 
