@@ -99,7 +99,7 @@ class ConversationData:
         if self.cropped:
             line += f"; {self.cropped:,} longer than a row, cropped to it"
         if self.bad:
-            line += f"; {self.bad:,} malformed rows skipped:\n" + _listing(self.bad, self.bad_rows)
+            line += f"; {self.bad:,} malformed row(s) skipped:\n" + _listing(self.bad, self.bad_rows)
         return line
 
 
@@ -234,8 +234,8 @@ def read_conversations(
     total = bad + len(offsets) - 1
     if bad and bad > max_bad_share * total:
         raise ConversationDataError(
-            f"{name}: {bad:,} of {total:,} rows are not usable conversations, more than "
-            f"data.max_bad_share = {max_bad_share:g} of them:\n{_listing(bad, listed)}"
+            f"{name}: {bad:,} of {total:,} rows are not usable conversations; data.max_bad_share = "
+            f"{max_bad_share:g} allows {int(max_bad_share * total):,}:\n{_listing(bad, listed)}"
         )
     if total == bad:
         raise ConversationDataError(f"{name}: holds no conversation ({_sources(source)[0]} ...)")

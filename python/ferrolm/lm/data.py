@@ -710,8 +710,7 @@ def packed_rows(data, context_length: int, max_rows: Optional[int] = None) -> tu
 def masked_targets(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets) of rows with a loss mask: targets shifted by one, each target whose
     mask is 0 replaced by ``functional.IGNORE_INDEX`` (the loss leaves it out)."""
-    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
-    return x, y.masked_fill_(mask[:, 1:] == 0, IGNORE_INDEX)
+    return ids[:, :-1].contiguous(), ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)  # new tensors: ids kept
 
 
 # ---------------------------------------------------------------------------------------
