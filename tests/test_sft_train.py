@@ -210,3 +210,36 @@ def test_a_bad_conversation_file_is_named(chats, tmp_path):
     (tmp_path / "bad.jsonl").write_text("{}\n[]\n")
     with pytest.raises(ConversationDataError, match=r"bad\.jsonl:1: the row has no 'messages' list"):
         train(sft_config(chats, tmp_path / "run", data={"val": str(tmp_path / "bad.jsonl")}))
+
+
+def test_an_init_source_gives_the_shape_the_weights_and_the_chat_tokenizer(chats, tmp_path, monkeypatch):
+    """run.init_from asks ``checkpoint.initial_weights`` for the chat tokens when the data is
+    conversations, and the run starts from what it returns (shape, weights, tokenizer)."""
+    from ferrolm.lm import checkpoint
+    from ferrolm.lm.chat import add_chat_tokens, grow_vocab
+    from ferrolm.lm.config import ModelConfig
+    from ferrolm.lm.model import TransformerLM
+
+    base_tok = Tokenizer.load(chats / "tok")
+    torch.manual_seed(1)
+    base = TransformerLM.from_config(ModelConfig(base_tok.vocab_size, 96, 48, 1, 2, 64))
+    calls = []
+
+    def initial_weights(source, *, chat_tokens):
+        calls.append((source, chat_tokens))
+        grown = ModelConfig.from_dict({**base.config.to_dict(), "vocab_size": base_tok.vocab_size + 4})
+        return grown, grow_vocab(base.state_dict(), base_tok.vocab_size, grown.vocab_size), add_chat_tokens(base_tok)
+
+    monkeypatch.setattr(checkpoint, "initial_weights", initial_weights, raising=False)
+    cfg = sft_config(chats, tmp_path / "run", schedule={"max_steps": 1, "warmup_steps": 0}, run={"init_from": "base"})
+    cfg.data.tokenizer = ""
+    cfg.optimizer.lr, cfg.optimizer.min_lr = 1e-9, 1e-9
+    train(cfg)
+    assert calls == [("base", True)]
+    saved = load_config(tmp_path / "run" / "config.toml")
+    assert (saved.model.d_model, saved.model.num_layers, saved.model.vocab_size) == (48, 1, base_tok.vocab_size + 4)
+    assert Tokenizer.load(saved.data.tokenizer).fingerprint == add_chat_tokens(base_tok).fingerprint
+    after = final_weights(tmp_path / "run", 1)
+    start = grow_vocab(base.state_dict(), base_tok.vocab_size, base_tok.vocab_size + 4)
+    for k, v in start.items():
+        torch.testing.assert_close(after[k], v, atol=1e-6, rtol=0)

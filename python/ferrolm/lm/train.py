@@ -341,11 +341,14 @@ def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
 
     check_init(cfg)
     torch.manual_seed(cfg.run.seed)
-    chat_tok = chat_tokenizer(cfg) if uses_conversations(cfg) else None
+    init_state, init_tok = initial_state(cfg, resuming=ckpt is not None)
+    chat_tok = (init_tok or chat_tokenizer(cfg)) if uses_conversations(cfg) else None
     train_data, val_data = _open_conversations(cfg, chat_tok, main) if chat_tok else _open_data(cfg)
     shards = dist_.world if _sharded(cfg, dist_) else 1
     check_training_memory(cfg.model, cfg.schedule.batch_size, device, shards)
     model = build_model(cfg.model).to(device)
+    if init_state is not None:
+        model.load_state_dict(init_state)
     if _sharded(cfg, dist_):
         shard_model(model, device)  # in place, before the optimizer sees the parameters
     optimizer = build_optimizer(model, cfg.optimizer)
@@ -563,6 +566,19 @@ def check_init(cfg: TrainConfig) -> None:
         )
 
 
+def initial_state(cfg: TrainConfig, *, resuming: bool) -> tuple[Optional[dict], Optional[Tokenizer]]:
+    """(state dict, tokenizer) of run.init_from for a new run (None, None without one, or
+    when resuming: the checkpoint has the weights); the source's shape becomes [model].
+    Conversation data asks for the chat tokens: the tokenizer extended, the model grown."""
+    if not cfg.run.init_from or resuming:
+        return None, None
+    from ferrolm.lm.checkpoint import initial_weights
+
+    model_cfg, state, tokenizer = initial_weights(cfg.run.init_from, chat_tokens=uses_conversations(cfg))
+    cfg.model = model_cfg
+    return state, tokenizer
+
+
 def chat_tokenizer(cfg: TrainConfig) -> Tokenizer:
     """data.tokenizer's tokenizer with the chat tokens (appended after its vocabulary when it
     lacks them): what conversations are rendered with."""
@@ -581,7 +597,8 @@ def chat_tokenizer(cfg: TrainConfig) -> Tokenizer:
 def keep_chat_tokenizer(cfg: TrainConfig, tokenizer: Tokenizer, run_dir: Path) -> None:
     """When the chat tokens were added, the extended tokenizer is the run's: saved in the
     run folder, and data.tokenizer names it (the checkpoints and a resume use it)."""
-    if Tokenizer.load(cfg.data.tokenizer).fingerprint == tokenizer.fingerprint:
+    name = cfg.data.tokenizer
+    if name and Path(name).is_dir() and Tokenizer.load(name).fingerprint == tokenizer.fingerprint:
         return
     where = run_dir / "tokenizer"
     tokenizer.save(where)
