@@ -8,14 +8,18 @@ One optimizer step:
     lr = warmup + cosine or wsd(step)      (or of the elapsed fraction of max_time_s)
     repeat accum times:                    gradient accumulation up to tokens_per_step
         x, y = batches.next()              rows per data.batching (uniform random windows, or
-                                           rows that start at documents, packed best-fit),
+                                           rows that start at documents, packed best-fit;
+                                           conversations packed best-fit, the targets
+                                           outside the assistant's replies ignored),
                                            seeded per process, one batch ahead on a
                                            background thread
         loss = model_loss(model, x, y)     model(x, targets=y): the LM head fused with the
                                            cross-entropy (compiled as one graph with
                                            run.compile), bf16 autocast when enabled
         (loss / accum).backward()          DDP all-reduces gradients on the last micro-batch
-                                           (FSDP2 with run.parallel = "fsdp" reduce-scatters)
+                                           (FSDP2 with run.parallel = "fsdp" reduce-scatters);
+                                           conversations weigh each micro-batch by its share
+                                           of the step's assistant tokens instead of 1 / accum
     norm = clip_grad_norm(...)             stop here, before the update, if loss/norm is NaN
                                            or the gradient was 0 three checks running (dead)
     optimizer.step()                       torch's fused AdamW kernel, or Muon + AdamW groups
@@ -880,7 +884,7 @@ def forward_backward(run: Run) -> torch.Tensor:
     Token windows weigh each micro-batch 1 / accum. Conversations weigh each by its share
     of the step's assistant tokens over all processes, so that the step's gradient is that
     of the mean over all of them, not a mean of per-micro-batch means."""
-    if run.val_rows is None:
+    if not isinstance(run.train_data, ConversationData):
         loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
         for micro in range(run.accum):
             x, y = run.batches.next()
