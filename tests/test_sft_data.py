@@ -101,9 +101,9 @@ def test_a_parquet_file_without_messages_is_named(tok, tmp_path):
 
 
 def test_conversation_sources_are_told_from_shards_by_name(tmp_path):
-    for name in ("a.jsonl", "a.JSONL.gz", "a.ndjson.zst", "a.parquet", "a.json"):
+    for name in ("a.jsonl", "a.JSONL.gz", "a.ndjson.zst", "a.parquet"):
         assert is_conversation_source(name), name
-    for name in ("data/train", "train.bin", "train"):
+    for name in ("data/train", "train.bin", "train", "train.json"):  # a .json is a shard sidecar or manifest
         assert not is_conversation_source(name), name
     assert is_conversation_source(["a.jsonl", "b.parquet"]) and not is_conversation_source(["a.jsonl", "shards/x"])
     assert is_conversation_source(iter(CHATS)) and is_conversation_source([CHATS[0]["messages"]])

@@ -201,6 +201,8 @@ def test_eval_scores_the_assistant_tokens_as_training_validates(chats, tmp_path)
     assert out.returncode == 0 and json.loads(out.stdout)["loss"] == pytest.approx(r["loss"], rel=1e-6)
     masked_x, masked_y = masked_targets(torch.from_numpy(ids), torch.from_numpy(mask))
     assert int((masked_y >= 0).sum()) == count
+    with pytest.raises(ValueError, match="--max-tokens"):
+        evaluate(ckpt, chats / "val.jsonl", max_tokens=100)
     base, _, _ = tiny_run(tmp_path / "base", steps=1)  # a base model: its tokenizer has no chat tokens
     with pytest.raises(ValueError, match="lacks the chat tokens"):
         evaluate(base, chats / "val.jsonl")

@@ -44,8 +44,9 @@ __all__ = [
 
 #: Bad rows named in a report; the count covers all of them.
 LISTED_BAD_ROWS = 10
-#: File names read as conversations (the rest of a run's data are token shards).
-_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+#: File names read as conversations (the rest of a run's data are token shards; a .json is a
+#: shard sidecar or manifest unless data.format says "conversations").
+_SUFFIXES = (".jsonl", ".ndjson", ".parquet", ".pq")
 _COMPRESSED = (".gz", ".zst", ".zstd")
 
 

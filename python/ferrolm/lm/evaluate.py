@@ -121,6 +121,8 @@ def evaluate(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = resolve_device(device)
     if is_conversation_source(data):
+        if max_tokens is not None:
+            raise ValueError("max_tokens (--max-tokens) is for token shards; conversations are scored whole")
         return evaluate_conversations(checkpoint, data, tokenizer, batch_size=batch_size, device=dev)
     model, tok, info = load_model(checkpoint, dev, tokenizer=tokenizer)
     shards = TokenShards(data)
