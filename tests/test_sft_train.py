@@ -10,6 +10,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -245,3 +247,28 @@ def test_an_init_source_gives_the_shape_the_weights_and_the_chat_tokenizer(chats
     start = grow_vocab(base.state_dict(), base_tok.vocab_size, base_tok.vocab_size + 4)
     for k, v in start.items():
         torch.testing.assert_close(after[k], v, atol=1e-6, rtol=0)
+
+
+def test_two_processes_train_on_conversations(chats, tmp_path):
+    """Under torchrun each process packs its own rows, and the step's assistant tokens are
+    counted over both (one all-reduce), each weighing its share of them."""
+    from ferrolm.lm.config import to_toml
+
+    cfg = sft_config(chats, tmp_path / "ddp", schedule={"max_steps": 4, "batch_size": 2}, run={"checkpoint_every": 0})
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    out = subprocess.run(
+        [*cmd, "-m", "ferrolm", "train", "--config", str(tmp_path / "c.toml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = read_metrics(tmp_path / "ddp")
+    assert [r["step"] for r in records] == [0, 3, 4] and records[0]["train_conversations"] == 300
+    assert all(r["val_loss"] is None or r["val_loss"] < 10 for r in records) and records[-1]["train_loss"] > 0
+    ckpt = read_checkpoint(tmp_path / "ddp" / "checkpoints" / "step_00000004.pt")
+    assert ckpt["world_size"] == 2 and ckpt["batching"] == "conversations"
+    assert not torch.equal(ckpt["sampler_states"][0], ckpt["sampler_states"][1]), "each rank packs its own rows"
