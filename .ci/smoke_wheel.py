@@ -60,6 +60,10 @@ model = TransformerLM(
 )
 logits = model(torch.tensor([ids[:8]]))
 assert logits.shape == (1, min(8, len(ids)), tok.vocab_size)
+# Export copies this file into a Hugging Face folder: it must be in the wheel, beside the modules.
+from ferrolm.lm.hf_remote import modeling_source  # noqa: E402
+
+assert b"class FerroLMForCausalLM" in modeling_source(), "hf_modeling/modeling_ferrolm.py is missing from the wheel"
 
 out = subprocess.run(["ferrolm", "--version"], capture_output=True, text=True, check=True)
 assert ferrolm.__version__ in out.stdout, out.stdout

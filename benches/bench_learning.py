@@ -5,8 +5,9 @@ Every contender trains the same widths (d_model 256, 4 layers, 4 heads, context 
 on the same validation windows, each in its own process, one after the other, with the
 same number of torch threads:
 
-- ``cs336``, ``cpu-small`` (or any preset named with --contenders): `ferrolm train
-  --config PRESET` with only the shape, batch, data and evaluation forced;
+- ``cs336``, ``cpu-small``, ``portable`` (or any preset named with --contenders): `ferrolm
+  train --config PRESET` with only the shape, batch, data and evaluation forced (portable is
+  cpu-small less the switches llama.cpp lacks: the report says what that costs);
 - ``nanochat``: nanochat's own `GPT` and `MuonAdamW` with its schedules
   (benches/nanochat_peer.py), from a checkout given with --nanochat.
 
@@ -16,7 +17,7 @@ of training time, the schedule by time). Data, made once under --work: a tokeniz
 validation shards of Wikinews (text the tokenizer never saw). The report is
 benches/results/learning.md with a plot of validation loss against tokens and seconds.
 
-    python benches/bench_learning.py --nanochat ../nanochat            # both races (~30 min)
+    python benches/bench_learning.py --nanochat ../nanochat            # both races (~40 min)
     python benches/bench_learning.py --nanochat ../nanochat --races steps --steps 60 --quick
 
 The races may run in separate calls with the same --work (say, the equal-steps race while
@@ -248,6 +249,14 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def portable_cost(finals: dict) -> list[str]:
+    """The portable preset's final loss against cpu-small's, when both ran: what leaving out
+    the switches llama.cpp lacks costs."""
+    if "portable" not in finals or "cpu-small" not in finals:
+        return []
+    return lower_than({name: finals[name] for name in ("cpu-small", "portable")}, "cpu-small")
+
+
 def report(results: dict, args, command_lines: list[str]) -> str:
     lines = [
         "# Learning per token and per second: ferrolm's recipes and nanochat's",
@@ -288,6 +297,7 @@ def report(results: dict, args, command_lines: list[str]) -> str:
         lines.append("")
         if "nanochat" in finals:
             lines += lower_than(finals, "nanochat")
+        lines += portable_cost(finals)
         if race == "steps" and "cs336" in finals:
             target = finals["cs336"]["val_loss"]
             for name, run_dir in runs.items():
@@ -326,6 +336,12 @@ def latest_result(results: dict, args) -> list[str]:
                 f"| {main}: val loss, {what} | nanochat (GPT + MuonAdamW) | "
                 f"**{relative_loss(ours, peer)}** ({ours:.3f} vs {peer:.3f}) |"
             )
+        if "portable" in finals and "cpu-small" in finals:
+            ours, ref = finals["portable"]["val_loss"], finals["cpu-small"]["val_loss"]
+            rows.append(
+                f"| portable (exports to GGUF and HF): val loss, {what} | cpu-small | "
+                f"**{relative_loss(ours, ref)}** ({ours:.3f} vs {ref:.3f}) |"
+            )
         if "cs336" in finals and race == "steps":
             reached = tokens_to_reach(evals(runs[main]), finals["cs336"]["val_loss"])
             share = f"**{reached / finals['cs336']['tokens']:.2f}x** the tokens" if reached else "not reached"
@@ -357,7 +373,7 @@ def main() -> None:
         sys.exit(f"bench_learning: {e}")
 
 
-def race_all() -> None:
+def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nanochat", type=Path, help="a checkout of nanochat's repository (the peer); omit to skip it")
     ap.add_argument(
@@ -368,7 +384,7 @@ def race_all() -> None:
     )
     ap.add_argument(
         "--contenders",
-        default="cs336,cpu-small",
+        default="cs336,cpu-small,portable",
         help="ferrolm presets, comma-separated; LABEL=PRESET+KEY=VALUE+... adds settings "
         "(muon=cpu-small+optimizer.name=muon+optimizer.lr=0.02)",
     )
@@ -387,8 +403,11 @@ def race_all() -> None:
         action="store_true",
         help="train nothing: write the report from the runs already under --work (races run in separate calls)",
     )
-    args = ap.parse_args()
+    return ap
 
+
+def race_all() -> None:
+    args = arg_parser().parse_args()
     presets = [p for p in args.contenders.split(",") if p]
     races = [r for r in args.races.split(",") if r]
     command = "python benches/bench_learning.py " + " ".join(sys.argv[1:])

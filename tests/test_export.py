@@ -87,8 +87,9 @@ def test_export_refuses_by_name_what_no_exported_architecture_expresses(tmp_path
     from ferrolm import Tokenizer
 
     tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    # without remote code (by default such a model gets ferrolm's modeling file: tests/test_hf_remote.py)
     with pytest.raises(ValueError, match="model.norm_position = 'post'"):
-        export_hf(tmp_path / "post.pt", tmp_path / "out", tok)
+        export_hf(tmp_path / "post.pt", tmp_path / "out", tok, remote_code=False)
     assert not (tmp_path / "out").exists()
     for switch, name in (
         ({"ffn": "relu2"}, "model.ffn = 'relu2'"),
@@ -96,8 +97,8 @@ def test_export_refuses_by_name_what_no_exported_architecture_expresses(tmp_path
     ):
         model = TransformerLM(300, 16, 32, 1, 4, 64, qk_norm=True, **switch)
         save_checkpoint(model, None, 0, tmp_path / "s.pt", config={"model": model.config.to_dict()})
-        with pytest.raises(ValueError, match=f"{name}.*cannot be exported"):
-            export_hf(tmp_path / "s.pt", tmp_path / "out", tok)
+        with pytest.raises(ValueError, match=f"{name}.*cannot be exported without remote code"):
+            export_hf(tmp_path / "s.pt", tmp_path / "out", tok, remote_code=False)
         assert not (tmp_path / "out").exists()
 
 

@@ -168,7 +168,7 @@ def test_bad_sources_are_clear_errors(tmp_path):
         load_model(tmp_path, dtype="float8")
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(CheckpointError, match="only Llama and Qwen3 models"):
+    with pytest.raises(CheckpointError, match="only Llama, Qwen3 and transformers. nanochat models"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text('["llama"]')
     with pytest.raises(CheckpointError, match=r"config\.json is not a JSON object \(a list\)"):

@@ -452,7 +452,7 @@ def test_lm_rejects_bad_input():
     with pytest.raises(ValueError, match="divisible"):
         TransformerLM(10, 8, 30, 1, 4, 16)
     with pytest.raises(ValueError, match="norm"):
-        TransformerLM(10, 8, 32, 1, 4, 16, norm="layer")
+        TransformerLM(10, 8, 32, 1, 4, 16, norm="batch")
 
 
 def test_config_round_trip():
@@ -463,7 +463,7 @@ def test_config_round_trip():
     assert all(isinstance(v, (int, float, str, bool)) for v in cfg.to_dict().values())
     assert TransformerLM(**SMALL).config == ModelConfig(**SMALL)
     with pytest.raises(ValueError, match="unknown"):
-        ModelConfig.from_dict({**SMALL, "dropout": 0.1})
+        ModelConfig.from_dict({**SMALL, "dropout_rate": 0.1})
 
 
 # ------------------------------------------------------------- KV cache ---------------

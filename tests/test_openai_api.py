@@ -10,7 +10,7 @@ import pytest
 
 from ferrolm.app import openai_api as api
 from ferrolm.app.openai_api import ApiError, ModelInfo
-from ferrolm.lm.engine import Failed, Finished, Piece
+from ferrolm.lm.engine import Failed, Finished, Piece, PromptLogprobs, TokenLogprob
 
 INFO = ModelInfo(
     name="m", encode=lambda s: list(s.encode()), eos_id=256, vocab_size=300, context_length=48, max_tokens_limit=100
@@ -253,7 +253,7 @@ def test_bad_messages_are_refused(messages, message):
 
 def test_chat_checks_the_body_first():
     assert error(refused(chat, [], model="other"))[:3] == (404, "model", "model_not_found")
-    assert error(refused(chat, [], logprobs=True))[1] == "logprobs"
+    assert error(refused(chat, [], logprobs="yes"))[1] == "logprobs"
 
 
 def test_parse_chat_runs_to_the_context_and_adds_the_template_stop():
@@ -390,3 +390,134 @@ def test_error_shapes():
     assert api.http_error(405, "Method Not Allowed").body["error"]["code"] == "method_not_allowed"
     e = api.http_error(400, "bad")
     assert error(e) == (400, None, None, "invalid_request_error")
+
+
+# ------------------------------------------------------------------ log-probabilities ---
+
+BYTES_INFO = ModelInfo(
+    "m", lambda s: list(s.encode()), 256, 300, 48, 100, token_bytes=lambda t: bytes([t]) if t < 256 else b"<eot>"
+)
+
+
+def test_logprobs_and_echo_fields_are_checked_by_name():
+    def ask(**fields):
+        return api.parse_completion({"model": "m", "prompt": "hi", **fields}, BYTES_INFO)
+
+    assert (ask().logprobs, ask().echo) == (None, False)
+    assert (ask(logprobs=0).logprobs, ask(logprobs=5, echo=True).echo) == (0, True)
+    for bad in (-1, api.MAX_LOGPROBS + 1, True, 1.5, "2"):
+        assert str(refused(ask, logprobs=bad)).startswith(f"logprobs must be an integer in [0, {api.MAX_LOGPROBS}]")
+    assert error(refused(ask, echo="yes"))[:2] == (400, "echo")
+    assert ask(echo=True, max_tokens=0, logprobs=1).max_tokens == 0  # lm-eval's scoring request
+    assert "max_tokens must be an integer in [1, 100]" in str(refused(ask, max_tokens=0))
+    assert api.sampling_params(ask(echo=True, logprobs=2), 0).prompt_logprobs == 2
+    assert api.sampling_params(ask(logprobs=2), 0).prompt_logprobs is None
+
+    def chat_(**fields):
+        return api.parse_chat({"model": "m", "messages": [], **fields}, "hi", BYTES_INFO)
+
+    assert chat_().logprobs is None and chat_(logprobs=False).logprobs is None
+    assert chat_(logprobs=True).logprobs == 0 and chat_(logprobs=True, top_logprobs=3).logprobs == 3
+    e = refused(api.chat_turns, {"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, INFO)
+    assert error(e)[:2] == (400, "top_logprobs") and "needs logprobs set to true" in str(e)
+    assert error(refused(chat_, logprobs=True, top_logprobs=21))[:2] == (400, "top_logprobs")
+
+
+def test_fields_openai_does_not_define_are_ignored_and_logged_once(caplog):
+    with caplog.at_level("WARNING", logger="ferrolm.serve"):
+        req = completion(user="u", metadata={"a": "b"}, echo=False, top_k=3)
+        assert not caplog.records  # OpenAI's own fields, and top_k (ferrolm's), are not news
+        req = completion(best_of_n=3, repetition_penalty=1.1)
+    assert req.prompts == [[104, 105]]
+    (record,) = caplog.records
+    assert "'best_of_n', 'repetition_penalty'" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ferrolm.serve"):
+        api.chat_turns({"model": "m", "messages": [{"role": "user", "content": "x"}], "foo": 1}, INFO)
+        assert api.chat_turns({"model": "m", "messages": [{"role": "user", "content": "x"}], "echo": 1}, INFO)
+    assert ["'foo'" in r.getMessage() for r in caplog.records] == [True, False]  # echo is not chat's field
+    assert "'echo'" in caplog.records[1].getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ferrolm.serve"):
+        completion(**{"x\ny" + "z" * 100: 1}, **{f"f{i}": i for i in range(25)})
+    (line,) = caplog.records
+    assert "'x\\nyzz" in line.getMessage() and "z" * 70 not in line.getMessage()  # escaped, cut short
+    assert "'f18'" in line.getMessage() and "'f19'" not in line.getMessage() and line.getMessage().endswith(", ...")
+
+
+def test_token_strings_are_text_or_openai_bytes_notation():
+    assert api.token_string(b" cat") == " cat"
+    assert api.token_string(b"\xe2\x82") == "bytes:\\xe2\\x82"
+    assert api.token_string("\u20ac".encode()) == "\u20ac"
+
+
+def lp(token: int, value: float, *top) -> TokenLogprob:
+    return TokenLogprob(token, value, tuple(top))
+
+
+def test_a_whole_completion_with_echo_and_logprobs():
+    req = api.parse_completion({"model": "m", "prompt": "ab", "echo": True, "logprobs": 1}, BYTES_INFO)
+    reply = api.Reply(req)
+    reply.add(0, PromptLogprobs((lp(98, -2.0, (99, -0.5)),)))
+    reply.add(0, Piece("c", (lp(99, -0.25, (99, -0.25)),)))
+    reply.add(0, Piece("", (lp(0xE2, -1.5, (120, -0.1)),)))  # a character's first byte: no text yet
+    reply.add(0, Finished("length", 2))
+    (choice,) = reply.body(HEAD, False)["choices"]
+    assert choice["text"] == "abc"
+    assert choice["logprobs"] == {
+        "tokens": ["a", "b", "c", "bytes:\\xe2"],
+        "token_logprobs": [None, -2.0, -0.25, -1.5],
+        "top_logprobs": [None, {"c": -0.5, "b": -2.0}, {"c": -0.25}, {"x": -0.1, "bytes:\\xe2": -1.5}],
+        "text_offset": [0, 1, 2, 3],
+    }
+    # Not asked: no logprobs, and echo gives the text of ids as well as of strings.
+    req = api.parse_completion({"model": "m", "prompt": [[104, 105]], "echo": True}, BYTES_INFO)
+    reply = api.Reply(req)
+    reply.add(0, Piece("!"))
+    reply.add(0, Finished("stop", 1))
+    assert reply.body(HEAD, False)["choices"][0] == {
+        "index": 0,
+        "text": "hi!",
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+
+
+def test_a_whole_chat_reply_with_logprobs():
+    req = api.parse_chat({"model": "m", "messages": [], "logprobs": True, "top_logprobs": 2}, "hi", BYTES_INFO)
+    reply = api.Reply(req)
+    reply.add(0, Piece("ok", (lp(111, -0.5, (111, -0.5), (112, -1.0)), lp(107, -0.1, (107, -0.1), (108, -3.0)))))
+    reply.add(0, Finished("length", 2))
+    (choice,) = reply.body(HEAD, True)["choices"]
+    first = choice["logprobs"]["content"][0]
+    assert first == {
+        "token": "o",
+        "logprob": -0.5,
+        "bytes": [111],
+        "top_logprobs": [
+            {"token": "o", "logprob": -0.5, "bytes": [111]},
+            {"token": "p", "logprob": -1.0, "bytes": [112]},
+        ],
+    }
+    assert [c["token"] for c in choice["logprobs"]["content"]] == ["o", "k"]
+
+
+def test_streamed_logprobs_and_echo():
+    req = api.parse_completion({"model": "m", "prompt": "ab", "echo": True, "logprobs": 0, "stream": True}, BYTES_INFO)
+    head = api.stream_head(HEAD, False, req)
+    assert api.role_chunk(head, req, False) == b""  # the prompt goes out with its log-probabilities
+    data, _ = api.stream_bunch(
+        head, [(0, PromptLogprobs((lp(98, -2.0),))), (0, Piece("cd", (lp(99, -1.0),)))], False, req
+    )
+    echo, piece = [c["choices"][0] for c in events_of(data)]
+    assert echo["text"] == "ab" and echo["logprobs"]["token_logprobs"] == [None, -2.0]
+    assert piece["text"] == "cd" and piece["logprobs"]["text_offset"] == [2]  # offsets run on across chunks
+    assert piece["logprobs"]["top_logprobs"] == [{"c": -1.0}]
+    plain = api.parse_completion({"model": "m", "prompt": ["ab", "c"], "echo": True, "stream": True}, BYTES_INFO)
+    opening = [c["choices"][0]["text"] for c in events_of(api.role_chunk(head, plain, False))]
+    assert opening == ["ab", "c"]
+    chat_req = api.parse_chat({"model": "m", "messages": [], "logprobs": True, "stream": True}, "hi", BYTES_INFO)
+    (chunk,) = events_of(api.event_chunk(head, 0, Piece("o", (lp(111, -0.5),)), True, chat_req))
+    assert chunk["choices"][0]["logprobs"] == {
+        "content": [{"token": "o", "logprob": -0.5, "bytes": [111], "top_logprobs": []}]
+    }

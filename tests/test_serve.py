@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from ferrolm.lm.engine import Engine, Failed, Finished, Piece, SamplingParams
+from ferrolm.lm.engine import Engine, Failed, Finished, Piece, PromptLogprobs, SamplingParams
 from ferrolm.lm.generate import generate, iter_text
 from ferrolm.lm.model import TransformerLM
 
@@ -124,6 +124,41 @@ def test_engine_rows_joining_and_leaving_sample_what_generate_samples_alone():
     assert reasons == {"stop", "length"}
     _wait_counts(engine, (0, 0))
     engine.close(timeout=10)
+
+
+def test_engine_logprobs_are_the_models_log_softmax_and_only_where_asked():
+    torch.manual_seed(0)
+    model = TransformerLM(64, 32, d_model=32, num_layers=2, num_heads=4, d_ff=64).eval()
+    engine = Engine(model, lambda t: bytes([97 + t % 26]), eos_id=None, max_batch=4)
+    got: dict[str, list] = {"asked": [], "plain": [], "prompt": []}
+    prompt = [5, 9, 2, 40, 7]
+    asked = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, seed=3, logprobs=3, prompt_logprobs=2)
+    engine.submit(prompt, asked, got["asked"].append)
+    engine.submit(prompt, SamplingParams(max_tokens=12, temperature=0.8, top_k=20, seed=3), got["plain"].append)
+    engine.submit(prompt, SamplingParams(max_tokens=0, prompt_logprobs=1), got["prompt"].append)
+    engine.run_until_done()
+
+    first, *pieces, end = got["asked"]
+    assert isinstance(first, PromptLogprobs) and end == Finished("length", 12)
+    sampled = [e for p in pieces for e in p.logprobs]
+    ids = prompt + [e.token for e in sampled]
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([ids])).float()[0], dim=-1)  # temperature 1, no top-k
+    for pos, e in enumerate([*first.logprobs, *sampled], start=1):
+        assert e.token == ids[pos] and e.logprob == pytest.approx(want[pos - 1, ids[pos]].item(), abs=1e-4)
+        k = 2 if pos < len(prompt) else 3
+        values, top = want[pos - 1].topk(k)
+        assert [t for t, _ in e.top] == top.tolist()
+        assert [v for _, v in e.top] == pytest.approx(values.tolist(), abs=1e-4)
+    # Not asked: the same tokens (the draws do not change), no log-probabilities.
+    assert all(isinstance(e, Piece) and e.logprobs == () for e in got["plain"][:-1])
+    assert "".join(e.text for e in got["plain"][:-1]) == "".join(p.text for p in pieces)
+    # max_tokens 0: the prompt's log-probabilities, then the end.
+    only, end = got["prompt"]
+    assert [e.token for e in only.logprobs] == prompt[1:] and end == Finished("length", 0)
+    assert len(only.logprobs[0].top) == 1
+    with pytest.raises(ValueError, match="prompt_logprobs must be None or an int >= 0, got -1"):
+        SamplingParams(max_tokens=1, prompt_logprobs=-1)
 
 
 def test_engine_cancel_frees_the_row_and_the_others_go_on():
@@ -567,7 +602,9 @@ BAD = [
     ({"prompt": "hi", "stop": 3}, 400, "stop"),
     ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"prompt": "hi", "seed": "x"}, 400, "seed"),
-    ({"prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+    ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ({"prompt": "hi", "echo": "yes"}, 400, "echo"),
+    ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ({"prompt": "the cat sat on the mat. " * 20}, 400, "prompt"),
     ({"prompt": list(range(CTX + 1))}, 400, "prompt"),
     ({"prompt": [1, 2, 10**6]}, 400, "prompt"),
@@ -582,6 +619,8 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "the cat sat on the mat. " * 20}]}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5}, 400, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
 ]
 
 

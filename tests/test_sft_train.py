@@ -216,35 +216,24 @@ def test_a_bad_conversation_file_is_named(chats, tmp_path):
         train(sft_config(chats, tmp_path / "run", data={"val": str(tmp_path / "bad.jsonl")}))
 
 
-def test_an_init_source_gives_the_shape_the_weights_and_the_chat_tokenizer(chats, tmp_path, monkeypatch):
-    """run.init_from asks ``checkpoint.initial_weights`` for the chat tokens when the data is
-    conversations, and the run starts from what it returns (shape, weights, tokenizer)."""
-    from ferrolm.lm import checkpoint
+def test_a_run_from_weights_on_conversations_grows_them_by_the_chat_tokens(chats, tmp_path):
+    """run.init_from with conversation data: the source's shape and weights, its tokenizer
+    with the chat tokens, and the model's token tables grown by their rows."""
     from ferrolm.lm.chat import add_chat_tokens, grow_vocab
-    from ferrolm.lm.config import ModelConfig
-    from ferrolm.lm.model import TransformerLM
 
-    base_tok = Tokenizer.load(chats / "tok")
-    torch.manual_seed(1)
-    base = TransformerLM.from_config(ModelConfig(base_tok.vocab_size, 96, 48, 1, 2, 64))
-    calls = []
-
-    def initial_weights(source, *, chat_tokens):
-        calls.append((source, chat_tokens))
-        grown = ModelConfig.from_dict({**base.config.to_dict(), "vocab_size": base_tok.vocab_size + 4})
-        return grown, grow_vocab(base.state_dict(), base_tok.vocab_size, grown.vocab_size), add_chat_tokens(base_tok)
-
-    monkeypatch.setattr(checkpoint, "initial_weights", initial_weights, raising=False)
-    cfg = sft_config(chats, tmp_path / "run", schedule={"max_steps": 1, "warmup_steps": 0}, run={"init_from": "base"})
+    source, base_tok, _ = tiny_run(tmp_path / "base", steps=1)  # context 64, d_model 32: not the config's
+    cfg = sft_config(
+        chats, tmp_path / "run", schedule={"max_steps": 1, "warmup_steps": 0}, run={"init_from": str(source)}
+    )
     cfg.data.tokenizer = ""
+    cfg.model.context_length, cfg.model.num_heads = 64, 4
     cfg.optimizer.lr, cfg.optimizer.min_lr = 1e-9, 1e-9
     train(cfg)
-    assert calls == [("base", True)]
     saved = load_config(tmp_path / "run" / "config.toml")
-    assert (saved.model.d_model, saved.model.num_layers, saved.model.vocab_size) == (48, 1, base_tok.vocab_size + 4)
+    assert saved.model.vocab_size == base_tok.vocab_size + len(CHAT_TOKENS)
     assert Tokenizer.load(saved.data.tokenizer).fingerprint == add_chat_tokens(base_tok).fingerprint
     after = final_weights(tmp_path / "run", 1)
-    start = grow_vocab(base.state_dict(), base_tok.vocab_size, base_tok.vocab_size + 4)
+    start = grow_vocab(read_checkpoint(source)["model"], base_tok.vocab_size, saved.model.vocab_size)
     for k, v in start.items():
         torch.testing.assert_close(after[k], v, atol=1e-6, rtol=0)
 

@@ -792,7 +792,7 @@ def test_flags_are_read_every_step_on_cpu_and_only_when_due_elsewhere():
         ("schedule.decay_frac=0", r"schedule.decay_frac must be in \(0, 1\], got 0"),
         ("schedule.decay_frac=1.5", r"schedule.decay_frac must be in \(0, 1\], got 1.5"),
         ("model.num_kv_heads=3", r"model.num_kv_heads \(3\) must divide model.num_heads \(8\)"),
-        ("model.ffn=gelu", r"model.ffn must be one of \('swiglu', 'silu', 'relu2'\)"),
+        ("model.ffn=gelu", r"model.ffn must be one of \('swiglu', 'silu', 'relu2', 'relu'\)"),
         ("model.logit_softcap=-1", r"model.logit_softcap must be >= 0"),
         ("data.batching=windows", r"data.batching must be one of \('random', 'documents'\)"),
         ("data.doc_buffer=0", r"data.doc_buffer must be positive"),

@@ -23,7 +23,9 @@ def stdlib_text() -> str:
     return "\n\n".join(docs)
 
 
-def tiny_run(root, *, steps: int = 40, vocab_size: int = 320, tie_embeddings: bool = False, **model_switches):
+def tiny_run(
+    root, *, steps: int = 40, vocab_size: int = 320, d_ff: int = 64, tie_embeddings: bool = False, **model_switches
+):
     """(checkpoint path, tokenizer, text) under ``root``."""
     from ferrolm import Tokenizer
     from ferrolm.lm.checkpoint import save_checkpoint
@@ -40,7 +42,7 @@ def tiny_run(root, *, steps: int = 40, vocab_size: int = 320, tie_embeddings: bo
         32,
         2,
         4,
-        64,
+        d_ff,
         rope_theta=10_000.0,
         tie_embeddings=tie_embeddings,
         **model_switches,

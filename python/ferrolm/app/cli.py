@@ -60,6 +60,14 @@ def add_train_command(sub) -> None:
     p.add_argument(
         "--resume", metavar="RUN_DIR|CKPT", help="continue a run (its config.toml is used; --set still applies)"
     )
+    p.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="start a new run from these weights instead of a random init (run.init_from): a ferrolm run folder, "
+        "checkpoint or .safetensors file, an exported Hugging Face folder, or a local Llama, Qwen3 or nanochat "
+        "folder saved by transformers; the model shape and tokenizer are the source's, the optimizer and schedule "
+        "start at step 0",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")
     p.set_defaults(run=_run_train)
 
@@ -74,12 +82,18 @@ def _run_train(args) -> int:
     import os
 
     from ferrolm.lm.config import resume_config, to_toml
-    from ferrolm.lm.train import train
+    from ferrolm.lm.train import start_weights, train
 
-    if args.config is None and args.resume is None and not args.print_config:
-        raise ValueError(f"give --config FILE|PRESET (presets: {', '.join(_preset_names())}) or --resume RUN_DIR")
+    if args.config is None and args.resume is None and args.init_from is None and not args.print_config:
+        raise ValueError(
+            f"give --config FILE|PRESET (presets: {', '.join(_preset_names())}), --init-from PATH or --resume RUN_DIR"
+        )
     cfg = resume_config(args.config, args.overrides, args.resume)
+    if args.init_from is not None:
+        cfg.set("run.init_from", args.init_from, source="--init-from")
     if args.print_config:
+        if cfg.run.init_from and args.resume is None:
+            start_weights(cfg)  # the [model] section the run will have: the source's
         print(to_toml(cfg), end="")
         return 0
     summary = train(cfg, resume=args.resume)
@@ -269,6 +283,7 @@ COMMANDS.append(add_generate_command)
 
 def add_serve_command(sub) -> None:
     from ferrolm.app.serve import (  # the standard library only: no torch, no starlette
+        API_KEY_ENV,
         MAX_QUEUE,
         SHUTDOWN_GRACE,
         STREAM_INTERVAL,
@@ -279,7 +294,7 @@ def add_serve_command(sub) -> None:
         "serve",
         help="serve a model over the OpenAI HTTP API (needs the serve extra)",
         description="Serve a checkpoint (or a folder written by `ferrolm export`) with OpenAI's API: POST "
-        "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models and /health. Concurrent "
+        "/v1/completions and /v1/chat/completions (streaming or not), GET /v1/models, /health and /metrics. Concurrent "
         'requests are decoded as one batch. Needs pip install "ferrolm[serve]". Ctrl-C or SIGTERM lets the '
         "running requests finish (within --shutdown-grace), then exits; a second one exits at once.",
     )
@@ -322,6 +337,18 @@ def add_serve_command(sub) -> None:
         metavar="SECONDS",
         help=f"after Ctrl-C or SIGTERM, running requests are cancelled after this long (default {SHUTDOWN_GRACE:g})",
     )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"the /v1 routes want the header Authorization: Bearer KEY (default: ${API_KEY_ENV}; none: open)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        default=None,
+        metavar="ORIGINS",
+        help="let browser pages on these origins call the API (CORS): comma-separated, or * for any",
+    )
     add_threads(p, "torch threads (default: torch's choice)")
     p.add_argument(
         "--stream-interval",
@@ -355,6 +382,8 @@ def _run_serve(args) -> int:
         max_queue=args.max_queue,
         write_timeout=args.write_timeout,
         shutdown_grace=args.shutdown_grace,
+        api_key=args.api_key,
+        allowed_origins=args.allowed_origins,
     )
 
 

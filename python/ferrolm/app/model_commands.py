@@ -33,8 +33,9 @@ def add_export_command(sub) -> None:
         help="export a checkpoint as a Hugging Face model folder (or a safetensors file)",
         description="Write a folder that transformers loads with no ferrolm code: config.json (LlamaForCausalLM), "
         "model.safetensors, generation_config.json and the tokenizer files (AutoModelForCausalLM and "
-        "AutoTokenizer .from_pretrained(DIR)). --format safetensors writes the weights alone under ferrolm's "
-        "names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it). "
+        "AutoTokenizer .from_pretrained(DIR)); a model no transformers architecture computes gets ferrolm's "
+        "modeling_ferrolm.py beside them (from_pretrained(DIR, trust_remote_code=True)). --format safetensors "
+        "writes the weights alone under ferrolm's names, with the model config in the metadata (`ferrolm generate --checkpoint FILE` reads it). "
         "--format gguf writes one GGUF file for llama.cpp and the tools built on it, tokenizer included "
         '(needs the gguf extra: pip install "ferrolm[gguf]").',
     )
@@ -52,24 +53,47 @@ def add_export_command(sub) -> None:
     p.add_argument(
         "--dtype",
         default="float32",
-        choices=["float32", "bfloat16", "float16"],
-        help="weights dtype (hf; gguf: no bf16)",
+        choices=["float32", "bfloat16", "float16", "f32", "bf16", "f16", "q8_0"],
+        help="the weights' type: float32 (f32), bfloat16 (bf16) or float16 (f16); gguf also q8_0 "
+        "(8-bit blocks of 32 with a float16 scale; norms stay float32)",
+    )
+    p.add_argument(
+        "--no-remote-code",
+        dest="remote_code",
+        action="store_false",
+        help="hf: refuse a model that no transformers architecture computes (value embeddings, x0 mixing, ReLU^2, "
+        "soft-capped logits, ...) instead of writing it with ferrolm's modeling file (trust_remote_code=True)",
     )
     p.set_defaults(run=_run_export)
 
 
 def _run_export(args) -> int:
     from ferrolm.lm.export import export_hf, export_safetensors
-    from ferrolm.lm.gguf_export import export_gguf  # the gguf package itself is imported when it writes
+    from ferrolm.lm.gguf_export import DTYPE_ALIASES, export_gguf  # the gguf package is imported when it writes
 
     if args.format == "safetensors":
         out = export_safetensors(args.checkpoint, args.out, force=args.force)
     elif args.format == "gguf":
         out = export_gguf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
     else:
-        out = export_hf(args.checkpoint, args.out, args.tokenizer, dtype=args.dtype, force=args.force)
+        dtype = {short: long for long, short in DTYPE_ALIASES.items()}.get(args.dtype, args.dtype)
+        out = export_hf(
+            args.checkpoint, args.out, args.tokenizer, dtype=dtype, force=args.force, remote_code=args.remote_code
+        )
+        _say_remote_code(out)
     print(out)
     return 0
+
+
+def _say_remote_code(out) -> None:
+    from ferrolm.lm.hf_remote import MODELING_FILE, is_remote_folder
+
+    if is_remote_folder(out):
+        print(
+            f"{out}: no transformers architecture computes this model; it runs from the folder's {MODELING_FILE}: "
+            "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)",
+            file=sys.stderr,
+        )
 
 
 def add_eval_command(sub) -> None:

@@ -7,6 +7,15 @@ the turns, then ``parse_chat``), submits each choice with ``sampling_params``, a
 A caller's mistake is an ``ApiError``: its HTTP status and OpenAI's error body
 ``{"error": {"message", "type", "param", "code"}}``, ``param`` naming the field at fault.
 
+Log-probabilities (completions' ``logprobs``: N and ``echo``; chat's ``logprobs`` and
+``top_logprobs``) are the model's own distribution, log_softmax of its logits at temperature
+1, whatever temperature, top_k or top_p the tokens were drawn with (as vLLM reports them by
+default). A token shows as its text, or as ``bytes:\\xNN...`` when its bytes are not whole
+UTF-8 characters (OpenAI's notation), so that distinct tokens have distinct strings.
+
+Fields OpenAI defines and ferrolm does not implement are refused by name (400) away from
+their neutral value; fields OpenAI does not define are ignored, and named in one log line.
+
 This module imports neither torch nor Starlette at its top (the command line reads the
 server's defaults without them); the engine's event classes load when first needed.
 """
@@ -15,11 +24,12 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 __all__ = [
@@ -28,12 +38,19 @@ __all__ = [
     "Request",
     "Reply",
     "parse_json",
+    "COMPLETION_FIELDS",
+    "CHAT_FIELDS",
     "check_body",
     "parse_completion",
     "chat_turns",
     "parse_chat",
     "sampling_params",
     "usage",
+    "token_string",
+    "echo_text",
+    "prompt_entries",
+    "completion_logprobs",
+    "chat_logprobs",
     "response_head",
     "stream_head",
     "role_chunk",
@@ -52,12 +69,10 @@ MAX_CHOICES = 256  # n times the number of prompts, per request
 MAX_JSON_DEPTH = 64  # nesting of a request body: OpenAI's shapes need a handful
 TEMPERATURE_MAX = 2.0
 TOP_K_MAX = 1 << 30
+MAX_LOGPROBS = 20  # most likely tokens listed beside each token (OpenAI's limit for top_logprobs)
 ROLES = ("system", "developer", "user", "assistant")
 # OpenAI parameters accepted only at their neutral value (ferrolm does not implement them).
 NEUTRAL = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "best_of": (None, 1),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
@@ -65,7 +80,34 @@ NEUTRAL = {
     "suffix": (None, ""),
     "tools": (None, []),
     "response_format": (None, {"type": "text"}),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    "store": (None, False),
+    "verbosity": (None,),
 }
+# OpenAI's fields that only label a request (no effect on its reply here): taken as they are.
+LABELS = ("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "parallel_tool_calls")
+_SAMPLING_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream")
+COMPLETION_FIELDS = frozenset((*_SAMPLING_FIELDS, *NEUTRAL, *LABELS, "prompt", "logprobs", "echo", "stream_options"))
+CHAT_FIELDS = frozenset(
+    (
+        *_SAMPLING_FIELDS,
+        *NEUTRAL,
+        *LABELS,
+        "messages",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "stream_options",
+    )
+)
+log = logging.getLogger("ferrolm.serve")
 DONE = b"data: [DONE]\n\n"
 
 
@@ -102,6 +144,7 @@ class ModelInfo:
     vocab_size: int
     context_length: int
     max_tokens_limit: int = 4096
+    token_bytes: Optional[Callable[[int], bytes]] = None  # a token's bytes: for log-probabilities and echo
 
 
 @dataclass
@@ -118,6 +161,14 @@ class Request:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool = False  # stream_options.include_usage: a usage chunk before DONE
+    logprobs: Optional[int] = None  # None: none; else each token's and the N most likely
+    echo: bool = False  # completions: the prompt's text (and log-probabilities) before the reply
+    prompt_texts: Optional[list[Optional[str]]] = None  # each prompt as given, when a string
+    token_bytes: Optional[Callable[[int], bytes]] = None
+    offsets: list[int] = field(default_factory=list)  # a stream's text offset per choice, for logprobs
+
+    def __post_init__(self) -> None:
+        self.offsets = [0] * self.choices
 
     @property
     def choices(self) -> int:
@@ -153,9 +204,10 @@ def parse_json(raw: bytes) -> Any:
 _JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[\[{]+|[\]}]+', re.DOTALL)
 
 
-def check_body(body: Any, model_name: str) -> dict:
+def check_body(body: Any, model_name: str, fields: Optional[frozenset] = None) -> dict:
     """The parsed body, checked as an object naming the served model and asking for nothing
-    this server does not do (the NEUTRAL parameters away from their neutral value)."""
+    this server does not do (the NEUTRAL parameters away from their neutral value). Names
+    outside ``fields`` (OpenAI's for the route) are ignored and logged."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     model = body.get("model")
@@ -171,6 +223,11 @@ def check_body(body: Any, model_name: str) -> dict:
     for name, allowed in NEUTRAL.items():
         if name in body and body[name] not in allowed:
             raise ApiError(f"{name} is not supported by this server", name, code="unsupported_parameter")
+    unknown = [name for name in body if name not in fields] if fields is not None else []
+    if unknown:
+        # Names cut short and escaped (repr): a body's keys must not make the log huge or forge lines.
+        names = ", ".join(repr(name[:64]) for name in unknown[:20]) + (", ..." if len(unknown) > 20 else "")
+        log.warning("ignored fields that OpenAI's API does not define: %s", names)
     return body
 
 
@@ -236,24 +293,25 @@ def _check_ids(ids: list, param: str, info: ModelInfo) -> list[int]:
     return ids
 
 
-def _completion_prompts(prompt: Any, info: ModelInfo) -> list[list[int]]:
-    """The four shapes of ``prompt``: a string, strings, ids, lists of ids."""
+def _completion_prompts(prompt: Any, info: ModelInfo) -> tuple[list[list[int]], list[Optional[str]]]:
+    """The four shapes of ``prompt``: a string, strings, ids, lists of ids; and each prompt's
+    string (None for ids)."""
     if isinstance(prompt, str):
-        return [_encode(prompt, "prompt", info)]
+        return [_encode(prompt, "prompt", info)], [prompt]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return [_encode(p, "prompt", info) for p in prompt]
+            return [_encode(p, "prompt", info) for p in prompt], list(prompt)
         if all(isinstance(p, list) for p in prompt):
-            return [_check_ids(p, "prompt", info) for p in prompt]
+            return [_check_ids(p, "prompt", info) for p in prompt], [None] * len(prompt)
         if all(not isinstance(p, (list, str)) for p in prompt):
-            return [_check_ids(prompt, "prompt", info)]
+            return [_check_ids(prompt, "prompt", info)], [None]
     raise ApiError(
         "prompt must be a string, a list of strings, a list of token ids or a list of lists of ids", "prompt"
     )
 
 
 def _sampling(
-    body: dict, prompts: list[list[int]], param: str, default_max: int, info: ModelInfo, template_stop=()
+    body: dict, prompts: list[list[int]], param: str, default_max: int, info: ModelInfo, template_stop=(), *, echo=False
 ) -> Request:
     for ids in prompts:
         if len(ids) > info.context_length:
@@ -263,7 +321,7 @@ def _sampling(
                 code="context_length_exceeded",
             )
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _int(body, max_name, default_max, 1, info.max_tokens_limit)
+    max_tokens = _int(body, max_name, default_max, 0 if echo else 1, info.max_tokens_limit)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise ApiError("stream must be a boolean", "stream")
@@ -288,6 +346,8 @@ def _sampling(
         stop=tuple(dict.fromkeys((*stop, *template_stop))),  # the caller's, then the template's
         stream=bool(stream),
         include_usage=include_usage,
+        echo=echo,
+        token_bytes=info.token_bytes,
     )
 
 
@@ -307,15 +367,36 @@ def _include_usage(options: Any, stream: bool) -> bool:
 
 
 def parse_completion(body: Any, info: ModelInfo) -> Request:
-    """A /v1/completions body, checked (max_tokens defaults to 16, as OpenAI's)."""
-    body = check_body(body, info.name)
-    return _sampling(body, _completion_prompts(body.get("prompt"), info), "prompt", 16, info)
+    """A /v1/completions body, checked (max_tokens defaults to 16, as OpenAI's; 0 with echo:
+    the prompt alone, how lm-eval's local-completions scores log-likelihoods)."""
+    body = check_body(body, info.name, COMPLETION_FIELDS)
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise ApiError(f"echo must be a boolean, got {json.dumps(echo)}", "echo")
+    prompts, texts = _completion_prompts(body.get("prompt"), info)
+    req = _sampling(body, prompts, "prompt", 16, info, echo=bool(echo))
+    req.logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
+    req.prompt_texts = texts
+    return req
+
+
+def _chat_logprobs(body: dict) -> Optional[int]:
+    """Chat's ``logprobs`` (a boolean) and ``top_logprobs`` (0 to MAX_LOGPROBS, with logprobs
+    only) as one count: None when not asked."""
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise ApiError(f"logprobs must be a boolean, got {json.dumps(on)}", "logprobs")
+    top = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
+    if top is not None and not on:
+        raise ApiError("top_logprobs needs logprobs set to true", "top_logprobs")
+    return (top or 0) if on else None
 
 
 def chat_turns(body: Any, info: ModelInfo) -> list[dict[str, str]]:
     """A /v1/chat/completions body's messages as the chat template takes them: {role, content}
     strings, text parts joined, "developer" as "system"."""
-    body = check_body(body, info.name)
+    body = check_body(body, info.name, CHAT_FIELDS)
+    _chat_logprobs(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError("messages must be a non-empty list of {role, content} objects", "messages")
@@ -339,7 +420,9 @@ def chat_turns(body: Any, info: ModelInfo) -> list[dict[str, str]]:
 def parse_chat(body: dict, prompt: str, info: ModelInfo, template_stop: tuple[str, ...] = ()) -> Request:
     """A chat body (checked by ``chat_turns``) whose turns rendered to ``prompt``; the reply may
     run to the model's context by default, and also ends at the template's own stop strings."""
-    return _sampling(body, [_encode(prompt, "messages", info)], "messages", info.context_length, info, template_stop)
+    req = _sampling(body, [_encode(prompt, "messages", info)], "messages", info.context_length, info, template_stop)
+    req.logprobs = _chat_logprobs(body)
+    return req
 
 
 def sampling_params(req: Request, j: int):
@@ -353,6 +436,8 @@ def sampling_params(req: Request, j: int):
         top_p=req.top_p,
         seed=None if req.seed is None else (req.seed + j) % (1 << 63),
         stop=req.stop,
+        logprobs=req.logprobs,
+        prompt_logprobs=req.logprobs if req.echo else None,
     )
 
 
@@ -362,12 +447,12 @@ def sampling_params(req: Request, j: int):
 
 
 @functools.cache
-def _event_classes() -> tuple[type, type, type]:
-    """The engine's events (Piece, Finished, Failed), imported at the first one: the engine's
-    module needs torch."""
-    from ferrolm.lm.engine import Failed, Finished, Piece
+def _event_classes() -> tuple[type, type, type, type]:
+    """The engine's events (Piece, Finished, Failed, PromptLogprobs), imported at the first
+    one: the engine's module needs torch."""
+    from ferrolm.lm.engine import Failed, Finished, Piece, PromptLogprobs
 
-    return Piece, Finished, Failed
+    return Piece, Finished, Failed, PromptLogprobs
 
 
 def usage(req: Request, completion_tokens: int) -> dict:
@@ -385,6 +470,78 @@ def response_head(model_name: str, chat: bool) -> dict:
     return {"id": rid, "object": "", "created": int(time.time()), "model": model_name}
 
 
+# --------------------------------------------------------------------------------------
+# Log-probabilities and echo
+# --------------------------------------------------------------------------------------
+
+
+def _token_bytes(req: Request, token: int) -> bytes:
+    return req.token_bytes(token) if req.token_bytes is not None else b""
+
+
+def token_string(raw: bytes) -> str:
+    """A token as the API shows it: its text, or OpenAI's ``bytes:\\xNN`` form for bytes
+    that are not whole UTF-8 characters (so two tokens never share a string)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def echo_text(req: Request, index: int) -> str:
+    """What echo puts before choice ``index``'s text: its prompt as given, or its ids' text."""
+    p = index // req.n
+    given = req.prompt_texts[p] if req.prompt_texts else None
+    if given is not None:
+        return given
+    return b"".join(_token_bytes(req, t) for t in req.prompts[p]).decode("utf-8", errors="replace")
+
+
+def prompt_entries(req: Request, index: int, event: Any) -> list:
+    """A PromptLogprobs event of choice ``index`` as log-probability entries: the prompt's
+    first token (None: nothing predicts it), then the event's."""
+    return [req.prompts[index // req.n][0], *event.logprobs]
+
+
+def completion_logprobs(req: Request, entries: list, offset: int = 0) -> tuple[dict, int]:
+    """Completions' ``logprobs`` object for ``entries`` (TokenLogprob, or a bare token id that
+    has none), its text offsets from ``offset``; and the offset after them. Each token's top
+    holds the N most likely and the token itself, as OpenAI lists them."""
+    out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        token = e if isinstance(e, int) else e.token
+        raw = _token_bytes(req, token)
+        text = token_string(raw)
+        out["tokens"].append(text)
+        out["text_offset"].append(offset)
+        offset += len(raw.decode("utf-8", errors="replace"))
+        if isinstance(e, int):
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+            continue
+        out["token_logprobs"].append(e.logprob)
+        top: dict = {}
+        for t, lp in (*e.top, (e.token, e.logprob)):
+            top.setdefault(token_string(_token_bytes(req, t)), lp)  # the likelier of two that read the same
+        out["top_logprobs"].append(top)
+    return out, offset
+
+
+def chat_logprobs(req: Request, entries: list) -> dict:
+    """Chat's ``logprobs`` object: ``content``, one entry a token with its top_logprobs."""
+
+    def one(token: int, lp: float) -> dict:
+        raw = _token_bytes(req, token)
+        return {"token": token_string(raw), "logprob": lp, "bytes": list(raw)}
+
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries]}
+
+
+# --------------------------------------------------------------------------------------
+# Replies and stream chunks
+# --------------------------------------------------------------------------------------
+
+
 class Reply:
     """A whole (not streamed) reply, built up from the engine's (choice index, event) pairs."""
 
@@ -392,24 +549,37 @@ class Reply:
         self.req = req
         self.texts = [""] * req.choices
         self.reasons: list[Optional[str]] = [None] * req.choices
+        self.logprobs: list[list] = [[] for _ in range(req.choices)]
         self.completion_tokens = 0
 
     def add(self, index: int, event: Any) -> None:
-        if isinstance(event, _event_classes()[0]):
+        piece, _, _, prompt = _event_classes()
+        if isinstance(event, piece):
             self.texts[index] += event.text
+            self.logprobs[index] += event.logprobs
+        elif isinstance(event, prompt):
+            self.logprobs[index][:0] = prompt_entries(self.req, index, event)
         else:
             self.reasons[index] = event.reason
             self.completion_tokens += event.completion_tokens
 
-    def body(self, head: dict, chat: bool) -> dict:
-        pairs = enumerate(zip(self.texts, self.reasons))
+    def _choice(self, i: int, chat: bool) -> dict:
+        text, reason, want = self.texts[i], self.reasons[i], self.req.logprobs is not None
         if chat:
-            choices = [
-                {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
-                for i, (t, r) in pairs
-            ]
-        else:
-            choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": r} for i, (t, r) in pairs]
+            lp = chat_logprobs(self.req, self.logprobs[i]) if want else None
+            return {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": lp,
+                "finish_reason": reason,
+            }
+        if self.req.echo:
+            text = echo_text(self.req, i) + text
+        lp = completion_logprobs(self.req, self.logprobs[i])[0] if want else None
+        return {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
+
+    def body(self, head: dict, chat: bool) -> dict:
+        choices = [self._choice(i, chat) for i in range(self.req.choices)]
         obj = "chat.completion" if chat else "text_completion"
         return {**head, "object": obj, "choices": choices, "usage": usage(self.req, self.completion_tokens)}
 
@@ -425,37 +595,57 @@ def _chunk(head: dict, choices: list, **extra) -> bytes:
     return b"data: " + json.dumps({**head, "choices": choices, **extra}).encode() + b"\n\n"
 
 
-def _choice(chat: bool, index: int, text: Optional[str], reason: Optional[str] = None, first: bool = False) -> dict:
+def _choice(
+    chat: bool, index: int, text: Optional[str], reason: Optional[str] = None, first: bool = False, logprobs=None
+) -> dict:
     if chat:
         delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
-    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
 
 
 def role_chunk(head: dict, req: Request, chat: bool) -> bytes:
-    """What a stream opens with: for chat, each choice's role; nothing for completions."""
-    return _chunk(head, [_choice(True, i, None, first=True) for i in range(req.choices)]) if chat else b""
+    """What a stream opens with: for chat, each choice's role; for completions that echo
+    without log-probabilities, each choice's prompt (with them, the prompt goes out with its
+    log-probabilities when the engine has them)."""
+    if chat:
+        return _chunk(head, [_choice(True, i, None, first=True) for i in range(req.choices)])
+    if req.echo and req.logprobs is None:
+        return b"".join(_chunk(head, [_choice(False, i, echo_text(req, i))]) for i in range(req.choices))
+    return b""
 
 
-def event_chunk(head: dict, index: int, event: Any, chat: bool) -> bytes:
-    """One chunk for one engine event of choice ``index``: a piece of text, or its end (the
-    finish reason and no text). A failure is not a chunk: it raises ApiError (500)."""
-    piece, _, failed = _event_classes()
+def event_chunk(head: dict, index: int, event: Any, chat: bool, req: Optional[Request] = None) -> bytes:
+    """One chunk for one engine event of choice ``index``: a piece of text (with its tokens'
+    log-probabilities when ``req`` asks), an echoed prompt, or its end (the finish reason and
+    no text). A failure is not a chunk: it raises ApiError (500)."""
+    piece, _, failed, prompt = _event_classes()
+    want = req is not None and req.logprobs is not None
     if isinstance(event, piece):
-        return _chunk(head, [_choice(chat, index, event.text)])
+        lp = None
+        if want and chat:
+            lp = chat_logprobs(req, list(event.logprobs))
+        elif want:
+            lp, req.offsets[index] = completion_logprobs(req, list(event.logprobs), req.offsets[index])
+        return _chunk(head, [_choice(chat, index, event.text, logprobs=lp)])
+    if isinstance(event, prompt):
+        lp, req.offsets[index] = completion_logprobs(req, prompt_entries(req, index, event))
+        return _chunk(head, [_choice(chat, index, echo_text(req, index), logprobs=lp)])
     if isinstance(event, failed):
         raise ApiError(event.message, status=500, kind="server_error")
     return _chunk(head, [_choice(chat, index, None, event.reason)])
 
 
-def stream_bunch(head: dict, bunch: list[tuple[int, Any]], chat: bool) -> tuple[bytes, int]:
+def stream_bunch(
+    head: dict, bunch: list[tuple[int, Any]], chat: bool, req: Optional[Request] = None
+) -> tuple[bytes, int]:
     """The chunks of a bunch of (choice index, event) pairs, one a piece as OpenAI sends them,
     joined for one write; and the completion tokens of the choices that ended in it."""
     finished = _event_classes()[1]
     tokens = 0
     chunks = []
     for index, event in bunch:
-        chunks.append(event_chunk(head, index, event, chat))
+        chunks.append(event_chunk(head, index, event, chat, req))
         if isinstance(event, finished):
             tokens += event.completion_tokens
     return b"".join(chunks), tokens
@@ -464,7 +654,7 @@ def stream_bunch(head: dict, bunch: list[tuple[int, Any]], chat: bool) -> tuple[
 def bunch_ends(bunch: list[tuple[int, Any]]) -> int:
     """How many choices end in a bunch of (choice index, event) pairs; ApiError (500) for a
     choice the engine failed, before any of the bunch goes out."""
-    _, finished, failed = _event_classes()
+    _, finished, failed, _ = _event_classes()
     ends = 0
     for _, event in bunch:
         if isinstance(event, failed):

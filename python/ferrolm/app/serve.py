@@ -6,14 +6,16 @@ Routes (the shapes of OpenAI's API):
     POST /v1/chat/completions    messages, rendered to one prompt by the chat template
     GET  /v1/models              the one model served, under its name
     GET  /health                 {"status": "ok", "running": N, "waiting": M}
+    GET  /metrics                Prometheus's text format (``ferrolm.app.serve_metrics``)
 
 Both POST routes take model, max_tokens (chat also max_completion_tokens), temperature
 (0 to 2; 0 is greedy), top_p (0 < p <= 1), top_k (an extension: a positive int), n, stop
-(a string or up to 4), seed, stream, stream_options. Every whole reply carries usage counts;
-a stream sends them only when ``stream_options.include_usage`` asks (then in a last chunk
-with no choices, before ``data: [DONE]``, as OpenAI does), so that every chunk of a plain
-stream has a choice. Choice j of a prompt is sampled
-with seed + j, so a request's first choice is what ``ferrolm generate --seed S`` prints.
+(a string or up to 4), seed, stream, stream_options, and log-probabilities (completions:
+logprobs and echo; chat: logprobs and top_logprobs; see ``openai_api``). Every whole reply
+carries usage counts; a stream sends them only when ``stream_options.include_usage`` asks
+(then in a last chunk with no choices, before ``data: [DONE]``, as OpenAI does), so that
+every chunk of a plain stream has a choice. Choice j of a prompt is sampled with seed + j,
+so a request's first choice is what ``ferrolm generate --seed S`` prints.
 
 A caller's mistake gets a 4xx with ``{"error": {"message", "type", "param", "code"}}`` and the
 server keeps serving (a body nested past ``openai_api.MAX_JSON_DEPTH`` is one). The decoding
@@ -28,8 +30,9 @@ shares the batch rows fairly between groups; at most ``--max-queue`` requests wa
 (one more gets 429, code "queue_full"); a stream whose send waits ``--write-timeout``
 seconds for a client that stopped reading is ended and its connection dropped; Ctrl-C or
 SIGTERM gives the running requests ``--shutdown-grace`` seconds, then cancels them, and a
-second signal exits at once. ``--host`` beyond this machine gets a warning at start (there
-is no authentication).
+second signal exits at once. ``--api-key`` (or FERROLM_API_KEY) makes the /v1 routes want
+``Authorization: Bearer KEY``; ``--host`` beyond this machine with no key gets a warning at
+start. ``--allowed-origins`` enables CORS for browser pages on those origins.
 
 Chat template: a Jinja template over ``messages`` (each with ``role`` and ``content``) and
 ``add_generation_prompt``, as Hugging Face tokenizers carry them; the first found of
@@ -52,6 +55,7 @@ import functools
 import json
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -62,8 +66,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from ferrolm.app import openai_api
+from ferrolm.app import openai_api, serve_metrics
 from ferrolm.app.openai_api import ApiError
+from ferrolm.app.serve_metrics import ServeMetrics
 
 __all__ = ["ApiError", "ChatTemplate", "PLAIN_CHAT_TEMPLATE", "PLAIN_CHAT_STOP", "load_served_model", "create_app"]
 
@@ -84,6 +89,7 @@ TEMPLATE_OUTPUT_LIMIT = 4 << 20  # characters of a rendered chat prompt
 TEMPLATE_TIME_LIMIT = 3.0  # seconds for a chat template to render (real ones take milliseconds)
 TEMPLATE_MEMORY_LIMIT = 1 << 30  # bytes of address space of the process that renders templates
 TEMPLATE_WORKERS = 2  # processes rendering chat templates
+API_KEY_ENV = "FERROLM_API_KEY"  # the key --api-key takes when not given
 
 
 def _missing_extra(e: ImportError) -> ImportError:
@@ -381,9 +387,14 @@ def create_app(
     max_tokens_limit: int = 4096,
     stream_interval: float = STREAM_INTERVAL,
     write_timeout: float = WRITE_TIMEOUT,
+    api_key: Optional[str] = None,
+    allowed_origins: Optional[list[str]] = None,
 ):
     """The Starlette application serving ``served`` through ``engine`` (a started or
     unstarted ``ferrolm.lm.engine.Engine``; the app's lifespan starts and closes it).
+    ``api_key``: every /v1 route wants ``Authorization: Bearer API_KEY`` (401 otherwise;
+    /health and /metrics stay open). ``allowed_origins``: browsers on these origins (["*"]:
+    any) may call the API (CORS, preflight answered).
     ``stream_interval``: the least time, in seconds, between two hand-overs of a stream's
     new tokens to the event loop (``_Outbox``); 0 hands over every token at once.
     ``write_timeout``: seconds a stream may wait for its client to take more (then it ends,
@@ -393,6 +404,8 @@ def create_app(
         raise ValueError(f"stream_interval must be a number of seconds >= 0, got {stream_interval!r}")
     if not (write_timeout > 0 and math.isfinite(write_timeout)):
         raise ValueError(f"write_timeout must be a number of seconds > 0, got {write_timeout!r}")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("the API key must not be empty")
     try:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
@@ -407,12 +420,57 @@ def create_app(
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
         ],
+        middleware=_middleware(routes.counters, api_key, allowed_origins),
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=routes.lifespan,
     )
     app.state.close_renderer = routes.renderer.close  # for `serve` after a forced exit, which skips the lifespan's end
     return app
+
+
+def _middleware(counters, api_key: Optional[str], allowed_origins: Optional[list[str]]) -> list:
+    """Outermost first: CORS (a preflight is answered before the key is asked for, and a 401
+    carries its headers), the request counter, the API key."""
+    from starlette.middleware import Middleware
+
+    stack = []
+    if allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        stack.append(
+            Middleware(
+                CORSMiddleware, allow_origins=allowed_origins, allow_methods=["GET", "POST"], allow_headers=["*"]
+            )
+        )
+    stack.append(Middleware(counters.middleware))
+    if api_key is not None:
+        stack.append(Middleware(_require_key, api_key))
+    return stack
+
+
+def _require_key(app, key: str):
+    """An ASGI app around ``app`` whose /v1 routes want ``Authorization: Bearer KEY``."""
+    import hmac
+
+    want = key.strip().encode()
+
+    async def guarded(scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path == "/v1" or path.startswith("/v1/")):
+            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+            # compare_digest: the time taken does not tell how much of the key a guess got right.
+            if not (scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), want)):
+                error = ApiError(
+                    "a valid API key is needed: send the header Authorization: Bearer KEY",
+                    status=401,
+                    code="invalid_api_key",
+                )
+                return await _json_response(error.body, 401)(scope, receive, send)
+        return await app(scope, receive, send)
+
+    return guarded
 
 
 def _json_response(body: Any, status: int = 200):
@@ -445,10 +503,18 @@ class _Routes:
         self.created = int(time.time())
         tok = served.tokenizer
         self.info = openai_api.ModelInfo(
-            served.name, tok.encode, tok.eos_id, served.vocab_size, served.context_length, max_tokens_limit
+            served.name,
+            tok.encode,
+            tok.eos_id,
+            served.vocab_size,
+            served.context_length,
+            max_tokens_limit,
+            served.token_bytes,
         )
         self.eos_text = next((s for s in tok.special_tokens if s == "<|endoftext|>"), "")
         self.renderer = _RenderWorkers()
+        paths = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+        self.counters = ServeMetrics(engine.counts, paths)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
@@ -484,18 +550,32 @@ class _Routes:
         running, waiting = self.engine.counts()
         return _json_response({"status": "ok", "model": self.served.name, "running": running, "waiting": waiting})
 
+    async def metrics(self, request):
+        from starlette.responses import Response
+
+        out = self.counters.exposition()
+        if out is None:
+            raise ApiError(serve_metrics.MISSING, status=501, code="not_implemented")
+        return Response(out[0], media_type=out[1])
+
     def _submit(self, req: openai_api.Request, outbox: _Outbox) -> list:
         """Every choice of ``req`` into the engine as one group (its rows shared fairly with
         other requests'); its events go to ``outbox`` as (choice index, event)."""
-        from ferrolm.lm.engine import Piece, QueueFull
+        from ferrolm.lm.engine import Finished, Piece, QueueFull
 
         handles = []
         group = object()
+        counters, arrived, started = self.counters, time.monotonic(), [False] * req.choices
         try:
             for p, ids in enumerate(req.prompts):
                 for j in range(req.n):
 
                     def on_event(event, index=p * req.n + j):
+                        if not started[index] and isinstance(event, (Piece, Finished)):  # not the prompt's
+                            started[index] = True
+                            counters.first_token(time.monotonic() - arrived)
+                        if isinstance(event, Finished):
+                            counters.generated(event.completion_tokens)
                         outbox.put((index, event), urgent=not isinstance(event, Piece))
 
                     handles.append(self.engine.submit(ids, openai_api.sampling_params(req, j), on_event, group=group))
@@ -507,6 +587,7 @@ class _Routes:
             for h in handles:
                 self.engine.cancel(h)
             raise ApiError(str(e), status=503, kind="server_error") from None
+        counters.prompt_tokens(openai_api.usage(req, 0)["prompt_tokens"])
         return handles
 
     async def _run(self, request, req: openai_api.Request, chat: bool):
@@ -577,7 +658,7 @@ async def _stream(req: openai_api.Request, outbox: _Outbox, head: dict, chat: bo
     completion_tokens = 0
     try:
         async for bunch in _bunches(req, outbox):
-            data, tokens = openai_api.stream_bunch(head, bunch, chat)
+            data, tokens = openai_api.stream_bunch(head, bunch, chat, req)
             completion_tokens += tokens
             yield data
     except ApiError as e:
@@ -723,10 +804,13 @@ def serve(
     max_queue: int = MAX_QUEUE,
     write_timeout: float = WRITE_TIMEOUT,
     shutdown_grace: float = SHUTDOWN_GRACE,
+    api_key: Optional[str] = None,
+    allowed_origins: Optional[Union[str, list[str]]] = None,
 ) -> int:
     """Load the model and serve it until Ctrl-C or SIGTERM, which give the running requests
     ``shutdown_grace`` seconds to finish (then they are cancelled) before the process exits;
-    a second Ctrl-C or SIGTERM exits at once."""
+    a second Ctrl-C or SIGTERM exits at once. ``api_key`` defaults to the environment's
+    FERROLM_API_KEY; ``allowed_origins``: a list or a comma-separated string ("*": any)."""
     try:
         import uvicorn
     except ImportError as e:
@@ -750,10 +834,14 @@ def serve(
     for flag, seconds in (("--write-timeout", write_timeout), ("--shutdown-grace", shutdown_grace)):
         if not (seconds > 0 and math.isfinite(seconds)):
             raise ValueError(f"{flag} must be a number of seconds > 0, got {seconds}")
-    if not _is_loopback(host):
+    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if api_key is not None and not api_key.strip():
+        raise ValueError(f"--api-key (or {API_KEY_ENV}) must not be empty")
+    origins = _origins(allowed_origins)
+    if not _is_loopback(host) and api_key is None:
         print(
-            f"warning: --host {host} serves anyone who can reach this machine, with no authentication; "
-            "use 127.0.0.1 (the default) unless the network is yours",
+            f"warning: --host {host} serves anyone who can reach this machine, with no authentication "
+            f"(--api-key or {API_KEY_ENV} sets a key); use 127.0.0.1 (the default) unless the network is yours",
             file=sys.stderr,
             flush=True,
         )
@@ -773,7 +861,13 @@ def serve(
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferrolm-load") as pool:
         served, engine = pool.submit(load).result()
     app = create_app(
-        served, engine, max_tokens_limit=max_tokens_limit, stream_interval=stream_interval, write_timeout=write_timeout
+        served,
+        engine,
+        max_tokens_limit=max_tokens_limit,
+        stream_interval=stream_interval,
+        write_timeout=write_timeout,
+        api_key=api_key,
+        allowed_origins=origins,
     )
 
     sock, address = _listen(host, port)
@@ -792,6 +886,17 @@ def serve(
     engine.close(10.0, cancel=True)
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _origins(allowed: Optional[Union[str, list[str]]]) -> Optional[list[str]]:
+    """--allowed-origins as a list: "*", or origins such as https://example.com."""
+    if allowed is None:
+        return None
+    origins = [o.strip() for o in allowed.split(",")] if isinstance(allowed, str) else list(allowed)
+    for o in origins:
+        if o != "*" and not re.fullmatch(r"https?://[^/\s,]+", o):
+            raise ValueError(f"--allowed-origins takes * or origins such as https://example.com (no path), got {o!r}")
+    return origins
 
 
 def _listen(host: str, port: int) -> tuple[socket.socket, str]:

@@ -195,18 +195,12 @@ def grow_vocab(state_dict: Mapping[str, torch.Tensor], vocab_size: int, new_voca
     if new_vocab_size < vocab_size:
         raise ValueError(f"cannot shrink the vocabulary from {vocab_size} to {new_vocab_size}")
     out = dict(state_dict)
-    tied = (
-        "lm_head.weight" in state_dict
-        and "token_embeddings.weight" in state_dict
-        and state_dict["lm_head.weight"] is state_dict["token_embeddings.weight"]
-    )
-    grown: dict[int, torch.Tensor] = {}
+    grown: dict[tuple, torch.Tensor] = {}  # one grown tensor per storage: tied tables stay one
     for name in _vocab_tables(state_dict, vocab_size):
         old = state_dict[name]
-        if id(old) not in grown:
+        key = (old.untyped_storage().data_ptr(), old.storage_offset(), tuple(old.shape))
+        if key not in grown:
             extra = old.float().mean(dim=0, keepdim=True).expand(new_vocab_size - vocab_size, -1).to(old.dtype)
-            grown[id(old)] = torch.cat([old, extra], dim=0)
-        out[name] = grown[id(old)]
-    if tied:
-        out["lm_head.weight"] = out["token_embeddings.weight"]
+            grown[key] = torch.cat([old, extra], dim=0)
+        out[name] = grown[key]
     return out

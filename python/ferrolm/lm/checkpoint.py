@@ -11,13 +11,16 @@ stored with them and checked on load, so a flipped bit is an error, not a silent
     iteration = load_checkpoint("ckpt.pt", model, optimizer)
 
 A trained model for inference, with its tokenizer, is ``load_model``: the one place that
-reads checkpoints for generate, eval, export and serving.
+reads checkpoints for generate, eval, export and serving. The weights a new run starts from
+(``run.init_from``) are ``initial_weights``, read the same way.
 
     model, tokenizer, info = load_model("runs/x", device="cuda", dtype="bfloat16")
+    config, state_dict, tokenizer = initial_weights("runs/x", chat_tokens=False)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import io
@@ -36,6 +39,7 @@ from ferrolm._util import atomic_open
 from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm.device import resolve_device
 from ferrolm.lm.hf import is_hf_folder, read_hf_folder, safetensors_open
+from ferrolm.lm.hf_remote import is_remote_folder, read_remote_folder
 from ferrolm.lm.model import ModelConfig, TransformerLM
 
 __all__ = [
@@ -53,6 +57,8 @@ __all__ = [
     "find_tokenizer",
     "resolve_checkpoint",
     "read_model_checkpoint",
+    "initial_weights",
+    "InitialWeights",
     "latest_checkpoint",
     "step_checkpoints",
     "CHECKPOINT_DIR",
@@ -417,9 +423,10 @@ def _read_safetensors(path: Path) -> dict[str, Any]:
 
 
 def _read_hf_folder(path: Path) -> dict[str, Any]:
-    """A checkpoint dict from an exported Hugging Face folder (``ferrolm.lm.hf.read_hf_folder``)."""
+    """A checkpoint dict from an exported Hugging Face folder (``ferrolm.lm.hf.read_hf_folder``;
+    ``ferrolm.lm.hf_remote.read_remote_folder`` for one with ferrolm's modeling file)."""
     try:
-        return read_hf_folder(path)
+        return read_remote_folder(path) if is_remote_folder(path) else read_hf_folder(path)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
 
@@ -590,3 +597,51 @@ def load_model(
     info["source"] = source
     info["tokenizer_source"] = tok_source
     return LoadedModel(model, tok, info)
+
+
+class InitialWeights(NamedTuple):
+    """What ``initial_weights`` returns; unpacks as ``config, state_dict, tokenizer``."""
+
+    config: ModelConfig  # the source's model (its vocabulary grown by the chat tokens, when added)
+    state_dict: dict[str, torch.Tensor]  # TransformerLM.state_dict() keys
+    tokenizer: Any  # the source's tokenizer (with the chat tokens, when added)
+
+
+def initial_weights(source: PathLike, *, chat_tokens: bool = False) -> InitialWeights:
+    """The model config, weights and tokenizer a new run starts from: anything ``load_model``
+    reads (a run folder, a checkpoint or ``.safetensors`` file, an exported Hugging Face
+    folder) or a Llama, Qwen3 or transformers' nanochat folder saved by transformers, whose
+    ``tokenizer.json`` loads through ``Tokenizer.from_hf`` when there is no ferrolm record.
+
+    ``chat_tokens=True`` adds the chat tokens to the tokenizer (``chat.add_chat_tokens``) and,
+    when they do not fit the model's vocabulary, grows its token tables (``chat.grow_vocab``):
+    the logits of every old id stay as they were. Nothing changes when they are there.
+    FileNotFoundError for a missing source; CheckpointError naming what is unreadable or
+    does not belong together (no tokenizer, a tokenizer larger than the model).
+    """
+    from ferrolm.lm.chat import add_chat_tokens, grow_vocab
+
+    ckpt, where = read_model_checkpoint(source)
+    name = os.fspath(where)
+    try:
+        cfg = ModelConfig.from_dict(_model_config(ckpt, name))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{name}: its model config does not fit this ferrolm's TransformerLM ({e})") from None
+    tok = find_tokenizer(ckpt, where)
+    if tok is None:
+        raise CheckpointError(f"{name}: names no tokenizer folder, and a new run needs the tokenizer of its weights")
+    if int(tok.vocab_size) > cfg.vocab_size:
+        raise CheckpointError(
+            f"{name}: its tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}: "
+            "they do not belong together"
+        )
+    state = ckpt["model"]
+    if chat_tokens:
+        try:
+            tok = add_chat_tokens(tok)
+        except ValueError as e:
+            raise CheckpointError(f"{name}: {e}") from None
+        if tok.vocab_size > cfg.vocab_size:
+            state = grow_vocab(state, cfg.vocab_size, tok.vocab_size)
+            cfg = dataclasses.replace(cfg, vocab_size=tok.vocab_size)
+    return InitialWeights(cfg, dict(state), tok)

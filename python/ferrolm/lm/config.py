@@ -41,6 +41,7 @@ __all__ = [
     "preset_names",
     "preset_path",
     "to_toml",
+    "adopt_model",
 ]
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -52,10 +53,10 @@ class ConfigError(ValueError):
 
 
 _MODEL_CHOICES = {
-    "norm": ("rms", "none"),
+    "norm": ("rms", "layer", "none"),
     "norm_position": ("pre", "post"),
-    "positions": ("rope", "none"),
-    "ffn": ("swiglu", "silu", "relu2"),
+    "positions": ("rope", "sinusoidal", "learned", "none"),
+    "ffn": ("swiglu", "silu", "relu2", "relu"),
     "attention": ("fast", "reference"),
 }
 
@@ -70,19 +71,31 @@ class ModelConfig:
     each switch's equation).
 
     - ``vocab_size``: 0 in a training config means the training shards' vocabulary size.
-    - ``norm``: "rms" (RMSNorm everywhere) or "none" (no normalization at all).
+    - ``norm``: "rms" (RMSNorm everywhere), "layer" (LayerNorm, with a gain and a bias) or
+      "none" (no normalization at all).
     - ``norm_position``: "pre" (h = x + Attn(N(x))) or "post" (h = N(x + Attn(x))).
-    - ``positions``: "rope" or "none" (no positional information; causal masking alone).
-    - ``ffn``: "swiglu" W2 (SiLU(W1 x) * W3 x), "silu" W2 SiLU(W1 x) or "relu2"
-      W2 relu(W1 x)^2. The two ungated FFNs have two matrices instead of three, so their
-      hidden width is ``d_ff_ungated``, which when 0 is round(3 d_ff / 2): the parameter
-      count of a SwiGLU of width d_ff.
+    - ``positions``: "rope"; "sinusoidal" (the original Transformer's fixed table added to
+      the token embeddings); "learned" (a (context_length, d_model) table added to them);
+      or "none" (no positional information; causal masking alone).
+    - ``ffn``: "swiglu" W2 (SiLU(W1 x) * W3 x), "silu" W2 SiLU(W1 x), "relu2"
+      W2 relu(W1 x)^2 or "relu" W2 relu(W1 x) (the original Transformer's, without biases).
+      The ungated FFNs have two matrices instead of three, so their hidden width is
+      ``d_ff_ungated``, which when 0 is round(3 d_ff / 2): the parameter count of a
+      SwiGLU of width d_ff.
+    - ``dropout``: p in [0, 1): in training only, dropout on the embeddings' sum, on the
+      attention weights and on each residual branch's output (attention and FFN); 0 is off.
+    - ``label_smoothing``: e in [0, 1): the training loss's target is (1 - e) on the next
+      token plus e / V on every token (torch's ``label_smoothing``); in training only, so
+      validation losses stay comparable; 0 is off.
     - ``tie_embeddings``: one (vocab, d_model) matrix for the embedding and the LM head,
       initialized like the LM head (std sqrt(2/(vocab+d_model))).
     - ``attention``: "fast" (torch's fused SDPA) or "reference" (the literal equation).
     - ``num_kv_heads``: grouped-query attention, num_kv_heads key/value heads each shared
       by num_heads / num_kv_heads query heads; 0 means num_heads (plain multi-head).
     - ``qk_norm``: RMSNorm, with no weight, of each head's query and key after RoPE.
+    - ``qk_norm_gain``: with ``qk_norm``, Qwen3's QK-norm instead: RMSNorm of each head's
+      query and key times a learned (d_head,) gain (one for q, one for k, shared by the heads
+      of a layer), before RoPE.
     - ``logit_softcap``: c > 0 maps the logits z to c tanh(z / c); 0 is off.
     - ``zero_init_output``: the attention output projection and the FFN's W2 start at
       zero, so each block starts as the identity.
@@ -93,6 +106,8 @@ class ModelConfig:
       E_v a (vocab, num_kv_heads d_head) table of its own in each such layer.
     - ``x0_mix``: each block's input is a_i x + b_i x0, x0 the token embeddings and a_i,
       b_i two learned scalars per layer that start at 1 and 0 (the plain residual).
+    - ``embed_norm``: the token embeddings are divided by their RMS, with no weight, before
+      the first block (and x0 is the normalized embedding), as transformers' nanochat does.
     """
 
     vocab_size: int = 0
@@ -117,6 +132,10 @@ class ModelConfig:
     doc_mask: bool = False
     value_embeds: bool = False
     x0_mix: bool = False
+    dropout: float = 0.0
+    label_smoothing: float = 0.0
+    embed_norm: bool = False
+    qk_norm_gain: bool = False
 
     def __post_init__(self) -> None:
         self.check()
@@ -141,10 +160,16 @@ class ModelConfig:
                 raise ValueError(f"model.{name} must be a positive number, got {value}")
         if not (self.logit_softcap >= 0 and math.isfinite(self.logit_softcap)):
             raise ValueError(f"model.logit_softcap must be >= 0 (0: off), got {self.logit_softcap}")
+        for name in ("dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
+                raise ValueError(f"model.{name} must be in [0, 1) (0: off), got {value!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
         if self.positions == "rope" and self.d_head % 2:
             raise ValueError(f"RoPE needs an even head size: model.d_model / model.num_heads = {self.d_head}")
+        if self.qk_norm_gain and not self.qk_norm:
+            raise ValueError("model.qk_norm_gain needs model.qk_norm = true (it is a kind of QK-norm)")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"model.num_kv_heads ({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})")
         return self
@@ -276,7 +301,9 @@ class RunSection:
     progress: bool = True  # tqdm progress bar
     wandb: str = ""  # wandb project name (logs there too when wandb is installed); "" = off
     tensorboard: bool = False  # also write TensorBoard scalars to out_dir/tb when installed
-    init_from: str = ""  # the weights a new run starts from (train --init-from)
+    # a new run starting from these weights (a ferrolm run folder, checkpoint or .safetensors
+    # file, an exported or a Llama / Qwen3 / nanochat Hugging Face folder); "" = random init
+    init_from: str = ""
     needs_init: bool = False  # refuse to start without init_from (a fine-tuning config: the sft preset)
 
 
@@ -296,6 +323,8 @@ class TrainConfig:
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
     run: RunSection = field(default_factory=RunSection)
+    # "section.field" of every value a config file, preset or --set gave (not the defaults)
+    given: set = field(default_factory=set, repr=False, compare=False)
 
     # -- conversion -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -345,6 +374,7 @@ class TrainConfig:
             )
         default = names[name].default
         setattr(obj, name, _coerce(f"{section}.{name}", value, default, source))
+        self.given.add(f"{section}.{name}")
 
     # -- checks ----------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
@@ -467,6 +497,35 @@ def _check_schedule(s: ScheduleSection, m: ModelConfig) -> None:
         raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
     if s.cosine_steps and s.cosine_steps < s.warmup_steps:
         raise ConfigError(f"schedule.cosine_steps ({s.cosine_steps}) is before the end of warmup ({s.warmup_steps})")
+
+
+# [model] fields a run started from weights may set: they change no weight and only how it
+# trains (attention kernel, document masking, an initialization the weights replace)
+INIT_FREE_FIELDS = ("attention", "doc_mask", "zero_init_output")
+
+
+def adopt_model(cfg: TrainConfig, source: ModelConfig, name: str) -> None:
+    """Make ``cfg.model`` the model of the weights read from ``name`` (``run.init_from``).
+    A [model] value the config gave that contradicts the source is a ConfigError naming
+    both; the fields of INIT_FREE_FIELDS keep the config's value, and model.context_length
+    may be shorter than the source's (RoPE's tables are not weights); model.vocab_size = 0
+    means the source's."""
+    given = {k.split(".", 1)[1] for k in cfg.given if k.startswith("model.")}
+    mine = cfg.model
+    for k in sorted(given - set(INIT_FREE_FIELDS)):
+        value, theirs = getattr(mine, k), getattr(source, k)
+        if k == "num_kv_heads":  # 0 means num_heads: compare the heads each one means
+            value, theirs = value or mine.num_heads, theirs or source.num_heads
+        if value == theirs or (k == "vocab_size" and value == 0):
+            continue
+        if k == "context_length" and value <= theirs:
+            continue
+        what = "is longer than" if k == "context_length" else "contradicts"
+        raise ConfigError(f"model.{k} = {value!r} {what} {theirs!r} of {name} (run.init_from)")
+    keep = {k: getattr(mine, k) for k in INIT_FREE_FIELDS}
+    if "context_length" in given:
+        keep["context_length"] = mine.context_length
+    cfg.model = dataclasses.replace(source, **keep)
 
 
 def name_in(name: str, section_cls) -> bool:

@@ -46,6 +46,16 @@ Events go to each sequence's ``on_event`` callable, called on the thread that ru
 "stop" (end-of-text or a stop string) or "length" (max_tokens), or ``Failed(message)``.
 A cancelled sequence gets no further events.
 
+Log-probabilities are computed only for a sequence that asks (``SamplingParams.logprobs``,
+``prompt_logprobs``): the others' steps do no extra work. They are those of the model's own
+distribution, log_softmax of its logits, whatever the temperature, top-k or top-p the
+token was drawn with (what vLLM reports by default): ``Piece.logprobs`` holds a
+``TokenLogprob`` for each token sampled since the last piece (a token whose text is held
+back, a character's first bytes or a possible start of a stop string, comes with the piece
+that shows it or with the last piece; the end-of-text token that ends a sequence is not
+shown and has none), and a ``PromptLogprobs`` event, before any piece, holds those of the
+prompt's tokens after its first. ``max_tokens=0`` runs the prompt only.
+
 On a CPU, let the engine's thread be the only one that runs torch work: under OpenMP each
 such thread keeps its own team of worker threads, and once the teams hold more threads
 than there are cores, libgomp puts idle workers to sleep instead of spinning, so every
@@ -67,12 +77,24 @@ import torch
 
 from ferrolm.lm.decoding import SequenceText, check_sampling_args, sample
 
-__all__ = ["SamplingParams", "Piece", "Finished", "Failed", "Handle", "Engine", "QueueFull"]
+__all__ = [
+    "SamplingParams",
+    "TokenLogprob",
+    "Piece",
+    "PromptLogprobs",
+    "Finished",
+    "Failed",
+    "Handle",
+    "Engine",
+    "QueueFull",
+]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one sequence is sampled; ``seed`` None draws a fresh one."""
+    """How one sequence is sampled; ``seed`` None draws a fresh one. ``logprobs``: None, or
+    the log-probability of each sampled token with the ``logprobs`` most likely tokens beside
+    it; ``prompt_logprobs`` the same for the prompt's tokens. ``max_tokens`` 0: the prompt only."""
 
     max_tokens: int
     temperature: float = 1.0
@@ -80,16 +102,38 @@ class SamplingParams:
     top_p: Optional[float] = None
     seed: Optional[int] = None
     stop: tuple[str, ...] = ()
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
 
     def __post_init__(self) -> None:
         check_sampling_args(self.temperature, self.top_k, self.top_p)
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be an int >= 0, got {self.max_tokens!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+                raise ValueError(f"{name} must be None or an int >= 0, got {k!r}")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model, and the most likely tokens at its place
+    (``top``: (id, log-probability) pairs, most likely first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class Piece:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens sampled since the last piece, when asked
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    logprobs: tuple[TokenLogprob, ...]  # the prompt's tokens after its first (which has none)
 
 
 @dataclass(frozen=True)
@@ -114,6 +158,21 @@ def check_window_keep(window_keep: Any, context_length: int) -> int:
 
 def _no_text(token: int) -> bytes:
     return b""
+
+
+def _token_logprobs(logits: torch.Tensor, tokens: Sequence[int], k: int) -> tuple[TokenLogprob, ...]:
+    """For each row of ``logits`` (n, vocab): the log-probability of ``tokens[i]`` and the
+    ``k`` most likely tokens, in one pass over the rows."""
+    if not tokens:
+        return ()
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    picked = lp.gather(1, torch.tensor(tokens, device=lp.device).view(-1, 1))[:, 0].tolist()
+    if k:
+        values, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [()] * len(picked)
+    return tuple(TokenLogprob(t, p, top) for t, p, top in zip(tokens, picked, tops))
 
 
 class QueueFull(RuntimeError):
@@ -141,6 +200,13 @@ class Handle:
         self.cancelled = False  # set by any thread; read by the engine between steps
         self.done = False
         self.parked = False  # taken out of its row for another group; resumes from its tokens
+        self.logprobs: list[TokenLogprob] = []  # sampled, not yet sent with a piece
+
+    def take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        if not self.logprobs:  # the common case, not asked: nothing built
+            return ()
+        out, self.logprobs = tuple(self.logprobs), []
+        return out
 
 
 class Engine:
@@ -365,10 +431,13 @@ class Engine:
                         handle.on_event(Failed(f"generation failed: {e}"))
             self._leave()
 
-    def _prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
-        """Run ``tokens`` from position 0 into cache row ``slot``; the next-token logits (1, vocab)."""
+    def _prefill(self, slot: int, tokens: list[int], h: Optional[Handle] = None) -> torch.Tensor:
+        """Run ``tokens`` from position 0 into cache row ``slot``; the next-token logits (1, vocab).
+        With ``h`` asking for its prompt's log-probabilities, they go to it first."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         out = self.model(ids, kv_cache=self.cache.rows(slot, slot + 1), start_pos=0)
+        if h is not None and h.params.prompt_logprobs is not None and not h.cancelled:
+            h.on_event(PromptLogprobs(_token_logprobs(out[0, :-1], tokens[1:], h.params.prompt_logprobs)))
         return out[:, -1].float()
 
     def _admit(self, handle: Handle) -> None:
@@ -378,8 +447,10 @@ class Engine:
             self._prefill(slot, handle.history[-handle.length - 1 : -1])
             return
         tokens = handle.history[-self.context_length :]
-        logits = self._prefill(slot, tokens)
+        logits = self._prefill(slot, tokens, handle)
         handle.length = len(tokens)
+        if handle.params.max_tokens == 0:  # the prompt's log-probabilities were all it asked for
+            return self._finish(handle, "length")
         self._take(handle, logits)
 
     def _step(self) -> None:
@@ -424,9 +495,11 @@ class Engine:
             return
         h.generated += 1
         h.tokens.append(token)
+        if p.logprobs is not None and token != self.eos_id:
+            h.logprobs.extend(_token_logprobs(logits, [token], p.logprobs))
         text = h.text.feed(token)
         if text:
-            h.on_event(Piece(text))
+            h.on_event(Piece(text, h.take_logprobs()))
         if h.text.done:
             return self._finish(h, "stop")
         if h.generated >= p.max_tokens:
@@ -436,8 +509,8 @@ class Engine:
 
     def _finish(self, h: Handle, reason: str) -> None:
         tail = h.text.finish()
-        if tail:
-            h.on_event(Piece(tail))
+        if tail or h.logprobs:
+            h.on_event(Piece(tail, h.take_logprobs()))
         h.done = True
         h.on_event(Finished(reason, h.generated))
 

@@ -9,9 +9,11 @@ QK-norm), model.safetensors, generation_config.json and the tokenizer files
 ferrolm's default architecture is Llama's (RMSNorm, pre-norm, RoPE, SwiGLU, no biases);
 grouped-query attention maps to num_key_value_heads, and QK-norm to Qwen3's q_norm/k_norm.
 HF rotates halves of each head where ferrolm rotates pairs, so q/k rows are permuted
-(``ferrolm.lm.hf.to_hf_state_dict``) and the logits are equal. Settings no exported
-architecture has are refused by name (``ferrolm.lm.hf.hf_architecture``); config.json is
-``ferrolm.lm.hf.hf_config``. The folder is written whole or not at all.
+(``ferrolm.lm.hf.to_hf_state_dict``) and the logits are equal; config.json is
+``ferrolm.lm.hf.hf_config``. A model with settings no native architecture has
+(``ferrolm.lm.hf.hf_architecture`` names them) is written with ferrolm's own modeling file,
+loaded with ``trust_remote_code=True`` (``ferrolm.lm.hf_remote``), or refused with
+``remote_code=False``. The folder is written whole or not at all.
 
 ``export_safetensors`` writes the weights alone, under ferrolm's own names, with the model
 config in the file's metadata: a checkpoint that needs no pickle reader.
@@ -29,7 +31,8 @@ import torch
 from ferrolm._util import atomic_write_bytes, atomic_write_dir, check_out
 from ferrolm.bpe import files as tf
 from ferrolm.lm.checkpoint import load_model
-from ferrolm.lm.hf import hf_config, hf_special_ids, to_hf_state_dict
+from ferrolm.lm.hf import hf_architecture, hf_config, hf_special_ids, to_hf_state_dict
+from ferrolm.lm.hf_remote import MODELING_FILE, modeling_source, remote_config, remote_state_dict
 
 __all__ = ["export_hf", "export_safetensors", "MODEL_FILES"]
 
@@ -91,8 +94,28 @@ def _folder_contents(out: Path, config: dict, fingerprint: str) -> str | None:
     return f"is not empty: it holds {what} ({shown}); export into a new or empty folder"
 
 
+def _hf_model(model: Any, tok: Any, dtype: str, remote_code: bool) -> tuple[dict, dict, dict[str, bytes]]:
+    """(config.json, weights, other files) of the export: a native architecture when one
+    computes the model; else ferrolm's modeling file (``ferrolm.lm.hf_remote``), or, without
+    ``remote_code``, the ValueError naming the settings no native architecture has."""
+    try:
+        hf_architecture(model.config)
+    except ValueError as e:
+        if not remote_code:
+            raise ValueError(f"{e} without remote code (loading it would need trust_remote_code=True)") from None
+        config = remote_config(model.config, tok, dtype)
+        return config, remote_state_dict(model), {MODELING_FILE: modeling_source()}
+    return hf_config(model.config, tok, dtype), to_hf_state_dict(model), {}
+
+
 def export_hf(
-    checkpoint: PathLike, out: PathLike, tokenizer: Any = None, *, dtype: str = "float32", force: bool = False
+    checkpoint: PathLike,
+    out: PathLike,
+    tokenizer: Any = None,
+    *,
+    dtype: str = "float32",
+    force: bool = False,
+    remote_code: bool = True,
 ) -> Path:
     """Write the HF folder ``out`` for ``checkpoint`` (see the module docstring); return it.
 
@@ -102,12 +125,14 @@ def export_hf(
     A non-empty ``out`` is replaced only when it is an earlier export of the same model
     (config.json equal but for the dtype, the same tokenizer fingerprint), or with
     ``force``; a folder holding files an export does not write is never replaced.
+    A model that no native architecture computes is written with ferrolm's modeling file
+    (load it with ``trust_remote_code=True``); ``remote_code=False`` refuses it instead.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     model, tok, info = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
     cfg = model.config
-    config = hf_config(cfg, tok, dtype)
+    config, weights, extra = _hf_model(model, tok, dtype, remote_code)
     check_out(
         out,
         export_inputs(checkpoint, tokenizer, info),
@@ -116,8 +141,9 @@ def export_hf(
         folder=True,
         example="hf_model",
     )
-    weights = {k: v.to(DTYPES[dtype]) for k, v in to_hf_state_dict(model).items()}
+    weights = {k: v.to(DTYPES[dtype]) for k, v in weights.items()}
     files = {
+        **extra,
         "config.json": _json(config),
         "generation_config.json": _json({**hf_special_ids(tok), "do_sample": True, "temperature": 1.0, "top_k": 0}),
         "model.safetensors": _safetensors_bytes(weights, {}),
@@ -126,7 +152,7 @@ def export_hf(
     files.update(
         tf.directory_files(tok.vocab, tok.merges, special_ids, tok.pattern, tok.fingerprint, cfg.context_length)
     )
-    return atomic_write_dir(out, files, owned=MODEL_FILES + tf.TOKENIZER_FILES)
+    return atomic_write_dir(out, files, owned=MODEL_FILES + (MODELING_FILE,) + tf.TOKENIZER_FILES)
 
 
 def export_safetensors(checkpoint: PathLike, out: PathLike, *, force: bool = False) -> Path:

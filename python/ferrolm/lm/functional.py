@@ -15,6 +15,9 @@ These are the literal definitions the model is checked against:
     x0_mix(x, x0, a, b) = a x + b x0
     document_ids   = number of end-of-text tokens at or before each position
     document_mask  = causal mask AND (query and key in one document)
+    layer_norm(x)  = (x - mean x) / sqrt(var x + eps) * g + b
+    sinusoidal_positions: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)
+    dropout(x, p)  = x * mask / (1 - p), mask ~ Bernoulli(1 - p)
 
 The model's default (fast) path uses torch's fused kernels for SiLU and attention,
 which compute the same functions; ``tests/test_functional.py`` holds both to the
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ferrolm.lm import gemm
@@ -116,7 +120,13 @@ class _CrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(
-    hidden: Tensor, weight: Tensor, targets: Tensor, *, softcap_at: float = 0.0, chunk_rows: int | None = None
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    softcap_at: float = 0.0,
+    chunk_rows: int | None = None,
+    label_smoothing: float = 0.0,
 ) -> Tensor:
     """``cross_entropy(hidden @ weight.T, targets)`` without the (N, vocab) logits; with
     ``softcap_at`` c > 0, of the soft-capped logits ``softcap(hidden @ weight.T, c)``.
@@ -136,6 +146,10 @@ def linear_cross_entropy(
 
     A target equal to ``IGNORE_INDEX`` adds nothing to the loss or its gradient, and the
     mean is over the other positions (0 when there are none): the loss of a masked batch.
+
+    ``label_smoothing`` e in [0, 1): the target is (1 - e) on the true token plus e / V on
+    every token (torch's ``label_smoothing``): per position logsumexp(o) - (1 - e) o[t]
+    - e mean(o), with gradient softmax(o) - (1 - e) onehot(t) - e / V.
 
     ``hidden`` (..., d), ``weight`` (vocab, d), ``targets`` (...) class ids. Under
     autocast the GEMMs run in the autocast dtype and the softmax in float32. The default
@@ -159,13 +173,15 @@ def linear_cross_entropy(
         chunk_rows = _chunk_rows(weight.shape[0], h.device)
     if not (softcap_at >= 0 and math.isfinite(softcap_at)):
         raise ValueError(f"linear_cross_entropy: softcap_at must be >= 0 (0: off), got {softcap_at}")
+    if not 0 <= label_smoothing < 1:
+        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1), got {label_smoothing}")
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, t, keep, chunk_rows, float(softcap_at))
+        return _LinearCrossEntropy.apply(h, weight, t, keep, chunk_rows, float(softcap_at), float(label_smoothing))
     head_in, _, weight = _head_operands(h, weight, softcap_at)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, h.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        total = total + _chunk_forward(head_in[rows], weight, t[rows], keep[rows], softcap_at)[0]
+        total = total + _chunk_forward(head_in[rows], weight, t[rows], keep[rows], softcap_at, label_smoothing)[0]
     return total / keep.sum().clamp(min=1)
 
 
@@ -195,18 +211,27 @@ def _head_logits(h: Tensor, weight: Tensor) -> Tensor:
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
-def _chunk_loss(logits: Tensor, targets: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
-    """(Sum over the chunk's kept rows of logsumexp(o) - o[t], the row sums of
-    exp(o - max o)); leaves ``logits`` holding exp(o - max o)."""
-    top = logits.amax(dim=-1, keepdim=True)
+def _smoothed_target(logits: Tensor, targets: Tensor, smoothing: float) -> Tensor:
+    """(1 - e) o[t] + e mean(o) per row: what the loss subtracts from logsumexp(o)."""
     target_logit = logits.gather(-1, targets.unsqueeze(-1))
+    if not smoothing:
+        return target_logit
+    return target_logit * (1.0 - smoothing) + logits.mean(dim=-1, keepdim=True) * smoothing
+
+
+def _chunk_loss(logits: Tensor, targets: Tensor, keep: Tensor, smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(Sum over the chunk's kept rows of logsumexp(o) - o[t] (smoothed: see
+    ``linear_cross_entropy``), the row sums of exp(o - max o)); leaves ``logits`` holding
+    exp(o - max o)."""
+    top = logits.amax(dim=-1, keepdim=True)
+    target_logit = _smoothed_target(logits, targets, smoothing)
     exps = logits.sub_(top).exp_()
     sums = exps.sum(dim=-1, keepdim=True)
     return ((sums.log() + top - target_logit) * keep.unsqueeze(-1)).sum(), sums
 
 
 def _chunk_loss_capped(
-    scaled_h: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, cap: float
+    scaled_h: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, cap: float, smoothing: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The chunk's summed loss with capped logits o = c tanh(z / c), z = h W^T, by way of
     s = sigmoid(-2 z / c): c tanh(z / c) - c = -2 c s exactly, and 1 - tanh^2 = 4 s (1 - s).
@@ -219,22 +244,22 @@ def _chunk_loss_capped(
     """
     gate = _head_logits(scaled_h, weight).sigmoid_()  # s
     shifted = gate * (-2.0 * cap)  # o - c
-    target_logit = shifted.gather(-1, targets.unsqueeze(-1))
+    target_logit = _smoothed_target(shifted, targets, smoothing)  # the shift c cancels
     exps = shifted.exp_()
     sums = exps.sum(dim=-1, keepdim=True)
     return ((sums.log() - target_logit) * keep.unsqueeze(-1)).sum(), exps, sums, gate
 
 
 def _chunk_forward(
-    head_in: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, cap: float
+    head_in: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, cap: float, smoothing: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """A chunk's (summed loss of the kept rows, exp(o - shift), its row sums, s) from its
     rows of ``_head_operands``' first tensor: ``_chunk_loss_capped`` with a cap, else the
     plain logits' loss (s None)."""
     if cap:
-        return _chunk_loss_capped(head_in, weight, targets, keep, cap)
+        return _chunk_loss_capped(head_in, weight, targets, keep, cap, smoothing)
     exps = _head_logits(head_in, weight)
-    loss, sums = _chunk_loss(exps, targets, keep)
+    loss, sums = _chunk_loss(exps, targets, keep, smoothing)
     return loss, exps, sums, None
 
 
@@ -243,7 +268,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
     keep_i (softmax - onehot(t_i)) / N, folded into d h = G W and d W = G^T h chunk by chunk."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, chunk_rows: int, cap: float) -> Tensor:
+    def forward(
+        ctx,
+        h: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        keep: Tensor,
+        chunk_rows: int,
+        cap: float,
+        smoothing: float = 0.0,
+    ) -> Tensor:
         n = keep.sum().clamp(min=1)
         total = h.new_zeros((), dtype=torch.float32)
         grad_h = []
@@ -253,7 +287,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         head_in, h_mm, w_mm = _head_operands(h, weight, cap)
         for start in range(0, h.shape[0], chunk_rows):
             rows, tc = slice(start, start + chunk_rows), targets[start : start + chunk_rows]
-            loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, tc, keep[rows], cap)
+            loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, tc, keep[rows], cap, smoothing)
             kc = keep[rows].unsqueeze(-1).to(exps.dtype)
             total = total + loss
             # exp(o - m) / sum = softmax; minus onehot(t): the gradient of the summed loss
@@ -261,7 +295,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # An ignored row divides by sum / 0 = inf and adds 0: a zero row, with no extra pass.
             scale = 0.25 if cap else 1.0
             grad = exps.div_(sums.mul_(scale).div_(kc))
-            grad.scatter_add_(-1, tc.unsqueeze(-1), kc * (-1.0 / scale))
+            grad.scatter_add_(-1, tc.unsqueeze(-1), kc * (-(1.0 - smoothing) / scale))
+            if smoothing:  # and e / V off every token of a kept row
+                grad.sub_(kc * (smoothing / (grad.shape[-1] * scale)))
             if gate is not None:  # through the cap: d o / d z = 1 - tanh(z / c)^2 = 4 s (1 - s)
                 torch.ops.aten.sigmoid_backward.grad_input(grad, gate, grad_input=grad)
             grad = grad.to(w_mm.dtype)  # a no-op in float32; under autocast the GEMMs' dtype
@@ -276,24 +312,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w, n = ctx.saved_tensors
         scale = grad_loss / n
         grad_w = (grad_w * scale).to(ctx.weight_dtype).contiguous()
-        return grad_h * scale.to(grad_h.dtype), grad_w, None, None, None, None
+        return grad_h * scale.to(grad_h.dtype), grad_w, None, None, None, None, None
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> Tensor:
     """softmax(Q K^T / sqrt(d_k) + M) V for q (..., n, d_k), k (..., m, d_k), v (..., m, d_v).
 
     ``mask`` is boolean, broadcastable to (..., n, m); True means "query i may attend to
     key j". Masked scores become -inf, so they get probability exactly 0. A query whose
-    row is entirely masked has no distribution and yields NaN.
+    row is entirely masked has no distribution and yields NaN. ``dropout_p`` > 0 drops
+    attention weights (``dropout``) before they weigh V: what training does with dropout.
     """
     d_k = q.shape[-1]
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., n, m)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return softmax(scores, dim=-1) @ v
+    return dropout(softmax(scores, dim=-1), dropout_p) @ v
 
 
-def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+def grouped_query_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> Tensor:
     """Attention of H query heads over H_kv key/value heads (H_kv divides H): query head h
     reads key/value head h // (H / H_kv), i.e. each K and V head is repeated H / H_kv times
     in place. q (..., H, n, d_k), k (..., H_kv, m, d_k), v (..., H_kv, m, d_v); with
@@ -302,7 +343,37 @@ def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
     if heads % kv_heads:
         raise ValueError(f"grouped_query_attention: {kv_heads} key/value heads do not divide {heads} query heads")
     group = heads // kv_heads
-    return scaled_dot_product_attention(q, k.repeat_interleave(group, -3), v.repeat_interleave(group, -3), mask)
+    k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+    return scaled_dot_product_attention(q, k, v, mask, dropout_p)
+
+
+def dropout(x: Tensor, p: float) -> Tensor:
+    """Each element zeroed with probability p, the rest scaled by 1 / (1 - p) (so the
+    expectation is x); x itself when p is 0. The mask is drawn by ``torch.rand_like``
+    through torch's own dropout (the same draws, so the model's dropout can be compared)."""
+    return F.dropout(x, p, training=True) if p > 0 else x
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """LayerNorm (x - mean(x)) / sqrt(var(x) + eps) * g + b over the last dim (the variance
+    without Bessel's correction), computed in (at least) float32 and cast back."""
+    work = x.to(torch.promote_types(x.dtype, torch.float32))
+    mean = work.mean(dim=-1, keepdim=True)
+    var = ((work - mean) ** 2).mean(dim=-1, keepdim=True)
+    return ((work - mean) / torch.sqrt(var + eps) * weight.to(work.dtype) + bias.to(work.dtype)).to(x.dtype)
+
+
+def sinusoidal_positions(num_positions: int, d_model: int) -> Tensor:
+    """The original Transformer's position table (num_positions, d_model), float32:
+    PE[p, 2i] = sin(p / 10000^(2i / d_model)), PE[p, 2i + 1] = cos(p / 10000^(2i / d_model))."""
+    table = torch.zeros(num_positions, d_model, dtype=torch.float64)
+    for p in range(num_positions):
+        for j in range(0, d_model, 2):
+            angle = p / 10000 ** (j / d_model)
+            table[p, j] = math.sin(angle)
+            if j + 1 < d_model:
+                table[p, j + 1] = math.cos(angle)
+    return table.float()
 
 
 def qk_norm(x: Tensor, eps: float = 1e-5) -> Tensor:

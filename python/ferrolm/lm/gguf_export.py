@@ -5,11 +5,25 @@ own writer; ``pip install "ferrolm[gguf]"``):
     export_gguf("runs/x/best.pt", "model.gguf")      # tokenizer: the run's data.tokenizer
     llama-cli -m model.gguf -p "Once upon a time"
 
-The model is written as llama.cpp's "llama" architecture, which is ferrolm's default
-recipe (RMSNorm, pre-norm, RoPE, SwiGLU, no biases); switches it has no field for are
-refused by name. llama.cpp's "llama" RoPE rotates consecutive pairs (x[2i], x[2i+1]) as
-ferrolm does, so the q/k rows are written as they are (the Hugging Face export permutes
-them for HF's rotate-halves; llama.cpp's own converter undoes that permutation).
+A model is written as one of two llama.cpp architectures, both ferrolm's default block
+(RMSNorm, pre-norm, RoPE, SwiGLU, no biases), grouped-query attention as head_count_kv:
+
+- "llama" without QK-norm. Its RoPE rotates consecutive pairs (x[2i], x[2i+1]) as ferrolm's
+  does, so the q/k rows are written as they are (llama.cpp's own converter undoes the
+  permutation of a Hugging Face Llama).
+- "qwen3" with QK-norm (the ``portable`` preset's models): attn_q_norm/attn_k_norm are
+  ferrolm's weightless norms as unit weights. Qwen3 normalizes before RoPE where ferrolm does
+  after; RoPE keeps each head's norm, so with unit weights the two give the same vectors
+  (``ferrolm.lm.hf.hf_architecture``). Its RoPE rotates halves (x[i], x[i + d_head/2]), as
+  Hugging Face's does, so each head's q/k rows are in the order of the Hugging Face export.
+
+Switches neither computes (value embeddings, x0 mixing, ReLU^2 or SiLU MLPs, soft-capped
+logits, post-norm, ...) are refused by name, with the presets that train a model they can.
+
+``dtype``: the matrices as f32, f16, bf16 or q8_0 (llama.cpp's blocks of 32 int8s with one
+float16 scale, quantized by the ``gguf`` package's copy of llama.cpp's rounding; a matrix
+whose rows are not whole blocks is written f16, as llama.cpp's converter does). Norm gains
+and other vectors stay f32, as llama.cpp reads them.
 
 The tokenizer goes in as a GPT-2-style byte-level BPE (``tokenizer.ggml.model = "gpt2"``):
 tokens in GPT-2's byte-to-unicode form (as in vocab.json), merges in merges.txt's form,
@@ -36,16 +50,33 @@ from ferrolm import __version__
 from ferrolm._util import check_out, fsync_dir
 from ferrolm.bpe import patterns
 from ferrolm.bpe.fileformat import token_to_str
-from ferrolm.lm.hf import check_llama_compatible
+from ferrolm.lm.hf import _llama_differences, to_hf_state_dict
 from ferrolm.lm.model import ModelConfig
 
-__all__ = ["export_gguf", "gguf_tensors", "is_ferrolm_gguf", "PRE_TOKENIZERS", "DTYPES"]
+__all__ = [
+    "export_gguf",
+    "gguf_architecture",
+    "gguf_dtype",
+    "gguf_tensors",
+    "encode_tensor",
+    "is_ferrolm_gguf",
+    "PRE_TOKENIZERS",
+    "DTYPES",
+    "DTYPE_ALIASES",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 # ferrolm's pattern -> the name llama.cpp gives its own copy of that pre-tokenizer regex
 PRE_TOKENIZERS = {patterns.GPT2: "gpt-2", patterns.CL100K: "llama-bpe", patterns.O200K: "gpt-4o"}
-DTYPES = ("float32", "float16")  # of the matrices; norm gains stay float32, as llama.cpp wants
+# the matrices' type -> (its GGML type, the file type llama.cpp reports), by gguf's enum names
+DTYPES = {
+    "f32": ("F32", "ALL_F32"),
+    "f16": ("F16", "MOSTLY_F16"),
+    "bf16": ("BF16", "MOSTLY_BF16"),
+    "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+}
+DTYPE_ALIASES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}  # the names the HF export takes
 
 MARKER_KEY = "ferrolm.version"  # the version that wrote the file: an export ferrolm may replace
 INSTALL_HINT = 'exporting GGUF needs the gguf package: pip install "ferrolm[gguf]"'
@@ -59,6 +90,29 @@ def _gguf():
     return gguf
 
 
+def gguf_dtype(dtype: str) -> str:
+    """The GGUF name (f32, f16, bf16, q8_0) of ``dtype``, which may also be float32, float16 or bfloat16."""
+    name = DTYPE_ALIASES.get(dtype, dtype)
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or float32, float16, bfloat16), got {dtype!r}")
+    return name
+
+
+def gguf_architecture(cfg: ModelConfig) -> str:
+    """llama.cpp's architecture for ``cfg``: "qwen3" with QK-norm, else "llama" (either with
+    grouped-query attention). Raise ValueError naming each setting neither computes, and
+    the presets that train a model they can."""
+    bad = _llama_differences(cfg)
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)}: llama.cpp's llama and qwen3 architectures, the ones ferrolm writes to GGUF, "
+            "compute only RMSNorm, pre-norm, RoPE, SwiGLU and uncapped logits, with neither value embeddings nor "
+            "x0 mixing, so this model cannot be exported as GGUF; train with --config portable (cpu-small's "
+            "recipe without those switches) or --config cs336 for a model that can"
+        )
+    return "qwen3" if cfg.qk_norm else "llama"
+
+
 def pre_tokenizer_name(pattern: str) -> str:
     """llama.cpp's name for the pre-tokenizer ``pattern`` (a regex or a ferrolm name)."""
     name = PRE_TOKENIZERS.get(patterns.resolve(pattern))
@@ -70,24 +124,25 @@ def pre_tokenizer_name(pattern: str) -> str:
     return name
 
 
-def gguf_tensors(model: Any, dtype: str = "float32") -> dict[str, np.ndarray]:
-    """The weights of ``model`` under llama.cpp's "llama" tensor names, as numpy arrays in
-    ferrolm's (out, in) layout (GGUF lists the dimensions the other way round). A model
-    with tied embeddings has no ``output.weight``: llama.cpp then uses ``token_embd``."""
+def gguf_tensors(model: Any) -> dict[str, np.ndarray]:
+    """The weights of ``model`` under the tensor names of its llama.cpp architecture
+    (``gguf_architecture``), as float32 numpy arrays in ferrolm's (out, in) layout (GGUF
+    lists the dimensions the other way round), q/k rows in the order that architecture's
+    RoPE pairs them. A model with tied embeddings has no ``output.weight``: llama.cpp then
+    uses ``token_embd``."""
     gguf = _gguf()
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     cfg: ModelConfig = model.config
-    check_llama_compatible(cfg)
+    arch = gguf_architecture(cfg)
     names = gguf.TENSOR_NAMES
     T = gguf.MODEL_TENSOR
     sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
-    matrix = np.float16 if dtype == "float16" else np.float32
-
-    def mat(key: str) -> np.ndarray:
-        return np.ascontiguousarray(sd[key].astype(matrix))
-
-    out = {names[T.TOKEN_EMBD] + ".weight": mat("token_embeddings.weight")}
+    hf = {}
+    if arch == "qwen3":  # its RoPE rotates halves, as Hugging Face's: the HF export's q/k rows
+        hf = {k: v.detach().float().cpu().numpy() for k, v in to_hf_state_dict(model).items()}
+        for i in range(cfg.num_layers):
+            for proj in ("q_proj", "k_proj"):
+                sd[f"layers.{i}.attn.{proj}.weight"] = hf[f"model.layers.{i}.self_attn.{proj}.weight"]
+    out = {names[T.TOKEN_EMBD] + ".weight": sd["token_embeddings.weight"]}
     per_layer = {
         T.ATTN_NORM: "ln1",
         T.ATTN_Q: "attn.q_proj",
@@ -101,13 +156,26 @@ def gguf_tensors(model: Any, dtype: str = "float32") -> dict[str, np.ndarray]:
     }
     for i in range(cfg.num_layers):
         for tensor, ours in per_layer.items():
-            key = f"layers.{i}.{ours}.weight"
-            gain = tensor in (T.ATTN_NORM, T.FFN_NORM)
-            out[names[tensor].format(bid=i) + ".weight"] = sd[key].astype(np.float32) if gain else mat(key)
-    out[names[T.OUTPUT_NORM] + ".weight"] = sd["ln_final.weight"].astype(np.float32)
+            out[names[tensor].format(bid=i) + ".weight"] = sd[f"layers.{i}.{ours}.weight"]
+        if arch == "qwen3":  # the HF export's gains: qk_norm_gain's in halves order, else ones
+            for tensor, norm in ((T.ATTN_Q_NORM, "q_norm"), (T.ATTN_K_NORM, "k_norm")):
+                out[names[tensor].format(bid=i) + ".weight"] = hf[f"model.layers.{i}.self_attn.{norm}.weight"]
+    out[names[T.OUTPUT_NORM] + ".weight"] = sd["ln_final.weight"]
     if not cfg.tie_embeddings:
-        out[names[T.OUTPUT] + ".weight"] = mat("lm_head.weight")
-    return out
+        out[names[T.OUTPUT] + ".weight"] = sd["lm_head.weight"]
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def encode_tensor(array: np.ndarray, dtype: str) -> tuple[np.ndarray, Any]:
+    """``array`` (float32) as the data and GGML type a GGUF file stores for ``dtype``: a
+    vector stays F32 (llama.cpp reads norms so); a matrix whose rows are not whole blocks of
+    the type (q8_0's 32) is F16, as llama.cpp's converter writes it."""
+    gguf = _gguf()
+    Q = gguf.GGMLQuantizationType
+    qtype = Q[DTYPES[gguf_dtype(dtype)][0]] if array.ndim > 1 else Q.F32
+    if array.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        qtype = Q.F16
+    return gguf.quants.quantize(array, qtype), qtype
 
 
 def _tokenizer_fields(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
@@ -135,27 +203,25 @@ def export_gguf(
     out: PathLike,
     tokenizer: Any = None,
     *,
-    dtype: str = "float32",
+    dtype: str = "f32",
     name: str = "",
     force: bool = False,
 ) -> Path:
     """Write ``checkpoint`` as the GGUF file ``out`` (see the module docstring); return it.
 
     ``tokenizer``: a Tokenizer or its folder (default: the run config's data.tokenizer);
-    its fingerprint must be the checkpoint's. ``dtype``: float32 or float16 (the matrices).
-    ``name``: general.name (default: the file's stem). An existing ``out`` is replaced only
-    when ferrolm wrote it (its ``ferrolm.version`` field) or with ``force``; never when it is
-    what the export reads.
+    its fingerprint must be the checkpoint's. ``dtype``: the matrices' type, f32, f16, bf16
+    or q8_0 (float32, float16 and bfloat16 are taken too). ``name``: general.name (default:
+    the file's stem). An existing ``out`` is replaced only when ferrolm wrote it (its
+    ``ferrolm.version`` field) or with ``force``; never when it is what the export reads.
     """
     gguf = _gguf()
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype = gguf_dtype(dtype)
     from ferrolm.lm.checkpoint import load_model
     from ferrolm.lm.export import export_inputs
 
     model, tok, info = load_model(checkpoint, "cpu", tokenizer=tokenizer, require_tokenizer=True)
-    cfg = model.config
-    check_llama_compatible(cfg)
+    arch = gguf_architecture(model.config)
     inputs = export_inputs(checkpoint, tokenizer, info)
     out = check_out(out, inputs, force=force, judge=_judge_gguf, example="model.gguf")
     pre = pre_tokenizer_name(tok.pattern)
@@ -163,23 +229,36 @@ def export_gguf(
         raise ValueError("the tokenizer has no <|endoftext|> special token: GGUF needs it as eos")
     if not tok.merges:
         raise ValueError("the tokenizer has no merges: llama.cpp loads a BPE vocabulary only with its merges")
-    tensors = gguf_tensors(model, dtype)
-    fields = _tokenizer_fields(tok, cfg.vocab_size)
+    tensors = gguf_tensors(model)
 
-    w = gguf.GGUFWriter(None, "llama")
+    w = gguf.GGUFWriter(None, arch)
     w.add_name(name or out.stem)
     w.add_string(MARKER_KEY, __version__)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "float16" else gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType[DTYPES[dtype][1]])
+    _add_model_fields(w, model.config)
+    _add_tokenizer_fields(w, tok, model.config.vocab_size, pre)
+    for key, array in tensors.items():
+        data, qtype = encode_tensor(array, dtype)
+        w.add_tensor(key, data, raw_dtype=qtype)
+    _write(w, out)
+    return out
+
+
+def _add_model_fields(w: Any, cfg: ModelConfig) -> None:
     w.add_vocab_size(cfg.vocab_size)
     w.add_context_length(cfg.context_length)
     w.add_embedding_length(cfg.d_model)
     w.add_block_count(cfg.num_layers)
     w.add_feed_forward_length(cfg.d_ff)
     w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_heads)
+    w.add_head_count_kv(cfg.kv_heads)
     w.add_rope_dimension_count(cfg.d_head)
     w.add_rope_freq_base(float(cfg.rope_theta))
     w.add_layer_norm_rms_eps(float(cfg.norm_eps))
+
+
+def _add_tokenizer_fields(w: Any, tok: Any, vocab_size: int, pre: str) -> None:
+    fields = _tokenizer_fields(tok, vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(fields["tokens"])
@@ -189,11 +268,6 @@ def export_gguf(
     w.add_eos_token_id(tok.eos_id)
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)
-    for key, array in tensors.items():
-        w.add_tensor(key, array)
-
-    _write(w, out)
-    return out
 
 
 def _write(w: Any, out: Path) -> None:

@@ -23,6 +23,9 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
     qk_norm        q <- q / sqrt(mean(q^2) + eps), k likewise, per head, after RoPE, with
                    no weight (functional.qk_norm); RoPE keeps each head's norm, so this
                    equals normalizing before RoPE
+    qk_norm_gain   with qk_norm, Qwen3's: q <- RMSNorm(q) * g_q, k <- RMSNorm(k) * g_k per head,
+                   BEFORE RoPE, g_q and g_k learned (d_head,) gains per layer (the gain does
+                   not commute with the rotation, so the order is Qwen3's)
     ffn="relu2"    W2 relu(W1 x)^2 (functional.relu_squared), width d_ff_ungated
                    (default round(3 d_ff / 2): SwiGLU's parameter count)
     logit_softcap  logits <- c tanh(logits / c) (functional.softcap)
@@ -35,6 +38,20 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
                    such layer (a value residual straight from the token)
     x0_mix         block i reads a_i x + b_i x0 (functional.x0_mix), x0 the token
                    embeddings, a_i and b_i learned and starting at 1 and 0
+    embed_norm     x = x0 = E[ids] / sqrt(mean(E[ids]^2) + eps), no weight, before the
+                   first block (functional.qk_norm's equation over d_model), as nanochat does
+
+The original Transformer's parts, as switches:
+
+    positions="sinusoidal"  x = E[ids] + PE[pos], PE[p, 2i] = sin(p / 10000^(2i/d)),
+                   PE[p, 2i+1] = cos(same) (functional.sinusoidal_positions); no RoPE
+    positions="learned"     x = E[ids] + P[pos], P a (context_length, d_model) table
+    norm="layer"   (x - mean x) / sqrt(var x + eps) * g + b (functional.layer_norm)
+    ffn="relu"     W2 relu(W1 x)
+    dropout        p > 0, in training only: on the embeddings' sum, on the attention
+                   weights and on each residual branch's output (functional.dropout)
+    label_smoothing  e > 0, in training only: the loss's target is (1 - e) onehot + e / V
+                   (functional.linear_cross_entropy, equal to torch's label_smoothing)
 
 Two recipes are built from these: the default model (every switch off) is the CS336
 assignment's, trained with AdamW and a cosine schedule (the ``cs336`` preset); the
@@ -54,10 +71,12 @@ The checkpoint format is ``TransformerLM.state_dict()``; its keys are
     lm_head.weight
 
 Ablations and switches change only what they must: ``norm="none"`` drops every
-``ln*`` key, ``ffn="silu"`` and ``ffn="relu2"`` have no ``w3``, ``num_kv_heads`` makes
+``ln*`` key, ``ffn="silu"``, ``"relu2"`` and ``"relu"`` have no ``w3``, ``num_kv_heads`` makes
 ``k_proj``/``v_proj`` narrower; ``value_embeds`` adds ``value_embeddings.{i}.weight`` for
-its layers and ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer);
-no other switch adds a key; with ``tie_embeddings=True`` both
+its layers, ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer),
+``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``positions="learned"``
+adds ``position_embeddings.weight`` and ``norm="layer"`` a ``.bias`` beside each norm's
+``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
 RoPE's cos/sin tables are non-persistent buffers and never saved.
 
@@ -228,6 +247,25 @@ class RMSNorm(nn.Module):
         return f"{self.d_model}, eps={self.eps}"
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm(x) = (x - mean x) / sqrt(var x + eps) * g + b (``functional.layer_norm``),
+    computed in float32 by torch's fused kernel and cast back; g starts at 1, b at 0."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.d_model = d_model
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        work = x.float()
+        return F.layer_norm(work, (self.d_model,), self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+
 class SwiGLU(nn.Module):
     """SwiGLU(x) = W2 (SiLU(W1 x) * W3 x)."""
 
@@ -268,6 +306,18 @@ class ReLU2FFN(nn.Module):
         return self.w2(_ReLUSquared.apply(self.w1(x)))
 
 
+class ReLUFFN(nn.Module):
+    """The original Transformer's FFN without biases: FFN(x) = W2 relu(W1 x)."""
+
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(torch.relu(self.w1(x)))
+
+
 class _ReLUSquared(torch.autograd.Function):
     """relu(x)^2 (== functional.relu_squared, tested) with its gradient 2 relu(x) g written
     out: three passes over the (tokens, width) tensor where autograd through relu and
@@ -305,12 +355,24 @@ class _X0Mix(torch.autograd.Function):
         return grad * a, grad * b, grad_a, grad_b
 
 
-_FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN, "relu2": ReLU2FFN}
+_FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN, "relu2": ReLU2FFN, "relu": ReLUFFN}
 
 
 # --------------------------------------------------------------------------------------
 # Rotary position embedding
 # --------------------------------------------------------------------------------------
+
+
+def _sinusoidal_table(num_positions: int, d_model: int) -> Tensor:
+    """``functional.sinusoidal_positions`` computed at once (tested equal): angle p / 10000^(j / d)
+    for each even column j, its sine there and its cosine in column j + 1."""
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    even = torch.arange(0, d_model, 2, dtype=torch.float64)
+    angles = pos / torch.pow(10000.0, even / d_model)
+    table = torch.zeros(num_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table.float()
 
 
 def rotate_pairs_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -410,7 +472,9 @@ class CausalSelfAttention(nn.Module):
     RoPE (when given) rotates Q and K; V is never rotated. With ``num_kv_heads`` < num_heads
     (grouped-query attention) K and V have num_kv_heads heads and query head h reads
     key/value head h // (num_heads / num_kv_heads). With ``qk_norm`` each head's q and k
-    are divided by their RMS after RoPE (``functional.qk_norm``, no weight).
+    are divided by their RMS after RoPE (``functional.qk_norm``, no weight); with
+    ``qk_norm_gain`` too, before RoPE and times the learned gains ``q_norm.weight`` and
+    ``k_norm.weight`` (Qwen3's order).
     """
 
     def __init__(
@@ -424,7 +488,9 @@ class CausalSelfAttention(nn.Module):
         *,
         num_kv_heads: Optional[int] = None,
         qk_norm: bool = False,
+        qk_norm_gain: bool = False,
         eps: float = 1e-5,
+        dropout: float = 0.0,
     ):
         super().__init__()
         if d_model % num_heads:
@@ -441,12 +507,17 @@ class CausalSelfAttention(nn.Module):
         self.attention = attention
         self.qk_norm = qk_norm
         self.eps = eps
+        self.dropout = dropout
         kv_dim = num_kv_heads * self.d_head
         self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
         self.k_proj = Linear(d_model, kv_dim, device=device, dtype=dtype)
         self.v_proj = Linear(d_model, kv_dim, device=device, dtype=dtype)
         self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
         self.rope = rope
+        self.q_norm = self.k_norm = None
+        if qk_norm and qk_norm_gain:
+            self.q_norm = RMSNorm(self.d_head, eps, device=device, dtype=dtype)
+            self.k_norm = RMSNorm(self.d_head, eps, device=device, dtype=dtype)
 
     def forward(
         self,
@@ -487,14 +558,13 @@ class CausalSelfAttention(nn.Module):
         if value_embed is not None:
             v = v + split_heads(value_embed)
 
+        if self.q_norm is not None:  # Qwen3's order: the gains do not commute with RoPE
+            q, k = self._qk_normed(q, self.q_norm.weight), self._qk_normed(k, self.k_norm.weight)
         if self.rope is not None:  # positions default to start_pos, ..., start_pos + seq - 1
             q = self.rope(q, token_positions, offset=start_pos)
             k = self.rope(k, token_positions, offset=start_pos)
-        if self.qk_norm:  # functional.qk_norm's equation; the fast path by torch's fused kernel
-            if self.attention == "reference":
-                q, k = functional.qk_norm(q, self.eps), functional.qk_norm(k, self.eps)
-            else:
-                q, k = rms_normalize(q, None, self.eps), rms_normalize(k, None, self.eps)
+        if self.qk_norm and self.q_norm is None:
+            q, k = self._qk_normed(q, None), self._qk_normed(k, None)
 
         if kv_cache is not None and isinstance(start_pos, Tensor):  # one token per row
             k_cache, v_cache = kv_cache
@@ -519,6 +589,7 @@ class CausalSelfAttention(nn.Module):
         if mask is None and seq > 1 and num_keys > seq:
             mask = causal_mask(seq, num_keys, device=x.device)
 
+        drop = self.dropout if self.training else 0.0
         if self.attention == "fast":
             grouped = {}
             if self.num_kv_heads != self.num_heads:
@@ -527,14 +598,23 @@ class CausalSelfAttention(nn.Module):
                 else:
                     group = self.num_heads // self.num_kv_heads
                     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, **grouped)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=drop, **grouped
+            )
         else:
             if is_causal:
                 mask = causal_mask(seq, num_keys, device=x.device)
-            out = functional.grouped_query_attention(q, k, v, mask)
+            out = functional.grouped_query_attention(q, k, v, mask, drop)
 
         out = out.transpose(1, 2).reshape(batch, seq, self.d_model)  # concat heads
         return self.output_proj(out)
+
+    def _qk_normed(self, t: Tensor, gain: Optional[Tensor]) -> Tensor:
+        """functional.qk_norm's equation (times ``gain``); the fast path by torch's fused kernel."""
+        if self.attention == "reference":
+            t = functional.qk_norm(t, self.eps)
+            return t if gain is None else t * gain
+        return rms_normalize(t, gain, self.eps)
 
 
 # --------------------------------------------------------------------------------------
@@ -560,6 +640,8 @@ class TransformerBlock(nn.Module):
         eps: float = 1e-5,
         num_kv_heads: Optional[int] = None,
         qk_norm: bool = False,
+        dropout: float = 0.0,
+        qk_norm_gain: bool = False,
         device=None,
         dtype=None,
     ):
@@ -579,22 +661,28 @@ class TransformerBlock(nn.Module):
             dtype=dtype,
             num_kv_heads=num_kv_heads,
             qk_norm=qk_norm,
+            qk_norm_gain=qk_norm_gain,
             eps=eps,
+            dropout=dropout,
         )
+        self.dropout = dropout
         self.ln2 = _make_norm(norm, d_model, eps, device, dtype)
         self.ffn = _FFNS[ffn](d_model, d_ff, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, token_positions: Optional[Tensor] = None, **attn_kwargs) -> Tensor:
+        p = self.dropout if self.training else 0.0  # on each branch's output, before the sum
         if self.norm_position == "pre":
-            h = x + self.attn(self.ln1(x), token_positions, **attn_kwargs)
-            return h + self.ffn(self.ln2(h))
-        h = self.ln1(x + self.attn(x, token_positions, **attn_kwargs))
-        return self.ln2(h + self.ffn(h))
+            h = x + functional.dropout(self.attn(self.ln1(x), token_positions, **attn_kwargs), p)
+            return h + functional.dropout(self.ffn(self.ln2(h)), p)
+        h = self.ln1(x + functional.dropout(self.attn(x, token_positions, **attn_kwargs), p))
+        return self.ln2(h + functional.dropout(self.ffn(h), p))
 
 
 def _make_norm(norm: str, d_model: int, eps: float, device, dtype) -> nn.Module:
     if norm == "rms":
         return RMSNorm(d_model, eps, device=device, dtype=dtype)
+    if norm == "layer":
+        return LayerNorm(d_model, eps, device=device, dtype=dtype)
     if norm == "none":
         return nn.Identity()
     raise ValueError(f"norm must be one of {_CHOICES['norm']}, got {norm!r}")
@@ -643,6 +731,8 @@ class TransformerLM(nn.Module):
                 eps=cfg.norm_eps,
                 num_kv_heads=cfg.kv_heads,
                 qk_norm=cfg.qk_norm,
+                dropout=cfg.dropout,
+                qk_norm_gain=cfg.qk_norm_gain,
                 device=device,
                 dtype=dtype,
             )
@@ -670,6 +760,13 @@ class TransformerLM(nn.Module):
         if cfg.x0_mix:
             self.residual_scales = nn.Parameter(torch.ones(num_layers, device=device, dtype=dtype))
             self.x0_scales = nn.Parameter(torch.zeros(num_layers, device=device, dtype=dtype))
+        # Absolute positions, made after every other weight (the random streams of the rest
+        # stay those of the model without them).
+        if cfg.positions == "learned":
+            self.position_embeddings = Embedding(context_length, d_model, device=device, dtype=dtype)
+        elif cfg.positions == "sinusoidal":
+            table = _sinusoidal_table(context_length, d_model).to(device=device, dtype=dtype)
+            self.register_buffer("position_table", table, persistent=False)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> TransformerLM:
@@ -732,7 +829,7 @@ class TransformerLM(nn.Module):
         elif start_pos:
             raise ValueError("start_pos needs a kv_cache")
         end = start + seq
-        if token_positions is None and cfg.positions == "rope" and end > cfg.context_length:
+        if token_positions is None and cfg.positions != "none" and end > cfg.context_length:
             raise ValueError(f"sequence reaches position {end}, beyond context_length {cfg.context_length}")
 
         mask = None  # None: causal, built by each attention layer as needed
@@ -752,7 +849,14 @@ class TransformerLM(nn.Module):
         self, ids: Tensor, positions: Optional[Tensor], mask: Optional[Tensor], kv_cache: Optional[KVCache], start_pos
     ) -> Tensor:
         """Embedding and blocks: the final hidden states of ``ids``."""
-        x = x0 = self.token_embeddings(ids)
+        x = self.token_embeddings(ids)
+        if self.config.embed_norm:
+            x = rms_normalize(x, None, self.config.norm_eps)
+        if self.config.positions in ("sinusoidal", "learned"):
+            x = x + self._absolute_positions(ids, positions, start_pos)
+        if self.config.dropout and self.training:
+            x = functional.dropout(x, self.config.dropout)
+        x0 = x
         for i, layer in enumerate(self.layers):
             if self.config.x0_mix:  # the first block's x is x0 itself: one input, the equation
                 mix = functional.x0_mix if x is x0 else _X0Mix.apply
@@ -768,11 +872,24 @@ class TransformerLM(nn.Module):
             )
         return x
 
+    def _absolute_positions(self, ids: Tensor, positions: Optional[Tensor], start_pos) -> Tensor:
+        """The position vectors added to the token embeddings: rows of the sinusoidal or
+        learned table at ``positions``, else at start_pos, ..., start_pos + seq - 1."""
+        if positions is None:
+            positions = torch.arange(start_pos, start_pos + ids.shape[1], device=ids.device)
+        if positions.numel() and int(positions.max()) >= self.config.context_length:
+            raise ValueError(f"position {int(positions.max())} is beyond context_length {self.config.context_length}")
+        table = self.position_embeddings.weight if self.config.positions == "learned" else self.position_table
+        return F.embedding(positions, table).to(self.token_embeddings.weight.dtype)
+
     def _head(self, x: Tensor, targets: Optional[Tensor]) -> Tensor:
         """Final norm and LM head (soft-capped when on): logits, or the loss with ``targets``."""
         cap = self.config.logit_softcap
         if targets is not None:
-            return functional.linear_cross_entropy(self.ln_final(x), self.lm_head.weight, targets, softcap_at=cap)
+            smoothing = self.config.label_smoothing if self.training else 0.0
+            return functional.linear_cross_entropy(
+                self.ln_final(x), self.lm_head.weight, targets, softcap_at=cap, label_smoothing=smoothing
+            )
         logits = self.lm_head(self.ln_final(x))
         return functional.softcap(logits, cap) if cap else logits
 
@@ -783,7 +900,7 @@ class TransformerLM(nn.Module):
             raise ValueError(
                 f"start positions must lie in [0, {kv_cache.max_seq_len}) and the cache hold {ids.shape[0]} rows"
             )
-        if self.config.positions == "rope" and end > self.config.context_length:
+        if self.config.positions != "none" and end > self.config.context_length:
             raise ValueError(f"sequence reaches position {end}, beyond context_length {self.config.context_length}")
         # (batch, 1, 1, keys): row b sees its own slots 0..start_pos[b], none of another row's longer past
         mask = (torch.arange(end, device=ids.device) <= start_pos[:, None])[:, None, None, :]
@@ -796,8 +913,10 @@ class TransformerLM(nn.Module):
         (default context_length), on the parameters' device and dtype unless given."""
         cfg = self.config
         max_seq_len = cfg.context_length if max_seq_len is None else max_seq_len
-        if cfg.positions == "rope" and max_seq_len > cfg.context_length:
-            raise ValueError(f"max_seq_len {max_seq_len} exceeds context_length {cfg.context_length} (RoPE table)")
+        if cfg.positions != "none" and max_seq_len > cfg.context_length:
+            raise ValueError(
+                f"max_seq_len {max_seq_len} exceeds context_length {cfg.context_length} (the position table)"
+            )
         p = self.lm_head.weight
         return KVCache.empty(
             cfg.num_layers,
@@ -867,12 +986,13 @@ def count_parameters(cfg: ModelConfig) -> int:
          + 2 d)                    ln1, ln2 gains        (0 with norm="none")
     + d                            final norm gain       (0 with norm="none")
     + V d                          LM head               (0 when tied)
-    + V d_kv per value-embedding layer, 2 L with x0_mix
+    + V d_kv per value-embedding layer, 2 L with x0_mix, 2 L d_head with qk_norm_gain
     """
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
     norms = d if cfg.norm == "rms" else 0
     per_layer = _matmul_weights_per_layer(cfg) + 2 * norms
     extras = cfg.num_value_embeds * V * cfg.kv_heads * cfg.d_head + (2 * L if cfg.x0_mix else 0)
+    extras += 2 * L * cfg.d_head if cfg.qk_norm_gain else 0
     return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d) + extras
 
 

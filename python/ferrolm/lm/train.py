@@ -25,6 +25,12 @@ One optimizer step:
     optimizer.step()                       torch's fused AdamW kernel, or Muon + AdamW groups
                                            (on a GPU the NaN check runs when due: `_flags_due`)
 
+A run with ``run.init_from`` starts from those weights (a ferrolm run or checkpoint, a
+Hugging Face folder) instead of a random init: a fresh optimizer and schedule from step 0,
+the source's model shape, and its tokenizer written to the run folder's ``tokenizer/``
+(unless data.tokenizer names it) so the run's checkpoints find it; ``--resume`` continues
+from the run's own checkpoints and never reads the source again.
+
 A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl`` (one JSON
 record per log step), ``checkpoints/step_XXXXXXXX.pt`` (the last ``keep_last``) and
 ``best.pt`` (lowest validation loss). Checkpoints carry everything needed to continue
@@ -68,8 +74,10 @@ from ferrolm.lm.checkpoint import (
     BEST_FILE,
     CHECKPOINT_DIR,
     CheckpointError,
+    InitialWeights,
     apply_checkpoint,
     get_rng_state,
+    initial_weights,
     latest_checkpoint,
     read_checkpoint,
     save_checkpoint,
@@ -87,6 +95,7 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     RunSection,
     ScheduleSection,
     TrainConfig,
+    adopt_model,
     apply_overrides,
     load_config,
     preset_names,
@@ -344,15 +353,19 @@ def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
     run_dir = choose_run_dir(cfg, resume, have_checkpoint=ckpt is not None, main=main)
 
     check_init(cfg)
+    init = start_weights(cfg) if ckpt is None else None
     torch.manual_seed(cfg.run.seed)
-    init_state, init_tok = initial_state(cfg, resuming=ckpt is not None)
-    chat_tok = (init_tok or chat_tokenizer(cfg)) if uses_conversations(cfg) else None
+    chat_tok = (init.tokenizer if init else chat_tokenizer(cfg)) if uses_conversations(cfg) else None
     train_data, val_data = _open_conversations(cfg, chat_tok, main) if chat_tok else _open_data(cfg)
+    if init is not None:
+        record_tokenizer(cfg, init.tokenizer, () if chat_tok else (train_data, val_data), run_dir, dist_)
     shards = dist_.world if _sharded(cfg, dist_) else 1
     check_training_memory(cfg.model, cfg.schedule.batch_size, device, shards)
-    model = build_model(cfg.model).to(device)
-    if init_state is not None:
-        model.load_state_dict(init_state)
+    model = build_model(cfg.model)
+    if init is not None:
+        apply_checkpoint({"model": init.state_dict, "iteration": 0}, model, name=cfg.run.init_from)
+        del init
+    model = model.to(device)
     if _sharded(cfg, dist_):
         shard_model(model, device)  # in place, before the optimizer sees the parameters
     optimizer = build_optimizer(model, cfg.optimizer)
@@ -379,7 +392,7 @@ def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(run_dir)
-        if chat_tok is not None:
+        if chat_tok is not None and not cfg.run.init_from:  # a run from weights recorded its tokenizer above
             keep_chat_tokenizer(cfg, chat_tok, run_dir)
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = MetricsLog(run_dir, cfg, main, state.step if resume is not None else None)
@@ -492,6 +505,8 @@ def find_checkpoint(resume, cfg: TrainConfig, main: bool) -> tuple[Optional[dict
                     raise
                 if main:
                     warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=5)
+    if cfg.run.init_from:
+        resumed_from_weights(cfg, ckpt, path)
     saved_model = (ckpt.get("config") or {}).get("model")
     now = cfg.to_dict()["model"]
     if saved_model:  # fields a checkpoint predates are its defaults (switches off)
@@ -519,6 +534,58 @@ def choose_run_dir(cfg: TrainConfig, resume, *, have_checkpoint: bool, main: boo
             f"run.out_dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another run.out_dir"
         )
     return run_dir
+
+
+INIT_TOKENIZER_DIR = "tokenizer"  # where a run started from weights keeps their tokenizer
+
+
+def start_weights(cfg: TrainConfig) -> Optional[InitialWeights]:
+    """The weights ``run.init_from`` names (None when unset), with ``cfg.model`` made their
+    model (``adopt_model``: a contradicting [model] value is an error naming both)."""
+    source = cfg.run.init_from
+    if not source:
+        return None
+    try:
+        init = initial_weights(source, chat_tokens=uses_conversations(cfg))  # conversations need the chat tokens
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"run.init_from {source}: {e}") from None
+    except CheckpointError as e:
+        raise CheckpointError(f"run.init_from {source}: {e}") from None
+    adopt_model(cfg, init.config, source)
+    cfg.validate()
+    return init
+
+
+def resumed_from_weights(cfg: TrainConfig, ckpt: dict, path: Path) -> None:
+    """A run started from weights, resumed with the config it started from: its model is the
+    one its checkpoint saved (not the source's, which is never read again) and, unless the
+    config gives one, its tokenizer the one the run recorded."""
+    saved = ckpt.get("config") or {}
+    if isinstance(saved.get("model"), dict):
+        adopt_model(cfg, ModelConfig.from_dict(saved["model"]), os.fspath(path))
+    if not cfg.data.tokenizer and isinstance(saved.get("data"), dict):
+        cfg.data.tokenizer = str(saved["data"].get("tokenizer") or "")
+
+
+def record_tokenizer(cfg: TrainConfig, tok: Tokenizer, shards, run_dir: Path, dist_: Dist) -> None:
+    """Check the shards against the tokenizer of the starting weights (ShardError naming
+    them), then make data.tokenizer a folder holding it: the one the config gave when it is
+    that tokenizer, else the run folder's tokenizer/, written by the main process."""
+    for d in shards:
+        d.check_tokenizer(tok)
+    given = cfg.data.tokenizer
+    if given and Path(given).is_dir():
+        if Tokenizer.load(given).fingerprint != tok.fingerprint:
+            raise ConfigError(
+                f"data.tokenizer {given} is another tokenizer than that of run.init_from {cfg.run.init_from}: "
+                "the run trains the weights with their own tokenizer (leave data.tokenizer unset or give that one)"
+            )
+        return
+    where = run_dir / INIT_TOKENIZER_DIR
+    if dist_.is_main:
+        tok.save(where, model_max_length=cfg.model.context_length)
+    _barrier(dist_)
+    cfg.data.tokenizer = os.fspath(where)
 
 
 def _open_data(cfg: TrainConfig) -> tuple[TokenShards, TokenShards]:
@@ -570,19 +637,6 @@ def check_init(cfg: TrainConfig) -> None:
         )
 
 
-def initial_state(cfg: TrainConfig, *, resuming: bool) -> tuple[Optional[dict], Optional[Tokenizer]]:
-    """(state dict, tokenizer) of run.init_from for a new run (None, None without one, or
-    when resuming: the checkpoint has the weights); the source's shape becomes [model].
-    Conversation data asks for the chat tokens: the tokenizer extended, the model grown."""
-    if not cfg.run.init_from or resuming:
-        return None, None
-    from ferrolm.lm.checkpoint import initial_weights
-
-    model_cfg, state, tokenizer = initial_weights(cfg.run.init_from, chat_tokens=uses_conversations(cfg))
-    cfg.model = model_cfg
-    return state, tokenizer
-
-
 def chat_tokenizer(cfg: TrainConfig) -> Tokenizer:
     """data.tokenizer's tokenizer with the chat tokens (appended after its vocabulary when it
     lacks them): what conversations are rendered with."""
@@ -604,9 +658,9 @@ def keep_chat_tokenizer(cfg: TrainConfig, tokenizer: Tokenizer, run_dir: Path) -
     name = cfg.data.tokenizer
     if name and Path(name).is_dir() and Tokenizer.load(name).fingerprint == tokenizer.fingerprint:
         return
-    where = run_dir / "tokenizer"
-    tokenizer.save(where)
-    cfg.data.tokenizer = str(where)
+    where = run_dir / INIT_TOKENIZER_DIR
+    tokenizer.save(where, model_max_length=cfg.model.context_length)
+    cfg.data.tokenizer = os.fspath(where)
 
 
 def _open_conversations(
