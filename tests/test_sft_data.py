@@ -271,24 +271,26 @@ def test_masked_targets_ignore_what_the_mask_turns_off():
 # ------------------------------------------------------------------- masked loss --------
 
 
-@pytest.mark.parametrize("cap", [0.0, 5.0])
-def test_linear_cross_entropy_leaves_out_ignored_targets_in_loss_and_gradients(cap):
+@pytest.mark.parametrize("cap, smoothing", [(0.0, 0.0), (5.0, 0.0), (0.0, 0.1), (5.0, 0.1)])
+def test_linear_cross_entropy_leaves_out_ignored_targets_in_loss_and_gradients(cap, smoothing):
     torch.manual_seed(0)
     h = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
     w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     t = torch.randint(0, 50, (37,))
     t[::3] = functional.IGNORE_INDEX
-    loss = functional.linear_cross_entropy(h, w, t, chunk_rows=8, softcap_at=cap)
+    loss = functional.linear_cross_entropy(h, w, t, chunk_rows=8, softcap_at=cap, label_smoothing=smoothing)
     loss.backward()
     got = (loss.detach(), h.grad.clone(), w.grad.clone())
     h.grad = w.grad = None
     logits = h @ w.T
     logits = functional.softcap(logits, cap) if cap else logits
     kept = t != functional.IGNORE_INDEX
-    by_hand = -torch.log_softmax(logits[kept], -1).gather(-1, t[kept, None]).mean()  # over kept positions only
+    logp = torch.log_softmax(logits[kept], -1)  # over kept positions only
+    by_hand = (-(1 - smoothing) * logp.gather(-1, t[kept, None]) - smoothing * logp.mean(-1, keepdim=True)).mean()
     by_hand.backward()
     torch.testing.assert_close(got[0], by_hand.detach())
-    torch.testing.assert_close(got[0], F.cross_entropy(logits.detach(), t))  # torch's ignore_index is -100 too
+    torch_loss = F.cross_entropy(logits.detach(), t, label_smoothing=smoothing)  # torch's ignore_index is -100 too
+    torch.testing.assert_close(got[0], torch_loss)
     torch.testing.assert_close(got[1], h.grad)
     torch.testing.assert_close(got[2], w.grad)
     assert got[1][~kept].abs().max() == 0
