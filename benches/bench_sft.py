@@ -235,7 +235,7 @@ def report(args, figures: dict, commands: list[list[str]]) -> str:
         "",
         "## Method",
         "",
-        f"    python benches/bench_sft.py {' '.join(args.argv)}".rstrip(),
+        f"    python benches/bench_sft.py {shlex.join(map(_shown, args.argv))}".rstrip(),
         "",
         "A `cpu-small` base model pretrained on English Wikipedia, then fine-tuned with `--config sft "
         "--init-from` on generated conversations (sums of two numbers below 100; repeating two to four words), "

@@ -37,7 +37,7 @@ def test_no_training_row_asks_a_held_out_question(bench, tmp_path):
 
 def test_the_report_shows_paths_from_the_repository_and_each_target(bench):
     class Args:
-        argv, heldout = ["--quick"], 10
+        argv, heldout = ["--quick", "--work", str(REPO / "benches/out/x")], 10
 
     cmd = [
         sys.executable,
@@ -58,6 +58,7 @@ def test_the_report_shows_paths_from_the_repository_and_each_target(bench):
     }
     text = bench.report(Args, figures, [cmd])
     assert "    ferrolm train --config sft --init-from benches/out/sft/base" in text
+    assert "    python benches/bench_sft.py --quick --work benches/out/x\n" in text
     assert "| all | 5.0 % | 65.0 % |" in text and "| fine-tuning / pretraining | 0.95x | >= 0.9x |" in text
     assert "| real (non-padding) tokens in packed rows | 98.1 % | >= 90 % |" in text
     assert "Machine: " in text and str(REPO) not in text
