@@ -105,7 +105,13 @@ def add_eval_command(sub) -> None:
         "count 0 bytes; needs the tokenizer) and tokens/s.",
     )
     add_model(p)
-    p.add_argument("--data", nargs="+", metavar="SHARD", help="shard prefix(es), as for training")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="SHARD",
+        help="shard prefix(es), as for training; or conversation files (.jsonl, .parquet): the loss over the "
+        "assistant's tokens",
+    )
     p.add_argument(
         "--batch-size",
         type=int_at_least(1),
@@ -172,6 +178,9 @@ def _run_eval(args) -> int:
         return 0
     bpb = f"{r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else "n/a (no tokenizer)"
     print(f"loss {r['loss']:.4f}  perplexity {r['perplexity']:.2f}  bits/byte {bpb}")
+    if "conversations" in r:
+        bad = f", {r['bad_rows']:,} malformed rows skipped" if r["bad_rows"] else ""
+        print(f"{r['conversations']:,} conversations{bad}; the assistant's tokens scored")
     print(f"{r['tokens']:,} tokens in {r['seconds']:.2f} s ({r['tokens_per_s'] or 0:,.0f} tokens/s)")
     return 0
 

@@ -233,7 +233,12 @@ class DataSection:
     # "random": windows at uniform random positions; "documents": each row starts at a
     # document (its end-of-text token), documents packed best-fit (ferrolm.lm.data.DocumentRows)
     batching: str = "random"
-    doc_buffer: int = 1000  # documents the best-fit packing chooses from ("documents" only)
+    doc_buffer: int = 1000  # documents (or conversations) the best-fit packing chooses from
+    # "auto": conversations when data.train names JSON Lines or Parquet files (.jsonl, .parquet,
+    # .gz/.zst too), else token shards; "shards" or "conversations" to say which
+    format: str = "auto"
+    # conversations: the share of malformed rows (named in the log) a run still starts with; 0: none
+    max_bad_share: float = 0.01
 
 
 @dataclass
@@ -303,6 +308,7 @@ class RunSection:
     # a new run starting from these weights (a ferrolm run folder, checkpoint or .safetensors
     # file, an exported or a Llama / Qwen3 / nanochat Hugging Face folder); "" = random init
     init_from: str = ""
+    needs_init: bool = False  # refuse to start without init_from (a fine-tuning config: the sft preset)
 
 
 SECTIONS = {
@@ -391,6 +397,10 @@ class TrainConfig:
                 raise ConfigError(f"data.{k} is an empty list")
         if self.data.batching not in BATCHING_CHOICES:
             raise ConfigError(f"data.batching must be one of {BATCHING_CHOICES}, got {self.data.batching!r}")
+        if self.data.format not in DATA_FORMAT_CHOICES:
+            raise ConfigError(f"data.format must be one of {DATA_FORMAT_CHOICES}, got {self.data.format!r}")
+        if not 0 <= self.data.max_bad_share <= 1:
+            raise ConfigError(f"data.max_bad_share must be in [0, 1], got {self.data.max_bad_share}")
         if self.data.doc_buffer < 1:
             raise ConfigError(f"data.doc_buffer must be positive, got {self.data.doc_buffer}")
         if self.data.dtype not in ("", "uint16", "uint32"):
@@ -552,6 +562,7 @@ CPU_MATMUL_CHOICES = ("auto", "blas", "onednn")  # run.cpu_matmul (see ferrolm.l
 OPTIMIZER_CHOICES = ("adamw", "muon")  # optimizer.name
 LR_SCHEDULE_CHOICES = ("cosine", "wsd")  # schedule.lr_schedule
 BATCHING_CHOICES = ("random", "documents")  # data.batching
+DATA_FORMAT_CHOICES = ("auto", "shards", "conversations")  # data.format
 
 
 def _coerce(name: str, value: Any, default: Any, source: str) -> Any:

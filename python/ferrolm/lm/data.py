@@ -10,9 +10,10 @@ until a window is drawn.
 
 Training draws its rows from one of two sources, both with a state a checkpoint saves so
 that a resumed run sees exactly the rows an uninterrupted one would have:
-`RandomWindows` (windows at uniform random starts: get_batch's) and `DocumentRows` (each
-row begins at a document start, documents packed best-fit). `BatchPrefetcher` prepares
-the next batch of either on a background thread.
+`RandomWindows` (windows at uniform random starts: get_batch's), `DocumentRows` (each
+row begins at a document start, documents packed best-fit) and `ConversationRows` (whole
+conversations packed best-fit, with a loss mask). `BatchPrefetcher` prepares the next
+batch of any of them on a background thread.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
 
 from ferrolm.bpe.shards import FORMAT, MANIFEST_FORMAT, ShardError, find_parts, manifest_parts, read_json_object
 from ferrolm.lm.device import unavailable
+from ferrolm.lm.functional import IGNORE_INDEX
 
 __all__ = [
     "get_batch",
@@ -38,6 +40,9 @@ __all__ = [
     "tokenizer_fingerprint",
     "RandomWindows",
     "DocumentRows",
+    "ConversationRows",
+    "packed_rows",
+    "masked_targets",
     "BatchPrefetcher",
 ]
 
@@ -583,6 +588,131 @@ class DocumentRows:
         self.buffer = [tuple(body[i : i + 3]) for i in range(0, len(body), 3)]
 
 
+class ConversationRows:
+    """Rows of ``context_length + 1`` tokens packed best-fit from whole conversations, with
+    their loss masks (a ``ConversationData``'s, cropped to a row when it was read).
+
+    Conversations are read in a shuffled order, a new permutation each pass over the data
+    (drawn from a seed taken once from ``generator``). Each row is filled from a buffer of
+    ``buffer_size`` conversations, as ``DocumentRows`` fills it: repeatedly the longest that
+    fits in what is left of the row (the oldest among equals); when none fits, the rest of
+    the row is padding, the end-of-text id with mask 0. A conversation is never split, so a
+    row's first token is a conversation's opening end-of-text, and under ``model.doc_mask``
+    each padding token is a document of its own.
+
+    ``next_rows()`` gives (ids, mask), both (batch_size, context_length + 1). ``state()`` (an
+    int64 tensor of fixed length for a given buffer size: seed, pass, position, the buffer)
+    and ``set_state`` replay the exact rows. ``real`` and ``total`` count the tokens handed
+    out that are conversation and all of them (the padding share is 1 - real / total).
+    """
+
+    def __init__(self, data, batch_size: int, context_length: int, generator: torch.Generator, buffer_size: int = 1000):
+        if buffer_size < 1 or batch_size < 1 or context_length < 1:
+            raise ValueError("batch_size, context_length and buffer_size must be >= 1")
+        if data.kept < 1:
+            raise ValueError("no conversation to pack")
+        self.data, self.batch_size, self.row_len, self.buffer_size = data, batch_size, context_length + 1, buffer_size
+        self._lengths = np.minimum(data.lengths(), self.row_len)
+        self.seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        self.passes, self.position, self.serial = 0, 0, 0
+        self.buffer: list[tuple[int, int, int]] = []  # sorted (length, serial, conversation index)
+        self._order: tuple[int, np.ndarray] | None = None
+        self.real = self.total = 0
+
+    def _permutation(self) -> np.ndarray:
+        if self._order is None or self._order[0] != self.passes:
+            g = torch.Generator()
+            g.manual_seed((self.seed + self.passes) % 2**63)
+            self._order = (self.passes, torch.randperm(self.data.kept, generator=g).numpy())
+        return self._order[1]
+
+    def _read(self) -> None:
+        index = int(self._permutation()[self.position])
+        bisect.insort(self.buffer, (int(self._lengths[index]), self.serial, index))
+        self.serial += 1
+        self.position += 1
+        if self.position == self.data.kept:
+            self.passes, self.position = self.passes + 1, 0
+
+    def _take(self, room: int) -> Optional[tuple[int, int]]:
+        """(conversation index, length) of the longest buffered one that fits ``room``, or None."""
+        while len(self.buffer) < self.buffer_size:
+            self._read()
+        i = bisect.bisect_right(self.buffer, (room, float("inf"))) - 1
+        if i < 0:
+            return None
+        i = bisect.bisect_left(self.buffer, (self.buffer[i][0], -1))  # the oldest of that length
+        length, _, index = self.buffer.pop(i)
+        return index, length
+
+    def next_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.full((self.batch_size, self.row_len), self.data.eos_id, dtype=np.int64)
+        mask = np.zeros((self.batch_size, self.row_len), dtype=np.uint8)
+        start = self.data.offsets
+        for r in range(self.batch_size):
+            filled = 0
+            while filled < self.row_len and (took := self._take(self.row_len - filled)) is not None:
+                index, length = took
+                at = int(start[index])
+                ids[r, filled : filled + length] = self.data.ids[at : at + length]
+                mask[r, filled : filled + length] = self.data.mask[at : at + length]
+                filled += length
+            self.real += filled
+        self.total += ids.size
+        return ids, mask
+
+    def state(self) -> torch.Tensor:
+        head = [self.seed, self.passes, self.position, self.serial, len(self.buffer)]
+        body = np.full((self.buffer_size, 3), -1, dtype=np.int64)
+        if self.buffer:
+            body[: len(self.buffer)] = np.asarray(self.buffer, dtype=np.int64)
+        return torch.from_numpy(np.concatenate([np.asarray(head, dtype=np.int64), body.reshape(-1)]))
+
+    def set_state(self, state: torch.Tensor) -> None:
+        values = state.tolist()
+        if state.dtype != torch.int64 or len(values) != 5 + 3 * self.buffer_size:
+            raise ValueError(
+                f"not a conversation loader state for a buffer of {self.buffer_size} conversations "
+                f"(saved with other data or another data.doc_buffer?)"
+            )
+        self.seed, self.passes, self.position, self.serial, count = values[:5]
+        body = values[5 : 5 + 3 * count]
+        self.buffer = [tuple(body[i : i + 3]) for i in range(0, len(body), 3)]
+
+
+def packed_rows(data, context_length: int, max_rows: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of fixed rows of ``context_length + 1`` tokens holding the conversations
+    of ``data`` in order, each row filled until the next one does not fit, then padded
+    (end-of-text, mask 0): every conversation once, the same rows each time (validation)."""
+    row_len = context_length + 1
+    rows: list[tuple[int, int]] = []  # (first conversation, end) per row
+    first, filled = 0, 0
+    lengths = np.minimum(data.lengths(), row_len)
+    for i, n in enumerate(lengths.tolist()):
+        if filled + n > row_len:
+            rows.append((first, i))
+            first, filled = i, 0
+        filled += n
+    rows.append((first, len(lengths)))
+    rows = rows[:max_rows] if max_rows else rows
+    ids = np.full((len(rows), row_len), data.eos_id, dtype=np.int64)
+    mask = np.zeros((len(rows), row_len), dtype=np.uint8)
+    for r, (a, b) in enumerate(rows):
+        at = 0
+        for i in range(a, b):
+            lo, n = int(data.offsets[i]), int(lengths[i])
+            ids[r, at : at + n] = data.ids[lo : lo + n]
+            mask[r, at : at + n] = data.mask[lo : lo + n]
+            at += n
+    return ids, mask
+
+
+def masked_targets(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of rows with a loss mask: targets shifted by one, each target whose
+    mask is 0 replaced by ``functional.IGNORE_INDEX`` (the loss leaves it out)."""
+    return ids[:, :-1].contiguous(), ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)  # new tensors: ids kept
+
+
 # ---------------------------------------------------------------------------------------
 # Batches prepared ahead of the step
 # ---------------------------------------------------------------------------------------
@@ -607,7 +737,7 @@ class BatchPrefetcher:
         device,
         generator: torch.Generator | None = None,
         *,
-        rows: RandomWindows | DocumentRows | None = None,
+        rows: RandomWindows | DocumentRows | ConversationRows | None = None,
     ):
         if rows is None:
             if generator is None:
@@ -618,19 +748,30 @@ class BatchPrefetcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferrolm-batches")
         self._next = self._pool.submit(self._load)
 
-    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         state = self.rows.state()
-        both = torch.from_numpy(self.rows.next_rows())
-        x, y = both[:, :-1].contiguous(), both[:, 1:].contiguous()
+        rows = self.rows.next_rows()
+        if isinstance(rows, tuple):  # conversations: (ids, loss mask)
+            x, y = masked_targets(torch.from_numpy(rows[0]), torch.from_numpy(rows[1]))
+            count = int(rows[1][:, 1:].sum())
+        else:
+            both = torch.from_numpy(rows)
+            x, y = both[:, :-1].contiguous(), both[:, 1:].contiguous()
+            count = y.numel()
         if self.device.type == "cuda":
             x, y = x.pin_memory(), y.pin_memory()
-        return state, x, y
+        return state, x, y, count
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next (inputs, targets) on the device; starts preparing the one after."""
-        _, x, y = self._next.result()
+        return self.next_counted()[:2]
+
+    def next_counted(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The next (inputs, targets, number of targets the loss counts) (``next``'s batch,
+        and its count taken on the host: no device sync)."""
+        _, x, y, count = self._next.result()
         self._next = self._pool.submit(self._load)
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), count
 
     def loader_state(self) -> torch.Tensor:
         return self._next.result()[0]

@@ -11,6 +11,10 @@ where a special token (the document separator) counts 0 bytes: the bytes are tho
 the text itself.
 
     evaluate("runs/x/best.pt", "shards/val")   # {"loss": ..., "perplexity": ..., ...}
+
+Conversation data (JSON Lines or Parquet files of ``messages``, as training reads them) is
+scored as a fine-tuning run validates: the conversations packed into rows in order, the
+loss averaged over the assistant's tokens only (what the model is trained to say).
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from tqdm.auto import tqdm
 
 from ferrolm._util import ForgivingStream
 from ferrolm.lm.checkpoint import load_model
-from ferrolm.lm.data import ShardError, TokenShards
+from ferrolm.lm.conversations import is_conversation_source, read_conversations
+from ferrolm.lm.data import ShardError, TokenShards, masked_targets, packed_rows
 from ferrolm.lm.device import resolve_device
-from ferrolm.lm.functional import cross_entropy
+from ferrolm.lm.functional import cross_entropy, document_ids
 
 __all__ = ["evaluate", "token_byte_lengths"]
 
@@ -115,6 +120,10 @@ def evaluate(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = resolve_device(device)
+    if is_conversation_source(data):
+        if max_tokens is not None:
+            raise ValueError("max_tokens (--max-tokens) is for token shards; conversations are scored whole")
+        return evaluate_conversations(checkpoint, data, tokenizer, batch_size=batch_size, device=dev)
     model, tok, info = load_model(checkpoint, dev, tokenizer=tokenizer)
     shards = TokenShards(data)
     want = info.get("tokenizer_fingerprint")
@@ -151,4 +160,48 @@ def evaluate(
         "bytes": int(nbytes) if lengths is not None else None,
         "seconds": seconds,
         "tokens_per_s": scored / seconds if seconds > 0 else None,
+    }
+
+
+def evaluate_conversations(
+    checkpoint: PathLike, data: Any, tokenizer: Any = None, *, batch_size: int = 8, device="cpu"
+) -> dict:
+    """The loss of ``checkpoint`` over the assistant's tokens of the conversations ``data``
+    (files or an iterable, as ``ferrolm.lm.conversations.read_conversations`` reads them),
+    packed into rows of the model's context in order. Malformed rows are skipped and
+    counted (``bad_rows``); the data is refused when more than 1 % are. Returns loss,
+    perplexity, bits_per_byte (of the assistant's text), tokens (assistant tokens scored),
+    conversations, bad_rows, cropped, seconds and tokens_per_s."""
+    model, tok, info = load_model(checkpoint, device, tokenizer=tokenizer, require_tokenizer=True)
+    convs = read_conversations(data, tok, row_len=model.config.context_length + 1, name="--data")
+    ids, mask = (torch.from_numpy(a) for a in packed_rows(convs, model.config.context_length))
+    _check_ids(ids.numpy(), model.config.vocab_size, convs)
+    lengths = token_byte_lengths(tok, model.config.vocab_size)
+    nats = nbytes = 0.0
+    count = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(ids), batch_size):
+            x, y = masked_targets(ids[i : i + batch_size], mask[i : i + batch_size])
+            n = int(mask[i : i + batch_size, 1:].sum())
+            docs = document_ids(x, convs.eos_id).to(device) if model.config.doc_mask else None
+            loss = model(x.to(device), targets=y.to(device), document_ids=docs)
+            nats += float(loss) * n
+            count += n
+            nbytes += float(lengths[y[y >= 0]].sum())
+    seconds = time.perf_counter() - t0
+    loss = nats / max(count, 1)
+    return {
+        "checkpoint": os.fspath(checkpoint),
+        "data": convs.paths,
+        "tokens": count,
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "bits_per_byte": nats / math.log(2) / nbytes if nbytes else None,
+        "bytes": int(nbytes),
+        "conversations": convs.kept,
+        "bad_rows": convs.bad,
+        "cropped": convs.cropped,
+        "seconds": seconds,
+        "tokens_per_s": count / seconds if seconds > 0 else None,
     }

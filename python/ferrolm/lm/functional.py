@@ -5,7 +5,8 @@ These are the literal definitions the model is checked against:
     softmax(x)_i   = exp(x_i - max x) / sum_j exp(x_j - max x)
     silu(x)        = x * sigmoid(x)
     cross_entropy  = mean over positions of  logsumexp(logits) - logits[target]
-    linear_cross_entropy(h, W, t) = cross_entropy(h W^T, t), without the logits tensor
+    linear_cross_entropy(h, W, t) = cross_entropy(h W^T, t), without the logits tensor;
+                     positions whose target is IGNORE_INDEX are left out of the mean
     attention      = softmax(Q K^T / sqrt(d_k) + mask) V
     grouped_query_attention: attention with key/value head h // (H / H_kv) for query head h
     qk_norm(x)     = x / sqrt(mean(x^2) + eps)              over each head's d_head
@@ -33,11 +34,16 @@ from torch import Tensor
 
 from ferrolm.lm import gemm
 
+#: A target that ``linear_cross_entropy`` leaves out (torch's and Hugging Face's value): the
+#: positions a loss mask turns off, such as every token of a conversation but the assistant's.
+IGNORE_INDEX = -100
+
 __all__ = [
     "softmax",
     "silu",
     "cross_entropy",
     "linear_cross_entropy",
+    "IGNORE_INDEX",
     "scaled_dot_product_attention",
     "grouped_query_attention",
     "qk_norm",
@@ -138,6 +144,9 @@ def linear_cross_entropy(
     With the cap, the gradient of the capped logits is multiplied by the derivative of
     c tanh(z / c), 1 - tanh(z / c)^2, kept for the chunk only.
 
+    A target equal to ``IGNORE_INDEX`` adds nothing to the loss or its gradient, and the
+    mean is over the other positions (0 when there are none): the loss of a masked batch.
+
     ``label_smoothing`` e in [0, 1): the target is (1 - e) on the true token plus e / V on
     every token (torch's ``label_smoothing``): per position logsumexp(o) - (1 - e) o[t]
     - e mean(o), with gradient softmax(o) - (1 - e) onehot(t) - e / V.
@@ -155,6 +164,11 @@ def linear_cross_entropy(
         raise ValueError(f"linear_cross_entropy: weight {tuple(weight.shape)} must be (vocab, {hidden.shape[-1]})")
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1).long()
+    # Kept positions as 1.0, ignored ones as 0.0, and their count: tensors, so that no host
+    # sync is needed to learn whether a batch is masked; with nothing ignored the products
+    # below are exact (times 1.0), so an unmasked loss is bit-identical to the plain one.
+    keep = (t != IGNORE_INDEX).to(torch.float32)
+    t = t.masked_fill(t == IGNORE_INDEX, 0)
     if chunk_rows is None:
         chunk_rows = _chunk_rows(weight.shape[0], h.device)
     if not (softcap_at >= 0 and math.isfinite(softcap_at)):
@@ -162,13 +176,13 @@ def linear_cross_entropy(
     if not 0 <= label_smoothing < 1:
         raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1), got {label_smoothing}")
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, t, chunk_rows, float(softcap_at), float(label_smoothing))
+        return _LinearCrossEntropy.apply(h, weight, t, keep, chunk_rows, float(softcap_at), float(label_smoothing))
     head_in, _, weight = _head_operands(h, weight, softcap_at)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, h.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        total = total + _chunk_forward(head_in[rows], weight, t[rows], softcap_at, label_smoothing)[0]
-    return total / max(t.numel(), 1)
+        total = total + _chunk_forward(head_in[rows], weight, t[rows], keep[rows], softcap_at, label_smoothing)[0]
+    return total / keep.sum().clamp(min=1)
 
 
 def _chunk_rows(vocab: int, device: torch.device) -> int:
@@ -205,18 +219,19 @@ def _smoothed_target(logits: Tensor, targets: Tensor, smoothing: float) -> Tenso
     return target_logit * (1.0 - smoothing) + logits.mean(dim=-1, keepdim=True) * smoothing
 
 
-def _chunk_loss(logits: Tensor, targets: Tensor, smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
-    """(Sum over the chunk of logsumexp(o) - o[t] (smoothed: see ``linear_cross_entropy``),
-    the row sums of exp(o - max o)); leaves ``logits`` holding exp(o - max o)."""
+def _chunk_loss(logits: Tensor, targets: Tensor, keep: Tensor, smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(Sum over the chunk's kept rows of logsumexp(o) - o[t] (smoothed: see
+    ``linear_cross_entropy``), the row sums of exp(o - max o)); leaves ``logits`` holding
+    exp(o - max o)."""
     top = logits.amax(dim=-1, keepdim=True)
     target_logit = _smoothed_target(logits, targets, smoothing)
     exps = logits.sub_(top).exp_()
     sums = exps.sum(dim=-1, keepdim=True)
-    return (sums.log() + top - target_logit).sum(), sums
+    return ((sums.log() + top - target_logit) * keep.unsqueeze(-1)).sum(), sums
 
 
 def _chunk_loss_capped(
-    scaled_h: Tensor, weight: Tensor, targets: Tensor, cap: float, smoothing: float = 0.0
+    scaled_h: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, cap: float, smoothing: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The chunk's summed loss with capped logits o = c tanh(z / c), z = h W^T, by way of
     s = sigmoid(-2 z / c): c tanh(z / c) - c = -2 c s exactly, and 1 - tanh^2 = 4 s (1 - s).
@@ -225,38 +240,45 @@ def _chunk_loss_capped(
     keeps exp in range (no max pass; exp(o - c) >= exp(-2c) stays a normal float for any
     cap up to 40).
 
-    Returns (sum of logsumexp(o) - o[t], exp(o - c), its row sums, s).
+    Returns (sum over the kept rows of logsumexp(o) - o[t], exp(o - c), its row sums, s).
     """
     gate = _head_logits(scaled_h, weight).sigmoid_()  # s
     shifted = gate * (-2.0 * cap)  # o - c
     target_logit = _smoothed_target(shifted, targets, smoothing)  # the shift c cancels
     exps = shifted.exp_()
     sums = exps.sum(dim=-1, keepdim=True)
-    return (sums.log() - target_logit).sum(), exps, sums, gate
+    return ((sums.log() - target_logit) * keep.unsqueeze(-1)).sum(), exps, sums, gate
 
 
 def _chunk_forward(
-    head_in: Tensor, weight: Tensor, targets: Tensor, cap: float, smoothing: float = 0.0
+    head_in: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, cap: float, smoothing: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """A chunk's (summed loss, exp(o - shift), its row sums, s) from its rows of
-    ``_head_operands``' first tensor: ``_chunk_loss_capped`` with a cap, else the plain
-    logits' loss (s None)."""
+    """A chunk's (summed loss of the kept rows, exp(o - shift), its row sums, s) from its
+    rows of ``_head_operands``' first tensor: ``_chunk_loss_capped`` with a cap, else the
+    plain logits' loss (s None)."""
     if cap:
-        return _chunk_loss_capped(head_in, weight, targets, cap, smoothing)
+        return _chunk_loss_capped(head_in, weight, targets, keep, cap, smoothing)
     exps = _head_logits(head_in, weight)
-    loss, sums = _chunk_loss(exps, targets, smoothing)
+    loss, sums = _chunk_loss(exps, targets, keep, smoothing)
     return loss, exps, sums, None
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """loss = mean_i CE(h_i W^T, t_i);  d loss/d logits_i = (softmax - onehot(t_i)) / N,
-    folded into d h = G W and d W = G^T h chunk by chunk."""
+    """loss = mean_i CE(h_i W^T, t_i) over the kept rows;  d loss/d logits_i =
+    keep_i (softmax - onehot(t_i)) / N, folded into d h = G W and d W = G^T h chunk by chunk."""
 
     @staticmethod
     def forward(
-        ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int, cap: float, smoothing: float = 0.0
+        ctx,
+        h: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        keep: Tensor,
+        chunk_rows: int,
+        cap: float,
+        smoothing: float = 0.0,
     ) -> Tensor:
-        n = targets.numel()
+        n = keep.sum().clamp(min=1)
         total = h.new_zeros((), dtype=torch.float32)
         grad_h = []
         # d W accumulated transposed, (d, vocab) += h_cᵀ G_c: the chunk's d x d side as the
@@ -265,31 +287,32 @@ class _LinearCrossEntropy(torch.autograd.Function):
         head_in, h_mm, w_mm = _head_operands(h, weight, cap)
         for start in range(0, h.shape[0], chunk_rows):
             rows, tc = slice(start, start + chunk_rows), targets[start : start + chunk_rows]
-            loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, tc, cap, smoothing)
+            loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, tc, keep[rows], cap, smoothing)
+            kc = keep[rows].unsqueeze(-1).to(exps.dtype)
             total = total + loss
             # exp(o - m) / sum = softmax; minus onehot(t): the gradient of the summed loss
-            # (with the cap, 4 times it: the 4 of the cap's derivative below, folded in here)
+            # (with the cap, 4 times it: the 4 of the cap's derivative below, folded in here).
+            # An ignored row divides by sum / 0 = inf and adds 0: a zero row, with no extra pass.
             scale = 0.25 if cap else 1.0
-            grad = exps.div_(sums.mul_(scale))
-            grad.scatter_add_(-1, tc.unsqueeze(-1), grad.new_full((grad.shape[0], 1), -(1.0 - smoothing) / scale))
-            if smoothing:  # and e / V off every token
-                grad.sub_(smoothing / (grad.shape[-1] * scale))
+            grad = exps.div_(sums.mul_(scale).div_(kc))
+            grad.scatter_add_(-1, tc.unsqueeze(-1), kc * (-(1.0 - smoothing) / scale))
+            if smoothing:  # and e / V off every token of a kept row
+                grad.sub_(kc * (smoothing / (grad.shape[-1] * scale)))
             if gate is not None:  # through the cap: d o / d z = 1 - tanh(z / c)^2 = 4 s (1 - s)
                 torch.ops.aten.sigmoid_backward.grad_input(grad, gate, grad_input=grad)
             grad = grad.to(w_mm.dtype)  # a no-op in float32; under autocast the GEMMs' dtype
             grad_h.append(gemm.matmul(grad, w_mm))
             gemm.add_matmul_(grad_w_t, h_mm[rows].t().contiguous(), grad)
-        ctx.n = n
-        ctx.save_for_backward(torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w_t.t())
+        ctx.save_for_backward(torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w_t.t(), n)
         ctx.weight_dtype = weight.dtype
-        return total / max(n, 1)
+        return total / n
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        grad_h, grad_w = ctx.saved_tensors
-        scale = grad_loss / max(ctx.n, 1)
+        grad_h, grad_w, n = ctx.saved_tensors
+        scale = grad_loss / n
         grad_w = (grad_w * scale).to(ctx.weight_dtype).contiguous()
-        return grad_h * scale.to(grad_h.dtype), grad_w, None, None, None, None
+        return grad_h * scale.to(grad_h.dtype), grad_w, None, None, None, None, None
 
 
 def scaled_dot_product_attention(

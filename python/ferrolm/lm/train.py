@@ -8,14 +8,18 @@ One optimizer step:
     lr = warmup + cosine or wsd(step)      (or of the elapsed fraction of max_time_s)
     repeat accum times:                    gradient accumulation up to tokens_per_step
         x, y = batches.next()              rows per data.batching (uniform random windows, or
-                                           rows that start at documents, packed best-fit),
+                                           rows that start at documents, packed best-fit;
+                                           conversations packed best-fit, the targets
+                                           outside the assistant's replies ignored),
                                            seeded per process, one batch ahead on a
                                            background thread
         loss = model_loss(model, x, y)     model(x, targets=y): the LM head fused with the
                                            cross-entropy (compiled as one graph with
                                            run.compile), bf16 autocast when enabled
         (loss / accum).backward()          DDP all-reduces gradients on the last micro-batch
-                                           (FSDP2 with run.parallel = "fsdp" reduce-scatters)
+                                           (FSDP2 with run.parallel = "fsdp" reduce-scatters);
+                                           conversations weigh each micro-batch by its share
+                                           of the step's assistant tokens instead of 1 / accum
     norm = clip_grad_norm(...)             stop here, before the update, if loss/norm is NaN
                                            or the gradient was 0 three checks running (dead)
     optimizer.step()                       torch's fused AdamW kernel, or Muon + AdamW groups
@@ -65,6 +69,7 @@ from ferrolm import __version__
 from ferrolm._util import ForgivingStream, atomic_write_bytes, say_where_possible, stale_temporaries
 from ferrolm.bpe.tokenizer import Tokenizer
 from ferrolm.lm import functional, gemm
+from ferrolm.lm.chat import add_chat_tokens
 from ferrolm.lm.checkpoint import (
     BEST_FILE,
     CHECKPOINT_DIR,
@@ -96,7 +101,18 @@ from ferrolm.lm.config import (  # noqa: F401  (re-exported: the config is part 
     preset_names,
     to_toml,
 )
-from ferrolm.lm.data import BatchPrefetcher, DocumentRows, RandomWindows, ShardError, TokenShards, sample_starts
+from ferrolm.lm.conversations import ConversationData, is_conversation_source, read_conversations
+from ferrolm.lm.data import (
+    BatchPrefetcher,
+    ConversationRows,
+    DocumentRows,
+    RandomWindows,
+    ShardError,
+    TokenShards,
+    masked_targets,
+    packed_rows,
+    sample_starts,
+)
 from ferrolm.lm.device import resolve_device, reuse_freed_memory, use_bf16, use_compile
 from ferrolm.lm.evaluate import token_byte_lengths
 from ferrolm.lm.memory import check_training_memory
@@ -213,9 +229,9 @@ class Run:
     raw_model: torch.nn.Module  # the plain module checkpoints save
     optimizer: torch.optim.Optimizer
     params: list
-    train_data: TokenShards
-    val_data: TokenShards
-    val_starts: torch.Tensor  # fixed validation windows, this process's slice
+    train_data: TokenShards | ConversationData
+    val_data: TokenShards | ConversationData
+    val_starts: Optional[torch.Tensor]  # fixed validation windows, this process's slice (shards)
     sampler: torch.Generator  # this process's batch stream
     batches: BatchPrefetcher  # draws from the sampler, one batch ahead, off the step's thread
     accum: int  # micro-batches per optimizer step
@@ -228,6 +244,10 @@ class Run:
     err: ForgivingStream
     out: ForgivingStream
     val_bytes_per_token: Optional[float] = None  # for bits per byte; None without a tokenizer folder
+    # conversations: this process's fixed validation rows (ids, loss mask), and the data's
+    # counts (conversations kept, malformed, cropped) for the first record this call writes
+    val_rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    data_report: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,15 +290,15 @@ def _train(cfg: TrainConfig, dist_: Dist, resume, on_step) -> TrainSummary:
                 t0 = time.perf_counter()
                 lr = lr_at(cfg, state.step, time_sync)
                 set_hyperparameters(run.optimizer, cfg.optimizer, state.step, lr)
-                loss_sum = forward_backward(run)
+                step_loss = forward_backward(run)
                 grad_norm = _clip(run.params, cfg.optimizer.grad_clip)
-                bad, stop_req, time_sync, zero = agree(run, state, loss_sum, grad_norm, stop, t0)
+                bad, stop_req, time_sync, zero = agree(run, state, step_loss, grad_norm, stop, t0)
                 if zero is not None:
                     count_zero_gradient(state, zero)
                 if bad or state.zero_grad_steps >= DEAD_STEPS:
                     run.optimizer.zero_grad(set_to_none=True)
                     status = "nan" if bad else "dead"
-                    message = nan_message(run, state, loss_sum) if bad else dead_message(run, state, loss_sum)
+                    message = nan_message(run, state, step_loss) if bad else dead_message(run, state, step_loss)
                     say(run, message)
                     break
                 run.optimizer.step()
@@ -286,7 +306,7 @@ def _train(cfg: TrainConfig, dist_: Dist, resume, on_step) -> TrainSummary:
                 state.step += 1
                 state.time_s += time.perf_counter() - t0
                 state.wall_s = wall_base + (time.perf_counter() - wall_start)
-                state.loss_sum += loss_sum.double() / run.accum
+                state.loss_sum += step_loss
                 state.loss_count += 1
 
                 out_of_time = sched.max_time_s > 0 and time_sync >= sched.max_time_s
@@ -332,11 +352,13 @@ def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
     ckpt, ckpt_path = find_checkpoint(resume, cfg, main)
     run_dir = choose_run_dir(cfg, resume, have_checkpoint=ckpt is not None, main=main)
 
+    check_init(cfg)
     init = start_weights(cfg) if ckpt is None else None
     torch.manual_seed(cfg.run.seed)
-    train_data, val_data = _open_data(cfg)
+    chat_tok = (init.tokenizer if init else chat_tokenizer(cfg)) if uses_conversations(cfg) else None
+    train_data, val_data = _open_conversations(cfg, chat_tok, main) if chat_tok else _open_data(cfg)
     if init is not None:
-        record_tokenizer(cfg, init.tokenizer, (train_data, val_data), run_dir, dist_)
+        record_tokenizer(cfg, init.tokenizer, () if chat_tok else (train_data, val_data), run_dir, dist_)
     shards = dist_.world if _sharded(cfg, dist_) else 1
     check_training_memory(cfg.model, cfg.schedule.batch_size, device, shards)
     model = build_model(cfg.model)
@@ -366,10 +388,12 @@ def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
     peak = peak_flops(device, bf16)
     step_model, eval_model, loss = wrap_model(model, cfg, dist_, device)
     batches = BatchPrefetcher(train_data, cfg.schedule.batch_size, cfg.model.context_length, device, rows=rows)
-    val_starts = validation_starts(cfg, val_data, dist_)
+    val_starts = None if chat_tok else validation_starts(cfg, val_data, dist_)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(run_dir)
+        if chat_tok is not None and not cfg.run.init_from:  # a run from weights recorded its tokenizer above
+            keep_chat_tokenizer(cfg, chat_tok, run_dir)
         atomic_write_bytes(run_dir / CONFIG_NAME, to_toml(cfg).encode("utf-8"))
     loggers = MetricsLog(run_dir, cfg, main, state.step if resume is not None else None)
     state.last_ckpt = latest_checkpoint(run_dir) if resume is not None else None
@@ -400,8 +424,11 @@ def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
         bar=bar,
         err=err,
         out=out,
-        val_bytes_per_token=val_bytes_per_token(cfg, val_data, val_starts, device, dist_),
+        val_bytes_per_token=None if chat_tok else val_bytes_per_token(cfg, val_data, val_starts, device, dist_),
     )
+    if chat_tok is not None:
+        run.val_rows = validation_rows(cfg, val_data, dist_)
+        run.data_report = {**train_data.report("train"), **val_data.report("val")}
     return run, state
 
 
@@ -519,7 +546,7 @@ def start_weights(cfg: TrainConfig) -> Optional[InitialWeights]:
     if not source:
         return None
     try:
-        init = initial_weights(source, chat_tokens=False)
+        init = initial_weights(source, chat_tokens=uses_conversations(cfg))  # conversations need the chat tokens
     except FileNotFoundError as e:
         raise FileNotFoundError(f"run.init_from {source}: {e}") from None
     except CheckpointError as e:
@@ -591,6 +618,78 @@ def _open_data(cfg: TrainConfig) -> tuple[TokenShards, TokenShards]:
                 f"data.{name} has {len(d)} tokens, fewer than one window of context_length + 1 = {cfg.model.context_length + 1}"
             )
     return train_data, val_data
+
+
+def uses_conversations(cfg: TrainConfig) -> bool:
+    """Whether the run trains on conversations (data.format, or by data.train's file names)."""
+    if cfg.data.format == "auto":
+        return bool(cfg.data.train) and is_conversation_source(cfg.data.train)
+    return cfg.data.format == "conversations"
+
+
+def check_init(cfg: TrainConfig) -> None:
+    """A fine-tuning config (run.needs_init, as the sft preset sets) refuses to start without
+    the weights it fine-tunes: it has no model shape of its own."""
+    if cfg.run.needs_init and not cfg.run.init_from:
+        raise ConfigError(
+            "this config fine-tunes an existing model (run.needs_init, as in the sft preset) and has no model "
+            "shape of its own: pass --init-from RUN (a run folder, checkpoint or Hugging Face model folder)"
+        )
+
+
+def chat_tokenizer(cfg: TrainConfig) -> Tokenizer:
+    """data.tokenizer's tokenizer with the chat tokens (appended after its vocabulary when it
+    lacks them): what conversations are rendered with."""
+    name = cfg.data.tokenizer
+    if not name or not Path(name).is_dir():
+        raise ConfigError(
+            f"conversation data (data.train = {cfg.data.train!r}) is rendered with a tokenizer: set "
+            "data.tokenizer=DIR (a tokenizer folder), or --init-from a model, whose tokenizer is used"
+        )
+    try:
+        return add_chat_tokens(Tokenizer.load(name))
+    except ValueError as e:
+        raise ConfigError(f"data.tokenizer {name}: {e}") from None
+
+
+def keep_chat_tokenizer(cfg: TrainConfig, tokenizer: Tokenizer, run_dir: Path) -> None:
+    """When the chat tokens were added, the extended tokenizer is the run's: saved in the
+    run folder, and data.tokenizer names it (the checkpoints and a resume use it)."""
+    name = cfg.data.tokenizer
+    if name and Path(name).is_dir() and Tokenizer.load(name).fingerprint == tokenizer.fingerprint:
+        return
+    where = run_dir / INIT_TOKENIZER_DIR
+    tokenizer.save(where, model_max_length=cfg.model.context_length)
+    cfg.data.tokenizer = os.fspath(where)
+
+
+def _open_conversations(
+    cfg: TrainConfig, tokenizer: Tokenizer, main: bool
+) -> tuple[ConversationData, ConversationData]:
+    """The train and val conversations rendered with ``tokenizer``; an unset model.vocab_size
+    becomes the tokenizer's. Their counts and any malformed rows are reported on stderr."""
+    cfg.require_data()
+    if not cfg.model.vocab_size:
+        cfg.model.vocab_size = tokenizer.vocab_size
+    if cfg.model.vocab_size < tokenizer.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size {cfg.model.vocab_size} is smaller than the {tokenizer.vocab_size} tokens of the "
+            "tokenizer with the chat tokens"
+        )
+    row_len = cfg.model.context_length + 1
+    out = []
+    for name in ("train", "val"):
+        data = read_conversations(
+            getattr(cfg.data, name),
+            tokenizer,
+            row_len=row_len,
+            max_bad_share=cfg.data.max_bad_share,
+            name=f"data.{name}",
+        )
+        if main:
+            print(data.summary(f"data.{name}"), file=sys.stderr)
+        out.append(data)
+    return out[0], out[1]
 
 
 def _data_vocab_size(train: TokenShards, val: TokenShards, tokenizer) -> int:
@@ -674,9 +773,13 @@ def sampler_seed(seed: int, rank: int) -> int:
     return (seed * 1_000_003 + 7919 * (rank + 1)) % (2**63)
 
 
-def make_rows(cfg: TrainConfig, train_data: TokenShards, sampler: torch.Generator) -> RandomWindows | DocumentRows:
-    """This process's row source per data.batching, drawing from ``sampler``."""
+def make_rows(
+    cfg: TrainConfig, train_data, sampler: torch.Generator
+) -> RandomWindows | DocumentRows | ConversationRows:
+    """This process's row source per data.batching (conversations: packed), drawing from ``sampler``."""
     B, T = cfg.schedule.batch_size, cfg.model.context_length
+    if isinstance(train_data, ConversationData):
+        return ConversationRows(train_data, B, T, sampler, cfg.data.doc_buffer)
     if cfg.data.batching == "random":
         return RandomWindows(train_data, B, T, sampler)
     return DocumentRows(
@@ -707,11 +810,12 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: Dist, mod
     if "rng" in ckpt:
         set_rng_state(ckpt["rng"])
     states = ckpt.get("sampler_states") or []
-    saved_batching = ckpt.get("batching", "random")
+    saved_batching, batching = ckpt.get("batching", "random"), batching_of(cfg)
+    head = {"documents": 4, "conversations": 5}.get(batching)
     loader_state = None
-    if saved_batching != cfg.data.batching:
-        why = f"checkpoint was trained with data.batching = {saved_batching!r}, now {cfg.data.batching!r}"
-    elif cfg.data.batching == "documents" and states and len(states[0]) != 4 + 3 * cfg.data.doc_buffer:
+    if saved_batching != batching:
+        why = f"checkpoint was trained with data.batching = {saved_batching!r}, now {batching!r}"
+    elif head and states and len(states[0]) != head + 3 * cfg.data.doc_buffer:
         why = "checkpoint was trained with another data.doc_buffer"
     elif len(states) != dist_.world:
         why = f"checkpoint has sampler states for {len(states)} process(es), now {dist_.world}"
@@ -731,6 +835,11 @@ def resume_state(ckpt: dict, ckpt_path: Path, cfg: TrainConfig, dist_: Dist, mod
         last_log_step=int(log_state.get("last_step", step)),
         last_log_time=float(log_state.get("last_time", time_s)),
     ), loader_state
+
+
+def batching_of(cfg: TrainConfig) -> str:
+    """How rows are drawn, as a checkpoint records it: data.batching, or "conversations"."""
+    return "conversations" if uses_conversations(cfg) else cfg.data.batching
 
 
 def wrap_model(model, cfg: TrainConfig, dist_: Dist, device: torch.device):
@@ -757,6 +866,13 @@ def validation_starts(cfg: TrainConfig, val_data: TokenShards, dist_: Dist) -> t
         len(val_data), cfg.run.eval_batches * cfg.schedule.batch_size, cfg.model.context_length, val_gen
     )
     return starts[dist_.rank :: dist_.world]
+
+
+def validation_rows(cfg: TrainConfig, val_data: ConversationData, dist_: Dist) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed validation rows of conversations (up to eval_batches x batch_size, every
+    conversation once, in order); each process takes a slice."""
+    ids, mask = packed_rows(val_data, cfg.model.context_length, cfg.run.eval_batches * cfg.schedule.batch_size)
+    return torch.from_numpy(ids[dist_.rank :: dist_.world]), torch.from_numpy(mask[dist_.rank :: dist_.world])
 
 
 def training_flops_per_token(model: torch.nn.Module) -> Optional[float]:
@@ -821,17 +937,44 @@ def documents_of(run: Run, x: torch.Tensor) -> Optional[torch.Tensor]:
 
 
 def forward_backward(run: Run) -> torch.Tensor:
-    """Accumulate the gradients of `run.accum` micro-batches; return the sum of their losses."""
-    loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
-    for micro in range(run.accum):
-        x, y = run.batches.next()
-        last = micro == run.accum - 1
-        accumulate = run.dist.enabled and not last and run.cfg.run.parallel == "ddp"
-        with run.model.no_sync() if accumulate else contextlib.nullcontext():  # DDP: all-reduce once per step
-            loss = run.loss(run.model, x, y, run.bf16, documents_of(run, x))
-            (loss / run.accum).backward()
-        loss_sum += loss.detach().float()
-    return loss_sum
+    """Accumulate the gradients of `run.accum` micro-batches; return the step's loss (float64).
+
+    Token windows weigh each micro-batch 1 / accum. Conversations weigh each by its share
+    of the step's assistant tokens over all processes, so that the step's gradient is that
+    of the mean over all of them, not a mean of per-micro-batch means."""
+    if not isinstance(run.train_data, ConversationData):
+        loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
+        for micro in range(run.accum):
+            x, y = run.batches.next()
+            loss = _micro_step(run, micro, x, y, None)
+            loss_sum += loss.detach().float()
+        return loss_sum.double() / run.accum
+    batches = [run.batches.next_counted() for _ in range(run.accum)]
+    total = _global_count(run, sum(n for *_, n in batches))
+    step_loss = torch.zeros((), dtype=torch.float64, device=run.device)
+    for micro, (x, y, n) in enumerate(batches):
+        share = n * run.dist.world / total if total else 0.0  # DDP averages the processes' gradients
+        step_loss += _micro_step(run, micro, x, y, share).detach().double() * share
+    return step_loss
+
+
+def _micro_step(run: Run, micro: int, x: torch.Tensor, y: torch.Tensor, weight: Optional[float]) -> torch.Tensor:
+    """One micro-batch's forward and backward of ``weight`` x its loss (None: loss / accum); the loss."""
+    last = micro == run.accum - 1
+    accumulate = run.dist.enabled and not last and run.cfg.run.parallel == "ddp"
+    with run.model.no_sync() if accumulate else contextlib.nullcontext():  # DDP: all-reduce once per step
+        loss = run.loss(run.model, x, y, run.bf16, documents_of(run, x))
+        (loss / run.accum if weight is None else loss * weight).backward()
+    return loss
+
+
+def _global_count(run: Run, count: int) -> int:
+    """``count`` summed over the processes (a collective)."""
+    if not run.dist.enabled:
+        return count
+    t = torch.tensor([float(count)], dtype=torch.float64, device=run.device)
+    dist.all_reduce(t)
+    return int(t.item())
 
 
 def _clip(params, max_norm: float) -> torch.Tensor:
@@ -888,7 +1031,7 @@ def _flags_due(run: Run, state: RunState) -> bool:
 def nan_message(run: Run, state: RunState, loss_sum) -> str:
     where = f"the last good checkpoint is {state.last_ckpt}" if state.last_ckpt else "no checkpoint was saved yet"
     return (
-        f"loss or gradient became NaN/inf at step {state.step + 1} (loss {float(loss_sum) / run.accum:.4g}); stopped "
+        f"loss or gradient became NaN/inf at step {state.step + 1} (loss {float(loss_sum):.4g}); stopped "
         f"without updating the weights; {where}. Try a lower optimizer.lr, a warmup, or grad clipping."
     )
 
@@ -907,7 +1050,7 @@ def count_zero_gradient(state: RunState, zero: bool) -> None:
 
 
 def dead_message(run: Run, state: RunState, loss_sum) -> str:
-    loss = float(loss_sum) / run.accum
+    loss = float(loss_sum)
     vocab = run.cfg.model.vocab_size
     uniform = math.log(vocab) if vocab else None
     what = (
@@ -967,20 +1110,34 @@ class _StopFlag:
 
 
 def evaluate(run: Run) -> float:
-    """Mean loss over the fixed validation windows (all processes together)."""
+    """Mean loss over the fixed validation windows (all processes together); over the
+    assistant tokens of the validation rows for conversations."""
     B, T = run.cfg.schedule.batch_size, run.cfg.model.context_length
     run.model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=run.device)
     with torch.no_grad():
-        for i in range(0, len(run.val_starts), B):
-            x, y = run.val_data.windows_at(run.val_starts[i : i + B], T, run.device)
+        for x, y, n in _validation_batches(run, B, T):
             loss = model_loss(run.eval_model, x, y, run.bf16, documents_of(run, x))
-            total[0] += loss.double() * x.shape[0]
-            total[1] += x.shape[0]
+            total[0] += loss.double() * n
+            total[1] += n
     if run.dist.enabled:
         dist.all_reduce(total)
     run.model.train()
     return float(total[0] / total[1])
+
+
+def _validation_batches(run: Run, B: int, T: int):
+    """(inputs, targets, weight) of each validation batch: its rows for windows, its counted
+    targets for conversations."""
+    if run.val_rows is None:
+        for i in range(0, len(run.val_starts), B):
+            x, y = run.val_data.windows_at(run.val_starts[i : i + B], T, run.device)
+            yield x, y, x.shape[0]
+        return
+    ids, mask = run.val_rows
+    for i in range(0, len(ids), B):
+        x, y = masked_targets(ids[i : i + B], mask[i : i + B])
+        yield x.to(run.device), y.to(run.device), int(mask[i : i + B, 1:].sum())
 
 
 def log_start(run: Run, state: RunState) -> dict:
@@ -1042,6 +1199,8 @@ def make_record(run: Run, state: RunState, lr: float, grad_norm: Optional[float]
         "tokens_per_s": tps,
         "mfu": mfu,
     }
+    rec.update(run.data_report)  # the data's counts, in the first record of the call
+    run.data_report = {}
     state.last_log_step, state.last_log_time = state.step, state.time_s
     state.loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
     state.loss_count = 0
@@ -1114,7 +1273,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         config=run.cfg.to_dict(),
         rng=get_rng_state(),
         sampler_states=_gather_states(run.batches.loader_state(), run.dist, run.device),
-        batching=run.cfg.data.batching,
+        batching=batching_of(run.cfg),
         world_size=run.dist.world,
         tokenizer_fingerprint=run.train_data.fingerprint,
         **tokenizer_location(run.cfg, run.run_dir),
