@@ -48,7 +48,18 @@ RESULTS = BENCHES_DIR / "RESULTS.md"
 RESULTS_DIR = BENCHES_DIR / "results"
 LATEST = "## Latest result"
 # The order of the jobs in RESULTS.md: the pipeline's, then any other write-up by name.
-RESULTS_ORDER = ["train", "encode", "shards", "pretokenize", "model", "lm_train", "generate", "reference", "demo"]
+RESULTS_ORDER = [
+    "train",
+    "encode",
+    "shards",
+    "pretokenize",
+    "model",
+    "lm_train",
+    "generate",
+    "sft",
+    "reference",
+    "demo",
+]
 MAX_CELL = 80  # characters: a summary cell says one figure; the details stay in results/<area>.md
 PEERS = ["ferrolm", "torch", "tiktoken", "tokenizers", "gigatoken", "rustbpe", "transformers", "numpy", "regex"]
 
@@ -185,6 +196,14 @@ BENCHES = [
         quick=[("--requests", "2"), ("--ttft", "5")],
         json_flag=False,
         reading="16 streams' tokens/s / one stream's; one stream's decode / generate's",
+    ),
+    Bench(
+        "sft",
+        "bench_sft.py",
+        "Supervised fine-tuning: a cpu-small base model fine-tuned on a generated task, at pretraining's speed",
+        json_flag=False,
+        in_quick=False,  # its --quick checks the script only (tests/test_bench_sft.py)
+        reading="fine-tuning tokens/s / pretraining tokens/s at the same shape",
     ),
     Bench(
         "reference",
