@@ -3,8 +3,11 @@
 ``Engine(model, token_bytes, eos_id)`` owns one KV cache of ``max_batch`` rows and a thread
 that runs the loop:
 
-    admit     each waiting sequence takes the next free row: its prompt runs through the
-              model alone into that row (a prefill), and its first token is sampled
+    admit     each waiting sequence takes the next free row, to fill with its prompt
+    prefill   the rows filling run their prompts through the model, each alone into its row,
+              in order of admission and at most ``prefill_chunk`` tokens in all per turn
+              (None: every prompt whole), so the running rows' steps go on between the
+              chunks of a long prompt; a row filled samples its first token and decodes
     step      one forward pass feeds every running row its last token, each row at its own
               position (``TransformerLM.forward`` with per-row ``start_pos``), and each row
               samples its next token with its own settings and its own generator
@@ -19,7 +22,11 @@ another group waits with fewer than its fair share of rows (``max_batch`` // the
 present, at least 1), the group running the most rows above that share is parked one row
 per step: its sequence goes back to the front of its group's queue, keeping its tokens,
 and when a row is free again its row is recomputed from them (as a sliding window is).
-``max_queue`` bounds the groups that wait with no row (beyond those the free rows take at
+A sequence whose group already holds its prompt in a row (the other choices of one request)
+is not prefilled: it copies that row's prompt positions and samples its first token from the
+same logits with its own generator, when the row is filled (or at once, while the row still
+starts with the prompt). A sequence that asks for its prompt's log-probabilities prefills its
+own. ``max_queue`` bounds the groups that wait with no row (beyond those the free rows take at
 once): one more is refused (``QueueFull``).
 
 This is the one decoding loop: ``ferrolm serve`` runs it on the engine's thread
@@ -27,8 +34,9 @@ This is the one decoding loop: ``ferrolm serve`` runs it on the engine's thread
 in the calling thread (``turns`` / ``run_until_done``), with no thread of its own.
 
 A sequence's tokens do not depend on the batch: its prompt runs alone into its row (a
-prefill), and it draws with ``sample`` on its own (1, vocab) logits from its own
-``torch.Generator`` (seeded with its seed, or the one given to ``submit``). The batch changes
+prefill; in chunks, logits equal to a whole prefill's up to rounding), and it draws with
+``sample`` on its own (1, vocab) logits from its own ``torch.Generator`` (seeded with its
+seed, or the one given to ``submit``). The batch changes
 only the matrix shapes of a step, which may round the logits differently in the last bit,
 never the rules. A prompt longer than the context keeps its last context_length tokens;
 when a row's context is full it slides its own window: it keeps its last ``window_keep``
