@@ -629,16 +629,18 @@ class Engine:
         """Drop finished, cancelled and parked rows; move the rest down to rows [0, n) in order,
         the decoding ones first. A cancelled sequence filling a row for followers leaves the row
         (what it filled) to the first of them."""
-        gone = []
+        gone = []  # each flag read once: another thread may cancel meanwhile
         for i, h in enumerate(self._filling):
-            gone += [f for f in h.followers if f.cancelled]
-            h.followers = [f for f in h.followers if not f.cancelled]
+            cancelled = [f.cancelled for f in h.followers]
+            gone += [f for f, c in zip(h.followers, cancelled) if c]
+            h.followers = [f for f, c in zip(h.followers, cancelled) if not c]
             if h.cancelled and h.followers:
                 heir, self._filling[i] = h.followers[0], h.followers[0]
                 heir.length, heir.followers, h.followers = h.length, h.followers[1:], []
                 gone.append(h)
         held = self._rows + self._filling
-        gone += [h for h in held if h.done or h.cancelled or h.parked]
+        # A row filling for followers leaves only through its heir (above), never with them.
+        gone += [h for h in held if (h.done or h.cancelled or h.parked) and not h.followers]
         if not gone:
             return
         left = {id(h) for h in gone}
