@@ -168,3 +168,15 @@ def test_prefill_chunk_is_checked(model):
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="prefill_chunk must be an int >= 1 or None"):
             Engine(model, None, None, prefill_chunk=bad)
+
+
+def test_a_forward_without_its_head_fills_the_cache_alike_and_returns_the_blocks_output(model):
+    ids = torch.tensor([PROMPT[:12]])
+    full, bare = model.make_kv_cache(1), model.make_kv_cache(1)
+    with torch.no_grad():
+        logits = model(ids, kv_cache=full)
+        hidden = model(ids, kv_cache=bare, head=False)
+        assert hidden.shape == (1, 12, model.config.d_model) and bare.length == 12
+        torch.testing.assert_close(model.lm_head(model.ln_final(hidden)), logits)
+    for a, b in zip(full.keys + full.values, bare.keys + bare.values):
+        assert torch.equal(a, b)

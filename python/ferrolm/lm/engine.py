@@ -469,10 +469,11 @@ class Engine:
                         handle.on_event(Failed(f"generation failed: {e}"))
             self._leave()
 
-    def _run(self, slot: int, tokens: list[int], start: int = 0) -> torch.Tensor:
-        """Run ``tokens`` from position ``start`` into cache row ``slot``: their logits (seq, vocab)."""
+    def _run(self, slot: int, tokens: list[int], start: int = 0, *, head: bool = True) -> torch.Tensor:
+        """Run ``tokens`` from position ``start`` into cache row ``slot``: their logits (seq, vocab)
+        (``head`` False: not computed, when only the cache is wanted)."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        return self.model(ids, kv_cache=self.cache.rows(slot, slot + 1), start_pos=start)[0]
+        return self.model(ids, kv_cache=self.cache.rows(slot, slot + 1), start_pos=start, head=head)[0]
 
     def _admit(self, handle: Handle) -> None:
         """Give ``handle`` a row to fill: after the rows filling already, or a group-mate's with its prompt."""
@@ -508,17 +509,19 @@ class Engine:
         while self._filling and budget != 0:
             h = self._filling[0]
             end = len(h.fill) if budget is None else min(len(h.fill), h.length + budget)
-            out = self._run(len(self._rows), h.fill[h.length : end], h.length)
-            k = h.params.prompt_logprobs
-            if k is not None and not h.resume:  # position i predicts the prompt's token i + 1
+            k = None if h.resume else h.params.prompt_logprobs
+            # Only the last chunk of a prompt needs logits, unless for the prompt's log-probabilities.
+            logits = (end == len(h.fill) and not h.resume) or k is not None
+            out = self._run(len(self._rows), h.fill[h.length : end], h.length, head=logits)
+            if k is not None:  # position i predicts the prompt's token i + 1
                 targets = h.fill[h.length + 1 : end + 1]
                 h.prompt_lp.extend(_token_logprobs(out[: len(targets)], targets, k))
             budget = None if budget is None else budget - (end - h.length)
             h.length = end
             if end == len(h.fill):
-                self._filled(h, out[-1:].float())
+                self._filled(h, out[-1:].float() if logits else None)
 
-    def _filled(self, h: Handle, logits: torch.Tensor) -> None:
+    def _filled(self, h: Handle, logits: Optional[torch.Tensor]) -> None:
         """``h``, first of the rows filling, has its row filled: it decodes from now on."""
         self._filling.pop(0)
         self._rows.append(h)  # its row is the first after the decoding ones: it stays
