@@ -24,6 +24,22 @@ sends a 32-token prompt (ids) and streams 128 tokens sampled with temperature 1.
     python benches/bench_serve.py                    # writes nothing; prints a markdown table
     python benches/bench_serve.py --requests 4 --streams 16
     python benches/bench_serve.py --stream-interval 0     # every token handed over as it comes
+
+--prefill measures prompts instead, on the same shape with a context of 640 and a 512-token
+prompt (max_tokens 1):
+
+    shared prefix   TTFT of n=8 choices (the last choice's first token) against n=1, on an
+                    idle server: the choices share one prefill
+    under load      16 streams decoding (32-token prompts, logprobs 0 so that each chunk
+                    counts its tokens) while a new request prefills the 512-token prompt:
+                    its TTFT against the idle one, and the 16 streams' tokens/s in the
+                    second before it was sent against those while it prefilled (from its
+                    sending to its first token); medians over --ttft such requests
+
+    python benches/bench_serve.py --prefill                       # the server's --prefill-chunk
+    python benches/bench_serve.py --prefill --prefill-chunk 128
+    python benches/bench_serve.py --prefill --prefill-chunk 0     # each prompt whole
+    python benches/bench_serve.py --quick [--prefill]             # a smoke test of the script, no measurement
 """
 
 from __future__ import annotations
@@ -50,9 +66,14 @@ PROMPT = [(7919 * i) % 10_000 for i in range(1, 33)]  # 32 ids, fixed
 NEW_TOKENS = 128
 SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 0.95}
 THREADS = 2
+JSON = {"Content-Type": "application/json"}
 
 
-def make_model(folder: Path) -> Path:
+LONG_CONTEXT = 640  # the --prefill model's: a 512-token prompt and the streams' tokens fit
+LONG_PROMPT = [(104_729 * i) % 10_000 for i in range(1, 513)]  # 512 ids, fixed
+
+
+def make_model(folder: Path, context_length: int = CPU_SMALL["context_length"]) -> Path:
     import torch
 
     from ferrolm.bpe.tokenizer import Tokenizer
@@ -62,7 +83,7 @@ def make_model(folder: Path) -> Path:
     tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], [])  # bytes only, no end-of-text
     tok.save(folder / "tok")
     torch.manual_seed(0)
-    model = TransformerLM(**CPU_SMALL)
+    model = TransformerLM(**{**CPU_SMALL, "context_length": context_length})
     ckpt = folder / "bench" / "model.pt"
     save_checkpoint(
         model, None, 0, ckpt, config={"model": model.config.to_dict()}, tokenizer_fingerprint=tok.fingerprint
@@ -70,11 +91,13 @@ def make_model(folder: Path) -> Path:
     return ckpt
 
 
-def start_server(ckpt: Path, tok: Path, stream_interval: Optional[float] = None):
+def start_server(ckpt: Path, tok: Path, stream_interval: Optional[float] = None, prefill_chunk: Optional[int] = None):
     cmd = [sys.executable, "-m", "ferrolm", "serve", "--checkpoint", str(ckpt), "--tokenizer", str(tok)]
     cmd += ["--port", "0", "--device", "cpu", "--threads", str(THREADS), "--max-batch", "16"]
     if stream_interval is not None:
         cmd += ["--stream-interval", str(stream_interval)]
+    if prefill_chunk is not None:
+        cmd += ["--prefill-chunk", str(prefill_chunk)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     line = proc.stderr.readline()
     if "serving " not in line:
@@ -159,7 +182,111 @@ def cpu_name() -> str:
         return platform.processor() or "unknown CPU"
 
 
-def main() -> None:
+def stream_choices(port: int, model: str, prompt: list[int], max_tokens: int, *, n: int = 1, on_chunk=None) -> dict:
+    """One streamed request of ``n`` choices, with logprobs 0 (each chunk lists its tokens):
+    when it was sent and when each choice's first token came; ``on_chunk(time, tokens)`` per chunk."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "n": n, "stream": True, "logprobs": 0}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    sent = time.perf_counter()
+    conn.request("POST", "/v1/completions", body=json.dumps({**body, **SAMPLING}), headers=JSON)
+    first: dict[int, float] = {}
+    for line in conn.getresponse():
+        if not line.startswith(b"data: {"):
+            continue
+        chunk, now = json.loads(line[6:]), time.perf_counter()
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"]["message"])
+        for choice in chunk["choices"]:
+            tokens = len((choice.get("logprobs") or {}).get("tokens") or ())
+            if tokens or choice["text"] or choice.get("finish_reason"):
+                first.setdefault(choice["index"], now)
+            if on_chunk is not None and tokens:
+                on_chunk(now, tokens)
+    conn.close()
+    assert len(first) == n, "a choice sent nothing"
+    return {"sent": sent, "first": max(first.values())}
+
+
+def _ttft_ms(port: int, name: str, prompt: list[int], count: int, n: int = 1) -> float:
+    return statistics.median(
+        (r["first"] - r["sent"]) * 1e3 for r in (stream_choices(port, name, prompt, 1, n=n) for _ in range(count))
+    )
+
+
+def _rate(chunks: list[tuple[float, int]], start: float, end: float) -> float:
+    return sum(k for t, k in chunks if start < t <= end) / (end - start)
+
+
+def prefill_under_load(port: int, name: str, prompt: list[int], args, stream_tokens: int) -> list[tuple]:
+    """(TTFT ms, streams' tokens/s the second before, tokens/s while it prefilled) of ``args.ttft``
+    requests of ``prompt``, one after another, while ``args.streams`` clients stream."""
+    stop, chunks = threading.Event(), []
+
+    def client() -> None:
+        while not stop.is_set():
+            stream_choices(port, name, PROMPT, stream_tokens, on_chunk=lambda t, k: chunks.append((t, k)))
+
+    out = []
+    with ThreadPoolExecutor(args.streams) as pool:
+        clients = [pool.submit(client) for _ in range(args.streams)]
+        try:
+            time.sleep(0.5 if args.quick else 3.0)  # every stream past its prompt
+            for _ in range(args.ttft):
+                time.sleep(1.0)
+                r = stream_choices(port, name, prompt, 1)
+                sent, first = r["sent"], r["first"]
+                out.append(((first - sent) * 1e3, _rate(chunks, sent - 1.0, sent), _rate(chunks, sent, first)))
+        finally:
+            stop.set()
+            for c in clients:
+                c.result()
+    return out
+
+
+def prefill_bench(args) -> None:
+    """Shared-prefix TTFT (n=8 against n=1) and a prefill's TTFT and cost under decoding streams."""
+    prompt = LONG_PROMPT[:64] if args.quick else LONG_PROMPT
+    context = 128 if args.quick else LONG_CONTEXT
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = make_model(Path(tmp), context)
+        proc, port, name = start_server(ckpt, Path(tmp) / "tok", args.stream_interval, args.prefill_chunk)
+        try:
+            stream_choices(port, name, prompt, 4, n=2)  # warm-up
+            idle = _ttft_ms(port, name, prompt, args.ttft)
+            shared = _ttft_ms(port, name, prompt, args.ttft, n=8)
+            loaded = prefill_under_load(port, name, prompt, args, context - len(PROMPT) - 8)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    ttft, before, during = (statistics.median(col) for col in zip(*loaded))
+    print(
+        machine_line(args)
+        + f"; server --prefill-chunk {'default' if args.prefill_chunk is None else args.prefill_chunk}"
+    )
+    print()
+    print("| measure | result | target |")
+    print("|---|---:|---|")
+    print(f"| TTFT, {len(prompt)}-token prompt, idle server, n=1 | {idle:.1f} ms | |")
+    print(f"| TTFT, {len(prompt)}-token prompt, idle server, n=8 (the last choice's first token) | {shared:.1f} ms | |")
+    print(f"| n=8 / n=1 (TTFT) | {shared / idle:.2f}x | <= 1.2x |")
+    print(f"| TTFT, {len(prompt)}-token prompt, under {args.streams} decoding streams | {ttft:.1f} ms | |")
+    print(f"| under {args.streams} streams / idle (TTFT) | {ttft / idle:.2f}x | < 3x |")
+    print(f"| {args.streams} streams' tokens/s, the second before | {before:.1f} | |")
+    print(f"| {args.streams} streams' tokens/s, while it prefills | {during:.1f} | |")
+    print(f"| drop while it prefills | {100 * (1 - during / before):.0f} % | <= 25 % |")
+
+
+def machine_line(args) -> str:
+    from ferrolm.app.serve import STREAM_INTERVAL
+
+    interval = STREAM_INTERVAL if args.stream_interval is None else args.stream_interval
+    return (
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores; torch threads {THREADS}; load average {os.getloadavg()[0]:.1f}; "
+        f"server --stream-interval {interval:g}"
+    )
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")
     ap.add_argument("--streams", type=int, default=16, help="concurrent clients (default 16)")
@@ -167,7 +294,29 @@ def main() -> None:
     ap.add_argument(
         "--stream-interval", type=float, default=None, help="the server's --stream-interval (default: its default)"
     )
-    args = ap.parse_args()
+    ap.add_argument("--prefill", action="store_true", help="measure shared-prefix and chunked prefill instead")
+    ap.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the server's --prefill-chunk (default: its default)",
+    )
+    ap.add_argument("--quick", action="store_true", help="a few short requests: checks the script, measures nothing")
+    args = ap.parse_args(argv)
+    for name in ("requests", "streams", "ttft"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    if args.quick:
+        args.requests, args.streams, args.ttft = 1, 2, 1
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    if args.prefill:
+        return prefill_bench(args)
+    new_tokens = 8 if args.quick else NEW_TOKENS
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = make_model(Path(tmp))
@@ -180,7 +329,7 @@ def main() -> None:
             singles, gen_speeds, gen1_speeds = [], [], []
             for _ in range(args.requests):  # alternated: all see the same load
                 gen_speeds.append(gen.speed())
-                singles.append(stream_once(port, name))
+                singles.append(stream_once(port, name, new_tokens))
                 gen1_speeds.append(gen.speed(1))
             gen.close()
             gen_speed, gen1_speed = statistics.median(gen_speeds), statistics.median(gen1_speeds)
@@ -188,22 +337,18 @@ def main() -> None:
             one_decode = statistics.median((r["tokens"] - 1) / (r["last"] - r["first"]) for r in singles)
             started = time.perf_counter()
             with ThreadPoolExecutor(args.streams) as pool:
-                many = list(pool.map(lambda _: stream_once(port, name), range(args.streams * args.requests)))
+                many = list(
+                    pool.map(lambda _: stream_once(port, name, new_tokens), range(args.streams * args.requests))
+                )
             wall = time.perf_counter() - started
             many_total = sum(r["tokens"] for r in many) / wall
             ttft_loaded = statistics.median((r["first"] - r["sent"]) * 1e3 for r in many)
-            assert all(r["tokens"] == NEW_TOKENS for r in singles + many), "a request ended early"
+            assert all(r["tokens"] == new_tokens for r in singles + many), "a request ended early"
         finally:
             proc.terminate()
             proc.wait(60)
 
-    from ferrolm.app.serve import STREAM_INTERVAL
-
-    interval = STREAM_INTERVAL if args.stream_interval is None else args.stream_interval
-    print(
-        f"Machine: {cpu_name()}, {os.cpu_count()} cores; torch threads {THREADS}; load average {os.getloadavg()[0]:.1f}; "
-        f"server --stream-interval {interval:g}"
-    )
+    print(machine_line(args))
     print()
     print("| measure | result | target |")
     print("|---|---:|---|")

@@ -280,6 +280,7 @@ def test_serve_without_the_extra_names_it_and_bad_options_are_errors(files, monk
         (["--stream-interval", "-1"], "--stream-interval"),
         (["--stream-interval", "nan"], "--stream-interval"),
         (["--max-queue", "-1"], "--max-queue"),
+        (["--prefill-chunk", "-1"], "--prefill-chunk"),
         (["--write-timeout", "0"], "--write-timeout"),
         (["--shutdown-grace", "nan"], "--shutdown-grace"),
     ):

@@ -286,6 +286,7 @@ def add_serve_command(sub) -> None:
     from ferrolm.app.serve import (  # the standard library only: no torch, no starlette
         API_KEY_ENV,
         MAX_QUEUE,
+        PREFILL_CHUNK,
         SHUTDOWN_GRACE,
         STREAM_INTERVAL,
         WRITE_TIMEOUT,
@@ -323,6 +324,13 @@ def add_serve_command(sub) -> None:
         default=MAX_QUEUE,
         metavar="N",
         help=f"requests that may wait for a batch row; one more gets HTTP 429 (default {MAX_QUEUE}; 0: none wait)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=PREFILL_CHUNK,
+        metavar="N",
+        help=f"prompt tokens prefilled per step of the running streams (default {PREFILL_CHUNK}; 0: each prompt whole)",
     )
     p.add_argument(
         "--write-timeout",
@@ -381,6 +389,7 @@ def _run_serve(args) -> int:
         log_level=args.log_level,
         stream_interval=args.stream_interval,
         max_queue=args.max_queue,
+        prefill_chunk=args.prefill_chunk,
         write_timeout=args.write_timeout,
         shutdown_grace=args.shutdown_grace,
         api_key=args.api_key,

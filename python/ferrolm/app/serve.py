@@ -76,6 +76,7 @@ STREAM_INTERVAL = 0.05  # seconds between two hand-overs of a stream's tokens (t
 WRITE_TIMEOUT = 30.0  # seconds a stream waits for a client that stopped reading
 SHUTDOWN_GRACE = 30.0  # seconds the running requests have to finish after Ctrl-C or SIGTERM
 MAX_QUEUE = 64  # requests that may wait for a batch row
+PREFILL_CHUNK = 64  # prompt tokens prefilled per engine turn, between the running streams' steps
 MAX_BODY_BYTES = 8 << 20
 API_KEY_ENV = "FERROLM_API_KEY"  # the key --api-key takes when not given
 
@@ -575,6 +576,7 @@ def serve(
     log_level: str = "warning",
     stream_interval: float = STREAM_INTERVAL,
     max_queue: int = MAX_QUEUE,
+    prefill_chunk: int = PREFILL_CHUNK,
     write_timeout: float = WRITE_TIMEOUT,
     shutdown_grace: float = SHUTDOWN_GRACE,
     api_key: Optional[str] = None,
@@ -604,6 +606,8 @@ def serve(
         raise ValueError(f"--port must be in [0, 65535], got {port}")
     if max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {max_queue}")
+    if prefill_chunk < 0:
+        raise ValueError(f"--prefill-chunk must be >= 0 (0: each prompt whole), got {prefill_chunk}")
     for flag, seconds in (("--write-timeout", write_timeout), ("--shutdown-grace", shutdown_grace)):
         if not (seconds > 0 and math.isfinite(seconds)):
             raise ValueError(f"{flag} must be a number of seconds > 0, got {seconds}")
@@ -622,7 +626,12 @@ def serve(
     def load() -> tuple[ServedModel, Engine]:
         served = load_served_model(checkpoint, tokenizer, device=device, name=name, chat_template=chat_template)
         engine = Engine(
-            served.model, served.token_bytes, served.tokenizer.eos_id, max_batch=max_batch, max_queue=max_queue
+            served.model,
+            served.token_bytes,
+            served.tokenizer.eos_id,
+            max_batch=max_batch,
+            max_queue=max_queue,
+            prefill_chunk=prefill_chunk or None,
         )
         return served, engine
 

@@ -3,8 +3,11 @@
 ``Engine(model, token_bytes, eos_id)`` owns one KV cache of ``max_batch`` rows and a thread
 that runs the loop:
 
-    admit     each waiting sequence takes the next free row: its prompt runs through the
-              model alone into that row (a prefill), and its first token is sampled
+    admit     each waiting sequence takes the next free row, to fill with its prompt
+    prefill   the rows filling run their prompts through the model, each alone into its row,
+              in order of admission and at most ``prefill_chunk`` tokens in all per turn
+              (None: every prompt whole), so the running rows' steps go on between the
+              chunks of a long prompt; a row filled samples its first token and decodes
     step      one forward pass feeds every running row its last token, each row at its own
               position (``TransformerLM.forward`` with per-row ``start_pos``), and each row
               samples its next token with its own settings and its own generator
@@ -19,7 +22,11 @@ another group waits with fewer than its fair share of rows (``max_batch`` // the
 present, at least 1), the group running the most rows above that share is parked one row
 per step: its sequence goes back to the front of its group's queue, keeping its tokens,
 and when a row is free again its row is recomputed from them (as a sliding window is).
-``max_queue`` bounds the groups that wait with no row (beyond those the free rows take at
+A sequence whose group already holds its prompt in a row (the other choices of one request)
+is not prefilled: it copies that row's prompt positions and samples its first token from the
+same logits with its own generator, when the row is filled (or at once, while the row still
+starts with the prompt). A sequence that asks for its prompt's log-probabilities prefills its
+own. ``max_queue`` bounds the groups that wait with no row (beyond those the free rows take at
 once): one more is refused (``QueueFull``).
 
 This is the one decoding loop: ``ferrolm serve`` runs it on the engine's thread
@@ -27,8 +34,9 @@ This is the one decoding loop: ``ferrolm serve`` runs it on the engine's thread
 in the calling thread (``turns`` / ``run_until_done``), with no thread of its own.
 
 A sequence's tokens do not depend on the batch: its prompt runs alone into its row (a
-prefill), and it draws with ``sample`` on its own (1, vocab) logits from its own
-``torch.Generator`` (seeded with its seed, or the one given to ``submit``). The batch changes
+prefill; in chunks, logits equal to a whole prefill's up to rounding), and it draws with
+``sample`` on its own (1, vocab) logits from its own ``torch.Generator`` (seeded with its
+seed, or the one given to ``submit``). The batch changes
 only the matrix shapes of a step, which may round the logits differently in the last bit,
 never the rules. A prompt longer than the context keeps its last context_length tokens;
 when a row's context is full it slides its own window: it keeps its last ``window_keep``
@@ -204,6 +212,13 @@ class Handle:
         self.done = False
         self.parked = False  # taken out of its row for another group; resumes from its tokens
         self.logprobs: list[TokenLogprob] = []  # sampled, not yet sent with a piece
+        self.fill: list[int] = []  # what its row must hold before it decodes (prompt, or tokens to resume)
+        self.resume = False  # filling its row back after being parked: no token to sample at the end
+        self.prompt_lp: list[TokenLogprob] = []  # the prompt's, gathered chunk by chunk when asked
+        self.followers: list[Handle] = []  # group-mates with its prompt: its row copied to theirs when filled
+        # The logits after its prompt, kept while its row still starts with the prompt (a group-mate
+        # admitted later copies both instead of prefilling the same tokens again).
+        self.first_logits: Optional[torch.Tensor] = None
 
     def take_logprobs(self) -> tuple[TokenLogprob, ...]:
         if not self.logprobs:  # the common case, not asked: nothing built
@@ -218,7 +233,9 @@ class Engine:
     ``token_bytes(id)`` gives a token's bytes (ids the tokenizer lacks may map to U+FFFD;
     None: no text, only tokens); ``eos_id`` ends a sequence (None: only max_tokens and stop
     strings do). ``use_cache=False`` recomputes each row's last context_length tokens for
-    every token: the slow reference the cache is tested against.
+    every token: the slow reference the cache is tested against. ``prefill_chunk``: at most
+    this many prompt tokens are prefilled per turn, between decode steps (None: each prompt
+    whole, at once).
     """
 
     def __init__(
@@ -231,11 +248,17 @@ class Engine:
         window_keep: Optional[int] = None,
         max_queue: Optional[int] = None,
         use_cache: bool = True,
+        prefill_chunk: Optional[int] = None,
     ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
         if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
             raise ValueError(f"max_queue must be an int >= 0 or None, got {max_queue!r}")
+        if prefill_chunk is not None and (
+            isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1
+        ):
+            raise ValueError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
         self.model = model
         self.vocab_size = int(model.config.vocab_size)
         self.context_length = int(model.config.context_length)
@@ -247,7 +270,8 @@ class Engine:
         self.max_queue = max_queue
         self.device = next(model.parameters()).device
         self.cache = model.make_kv_cache(max_batch, self.context_length)
-        self._rows: list[Handle] = []  # running, row i of the cache is self._rows[i]
+        self._rows: list[Handle] = []  # decoding, row i of the cache is self._rows[i]
+        self._filling: list[Handle] = []  # prefilling, in order, in the rows after the decoding ones
         # Per group, in order of arrival: its waiting sequences, and the rows it runs.
         self._waiting: dict[Any, deque[Handle]] = {}
         self._running: dict[Any, int] = {}
@@ -271,7 +295,7 @@ class Engine:
         with self._cond:
             self._closing = True
             if cancel:
-                for h in [*self._rows, *(h for q in self._waiting.values() for h in q)]:
+                for h in [*self._held_handles(), *(h for q in self._waiting.values() for h in q)]:
                     h.cancelled = True
                 self._waiting.clear()
             self._cond.notify()
@@ -306,7 +330,7 @@ class Engine:
             if g not in self._arrival:
                 # Groups with no row beyond those the free rows take now.
                 queued = sum(1 for w in self._waiting if not self._running.get(w))
-                free = max(0, self.max_batch - len(self._rows))
+                free = max(0, self.max_batch - self._held())
                 if self.max_queue is not None and queued >= self.max_queue + free:
                     raise QueueFull(
                         f"{queued} requests already wait for a batch row (the queue holds {self.max_queue})"
@@ -327,8 +351,15 @@ class Engine:
             self._cond.notify()
 
     def counts(self) -> tuple[int, int]:
-        """(running, waiting) sequences."""
-        return len(self._rows), sum(len(q) for q in self._waiting.values())
+        """(running, waiting) sequences; running counts those prefilling too."""
+        return self._held(), sum(len(q) for q in self._waiting.values())
+
+    def _held_handles(self) -> list[Handle]:
+        """Every sequence given a row: decoding, prefilling, or waiting on a group-mate's prefill."""
+        return [*self._rows, *self._filling, *(f for h in self._filling for f in h.followers)]
+
+    def _held(self) -> int:
+        return len(self._held_handles())
 
     # ---------------------------------------------------------------- groups (under the lock) ---
 
@@ -351,7 +382,7 @@ class Engine:
         """Take waiting sequences for the free rows; park a row for a group below its share."""
         picked = []
         while self._waiting:
-            if len(self._rows) + len(picked) >= self.max_batch and not self._park_one(len(picked)):
+            if self._held() + len(picked) >= self.max_batch and not self._park_one(len(picked)):
                 break
             g = self._next_group()
             queue = self._waiting[g]
@@ -377,6 +408,7 @@ class Engine:
         if victim is None:  # its rows end at the next step anyway
             return False
         victim.parked = True
+        victim.first_logits = None  # its row is given up
         self._running[busiest] -= 1
         self._queue(victim, front=True)
         return True
@@ -391,7 +423,7 @@ class Engine:
             raise RuntimeError("the engine runs on its own thread (start() was called)")
         while True:
             with self._cond:
-                if not self._waiting and not self._rows:
+                if not self._waiting and not self._busy():
                     return
                 admitted = self._pick()
             with torch.inference_mode():
@@ -407,25 +439,31 @@ class Engine:
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not self._closing and not self._waiting and not self._rows:
+                    while not self._closing and not self._waiting and not self._busy():
                         self._cond.wait()
-                    if self._closing and not self._waiting and not self._rows:
+                    if self._closing and not self._waiting and not self._busy():
                         return
                     admitted = self._pick()
                 self._turn(admitted)
+
+    def _busy(self) -> bool:
+        return bool(self._rows or self._filling)
 
     def _turn(self, admitted: list[Handle]) -> None:
         try:
             self._leave()
             for handle in admitted:
                 self._admit(handle)
+            self._fill()
             self._leave()
             if self._rows:
                 self._step()
                 self._leave()
         except Exception as e:  # noqa: BLE001 -- a failed step fails its sequences, not the server
-            self._rows = list({id(h): h for h in self._rows + admitted}.values())
+            self._rows = list({id(h): h for h in self._held_handles() + admitted}.values())
+            self._filling = []
             for handle in self._rows:
+                handle.followers = []
                 if handle.parked:  # queued again: it resumes later
                     continue
                 if not handle.done:
@@ -434,27 +472,103 @@ class Engine:
                         handle.on_event(Failed(f"generation failed: {e}"))
             self._leave()
 
-    def _prefill(self, slot: int, tokens: list[int], h: Optional[Handle] = None) -> torch.Tensor:
-        """Run ``tokens`` from position 0 into cache row ``slot``; the next-token logits (1, vocab).
-        With ``h`` asking for its prompt's log-probabilities, they go to it first."""
+    def _run(self, slot: int, tokens: list[int], start: int = 0, *, head: bool = True) -> torch.Tensor:
+        """Run ``tokens`` from position ``start`` into cache row ``slot``: their logits (seq, vocab)
+        (``head`` False: not computed, when only the cache is wanted)."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        out = self.model(ids, kv_cache=self.cache.rows(slot, slot + 1), start_pos=0)
-        if h is not None and h.params.prompt_logprobs is not None and not h.cancelled:
-            h.on_event(PromptLogprobs(_token_logprobs(out[0, :-1], tokens[1:], h.params.prompt_logprobs)))
-        return out[:, -1].float()
+        return self.model(ids, kv_cache=self.cache.rows(slot, slot + 1), start_pos=start, head=head)[0]
 
     def _admit(self, handle: Handle) -> None:
-        slot = len(self._rows)
-        self._rows.append(handle)
+        """Give ``handle`` a row to fill: after the rows filling already, or a group-mate's with its prompt."""
         if handle.length:  # parked before: its row back as it was (the token to feed not in it)
-            self._prefill(slot, handle.history[-handle.length - 1 : -1])
+            handle.fill, handle.resume = handle.history[-handle.length - 1 : -1], True
+            handle.length = 0
+        else:
+            handle.fill = handle.history[-self.context_length :]
+            donor = self._donor(handle)
+            if donor is not None and donor.first_logits is None:  # still filling: it copies when done
+                return donor.followers.append(handle)
+            if donor is not None:
+                return self._share(donor, [handle])
+        self._filling.append(handle)
+
+    def _donor(self, h: Handle) -> Optional[Handle]:
+        """A sequence of ``h``'s group whose row holds, or is filling, the prompt of ``h``: the
+        choices of one request share a prefill. Not when ``h`` wants its prompt's log-probabilities."""
+        if h.params.prompt_logprobs is not None:
+            return None
+        for d in self._filling:
+            if d.group is h.group and not d.resume and d.fill == h.fill:
+                return d
+        for d in self._rows:
+            if d.group is h.group and d.first_logits is not None and d.fill == h.fill and not d.cancelled:
+                return d
+        return None
+
+    def _fill(self) -> None:
+        """Prefill the rows filling, in order, up to ``prefill_chunk`` tokens in all; a row
+        filled (and its followers) joins the decoding rows and samples its first token."""
+        budget = self.prefill_chunk
+        while self._filling and budget != 0:
+            h = self._filling[0]
+            end = len(h.fill) if budget is None else min(len(h.fill), h.length + budget)
+            k = None if h.resume else h.params.prompt_logprobs
+            # Only the last chunk of a prompt needs logits, unless for the prompt's log-probabilities.
+            logits = (end == len(h.fill) and not h.resume) or k is not None
+            out = self._run(len(self._rows), h.fill[h.length : end], h.length, head=logits)
+            if k is not None:  # position i predicts the prompt's token i + 1
+                targets = h.fill[h.length + 1 : end + 1]
+                h.prompt_lp.extend(_token_logprobs(out[: len(targets)], targets, k))
+            budget = None if budget is None else budget - (end - h.length)
+            h.length = end
+            if end == len(h.fill):
+                self._filled(h, out[-1:].float() if logits else None)
+
+    def _filled(self, h: Handle, logits: Optional[torch.Tensor]) -> None:
+        """``h``, first of the rows filling, has its row filled: it decodes from now on."""
+        self._filling.pop(0)
+        self._rows.append(h)  # its row is the first after the decoding ones: it stays
+        if h.resume:
+            h.resume = False
             return
-        tokens = handle.history[-self.context_length :]
-        logits = self._prefill(slot, tokens, handle)
-        handle.length = len(tokens)
-        if handle.params.max_tokens == 0:  # the prompt's log-probabilities were all it asked for
-            return self._finish(handle, "length")
-        self._take(handle, logits)
+        h.first_logits = logits
+        if h.params.prompt_logprobs is not None and not h.cancelled:
+            h.on_event(PromptLogprobs(tuple(h.prompt_lp)))
+            h.prompt_lp = []
+        followers, h.followers = h.followers, []
+        self._first(h, logits)
+        if followers:
+            self._share(h, followers)
+
+    def _share(self, donor: Handle, handles: list[Handle]) -> None:
+        """Give ``handles`` rows that copy the prompt in ``donor``'s, and their first tokens."""
+        n = len(handles)
+        slot = self._open_rows(n)
+        src, length = self._rows.index(donor), len(donor.fill)
+        for buf in (*self.cache.keys, *self.cache.values):
+            buf[slot : slot + n, :, :length] = buf[src, :, :length]
+        for h in handles:
+            self._rows.append(h)
+            h.length, h.first_logits = length, donor.first_logits
+            self._first(h, donor.first_logits)
+
+    def _open_rows(self, n: int) -> int:
+        """Move the rows filling ``n`` rows up; the first of the ``n`` rows freed before them."""
+        start = len(self._rows)
+        for i in reversed(range(len(self._filling))):
+            self._move(start + i, start + i + n, self._filling[i].length)
+        return start
+
+    def _move(self, old: int, new: int, length: int) -> None:
+        for buf in (*self.cache.keys, *self.cache.values):
+            buf[new, :, :length] = buf[old, :, :length]
+
+    def _first(self, h: Handle, logits: torch.Tensor) -> None:
+        """The first token after the prompt (``max_tokens`` 0: the prompt was all it asked for)."""
+        h.length = len(h.fill)
+        if h.params.max_tokens == 0:
+            return self._finish(h, "length")
+        self._take(h, logits)
 
     def _step(self) -> None:
         rows, ctx = self._rows, self.context_length
@@ -467,8 +581,8 @@ class Engine:
                 # recompute them into its row. Its slot in the step below is a placeholder,
                 # written over before it is read (a full row is recomputed again next step).
                 keep = h.history[-(self.window_keep if self.use_cache else ctx) :]
-                slid[id(h)] = self._prefill(slot, keep)
-                h.length = len(keep)
+                slid[id(h)] = self._run(slot, keep)[-1:].float()
+                h.length, h.first_logits = len(keep), None  # its row no longer starts with its prompt
                 positions.append(min(h.length, ctx - 1))
             else:
                 positions.append(h.length)
@@ -518,21 +632,35 @@ class Engine:
         h.on_event(Finished(reason, h.generated))
 
     def _leave(self) -> None:
-        """Drop finished, cancelled and parked rows; move the rest down to rows [0, n) in order."""
-        keep = [h for h in self._rows if not (h.done or h.cancelled or h.parked)]
-        if len(keep) == len(self._rows):
+        """Drop finished, cancelled and parked rows; move the rest down to rows [0, n) in order,
+        the decoding ones first. A cancelled sequence filling a row for followers leaves the row
+        (what it filled) to the first of them."""
+        gone = []  # each flag read once: another thread may cancel meanwhile
+        for i, h in enumerate(self._filling):
+            cancelled = [f.cancelled for f in h.followers]
+            gone += [f for f, c in zip(h.followers, cancelled) if c]
+            h.followers = [f for f, c in zip(h.followers, cancelled) if not c]
+            if h.cancelled and h.followers:
+                heir, self._filling[i] = h.followers[0], h.followers[0]
+                heir.length, heir.followers, h.followers = h.length, h.followers[1:], []
+                gone.append(h)
+        held = self._rows + self._filling
+        # A row filling for followers leaves only through its heir (above), never with them.
+        gone += [h for h in held if (h.done or h.cancelled or h.parked) and not h.followers]
+        if not gone:
             return
+        left = {id(h) for h in gone}
+        self._rows = [h for h in self._rows if id(h) not in left]
+        self._filling = [h for h in self._filling if id(h) not in left]
         with self._cond:
-            for h in self._rows:
+            for h in gone:
                 if h.parked:
                     h.parked = False  # waits again, in its group's queue since _park_one
-                elif h.done or h.cancelled:
+                else:
                     self._running[h.group] -= 1
                     self._forget_if_idle(h.group)
-        old_slot = {id(h): i for i, h in enumerate(self._rows)}
-        for new, h in enumerate(keep):
+        old_slot = {id(h): i for i, h in enumerate(held)}
+        for new, h in enumerate(self._rows + self._filling):
             old = old_slot[id(h)]
             if old != new:  # new < old, and row new is free or already moved out
-                for buf in (*self.cache.keys, *self.cache.values):
-                    buf[new, :, : h.length] = buf[old, :, : h.length]
-        self._rows = keep
+                self._move(old, new, h.length)

@@ -786,9 +786,12 @@ class TransformerLM(nn.Module):
         token_positions: Optional[Tensor] = None,
         targets: Optional[Tensor] = None,
         document_ids: Optional[Tensor] = None,
+        head: bool = True,
     ) -> Tensor:
         """Logits (batch, seq, vocab) for ``ids`` (batch, seq); with ``targets`` (batch, seq),
-        the mean cross-entropy loss instead.
+        the mean cross-entropy loss instead; with ``head=False``, the last block's output
+        (batch, seq, d_model), before the final norm: a prefill that only fills the cache skips
+        the LM head.
 
         - ``targets``: the LM head and the loss run together
           (``functional.linear_cross_entropy``): the same loss as ``cross_entropy`` of the
@@ -843,7 +846,7 @@ class TransformerLM(nn.Module):
         x = self._blocks(ids, token_positions, mask, kv_cache, start)
         if kv_cache is not None:
             kv_cache.length = end
-        return self._head(x, targets)
+        return self._head(x, targets) if head else x
 
     def _blocks(
         self, ids: Tensor, positions: Optional[Tensor], mask: Optional[Tensor], kv_cache: Optional[KVCache], start_pos
