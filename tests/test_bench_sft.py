@@ -52,7 +52,8 @@ def test_the_report_shows_paths_from_the_repository_and_each_target(bench):
     figures = {
         "base_accuracy": {"add": 0.0, "repeat": 0.1, "all": 0.05},
         "sft_accuracy": {"add": 0.4, "repeat": 0.9, "all": 0.65},
-        "base_tokens_per_s": 2000.0,
+        "base_tokens_per_s": 1500.0,
+        "pretrain_adamw_tokens_per_s": 2000.0,
         "sft_tokens_per_s": 1900.0,
         "real_share": 0.981,
     }
@@ -61,6 +62,8 @@ def test_the_report_shows_paths_from_the_repository_and_each_target(bench):
     assert "    python benches/bench_sft.py --quick --work benches/out/x\n" in text
     assert "| all | 5.0 % | 65.0 % |" in text and "| fine-tuning / pretraining | 0.95x | >= 0.9x |" in text
     assert "| real (non-padding) tokens in packed rows | 98.1 % | >= 90 % |" in text
+    assert "| fine-tuning tokens/s | pretraining, same shape and optimizer | **0.95x** |" in text
+    assert "| fine-tuned cpu-small: held-out exact match | the base model | **65.0 %** vs 5.0 % |" in text
     assert "Machine: " in text and str(REPO) not in text
 
 
