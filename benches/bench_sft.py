@@ -28,7 +28,6 @@ The report goes to --out (default benches/results/sft.md).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -267,7 +266,7 @@ def report(args, figures: dict, commands: list[list[str]]) -> str:
         "",
         "## Latest result",
         "",
-        f"Machine: {cpu_model()}, {os.cpu_count()} cores; {datetime.date.today().isoformat()}.",
+        f"Machine: {cpu_model()}, {os.cpu_count()} cores.",
         "",
         "| job | compared with | result |",
         "|---|---|---|",
