@@ -570,22 +570,32 @@ class DocumentRows:
         return rows
 
     def state(self) -> torch.Tensor:
-        head = [self.cursor, self.passes, self.serial, len(self.buffer)]
-        body = np.full((self.buffer_size, 3), -1, dtype=np.int64)
-        if self.buffer:
-            body[: len(self.buffer)] = np.asarray(self.buffer, dtype=np.int64)
-        return torch.from_numpy(np.concatenate([np.asarray(head, dtype=np.int64), body.reshape(-1)]))
+        return _packer_state([self.cursor, self.passes, self.serial], self.buffer, self.buffer_size)
 
     def set_state(self, state: torch.Tensor) -> None:
-        values = state.tolist()
-        if state.dtype != torch.int64 or len(values) != 4 + 3 * self.buffer_size:
-            raise ValueError(
-                f"not a document loader state for a buffer of {self.buffer_size} documents "
-                f"(saved with another data.batching or data.doc_buffer?)"
-            )
-        self.cursor, self.passes, self.serial, count = values[:4]
-        body = values[4 : 4 + 3 * count]
-        self.buffer = [tuple(body[i : i + 3]) for i in range(0, len(body), 3)]
+        why = "a document loader state for a buffer of {} documents (saved with another data.batching or data.doc_buffer?)"
+        (self.cursor, self.passes, self.serial), self.buffer = _packer_unstate(state, 3, self.buffer_size, why)
+
+
+def _packer_state(head: list[int], buffer: list[tuple], buffer_size: int) -> torch.Tensor:
+    """A best-fit packer's state as one int64 tensor: ``head``, the buffer's length, then
+    ``buffer_size`` slots of 3 ints (unused ones -1), so its size never changes."""
+    body = np.full((buffer_size, 3), -1, dtype=np.int64)
+    if buffer:
+        body[: len(buffer)] = np.asarray(buffer, dtype=np.int64)
+    front = np.asarray([*head, len(buffer)], dtype=np.int64)
+    return torch.from_numpy(np.concatenate([front, body.reshape(-1)]))
+
+
+def _packer_unstate(state: torch.Tensor, head: int, buffer_size: int, what: str) -> tuple[list[int], list[tuple]]:
+    """(head values, buffer) of a ``_packer_state`` tensor; ValueError "not WHAT" when it is
+    not one of this shape (``what`` formatted with ``buffer_size``)."""
+    values = state.tolist()
+    if state.dtype != torch.int64 or len(values) != head + 1 + 3 * buffer_size:
+        raise ValueError("not " + what.format(buffer_size))
+    count = values[head]
+    body = values[head + 1 : head + 1 + 3 * count]
+    return values[:head], [tuple(body[i : i + 3]) for i in range(0, len(body), 3)]
 
 
 class ConversationRows:
@@ -662,22 +672,12 @@ class ConversationRows:
         return ids, mask
 
     def state(self) -> torch.Tensor:
-        head = [self.seed, self.passes, self.position, self.serial, len(self.buffer)]
-        body = np.full((self.buffer_size, 3), -1, dtype=np.int64)
-        if self.buffer:
-            body[: len(self.buffer)] = np.asarray(self.buffer, dtype=np.int64)
-        return torch.from_numpy(np.concatenate([np.asarray(head, dtype=np.int64), body.reshape(-1)]))
+        return _packer_state([self.seed, self.passes, self.position, self.serial], self.buffer, self.buffer_size)
 
     def set_state(self, state: torch.Tensor) -> None:
-        values = state.tolist()
-        if state.dtype != torch.int64 or len(values) != 5 + 3 * self.buffer_size:
-            raise ValueError(
-                f"not a conversation loader state for a buffer of {self.buffer_size} conversations "
-                f"(saved with other data or another data.doc_buffer?)"
-            )
-        self.seed, self.passes, self.position, self.serial, count = values[:5]
-        body = values[5 : 5 + 3 * count]
-        self.buffer = [tuple(body[i : i + 3]) for i in range(0, len(body), 3)]
+        why = "a conversation loader state for a buffer of {} conversations (saved with other data or another data.doc_buffer?)"
+        head, self.buffer = _packer_unstate(state, 4, self.buffer_size, why)
+        self.seed, self.passes, self.position, self.serial = head
 
 
 def packed_rows(data, context_length: int, max_rows: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
