@@ -9,7 +9,6 @@ transformers saved.
     hf_config(cfg, tokenizer)       config.json out (``ferrolm.lm.export`` writes the folder)
     read_hf_folder(path)            config.json and model.safetensors in (``load_model`` and
                                     ``initial_weights`` read a folder through it)
-    check_llama_compatible(cfg)     what llama.cpp's "llama" architecture can express (GGUF)
 
 The tokenizer's HF files are ``ferrolm.bpe.hf``'s.
 """
@@ -34,7 +33,6 @@ __all__ = [
     "to_hf_state_dict",
     "to_hf_llama_state_dict",
     "from_hf_llama_state_dict",
-    "check_llama_compatible",
     "hf_config",
     "llama_config",
     "hf_special_ids",
@@ -268,24 +266,6 @@ def _from_nanochat_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[s
         out[ours + "ffn.w2.weight"] = sd[f"model.layers.{i}.mlp.fc2.weight"]
         out[ours + "ln1.weight"], out[ours + "ln2.weight"] = ones.clone(), ones.clone()
     return out
-
-
-def check_llama_compatible(cfg: ModelConfig) -> None:
-    """Raise ValueError naming each setting that llama.cpp's "llama" architecture, as
-    ferrolm writes it to GGUF, cannot compute (everything Llama cannot, QK-norm and
-    grouped-query attention), and the preset that trains a model it can."""
-    bad = _llama_differences(cfg)
-    if cfg.qk_norm:
-        bad.append("model.qk_norm = True")
-    if cfg.kv_heads != cfg.num_heads:
-        bad.append(f"model.num_kv_heads = {cfg.kv_heads}")
-    if bad:
-        raise ValueError(
-            f"{', '.join(bad)}: llama.cpp's llama architecture, the one ferrolm writes to GGUF, computes only "
-            "RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and full multi-head attention (no QK-norm, value "
-            "embeddings, x0 mixing or grouped key/value heads in this export), so this model cannot be exported "
-            "as GGUF; train with --config cs336, the Llama recipe, for a model that can"
-        )
 
 
 # --------------------------------------------------------------------------------------
