@@ -4,7 +4,6 @@ of the script on a tiny load, not a measurement)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,18 +36,11 @@ def test_options(bench, capsys):
 
 @pytest.mark.slow
 def test_quick_prefill_run_prints_its_rows():
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(SCRIPT.parents[1] / "python"), os.environ.get("PYTHONPATH")) if p
-        ),
-    }
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--prefill", "--prefill-chunk", "16"],
         capture_output=True,
         text=True,
         timeout=600,
-        env=env,
     )
     assert out.returncode == 0, out.stderr
     assert "server --prefill-chunk 16" in out.stdout

@@ -244,8 +244,8 @@ def test_shared_options_read_the_same_in_every_command():
             for flag in ("--checkpoint", "--device", "--column"):
                 if flag in action.option_strings:
                     helps.setdefault(flag, {})[name] = (action.help, action.default, action.metavar)
-    assert set(helps["--checkpoint"]) == {"generate", "serve", "export", "eval"}
-    assert set(helps["--device"]) == {"generate", "serve", "eval", "demo"}
+    assert set(helps["--checkpoint"]) == {"generate", "serve", "export", "eval", "chat"}
+    assert set(helps["--device"]) == {"generate", "serve", "eval", "demo", "chat"}
     assert set(helps["--column"]) == {"encode", "train-tokenizer"}
     for flag, by_command in helps.items():
         assert len(set(by_command.values())) == 1, (flag, by_command)

@@ -598,30 +598,12 @@ def serve(
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    if max_batch < 1 or max_tokens_limit < 1:
-        raise ValueError("--max-batch and --max-tokens-limit must be >= 1")
-    if not (stream_interval >= 0 and math.isfinite(stream_interval)):
-        raise ValueError(f"--stream-interval must be a number of seconds >= 0, got {stream_interval}")
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be in [0, 65535], got {port}")
-    if max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {max_queue}")
-    if prefill_chunk < 0:
-        raise ValueError(f"--prefill-chunk must be >= 0 (0: each prompt whole), got {prefill_chunk}")
+    _check_serve_options(max_batch, max_tokens_limit, stream_interval, port, max_queue, prefill_chunk)
     for flag, seconds in (("--write-timeout", write_timeout), ("--shutdown-grace", shutdown_grace)):
         if not (seconds > 0 and math.isfinite(seconds)):
             raise ValueError(f"{flag} must be a number of seconds > 0, got {seconds}")
-    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
-    if api_key is not None and not api_key.strip():
-        raise ValueError(f"--api-key (or {API_KEY_ENV}) must not be empty")
+    api_key = _api_key(api_key, host)
     origins = _origins(allowed_origins)
-    if not _is_loopback(host) and api_key is None:
-        print(
-            f"warning: --host {host} serves anyone who can reach this machine, with no authentication "
-            f"(--api-key or {API_KEY_ENV} sets a key); use 127.0.0.1 (the default) unless the network is yours",
-            file=sys.stderr,
-            flush=True,
-        )
 
     def load() -> tuple[ServedModel, Engine]:
         served = load_served_model(checkpoint, tokenizer, device=device, name=name, chat_template=chat_template)
@@ -668,6 +650,38 @@ def serve(
     engine.close(10.0, cancel=True)
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _check_serve_options(
+    max_batch: int, max_tokens_limit: int, stream_interval: float, port: int, max_queue: int, prefill_chunk: int
+) -> None:
+    """ValueError naming the first option out of its range."""
+    if max_batch < 1 or max_tokens_limit < 1:
+        raise ValueError("--max-batch and --max-tokens-limit must be >= 1")
+    if not (stream_interval >= 0 and math.isfinite(stream_interval)):
+        raise ValueError(f"--stream-interval must be a number of seconds >= 0, got {stream_interval}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {port}")
+    if max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {max_queue}")
+    if prefill_chunk < 0:
+        raise ValueError(f"--prefill-chunk must be >= 0 (0: each prompt whole), got {prefill_chunk}")
+
+
+def _api_key(api_key: Optional[str], host: str) -> Optional[str]:
+    """The key the /v1 routes require (--api-key, else FERROLM_API_KEY, else none), with a
+    warning when a server without one listens beyond loopback."""
+    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if api_key is not None and not api_key.strip():
+        raise ValueError(f"--api-key (or {API_KEY_ENV}) must not be empty")
+    if not _is_loopback(host) and api_key is None:
+        print(
+            f"warning: --host {host} serves anyone who can reach this machine, with no authentication "
+            f"(--api-key or {API_KEY_ENV} sets a key); use 127.0.0.1 (the default) unless the network is yours",
+            file=sys.stderr,
+            flush=True,
+        )
+    return api_key
 
 
 def _origins(allowed: Optional[Union[str, list[str]]]) -> Optional[list[str]]:
