@@ -424,12 +424,17 @@ def test_export_cli_gguf(run, tmp_path, capsys):
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_llama_cpp_runs_the_file_with_ferrolms_tokens_and_logits(run, tmp_path):
+def test_llama_cpp_runs_the_files_with_ferrolms_tokens_and_logits(tmp_path):
+    """Every run's file in llama.cpp itself (one test: one skip where it is not installed)."""
     llama_cpp = pytest.importorskip(
         "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python builds llama.cpp)"
     )
-    ckpt, tok, _ = run
-    out = export_gguf(ckpt, tmp_path / "m.gguf")
+    for name, switches in RUNS.items():
+        _check_in_llama_cpp(llama_cpp, *tiny_run(tmp_path / name, **switches)[:2], tmp_path / f"{name}.gguf")
+
+
+def _check_in_llama_cpp(llama_cpp, ckpt, tok, path):
+    out = export_gguf(ckpt, path)
     model, _, _ = load_model(ckpt, tokenizer=False)
     L = model.config.context_length
     f32 = llama_cpp.GGML_TYPE_F32  # llama.cpp's KV cache is float16 unless told: logits would differ by ~1e-3
