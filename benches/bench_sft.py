@@ -80,7 +80,7 @@ def prepare(work: Path, vocab: int, quick: bool) -> dict:
     return {"tok": tok, "train": train, "val": val}
 
 
-# --------------------------------------------------------------------------- the task
+# --------------------------------------------------------------------------- the conversations
 
 
 def example(rng: random.Random, task: str) -> tuple[str, str]:

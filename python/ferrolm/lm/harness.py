@@ -30,7 +30,7 @@ The three request types, exactly:
   generation kwargs are refused by name.
 
 Chat (lm-eval's ``--apply_chat_template``, ``ferrolm eval --apply-chat-template``), for a
-model whose tokenizer has the chat tokens: ``apply_chat_template`` renders the task's
+model whose tokenizer has the chat tokens: ``apply_chat_template`` renders an lm-eval benchmark's
 messages with ``ferrolm.lm.chat`` and keeps the ids of each prompt it hands back, so the
 prompt is scored on exactly those ids (a content spelling "<|end|>" stays text); the
 reply of ``generate_until`` also ends at ``<|end|>``. ``tokenizer_name`` and
