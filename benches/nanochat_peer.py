@@ -89,6 +89,10 @@ def main() -> None:
         default="auto",
         help="learning-rate factor: 'auto' scales by sqrt(batch tokens / 2^19) as nanochat's script does",
     )
+    ap.add_argument("--heldout", help="shards of a held-out text, scored once after training (OUT/heldout.json)")
+    ap.add_argument(
+        "--heldout-tokens", type=int, default=65_537, help="score the held-out text's first N tokens (N >= 2)"
+    )
     args = ap.parse_args()
 
     GPT, GPTConfig = load_nanochat(args.nanochat.resolve())
@@ -236,6 +240,36 @@ def main() -> None:
             break
     batches.close()
     log.close()
+    if args.heldout:
+        result = score_heldout(model, args.heldout, args.heldout_tokens, T, B, device, cfg.data.tokenizer)
+        (args.out / "heldout.json").write_text(json.dumps({**result, "text": args.heldout}, indent=1))
+
+
+@torch.no_grad()
+def score_heldout(model, prefix: str, max_tokens: int, T: int, B: int, device, tokenizer) -> dict:
+    """Mean loss and bits per byte over consecutive windows of the first ``max_tokens`` tokens
+    of ``prefix``: the windows ``ferrolm eval --max-tokens`` scores, so both sides compare."""
+    from ferrolm.bpe import Tokenizer
+    from ferrolm.lm.data import TokenShards
+    from ferrolm.lm.evaluate import token_byte_lengths
+
+    shards = TokenShards(prefix)
+    tokens = torch.from_numpy(shards[: min(max_tokens, len(shards))].astype("int64"))
+    lengths = token_byte_lengths(Tokenizer.load(tokenizer), model.config.vocab_size)
+    windows = [(s, min(T, len(tokens) - 1 - s)) for s in range(0, len(tokens) - 1, T)]
+    # batches of equal-width windows (a shorter last window alone)
+    groups = [windows[i : i + B] for i in range(0, len(windows), B)]
+    if windows[-1][1] != T and len(groups[-1]) > 1:
+        groups[-1:] = [groups[-1][:-1], groups[-1][-1:]]
+    model.eval()
+    nats, nbytes, n = 0.0, 0.0, 0
+    for group in groups:
+        x = torch.stack([tokens[s : s + w] for s, w in group]).to(device)
+        y = torch.stack([tokens[s + 1 : s + w + 1] for s, w in group]).to(device)
+        nats += model(x, y, loss_reduction="sum").item()
+        nbytes += float(lengths[y.cpu()].sum())
+        n += y.numel()
+    return {"loss": nats / n, "bits_per_byte": nats / math.log(2) / nbytes if nbytes else None, "tokens": n}
 
 
 if __name__ == "__main__":

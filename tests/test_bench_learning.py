@@ -1,4 +1,5 @@
-"""benches/bench_learning.py's report: how a loss difference is worded."""
+"""benches/bench_learning.py's report: how a loss difference is worded, seeds summed up, and
+the development and held-out figures kept apart."""
 
 from __future__ import annotations
 
@@ -32,34 +33,86 @@ def test_a_loss_is_worded_by_its_sign(bench_learning, loss, ref, words):
     assert bench_learning.relative_loss(loss, ref) == words
 
 
-def test_the_report_lines_word_each_contender_against_the_reference(bench_learning):
-    finals = {"cs336": {"val_loss": 5.965}, "cpu-small": {"val_loss": 5.333}, "nanochat": {"val_loss": 5.444}}
-    assert bench_learning.lower_than(finals, "nanochat") == [
-        "- cs336: validation loss 9.6 % higher than nanochat's",
-        "- cpu-small: validation loss 2.0 % lower than nanochat's",
+def make_run(folder: Path, dev: float, heldout: float, step: int = 250) -> Path:
+    folder.mkdir(parents=True)
+    row = {"step": step, "tokens": step * 4096, "time_s": 60.0, "val_loss": dev}
+    (folder / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    (folder / "heldout.json").write_text(json.dumps({"loss": heldout, "bits_per_byte": heldout / 2.7}))
+    return folder
+
+
+def test_a_contenders_seeds_give_the_mean_and_the_spread(bench_learning, tmp_path):
+    runs = [make_run(tmp_path / "a", 5.0, 5.2), make_run(tmp_path / "b", 5.2, 5.3)]
+    sm = bench_learning.summary(runs)
+    assert (sm["seeds"], sm["step"], sm["tokens"]) == (2, 250, 1_024_000)
+    assert sm["dev"] == pytest.approx(5.1) and sm["dev_spread"] == pytest.approx(0.2)
+    assert sm["heldout"] == pytest.approx(5.25) and sm["heldout_spread"] == pytest.approx(0.1)
+    assert bench_learning.with_spread(sm["heldout"], sm["heldout_spread"], 2) == "5.250 ±0.050"
+    assert bench_learning.with_spread(5.0, 0.0, 1) == "5.000"
+
+
+def test_a_run_without_its_held_out_score_is_not_finished(bench_learning, tmp_path):
+    run = make_run(tmp_path / "a", 5.0, 5.2)
+    assert bench_learning.finished(run)
+    (run / "heldout.json").unlink()
+    assert not bench_learning.finished(run)
+
+
+def test_the_first_seed_keeps_the_label_and_the_others_are_named_by_seed(bench_learning):
+    assert bench_learning.run_name("smear", 1337, [1337, 7]) == "smear"
+    assert bench_learning.run_name("smear", 7, [1337, 7]) == "smear.seed7"
+
+
+def test_the_report_lines_word_each_contender_on_each_text(bench_learning, tmp_path):
+    sums = {
+        name: bench_learning.summary([make_run(tmp_path / name, dev, held)])
+        for name, dev, held in (("cs336", 5.965, 6.0), ("cpu-small", 5.333, 5.0), ("nanochat", 5.444, 5.1))
+    }
+    assert bench_learning.against(sums, "nanochat") == [
+        "- cs336: held-out loss 17.6 % higher than nanochat's",
+        "- cpu-small: held-out loss 2.0 % lower than nanochat's",
     ]
+    assert bench_learning.against(sums, "nanochat", "dev")[1] == (
+        "- cpu-small: development loss 2.0 % lower than nanochat's"
+    )
 
 
-def test_the_portable_preset_races_by_default_and_its_cost_against_cpu_small_is_worded(bench_learning):
+def test_the_portable_preset_races_by_default(bench_learning):
     args = bench_learning.arg_parser().parse_args([])
     assert args.contenders.split(",") == ["cs336", "cpu-small", "portable"]
-    # the wall-clock race scales each contender's warmup from its preset: each one loads
     assert bench_learning.timed_spec("portable", 1000) == "portable=portable+schedule.warmup_steps=20"
-    finals = {"cs336": {"val_loss": 5.9}, "cpu-small": {"val_loss": 5.0}, "portable": {"val_loss": 5.1}}
-    assert bench_learning.portable_cost(finals) == ["- portable: validation loss 2.0 % higher than cpu-small's"]
-    assert bench_learning.portable_cost({"cs336": {"val_loss": 5.9}, "cpu-small": {"val_loss": 5.0}}) == []
 
 
-def test_the_summary_rows_word_portables_loss_against_cpu_small(bench_learning, tmp_path):
-    runs = {}
-    for name, loss in (("cs336", 5.9), ("cpu-small", 5.0), ("portable", 5.1)):
-        runs[name] = tmp_path / name
-        runs[name].mkdir()
-        row = {"step": 250, "tokens": 1_024_000, "time_s": 60.0, "val_loss": loss}
-        (runs[name] / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+def test_the_summary_sets_the_main_contender_against_nanochat_on_both_texts(bench_learning, tmp_path):
+    runs = {
+        name: [make_run(tmp_path / name, dev, held)]
+        for name, dev, held in (
+            ("cs336", 5.9, 6.0),
+            ("cpu-small", 5.0, 5.1),
+            ("portable", 5.1, 5.202),
+            ("nanochat", 5.2, 5.3),
+        )
+    }
     args = bench_learning.arg_parser().parse_args(["--steps", "250"])
     rows = bench_learning.latest_result({"steps": runs}, args)
     assert (
-        "| portable (exports to GGUF and HF): val loss, equal steps (250) | cpu-small | **2.0 % higher** (5.100 vs 5.000) |"
+        "| cpu-small: held-out loss, equal steps (250) | nanochat (GPT + MuonAdamW) | **3.8 % lower** (5.100 vs 5.300) |"
         in rows
     )
+    assert (
+        "| cpu-small: development loss, equal steps (250) | nanochat (GPT + MuonAdamW) | **3.8 % lower** (5.000 vs 5.200) |"
+        in rows
+    )
+    assert (
+        "| portable (exports to GGUF and HF): held-out loss, equal steps (250) | cpu-small | **2.0 % higher** (5.202 vs 5.100) |"
+        in rows
+    )
+    assert "| cpu-small: tokens to cs336's final development loss | cs336 recipe | **1.00x** the tokens |" in rows
+
+
+def test_the_report_lists_every_contender_with_its_settings_and_both_losses(bench_learning, tmp_path):
+    runs = {"cpu-small": [make_run(tmp_path / "c", 5.0, 5.1)], "smear": [make_run(tmp_path / "s", 4.9, 5.05)]}
+    args = bench_learning.arg_parser().parse_args(["--contenders", "cpu-small,smear=cpu-small+model.smear=true"])
+    text = bench_learning.report({"steps": runs}, args, ["python benches/bench_learning.py"])
+    assert "| smear | cpu-small smear=true | 1 | 250 | 1,024,000 | 60 | 4.900 | 5.050 | 1.870 |" in text
+    assert "- smear: held-out loss 1.0 % lower than cpu-small's" in text
