@@ -41,6 +41,19 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
     embed_norm     x = x0 = E[ids] / sqrt(mean(E[ids]^2) + eps), no weight, before the
                    first block (functional.qk_norm's equation over d_model), as nanochat does
 
+From the modded-nanogpt speedrun:
+
+    unet_skips     with L layers and n = floor(L/2), the outputs skip_i of blocks i < n are
+                   kept and block L-1-i reads x + s_i skip_i, s_i learned, starting at 1;
+                   the skip is added first, then x0_mix's a x + b x0 (the speedrun's order)
+    attn_gate      head h's attention output times sigmoid(x[..., :k] W_g[h]^T) before W_O,
+                   x the attention's (normed) input, W_g (num_heads, k), k = min(12, d_model),
+                   starting at 0: every gate at 1/2 (``AttentionGate``)
+    short_window   w > 0: in the layers ``window_pattern`` marks 'S' (cycled over the layers,
+                   the last layer always long), the query at position p attends keys j with
+                   p - w < j <= p only (functional.sliding_window_mask, ANDed with doc_mask's
+                   mask); long layers stay plain causal, on SDPA's is_causal path
+
 The original Transformer's parts, as switches:
 
     positions="sinusoidal"  x = E[ids] + PE[pos], PE[p, 2i] = sin(p / 10000^(2i/d)),
@@ -74,7 +87,9 @@ Ablations and switches change only what they must: ``norm="none"`` drops every
 ``ln*`` key, ``ffn="silu"``, ``"relu2"`` and ``"relu"`` have no ``w3``, ``num_kv_heads`` makes
 ``k_proj``/``v_proj`` narrower; ``value_embeds`` adds ``value_embeddings.{i}.weight`` for
 its layers, ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer),
-``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``positions="learned"``
+``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``unet_skips`` adds
+``skip_scales`` (floor(L/2) entries), ``attn_gate`` adds ``layers.{i}.attn.gate.weight``
+(num_heads, min(12, d_model)), ``positions="learned"``
 adds ``position_embeddings.weight`` and ``norm="layer"`` a ``.bias`` beside each norm's
 ``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
