@@ -129,6 +129,7 @@ __all__ = [
     "SiLUFFN",
     "ReLU2FFN",
     "RotaryEmbedding",
+    "AttentionGate",
     "CausalSelfAttention",
     "TransformerBlock",
     "TransformerLM",
@@ -900,7 +901,7 @@ class TransformerLM(nn.Module):
             kv_cache.length = end
         return self._head(x, targets) if head else x
 
-    def _short_mask(self, query_positions: Tensor, num_keys: int, mask: Optional[Tensor]) -> Optional[Tensor]:
+    def _short_mask(self, query_positions: Tensor, num_keys: int, mask: Optional[Tensor]) -> Tensor:
         """The short-window layers' mask (``short_window``): ``mask`` (None: causal) AND the
         window, for queries at ``query_positions`` over keys 0 .. num_keys - 1. The callers skip
         it where the window hides nothing (every key within it): the short layers then take
