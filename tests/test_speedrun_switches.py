@@ -334,3 +334,46 @@ def test_native_hf_and_gguf_exports_refuse_each_switch_by_name(switch, name):
             hf_architecture(cfg)
         with pytest.raises(ValueError, match=f"model.{name} = "):
             gguf_architecture(cfg)
+
+
+# ------------------------------------------------------------- a training run -----------
+
+
+def test_a_muon_run_with_document_masks_trains_every_new_parameter(tmp_path):
+    """The training loop end to end: document batches with doc_mask (the short layers' mask
+    ANDs the documents'), Muon with its AdamW groups, evaluation; the checkpoint holds the new
+    weights, moved from their start, and loads back."""
+    from shard_util import synthetic_corpus, write_shard
+
+    from ferrolm.lm.checkpoint import load_model
+    from ferrolm.lm.config import TrainConfig
+    from ferrolm.lm.train import train
+
+    corpus = synthetic_corpus(12_000, vocab_size=64, seed=0)
+    write_shard(tmp_path / "train", corpus[:10_000], vocab_size=64)
+    write_shard(tmp_path / "val", corpus[10_000:], vocab_size=64)
+    cfg = TrainConfig()
+    cfg.update(
+        {
+            "model": dict(SMALL, vocab_size=64, context_length=16, doc_mask=True, **ALL_ON),
+            "data": {"train": str(tmp_path / "train"), "val": str(tmp_path / "val"), "batching": "documents"},
+            "optimizer": {"name": "muon", "lr": 0.02, "min_lr": 0.002},
+            "schedule": {"max_steps": 6, "warmup_steps": 1, "batch_size": 4},
+            "run": {
+                "out_dir": str(tmp_path / "run"),
+                "device": "cpu",
+                "autocast_bf16": False,
+                "compile": False,
+                "eval_every": 3,
+                "eval_batches": 2,
+                "progress": False,
+                "num_threads": 1,
+            },
+        }
+    )
+    result = train(cfg.validate())
+    assert result.status == "done" and result.step == 6
+    model = load_model(tmp_path / "run").model
+    assert model.config.short_window == 4 and model.config.unet_skips and model.config.attn_gate
+    assert not torch.equal(model.skip_scales, torch.ones(2))
+    assert all(layer.attn.gate.weight.abs().sum() > 0 for layer in model.layers)
