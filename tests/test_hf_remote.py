@@ -38,6 +38,8 @@ COMBOS = {
         "d_ff_ungated": 48,
     },
     "learned-positions-layernorm": {"positions": "learned", "norm": "layer", "ffn": "relu", "d_ff_ungated": 40},
+    # the speedrun's U-net skip, attention gate and short window (layer 0 short, the last long)
+    "presets-unet-gate-short-window": {**PRESET, "unet_skips": True, "attn_gate": True, "short_window": 5},
     "embed-norm-qk-gains-value-embeds": {
         "embed_norm": True,
         "qk_norm": True,

@@ -108,6 +108,16 @@ class ModelConfig:
       b_i two learned scalars per layer that start at 1 and 0 (the plain residual).
     - ``embed_norm``: the token embeddings are divided by their RMS, with no weight, before
       the first block (and x0 is the normalized embedding), as transformers' nanochat does.
+    - ``unet_skips``: U-net skips, as in the modded-nanogpt speedrun: the outputs of the first
+      floor(L/2) blocks are kept and block L-1-i reads x + s_i skip_i, skip_i the output of
+      block i and s_i a learned scalar that starts at 1 (before ``x0_mix``'s mixing).
+    - ``attn_gate``: each head's attention output is multiplied by sigmoid(x[:k] W_g^T)
+      before W_O, x the attention's input, W_g a learned (num_heads, k) matrix per layer,
+      k = min(12, d_model), starting at 0 (every gate at 1/2).
+    - ``short_window``: w > 0 makes the layers that ``window_pattern`` marks 'S' attend
+      only to the last w positions (the query's own included); 0 is off.
+    - ``window_pattern``: 'L' (long: plain causal) and 'S' (short) cycled over the layers;
+      the last layer is always long. Used only with ``short_window``.
     """
 
     vocab_size: int = 0
@@ -136,6 +146,10 @@ class ModelConfig:
     label_smoothing: float = 0.0
     embed_norm: bool = False
     qk_norm_gain: bool = False
+    unet_skips: bool = False
+    attn_gate: bool = False
+    short_window: int = 0
+    window_pattern: str = "SSSL"
 
     def __post_init__(self) -> None:
         self.check()
@@ -150,7 +164,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"model.{name} must be a positive int, got {value!r}")
-        for name in ("vocab_size", "d_ff_ungated", "num_kv_heads"):
+        for name in ("vocab_size", "d_ff_ungated", "num_kv_heads", "short_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"model.{name} must be an int >= 0, got {value!r}")
@@ -172,6 +186,13 @@ class ModelConfig:
             raise ValueError("model.qk_norm_gain needs model.qk_norm = true (it is a kind of QK-norm)")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"model.num_kv_heads ({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})")
+        if self.unet_skips and self.num_layers < 2:
+            raise ValueError(
+                f"model.unet_skips needs model.num_layers >= 2 (a skip joins two blocks), got {self.num_layers}"
+            )
+        pattern = self.window_pattern
+        if not isinstance(pattern, str) or not pattern or set(pattern) - {"L", "S"}:
+            raise ValueError(f"model.window_pattern must be a non-empty string of 'L' and 'S', got {pattern!r}")
         return self
 
     @property
@@ -193,6 +214,20 @@ class ModelConfig:
     def num_value_embeds(self) -> int:
         """How many layers have a value embedding (counted without listing them)."""
         return (self.num_layers + 1) // 2 if self.value_embeds else 0
+
+    @property
+    def short_window_layers(self) -> list[int]:
+        """The layers that attend over ``short_window`` positions only: those ``window_pattern``
+        (cycled) marks 'S', never the last; none when short_window is 0."""
+        if not self.short_window:
+            return []
+        pattern = self.window_pattern
+        return [i for i in range(self.num_layers - 1) if pattern[i % len(pattern)] == "S"]
+
+    @property
+    def attn_gate_width(self) -> int:
+        """k of ``attn_gate``: how many leading channels of the attention's input the gate reads."""
+        return min(12, self.d_model)
 
     @property
     def ffn_hidden(self) -> int:

@@ -15,6 +15,7 @@ These are the literal definitions the model is checked against:
     x0_mix(x, x0, a, b) = a x + b x0
     document_ids   = number of end-of-text tokens at or before each position
     document_mask  = causal mask AND (query and key in one document)
+    sliding_window_mask: query at p may attend key j iff p - w < j <= p
     layer_norm(x)  = (x - mean x) / sqrt(var x + eps) * g + b
     sinusoidal_positions: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)
     dropout(x, p)  = x * mask / (1 - p), mask ~ Bernoulli(1 - p)
@@ -52,6 +53,7 @@ __all__ = [
     "x0_mix",
     "document_ids",
     "document_mask",
+    "sliding_window_mask",
 ]
 
 
@@ -411,3 +413,11 @@ def document_mask(doc_ids: Tensor) -> Tensor:
     pos = torch.arange(seq, device=doc_ids.device)
     causal = pos[None, :] <= pos[:, None]
     return causal & (doc_ids.unsqueeze(-1) == doc_ids.unsqueeze(-2))
+
+
+def sliding_window_mask(query_positions: Tensor, num_keys: int, window: int) -> Tensor:
+    """Bool (*query_positions.shape, num_keys): the query at position p may attend key j iff
+    p - window < j <= p (its own position and the window - 1 before it)."""
+    keys = torch.arange(num_keys, device=query_positions.device)
+    p = query_positions.unsqueeze(-1)
+    return (keys <= p) & (keys > p - window)

@@ -60,6 +60,9 @@ def _llama_differences(cfg: ModelConfig) -> list[str]:
         "value_embeds": False,
         "x0_mix": False,
         "embed_norm": False,
+        "unet_skips": False,
+        "attn_gate": False,
+        "short_window": 0,
     }
     return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
 
@@ -77,6 +80,9 @@ def _nanochat_differences(cfg: ModelConfig) -> list[str]:
         "embed_norm": True,
         "value_embeds": False,
         "x0_mix": False,
+        "unet_skips": False,
+        "attn_gate": False,
+        "short_window": 0,
     }
     return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
 

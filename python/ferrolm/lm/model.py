@@ -41,6 +41,19 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
     embed_norm     x = x0 = E[ids] / sqrt(mean(E[ids]^2) + eps), no weight, before the
                    first block (functional.qk_norm's equation over d_model), as nanochat does
 
+From the modded-nanogpt speedrun:
+
+    unet_skips     with L layers and n = floor(L/2), the outputs skip_i of blocks i < n are
+                   kept and block L-1-i reads x + s_i skip_i, s_i learned, starting at 1;
+                   the skip is added first, then x0_mix's a x + b x0 (the speedrun's order)
+    attn_gate      head h's attention output times sigmoid(x[..., :k] W_g[h]^T) before W_O,
+                   x the attention's (normed) input, W_g (num_heads, k), k = min(12, d_model),
+                   starting at 0: every gate at 1/2 (``AttentionGate``)
+    short_window   w > 0: in the layers ``window_pattern`` marks 'S' (cycled over the layers,
+                   the last layer always long), the query at position p attends keys j with
+                   p - w < j <= p only (functional.sliding_window_mask, ANDed with doc_mask's
+                   mask); long layers stay plain causal, on SDPA's is_causal path
+
 The original Transformer's parts, as switches:
 
     positions="sinusoidal"  x = E[ids] + PE[pos], PE[p, 2i] = sin(p / 10000^(2i/d)),
@@ -74,7 +87,9 @@ Ablations and switches change only what they must: ``norm="none"`` drops every
 ``ln*`` key, ``ffn="silu"``, ``"relu2"`` and ``"relu"`` have no ``w3``, ``num_kv_heads`` makes
 ``k_proj``/``v_proj`` narrower; ``value_embeds`` adds ``value_embeddings.{i}.weight`` for
 its layers, ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer),
-``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``positions="learned"``
+``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``unet_skips`` adds
+``skip_scales`` (floor(L/2) entries), ``attn_gate`` adds ``layers.{i}.attn.gate.weight``
+(num_heads, min(12, d_model)), ``positions="learned"``
 adds ``position_embeddings.weight`` and ``norm="layer"`` a ``.bias`` beside each norm's
 ``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
@@ -114,6 +129,7 @@ __all__ = [
     "SiLUFFN",
     "ReLU2FFN",
     "RotaryEmbedding",
+    "AttentionGate",
     "CausalSelfAttention",
     "TransformerBlock",
     "TransformerLM",
@@ -464,6 +480,26 @@ def causal_mask(num_queries: int, num_keys: int, device=None) -> Tensor:
     return k_pos <= q_pos
 
 
+class AttentionGate(nn.Module):
+    """The sparse attention gate: sigmoid(x[..., :k] W_g^T), one gate per head and position,
+    W_g of shape (num_heads, k). W_g starts at 0: every gate at 1/2, the modded-nanogpt
+    speedrun's start; a gate of 1 would need W_g -> infinity, and the halving only rescales
+    W_O's input, which the next steps (and Muon's normalized updates) absorb at once."""
+
+    def __init__(self, num_heads: int, width: int, device=None, dtype=None):
+        super().__init__()
+        self.width = width
+        # zeros draw nothing from the random stream: every other weight's init is unchanged
+        self.weight = nn.Parameter(torch.zeros(num_heads, width, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (batch, seq, d_model) -> gates (batch, num_heads, seq, 1), to scale the heads' outputs."""
+        return torch.sigmoid(gemm.linear(x[..., : self.width], self.weight)).transpose(1, 2).unsqueeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.weight.shape[0]}, width={self.width}"
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with separate Q, K, V and output projections.
 
@@ -474,7 +510,8 @@ class CausalSelfAttention(nn.Module):
     key/value head h // (num_heads / num_kv_heads). With ``qk_norm`` each head's q and k
     are divided by their RMS after RoPE (``functional.qk_norm``, no weight); with
     ``qk_norm_gain`` too, before RoPE and times the learned gains ``q_norm.weight`` and
-    ``k_norm.weight`` (Qwen3's order).
+    ``k_norm.weight`` (Qwen3's order). With ``attn_gate`` each head's output is multiplied
+    by its ``AttentionGate`` value before W_O.
     """
 
     def __init__(
@@ -491,6 +528,7 @@ class CausalSelfAttention(nn.Module):
         qk_norm_gain: bool = False,
         eps: float = 1e-5,
         dropout: float = 0.0,
+        attn_gate: bool = False,
     ):
         super().__init__()
         if d_model % num_heads:
@@ -518,6 +556,7 @@ class CausalSelfAttention(nn.Module):
         if qk_norm and qk_norm_gain:
             self.q_norm = RMSNorm(self.d_head, eps, device=device, dtype=dtype)
             self.k_norm = RMSNorm(self.d_head, eps, device=device, dtype=dtype)
+        self.gate = AttentionGate(num_heads, min(12, d_model), device=device, dtype=dtype) if attn_gate else None
 
     def forward(
         self,
@@ -606,6 +645,8 @@ class CausalSelfAttention(nn.Module):
                 mask = causal_mask(seq, num_keys, device=x.device)
             out = functional.grouped_query_attention(q, k, v, mask, drop)
 
+        if self.gate is not None:
+            out = out * self.gate(x).to(out.dtype)
         out = out.transpose(1, 2).reshape(batch, seq, self.d_model)  # concat heads
         return self.output_proj(out)
 
@@ -642,6 +683,7 @@ class TransformerBlock(nn.Module):
         qk_norm: bool = False,
         dropout: float = 0.0,
         qk_norm_gain: bool = False,
+        attn_gate: bool = False,
         device=None,
         dtype=None,
     ):
@@ -664,6 +706,7 @@ class TransformerBlock(nn.Module):
             qk_norm_gain=qk_norm_gain,
             eps=eps,
             dropout=dropout,
+            attn_gate=attn_gate,
         )
         self.dropout = dropout
         self.ln2 = _make_norm(norm, d_model, eps, device, dtype)
@@ -733,6 +776,7 @@ class TransformerLM(nn.Module):
                 qk_norm=cfg.qk_norm,
                 dropout=cfg.dropout,
                 qk_norm_gain=cfg.qk_norm_gain,
+                attn_gate=cfg.attn_gate,
                 device=device,
                 dtype=dtype,
             )
@@ -767,6 +811,12 @@ class TransformerLM(nn.Module):
         elif cfg.positions == "sinusoidal":
             table = _sinusoidal_table(context_length, d_model).to(device=device, dtype=dtype)
             self.register_buffer("position_table", table, persistent=False)
+        if cfg.unet_skips:
+            # Start at 1, the speedrun's choice: the late blocks read the early features from the
+            # first step on (a start at 0 would leave them to the scale's own gradient), and the
+            # norms in front of every branch and the head undo the larger residual's scale.
+            self.skip_scales = nn.Parameter(torch.ones(num_layers // 2, device=device, dtype=dtype))
+        self._short_layers = frozenset(cfg.short_window_layers)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> TransformerLM:
@@ -843,15 +893,33 @@ class TransformerLM(nn.Module):
                 raise ValueError(f"document_ids must be (batch, seq) = {(batch, seq)}, got {tuple(document_ids.shape)}")
             mask = functional.document_mask(document_ids)[:, None]  # (batch, 1, seq, seq): over heads
 
-        x = self._blocks(ids, token_positions, mask, kv_cache, start)
+        short = None
+        if self._short_layers and end > cfg.short_window:
+            short = self._short_mask(torch.arange(start, end, device=ids.device), end, mask)
+        x = self._blocks(ids, token_positions, mask, kv_cache, start, short)
         if kv_cache is not None:
             kv_cache.length = end
         return self._head(x, targets) if head else x
 
+    def _short_mask(self, query_positions: Tensor, num_keys: int, mask: Optional[Tensor]) -> Tensor:
+        """The short-window layers' mask (``short_window``): ``mask`` (None: causal) AND the
+        window, for queries at ``query_positions`` over keys 0 .. num_keys - 1. The callers skip
+        it where the window hides nothing (every key within it): the short layers then take
+        ``mask`` as the long ones do, and plain causal stays on SDPA's fast path."""
+        short = functional.sliding_window_mask(query_positions, num_keys, self.config.short_window)
+        return short if mask is None else mask & short
+
     def _blocks(
-        self, ids: Tensor, positions: Optional[Tensor], mask: Optional[Tensor], kv_cache: Optional[KVCache], start_pos
+        self,
+        ids: Tensor,
+        positions: Optional[Tensor],
+        mask: Optional[Tensor],
+        kv_cache: Optional[KVCache],
+        start_pos,
+        short_mask: Optional[Tensor] = None,
     ) -> Tensor:
-        """Embedding and blocks: the final hidden states of ``ids``."""
+        """Embedding and blocks: the final hidden states of ``ids``; the layers of
+        ``short_window`` attend under ``short_mask`` where it is given, the others under ``mask``."""
         x = self.token_embeddings(ids)
         if self.config.embed_norm:
             x = rms_normalize(x, None, self.config.norm_eps)
@@ -860,7 +928,13 @@ class TransformerLM(nn.Module):
         if self.config.dropout and self.training:
             x = functional.dropout(x, self.config.dropout)
         x0 = x
+        num_layers = len(self.layers)
+        skips: list[Tensor] = []  # unet_skips: the outputs of the first num_layers // 2 blocks
+        num_skips = num_layers // 2 if self.config.unet_skips else 0
         for i, layer in enumerate(self.layers):
+            if i >= num_layers - num_skips:  # the skip first, then x0_mix (the speedrun's order)
+                j = num_layers - 1 - i
+                x = x + self.skip_scales[j] * skips[j]
             if self.config.x0_mix:  # the first block's x is x0 itself: one input, the equation
                 mix = functional.x0_mix if x is x0 else _X0Mix.apply
                 x = mix(x, x0, self.residual_scales[i], self.x0_scales[i])
@@ -868,11 +942,13 @@ class TransformerLM(nn.Module):
             x = layer(
                 x,
                 positions,
-                mask=mask,
+                mask=short_mask if short_mask is not None and i in self._short_layers else mask,
                 kv_cache=None if kv_cache is None else (kv_cache.keys[i], kv_cache.values[i]),
                 start_pos=start_pos,
                 value_embed=None if table is None else table(ids),
             )
+            if i < num_skips:
+                skips.append(x)
         return x
 
     def _absolute_positions(self, ids: Tensor, positions: Optional[Tensor], start_pos) -> Tensor:
@@ -907,7 +983,10 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence reaches position {end}, beyond context_length {self.config.context_length}")
         # (batch, 1, 1, keys): row b sees its own slots 0..start_pos[b], none of another row's longer past
         mask = (torch.arange(end, device=ids.device) <= start_pos[:, None])[:, None, None, :]
-        x = self._blocks(ids, start_pos[:, None], mask, kv_cache, start_pos)
+        short = None
+        if self._short_layers and end > self.config.short_window:
+            short = self._short_mask(start_pos[:, None, None], end, mask)  # (batch, 1, 1, keys)
+        x = self._blocks(ids, start_pos[:, None], mask, kv_cache, start_pos, short)
         kv_cache.length = end
         return self._head(x, targets)
 
@@ -989,13 +1068,15 @@ def count_parameters(cfg: ModelConfig) -> int:
          + 2 d)                    ln1, ln2 gains        (0 with norm="none")
     + d                            final norm gain       (0 with norm="none")
     + V d                          LM head               (0 when tied)
-    + V d_kv per value-embedding layer, 2 L with x0_mix, 2 L d_head with qk_norm_gain
+    + V d_kv per value-embedding layer, 2 L with x0_mix, 2 L d_head with qk_norm_gain,
+      floor(L / 2) with unet_skips, L num_heads min(12, d) with attn_gate
     """
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
     norms = d if cfg.norm == "rms" else 0
     per_layer = _matmul_weights_per_layer(cfg) + 2 * norms
     extras = cfg.num_value_embeds * V * cfg.kv_heads * cfg.d_head + (2 * L if cfg.x0_mix else 0)
     extras += 2 * L * cfg.d_head if cfg.qk_norm_gain else 0
+    extras += (L // 2 if cfg.unet_skips else 0) + (L * cfg.num_heads * cfg.attn_gate_width if cfg.attn_gate else 0)
     return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d) + extras
 
 

@@ -11,14 +11,18 @@ carry ferrolm's checkpoint names, so model.safetensors is ferrolm's state dict a
 (a tied model stores the embedding once). The equations, in the order they run:
 
     x0 = E[ids] (/ rms: embed_norm) (+ PE[pos] or P[pos]: sinusoidal or learned positions);  x = x0
-    per block i:  x = a_i x + b_i x0                                   (x0_mix)
+    per block i:  x = x + s_j skip_j, j = L-1-i, when j < floor(L/2)    (unet_skips; skip_j: block j's output)
+                  x = a_i x + b_i x0                                   (x0_mix)
                   pre-norm:  h = x + Attn(N(x));  x = h + FFN(N(h))
                   post-norm: h = N(x + Attn(x));  x = N(h + FFN(h))
     Attn:         q, k, v = x W_Q^T, x W_K^T, x W_V^T (+ E_v[ids] on v in value-embedding layers)
                   RoPE rotates each pair (x[2k], x[2k+1]) by  position * theta^(-2k/d_head)
                   q, k <- q / rms(q), k / rms(k) per head (qk_norm, no weight), or with
                   qk_norm_gain times learned gains g_q, g_k and BEFORE RoPE (Qwen3's order)
-                  softmax(q k^T / sqrt(d_head), causal) v; key/value head h // group (GQA)
+                  softmax(q k^T / sqrt(d_head), causal) v; key/value head h // group (GQA);
+                  in a short layer (short_window w > 0, window_pattern's 'S', never the last
+                  layer) the query at slot p sees only slots j with p - w < j <= p
+                  each head's output times sigmoid(x[:k] W_g^T), k = min(12, d_model) (attn_gate)
     FFN:          W2 (SiLU(W1 x) * W3 x) | W2 SiLU(W1 x) | W2 relu(W1 x)^2 | W2 relu(W1 x)
     logits:       N(x) W_head^T (W_head = E when tied), then c tanh(z / c) (logit_softcap)
 
@@ -69,6 +73,10 @@ FERROLM_FIELDS = {
     "label_smoothing": 0.0,
     "embed_norm": False,
     "qk_norm_gain": False,
+    "unet_skips": False,
+    "attn_gate": False,
+    "short_window": 0,
+    "window_pattern": "SSSL",
 }
 
 
@@ -111,6 +119,11 @@ class FerroLMConfig(PretrainedConfig):
     def has_value_embed(self, layer: int) -> bool:
         """The last layer and every second one before it."""
         return self.value_embeds and (self.num_layers - 1 - layer) % 2 == 0
+
+    def is_short(self, layer: int) -> bool:
+        """A short-window layer: window_pattern (cycled) says 'S' and it is not the last layer."""
+        pattern = self.window_pattern
+        return self.short_window > 0 and layer < self.num_layers - 1 and pattern[layer % len(pattern)] == "S"
 
 
 def rms_normalize(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
@@ -163,6 +176,17 @@ def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torc
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).to(x.dtype)
 
 
+class Gate(nn.Module):
+    """attn_gate: sigmoid(x[..., :k] W_g^T), W_g (num_heads, k), one gate per head and position."""
+
+    def __init__(self, num_heads: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_heads, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (batch, seq, d) -> (batch, heads, seq, 1)
+        return torch.sigmoid(F.linear(x[..., : self.weight.shape[1]], self.weight)).transpose(1, 2)[..., None]
+
+
 class Attention(nn.Module):
     def __init__(self, config: FerroLMConfig, layer: int):
         super().__init__()
@@ -175,6 +199,8 @@ class Attention(nn.Module):
         if config.qk_norm and config.qk_norm_gain:
             self.q_norm = RMSNorm(config.d_head, config.norm_eps)
             self.k_norm = RMSNorm(config.d_head, config.norm_eps)
+        if config.attn_gate:
+            self.gate = Gate(config.num_heads, min(12, config.d_model))
 
     def forward(self, x, positions, mask, cache, value_embed):
         cfg = self.config
@@ -199,6 +225,8 @@ class Attention(nn.Module):
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if cfg.attn_gate:
+            out = out * self.gate(x).to(out.dtype)
         return self.output_proj(out.transpose(1, 2).reshape(batch, seq, cfg.d_model))
 
 
@@ -282,11 +310,14 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
             self.x0_scales = nn.Parameter(torch.zeros(config.num_layers))
         if config.positions == "learned":
             self.position_embeddings = nn.Embedding(config.context_length, config.d_model)
+        if config.unet_skips:
+            self.skip_scales = nn.Parameter(torch.ones(config.num_layers // 2))
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
         """ferrolm's initialization: truncated normal, std sqrt(2 / (in + out)) for a matrix and
-        1 for an embedding, cut at 3 std; norm gains 1; the x0 mix starts as the plain residual."""
+        1 for an embedding, cut at 3 std; norm gains 1; the x0 mix starts as the plain residual;
+        U-net skips at 1, attention gates at 0."""
         if isinstance(module, nn.Linear):
             std = math.sqrt(2.0 / sum(module.weight.shape))
             nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
@@ -296,9 +327,14 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
             nn.init.ones_(module.weight)
             if isinstance(module, LayerNorm):
                 nn.init.zeros_(module.bias)
-        elif module is self and self.config.x0_mix:
-            nn.init.ones_(self.residual_scales)
-            nn.init.zeros_(self.x0_scales)
+        elif isinstance(module, Gate):
+            nn.init.zeros_(module.weight)
+        elif module is self:
+            if self.config.x0_mix:
+                nn.init.ones_(self.residual_scales)
+                nn.init.zeros_(self.x0_scales)
+            if self.config.unet_skips:
+                nn.init.ones_(self.skip_scales)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.token_embeddings
@@ -331,7 +367,7 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
         if position_ids is None:
             position_ids = torch.arange(past, past + seq, device=input_ids.device)[None].expand(batch, seq)
         mask = attention_mask_4d(attention_mask, batch, seq, past, input_ids.device)
-        x = self.hidden_states(input_ids, position_ids, mask, cache)
+        x = self.hidden_states(input_ids, position_ids, (mask, self.short_mask(mask, seq, past)), cache)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         head = self.token_embeddings.weight if self.config.tie_embeddings else self.lm_head.weight
@@ -343,8 +379,17 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache})
 
-    def hidden_states(self, ids, positions, mask, cache) -> torch.Tensor:
-        """Embedding and blocks: the last block's output."""
+    def short_mask(self, mask: torch.Tensor, seq: int, past: int) -> torch.Tensor:
+        """``mask`` for the short-window layers: the query at slot past + i sees slots j with
+        past + i - short_window < j only (and what ``mask`` lets it see)."""
+        if not self.config.short_window:
+            return mask
+        slots = torch.arange(mask.shape[-1], device=mask.device)
+        own = past + torch.arange(seq, device=mask.device)
+        return mask & (slots[None, :] > own[:, None] - self.config.short_window)
+
+    def hidden_states(self, ids, positions, masks, cache) -> torch.Tensor:
+        """Embedding and blocks: the last block's output; ``masks`` is (long layers', short layers')."""
         x = self.token_embeddings(ids)
         if self.config.embed_norm:
             x = rms_normalize(x, None, self.config.norm_eps)
@@ -356,11 +401,19 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
             table = sinusoidal_table(self.config.context_length, self.config.d_model).to(x.device, x.dtype)
             x = x + table[positions.clamp(min=0)]
         x0 = x
+        num_layers = self.config.num_layers
+        num_skips = num_layers // 2 if self.config.unet_skips else 0
+        skips = []
         for i, block in enumerate(self.layers):
+            if i >= num_layers - num_skips:  # the skip first, then the x0 mix
+                x = x + self.skip_scales[num_layers - 1 - i] * skips[num_layers - 1 - i]
             if self.config.x0_mix:
                 x = self.residual_scales[i] * x + self.x0_scales[i] * x0
             table = self.value_embeddings[str(i)] if str(i) in self.value_embeddings else None
+            mask = masks[1] if self.config.is_short(i) else masks[0]
             x = block(x, positions, mask, cache, None if table is None else table(ids))
+            if i < num_skips:
+                skips.append(x)
         return x
 
 
