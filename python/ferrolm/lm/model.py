@@ -120,6 +120,7 @@ __all__ = [
     "KVCache",
     "causal_mask",
     "rotate_pairs_real",
+    "bigram_hash",
     "count_parameters",
     "flops_per_token",
     # Hugging Face interop lives in ferrolm.lm.hf; these names stay importable from here
@@ -688,6 +689,23 @@ def _make_norm(norm: str, d_model: int, eps: float, device, dtype) -> nn.Module:
     raise ValueError(f"norm must be one of {_CHOICES['norm']}, got {norm!r}")
 
 
+SMEAR_WIDTH = 12  # smear's gate reads this many leading features of a position's embedding
+BIGRAM_HASH_MULTIPLIERS = (1_000_003, 69_069)  # two fixed odd constants (bigram_hash)
+
+
+def bigram_hash(prev: Tensor, ids: Tensor, buckets: int) -> Tensor:
+    """The bigram embedding's bucket of each (previous, current) id pair:
+
+        h(p, c) = (1000003 p XOR 69069 c) mod (buckets - 1)    for p >= 0
+        h(-1, c) = buckets - 1                                  (no previous token)
+
+    in int64 (no overflow for ids below 2^31), so always in [0, buckets)."""
+    a, b = BIGRAM_HASH_MULTIPLIERS
+    prev, ids = prev.long(), ids.long()
+    h = torch.bitwise_xor(prev * a, ids * b) % (buckets - 1)
+    return torch.where(prev >= 0, h, buckets - 1)
+
+
 class TransformerLM(nn.Module):
     """ids (batch, seq) -> logits (batch, seq, vocab):
     embedding -> num_layers blocks -> final norm -> LM head (-> soft-cap, when on).
@@ -767,6 +785,22 @@ class TransformerLM(nn.Module):
         elif cfg.positions == "sinusoidal":
             table = _sinusoidal_table(context_length, d_model).to(device=device, dtype=dtype)
             self.register_buffer("position_table", table, persistent=False)
+        self._make_previous_token_weights(device, dtype)
+
+    def _make_previous_token_weights(self, device, dtype) -> None:
+        """The weights of ``smear`` and ``bigram_buckets``, made after every other weight (the
+        random streams of the rest unchanged) and all zero: the model starts as without them."""
+        cfg = self.config
+        self.reads_previous_token = cfg.smear or cfg.bigram_buckets > 0
+        if cfg.smear:
+            # lambda starts at 0, not at the gate's 1/2: smearing then starts as a no-op whose
+            # gradient <g_t, sigmoid(0) x_{t-1}> is not zero, so training turns it on as it helps.
+            self.smear_gate = nn.Parameter(torch.zeros(min(SMEAR_WIDTH, cfg.d_model), device=device, dtype=dtype))
+            self.smear_lambda = nn.Parameter(torch.zeros(1, device=device, dtype=dtype))
+        if cfg.bigram_buckets:
+            self.bigram_embeddings = Embedding(cfg.bigram_buckets, cfg.d_model, device=device, dtype=dtype)
+            with torch.no_grad():
+                self.bigram_embeddings.weight.zero_()
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> TransformerLM:
@@ -843,18 +877,24 @@ class TransformerLM(nn.Module):
                 raise ValueError(f"document_ids must be (batch, seq) = {(batch, seq)}, got {tuple(document_ids.shape)}")
             mask = functional.document_mask(document_ids)[:, None]  # (batch, 1, seq, seq): over heads
 
-        x = self._blocks(ids, token_positions, mask, kv_cache, start)
+        x = self._blocks(ids, token_positions, mask, kv_cache, start, document_ids)
         if kv_cache is not None:
             kv_cache.length = end
         return self._head(x, targets) if head else x
 
     def _blocks(
-        self, ids: Tensor, positions: Optional[Tensor], mask: Optional[Tensor], kv_cache: Optional[KVCache], start_pos
+        self,
+        ids: Tensor,
+        positions: Optional[Tensor],
+        mask: Optional[Tensor],
+        kv_cache: Optional[KVCache],
+        start_pos,
+        document_ids: Optional[Tensor] = None,
     ) -> Tensor:
         """Embedding and blocks: the final hidden states of ``ids``."""
-        x = self.token_embeddings(ids)
-        if self.config.embed_norm:
-            x = rms_normalize(x, None, self.config.norm_eps)
+        x = self._embed(ids)
+        if self.reads_previous_token:
+            x = self._add_previous_token_terms(x, ids, kv_cache, start_pos, document_ids)
         if self.config.positions in ("sinusoidal", "learned"):
             x = x + self._absolute_positions(ids, positions, start_pos)
         if self.config.dropout and self.training:
@@ -874,6 +914,53 @@ class TransformerLM(nn.Module):
                 value_embed=None if table is None else table(ids),
             )
         return x
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        """The token embeddings E[ids], divided by their RMS with ``embed_norm``."""
+        x = self.token_embeddings(ids)
+        return rms_normalize(x, None, self.config.norm_eps) if self.config.embed_norm else x
+
+    def _add_previous_token_terms(
+        self, x: Tensor, ids: Tensor, kv_cache: Optional[KVCache], start_pos, document_ids: Optional[Tensor]
+    ) -> Tensor:
+        """x plus token smearing's and the bigram embedding's terms (module docstring), each
+        reading the token before each position: in ``ids``, else in the cache's token slots."""
+        prev = self._previous_ids(ids, kv_cache, start_pos, document_ids)
+        out = x
+        if self.config.smear:
+            # x_{t-1}: x shifted by one; before the first new position, the embedding of the
+            # cached token (zeros stand for "none" and are multiplied away below)
+            before = self._embed(prev[:, :1].clamp(min=0))
+            x_prev = torch.cat((before, x[:, :-1]), dim=1) * (prev >= 0).unsqueeze(-1).to(x.dtype)
+            gate = torch.sigmoid((x[..., : self.smear_gate.shape[0]] * self.smear_gate).sum(-1, keepdim=True))
+            out = out + self.smear_lambda * gate * x_prev
+        if self.config.bigram_buckets:
+            out = out + self.bigram_embeddings(bigram_hash(prev, ids, self.config.bigram_buckets))
+        return out
+
+    def _previous_ids(
+        self, ids: Tensor, kv_cache: Optional[KVCache], start_pos, document_ids: Optional[Tensor]
+    ) -> Tensor:
+        """The id before each position of ``ids`` (batch, seq), -1 where there is none (a
+        sequence's first position; a document's first token with ``document_ids``). With a
+        cache, the first new position's comes from the cache's token slots, and ``ids`` are
+        recorded there (at start_pos, or at start_pos[b] in row b) for the positions after."""
+        batch, seq = ids.shape
+        first = ids.new_full((batch, 1), -1)
+        if kv_cache is not None:
+            tokens = kv_cache.tokens
+            if isinstance(start_pos, Tensor):  # one new token per row, each at its own position
+                rows = torch.arange(batch, device=ids.device)
+                first = torch.where(start_pos > 0, tokens[rows, (start_pos - 1).clamp(min=0)], -1)[:, None]
+                tokens[rows, start_pos] = ids[:, 0]
+            else:
+                if start_pos > 0:
+                    first = tokens[:, start_pos - 1 : start_pos]
+                tokens[:, start_pos : start_pos + seq] = ids
+        prev = torch.cat((first, ids[:, :-1]), dim=1)
+        if document_ids is not None:  # a document's first token has no previous token of its own
+            prev[:, 1:].masked_fill_(document_ids[:, 1:] != document_ids[:, :-1], -1)
+        return prev
 
     def _absolute_positions(self, ids: Tensor, positions: Optional[Tensor], start_pos) -> Tensor:
         """The position vectors added to the token embeddings: rows of the sinusoidal or
@@ -937,15 +1024,22 @@ class TransformerLM(nn.Module):
 
 
 class KVCache:
-    """Preallocated per-layer keys and values, (batch, kv_heads, max_seq_len, d_head) each.
+    """Preallocated per-layer keys and values, (batch, kv_heads, max_seq_len, d_head) each,
+    and the token id of each slot, ``tokens`` (batch, max_seq_len) int64.
 
     Keys are stored after RoPE. ``length`` is how many positions are filled; the model
-    advances it. ``reset()`` reuses the buffers for a new batch of prompts.
+    advances it. ``reset()`` reuses the buffers for a new batch of prompts. ``tokens`` is
+    written by a model that reads the previous token (``smear``, ``bigram_buckets``): the
+    first new position of a forward finds its previous token there.
     """
 
-    def __init__(self, keys: list[Tensor], values: list[Tensor]):
+    def __init__(self, keys: list[Tensor], values: list[Tensor], tokens: Optional[Tensor] = None):
         self.keys = keys
         self.values = values
+        if tokens is None:
+            batch, _, max_seq_len, _ = keys[0].shape
+            tokens = torch.zeros(batch, max_seq_len, dtype=torch.long, device=keys[0].device)
+        self.tokens = tokens
         self.length = 0
 
     @classmethod
@@ -970,9 +1064,18 @@ class KVCache:
 
     def rows(self, start: int, stop: int) -> KVCache:
         """A cache over rows [start, stop) of this one: views, so writes land here."""
-        view = KVCache([k[start:stop] for k in self.keys], [v[start:stop] for v in self.values])
+        view = KVCache(
+            [k[start:stop] for k in self.keys], [v[start:stop] for v in self.values], self.tokens[start:stop]
+        )
         view.length = self.length
         return view
+
+    def copy_prefix(self, src: int, dst: Union[int, slice], length: int) -> None:
+        """Copy the first ``length`` positions of row ``src`` into row(s) ``dst``, in every
+        buffer (keys, values and token ids): a row copied for another holds what it holds."""
+        for buf in (*self.keys, *self.values):
+            buf[dst, :, :length] = buf[src, :, :length]
+        self.tokens[dst, :length] = self.tokens[src, :length]
 
 
 # --------------------------------------------------------------------------------------
@@ -990,12 +1093,14 @@ def count_parameters(cfg: ModelConfig) -> int:
     + d                            final norm gain       (0 with norm="none")
     + V d                          LM head               (0 when tied)
     + V d_kv per value-embedding layer, 2 L with x0_mix, 2 L d_head with qk_norm_gain
+    + min(12, d) + 1 with smear, B d with bigram_buckets = B
     """
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
     norms = d if cfg.norm == "rms" else 0
     per_layer = _matmul_weights_per_layer(cfg) + 2 * norms
     extras = cfg.num_value_embeds * V * cfg.kv_heads * cfg.d_head + (2 * L if cfg.x0_mix else 0)
     extras += 2 * L * cfg.d_head if cfg.qk_norm_gain else 0
+    extras += (min(SMEAR_WIDTH, d) + 1 if cfg.smear else 0) + cfg.bigram_buckets * d
     return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d) + extras
 
 
