@@ -331,3 +331,24 @@ def test_rows_copied_for_the_choices_of_a_request_carry_their_tokens(chunk):
         assert _sampled(events) == list(alone)
     alone = generate(model, prompt[:6], 8, temperature=0.8, generator=torch.Generator().manual_seed(9))
     assert _sampled(other) == list(alone)
+
+
+# ------------------------------------------------------------- export refusals --------
+
+
+@pytest.mark.parametrize(
+    "switch, shown", [(dict(smear=True), "model.smear = True"), (dict(bigram_buckets=8), "model.bigram_buckets = 8")]
+)
+def test_native_exports_and_gguf_refuse_them_by_name(switch, shown):
+    from ferrolm.lm.gguf_export import gguf_architecture
+    from ferrolm.lm.hf import hf_architecture, to_hf_state_dict
+
+    for base in ({}, dict(qk_norm=True), dict(ffn="relu2", qk_norm=True, embed_norm=True)):  # Llama, Qwen3, nanochat
+        cfg = ModelConfig(**SMALL, **base)
+        hf_architecture(cfg)  # exportable without the switch
+        with pytest.raises(ValueError, match=f"{shown}.*cannot be exported"):
+            hf_architecture(ModelConfig(**SMALL, **base, **switch))
+        with pytest.raises(ValueError, match=f"{shown}.*cannot be exported as GGUF"):
+            gguf_architecture(ModelConfig(**SMALL, **base, **switch))
+    with pytest.raises(ValueError, match=shown):
+        to_hf_state_dict(small_model(**switch))

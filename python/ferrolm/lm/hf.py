@@ -60,6 +60,8 @@ def _llama_differences(cfg: ModelConfig) -> list[str]:
         "value_embeds": False,
         "x0_mix": False,
         "embed_norm": False,
+        "smear": False,
+        "bigram_buckets": 0,
     }
     return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
 
@@ -77,6 +79,8 @@ def _nanochat_differences(cfg: ModelConfig) -> list[str]:
         "embed_norm": True,
         "value_embeds": False,
         "x0_mix": False,
+        "smear": False,
+        "bigram_buckets": 0,
     }
     return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
 
@@ -100,7 +104,7 @@ def hf_architecture(cfg: ModelConfig) -> str:
         raise ValueError(
             f"{', '.join(bad)}: the Hugging Face architectures ferrolm exports to (Llama, and Qwen3 for "
             "model.qk_norm) have only RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and neither value "
-            "embeddings nor x0 mixing, and transformers' nanochat differs in "
+            "embeddings, x0 mixing, token smearing nor bigram embeddings, and transformers' nanochat differs in "
             f"{', '.join(_nanochat_differences(cfg))}, so this model cannot be exported"
         )
     return "qwen3" if cfg.qk_norm else "llama"
