@@ -41,6 +41,19 @@ Switches (``ModelConfig``), each off by default; each one's equation is a functi
     embed_norm     x = x0 = E[ids] / sqrt(mean(E[ids]^2) + eps), no weight, before the
                    first block (functional.qk_norm's equation over d_model), as nanochat does
 
+Two switches read the previous token; both act on the token embeddings e_t (after
+embed_norm), before absolute positions are added and before x0 is taken:
+
+    smear          x_t = e_t + lambda sigmoid(e_t[:k] . w) e_{t-1},  k = min(12, d_model),
+                   w a learned (k,) gate and lambda a learned scalar, both starting at 0
+                   (the model starts as without smearing; lambda's gradient is not 0)
+    bigram_buckets x_t += T[h(id_{t-1}, id_t)], T a (B, d_model) table starting at 0 and
+                   h(p, c) = (1000003 p XOR 69069 c) mod (B - 1) (bigram_hash)
+
+At a sequence's first position, and under doc_mask at a document's first token, there is
+no previous token: no smear term, and the reserved bucket B - 1. With a KV cache, the
+token before the first new position is read from the cache's token slots (KVCache.tokens).
+
 The original Transformer's parts, as switches:
 
     positions="sinusoidal"  x = E[ids] + PE[pos], PE[p, 2i] = sin(p / 10000^(2i/d)),
@@ -74,7 +87,8 @@ Ablations and switches change only what they must: ``norm="none"`` drops every
 ``ln*`` key, ``ffn="silu"``, ``"relu2"`` and ``"relu"`` have no ``w3``, ``num_kv_heads`` makes
 ``k_proj``/``v_proj`` narrower; ``value_embeds`` adds ``value_embeddings.{i}.weight`` for
 its layers, ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer),
-``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``positions="learned"``
+``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``smear`` adds
+``smear_gate`` and ``smear_lambda``, ``bigram_buckets`` adds ``bigram_embeddings.weight``, ``positions="learned"``
 adds ``position_embeddings.weight`` and ``norm="layer"`` a ``.bias`` beside each norm's
 ``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
