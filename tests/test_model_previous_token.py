@@ -305,6 +305,9 @@ def test_generation_through_the_engine_equals_a_greedy_loop_without_cache(switch
         assert [step[i] for step in batched] == want
         assert list(generate(model, prompt, 12, temperature=0)) == want
         assert list(generate(model, prompt, 12, temperature=0, use_cache=False)) == want
+    # past the context: a window recomputed into its row starts with no previous token, as without a cache
+    slid = list(generate(model, prompts[2], 2 * CTX, temperature=0, window_keep=CTX))
+    assert slid == list(generate(model, prompts[2], 2 * CTX, temperature=0, use_cache=False))
 
 
 def _sampled(events: list) -> list[int]:
