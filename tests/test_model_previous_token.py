@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from shard_util import synthetic_corpus, write_shard
 
-from ferrolm.lm.config import ConfigError, load_config
+from ferrolm.lm.checkpoint import read_checkpoint
+from ferrolm.lm.config import ConfigError, TrainConfig, load_config
 from ferrolm.lm.engine import Engine, Piece, SamplingParams
 from ferrolm.lm.generate import generate
 from ferrolm.lm.model import ModelConfig, TransformerLM, bigram_hash, count_parameters
 from ferrolm.lm.optim import muon_param_groups, param_groups_for_decay, parameter_roles
+from ferrolm.lm.train import train
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -355,3 +358,38 @@ def test_native_exports_and_gguf_refuse_them_by_name(switch, shown):
             gguf_architecture(ModelConfig(**SMALL, **base, **switch))
     with pytest.raises(ValueError, match=shown):
         to_hf_state_dict(small_model(**switch))
+
+
+# ------------------------------------------------------------- training ---------------
+
+
+def test_training_learns_them_with_muon_and_passes_the_documents(tmp_path, monkeypatch):
+    corpus = synthetic_corpus(8_000, vocab_size=64, seed=0)
+    write_shard(tmp_path / "train", corpus[:7_000], vocab_size=64)
+    write_shard(tmp_path / "val", corpus[7_000:], vocab_size=64)
+    seen = []
+    original = TransformerLM._previous_ids
+
+    def spy(self, ids, kv_cache, start_pos, document_ids):
+        seen.append(document_ids is not None)
+        return original(self, ids, kv_cache, start_pos, document_ids)
+
+    monkeypatch.setattr(TransformerLM, "_previous_ids", spy)
+    cfg = TrainConfig()
+    model = dict(vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    cfg.update(
+        {
+            "model": {**model, "smear": True, "bigram_buckets": 32, "doc_mask": True},
+            "data": {"train": str(tmp_path / "train"), "val": str(tmp_path / "val")},
+            "optimizer": {"name": "muon", "lr": 0.02, "min_lr": 0.002},
+            "schedule": {"max_steps": 4, "warmup_steps": 1, "batch_size": 4},
+            "run": {"out_dir": str(tmp_path / "run"), "device": "cpu", "compile": False, "autocast_bf16": False},
+        }
+    )
+    cfg.run.eval_every = cfg.run.checkpoint_every = 4
+    cfg.run.progress = False
+    result = train(cfg.validate())
+    assert result.status == "done" and result.step == 4
+    assert seen and all(seen)  # every training and validation forward had the documents
+    weights = read_checkpoint(result.last_checkpoint)["model"]
+    assert weights["smear_lambda"].abs().sum() > 0 and weights["bigram_embeddings.weight"].abs().sum() > 0
