@@ -88,9 +88,9 @@ Ablations and switches change only what they must: ``norm="none"`` drops every
 ``k_proj``/``v_proj`` narrower; ``value_embeds`` adds ``value_embeddings.{i}.weight`` for
 its layers, ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer),
 ``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``smear`` adds
-``smear_gate`` and ``smear_lambda``, ``bigram_buckets`` adds ``bigram_embeddings.weight``, ``positions="learned"``
-adds ``position_embeddings.weight`` and ``norm="layer"`` a ``.bias`` beside each norm's
-``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
+``smear_gate`` and ``smear_lambda``, ``bigram_buckets`` adds ``bigram_embeddings.weight``,
+``positions="learned"`` adds ``position_embeddings.weight`` and ``norm="layer"`` a ``.bias``
+beside each norm's ``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
 RoPE's cos/sin tables are non-persistent buffers and never saved.
 
