@@ -46,6 +46,7 @@ COMBOS = {
         "qk_norm_gain": True,
         "value_embeds": True,
     },
+    "smear-bigram": {**PRESET, "smear": True, "bigram_buckets": 64},
 }
 
 
@@ -155,6 +156,44 @@ def test_value_embeddings_sit_in_the_last_layer_and_every_second_before_it(tmp_p
         assert torch.equal(load_model(tmp_path / "resaved", tokenizer=False).model(x), model(x))
 
 
+def test_smear_and_bigram_embeddings_in_every_generation_path(tmp_path):
+    from ferrolm import Tokenizer
+
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    torch.manual_seed(0)
+    model = TransformerLM(300, 32, 32, 2, 4, 64, smear=True, bigram_buckets=37, embed_norm=True).eval()
+    with torch.no_grad():  # away from the zero starts, which would hide a term left out
+        for name in ("smear_gate", "smear_lambda", "bigram_embeddings.weight"):
+            p = model.get_parameter(name)
+            p.copy_(torch.randn_like(p))
+    save_checkpoint(model, None, 0, tmp_path / "m.pt", config={"model": model.config.to_dict()})
+    hf = _hf(export_hf(tmp_path / "m.pt", tmp_path / "hf", tok))
+    x = torch.randint(1, 300, (2, 24), generator=torch.Generator().manual_seed(1))
+    args = dict(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        full = hf(x).logits
+        assert (model(x) - full).abs().max().item() < 1e-5
+        first = hf(x[:, :9], use_cache=True)  # the rest against the cache: the token before it is the cache's
+        rest = hf(x[:, 9:], use_cache=True, **{_cache_kwarg(): getattr(first, _cache_kwarg())}).logits
+        assert (rest - full[:, 9:]).abs().max().item() < 1e-5
+        prompt = x[:1, :7]
+        want = list(generate(model, prompt[0].tolist(), 12, temperature=0.0))
+        plain = TransformerLM(300, 32, 32, 2, 4, 64, embed_norm=True).eval()
+        plain.load_state_dict(model.state_dict(), strict=False)  # the same model less the new terms
+        assert (plain(x) - full).abs().max().item() > 0.1
+        for how in (dict(use_cache=True), dict(use_cache=False), dict(cache_implementation="static")):
+            assert hf.generate(prompt, **args, **how)[0, 7:].tolist() == want, how
+        # a left-padded row: its first real token has no previous token, as when alone
+        batch = torch.cat([x[1:, :7], torch.cat([torch.zeros(1, 3, dtype=torch.long), x[1:, :4]], dim=1)])
+        mask = torch.ones_like(batch)
+        mask[1, :3] = 0
+        both = hf.generate(batch, attention_mask=mask, **args)
+        assert both[1, 7:].tolist() == hf.generate(x[1:, :4], **args)[0, 4:].tolist()
+        assert both[1, 7:].tolist() == list(generate(model, x[1, :4].tolist(), 12, temperature=0.0))
+        beams = hf.generate(prompt, **args, num_beams=3, use_cache=True)
+        assert beams[0, 7:].tolist() == hf.generate(prompt, **args, num_beams=3, use_cache=False)[0, 7:].tolist()
+
+
 def test_cli_says_trust_remote_code_and_refuses_with_no_remote_code(exported, tmp_path, capsys):
     from ferrolm.app.cli import main
 
@@ -165,7 +204,8 @@ def test_cli_says_trust_remote_code_and_refuses_with_no_remote_code(exported, tm
     assert main(argv + ["--no-remote-code"]) == 2
     err = capsys.readouterr().err
     assert "cannot be exported without remote code" in err and not out.exists()
-    for name in ("norm", "norm_position", "positions", "ffn", "logit_softcap", "value_embeds", "x0_mix"):
+    names = ("norm", "norm_position", "positions", "ffn", "logit_softcap", "value_embeds", "x0_mix", "smear")
+    for name in (*names, "bigram_buckets"):
         if COMBOS[combo].get(name, getattr(ModelConfig(), name)) != getattr(ModelConfig(), name):
             assert f"model.{name} = {COMBOS[combo][name]!r}" in err
     assert main(argv) == 0

@@ -118,6 +118,15 @@ class ModelConfig:
       only to the last w positions (the query's own included); 0 is off.
     - ``window_pattern``: 'L' (long: plain causal) and 'S' (short) cycled over the layers;
       the last layer is always long. Used only with ``short_window``.
+    - ``smear``: token smearing: each position's embedding adds a gated share of the previous
+      position's, x_t + lambda sigmoid(x_t[:k] . w) x_{t-1} with k = min(12, d_model), w a
+      learned (k,) gate starting at 0 and lambda a learned scalar starting at 0 (so the model
+      starts as without it); a sequence's first token, and with ``doc_mask`` a document's, is
+      unchanged.
+    - ``bigram_buckets``: B > 0 adds a learned embedding of the (previous, current) token pair:
+      x_t + T[h(id_{t-1}, id_t)], T a zero-initialised (B, d_model) table and h a fixed hash
+      into [0, B - 1); the first token (of the sequence, or of a document with ``doc_mask``)
+      takes the reserved bucket B - 1. 0 is off; 1 is refused (no bucket left for pairs).
     """
 
     vocab_size: int = 0
@@ -150,6 +159,9 @@ class ModelConfig:
     attn_gate: bool = False
     short_window: int = 0
     window_pattern: str = "SSSL"
+    # the switches that read the previous token
+    smear: bool = False
+    bigram_buckets: int = 0
 
     def __post_init__(self) -> None:
         self.check()
@@ -182,6 +194,9 @@ class ModelConfig:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
         if self.positions == "rope" and self.d_head % 2:
             raise ValueError(f"RoPE needs an even head size: model.d_model / model.num_heads = {self.d_head}")
+        b = self.bigram_buckets
+        if not isinstance(b, int) or isinstance(b, bool) or b < 0 or b == 1:
+            raise ValueError(f"model.bigram_buckets must be 0 (off) or an int >= 2 (one bucket is reserved), got {b!r}")
         if self.qk_norm_gain and not self.qk_norm:
             raise ValueError("model.qk_norm_gain needs model.qk_norm = true (it is a kind of QK-norm)")
         if self.num_heads % self.kv_heads:

@@ -545,8 +545,7 @@ class Engine:
         n = len(handles)
         slot = self._open_rows(n)
         src, length = self._rows.index(donor), len(donor.fill)
-        for buf in (*self.cache.keys, *self.cache.values):
-            buf[slot : slot + n, :, :length] = buf[src, :, :length]
+        self.cache.copy_prefix(src, slice(slot, slot + n), length)
         for h in handles:
             self._rows.append(h)
             h.length, h.first_logits = length, donor.first_logits
@@ -560,8 +559,7 @@ class Engine:
         return start
 
     def _move(self, old: int, new: int, length: int) -> None:
-        for buf in (*self.cache.keys, *self.cache.values):
-            buf[new, :, :length] = buf[old, :, :length]
+        self.cache.copy_prefix(old, new, length)
 
     def _first(self, h: Handle, logits: torch.Tensor) -> None:
         """The first token after the prompt (``max_tokens`` 0: the prompt was all it asked for)."""

@@ -106,9 +106,10 @@ def gguf_architecture(cfg: ModelConfig) -> str:
     if bad:
         raise ValueError(
             f"{', '.join(bad)}: llama.cpp's llama and qwen3 architectures, the ones ferrolm writes to GGUF, "
-            "compute only RMSNorm, pre-norm, RoPE, SwiGLU and uncapped logits, with neither value embeddings nor "
-            "x0 mixing, so this model cannot be exported as GGUF; train with --config portable (cpu-small's "
-            "recipe without those switches) or --config cs336 for a model that can"
+            "compute only RMSNorm, pre-norm, RoPE, SwiGLU and uncapped logits, with neither value embeddings, "
+            "x0 mixing, token smearing nor bigram embeddings, so this model cannot be exported as GGUF; train "
+            "with --config portable (cpu-small's recipe without those switches) or --config cs336 for a model "
+            "that can"
         )
     return "qwen3" if cfg.qk_norm else "llama"
 

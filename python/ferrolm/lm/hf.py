@@ -63,6 +63,8 @@ def _llama_differences(cfg: ModelConfig) -> list[str]:
         "unet_skips": False,
         "attn_gate": False,
         "short_window": 0,
+        "smear": False,
+        "bigram_buckets": 0,
     }
     return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
 
@@ -83,6 +85,8 @@ def _nanochat_differences(cfg: ModelConfig) -> list[str]:
         "unet_skips": False,
         "attn_gate": False,
         "short_window": 0,
+        "smear": False,
+        "bigram_buckets": 0,
     }
     return [f"model.{k} = {getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
 
@@ -106,7 +110,7 @@ def hf_architecture(cfg: ModelConfig) -> str:
         raise ValueError(
             f"{', '.join(bad)}: the Hugging Face architectures ferrolm exports to (Llama, and Qwen3 for "
             "model.qk_norm) have only RMSNorm, pre-norm, RoPE, SwiGLU, uncapped logits and neither value "
-            "embeddings nor x0 mixing, and transformers' nanochat differs in "
+            "embeddings, x0 mixing, token smearing nor bigram embeddings, and transformers' nanochat differs in "
             f"{', '.join(_nanochat_differences(cfg))}, so this model cannot be exported"
         )
     return "qwen3" if cfg.qk_norm else "llama"

@@ -53,6 +53,18 @@ From the modded-nanogpt speedrun:
                    the last layer always long), the query at position p attends keys j with
                    p - w < j <= p only (functional.sliding_window_mask, ANDed with doc_mask's
                    mask); long layers stay plain causal, on SDPA's is_causal path
+Two switches read the previous token; both act on the token embeddings e_t (after
+embed_norm), before absolute positions are added and before x0 is taken:
+
+    smear          x_t = e_t + lambda sigmoid(e_t[:k] . w) e_{t-1},  k = min(12, d_model),
+                   w a learned (k,) gate and lambda a learned scalar, both starting at 0
+                   (the model starts as without smearing; lambda's gradient is not 0)
+    bigram_buckets x_t += T[h(id_{t-1}, id_t)], T a (B, d_model) table starting at 0 and
+                   h(p, c) = (1000003 p XOR 69069 c) mod (B - 1) (bigram_hash)
+
+At a sequence's first position, and under doc_mask at a document's first token, there is
+no previous token: no smear term, and the reserved bucket B - 1. With a KV cache, the
+token before the first new position is read from the cache's token slots (KVCache.tokens).
 
 The original Transformer's parts, as switches:
 
@@ -89,7 +101,8 @@ Ablations and switches change only what they must: ``norm="none"`` drops every
 its layers, ``x0_mix`` adds ``residual_scales`` and ``x0_scales`` (one entry a layer),
 ``qk_norm_gain`` adds ``layers.{i}.attn.{q_norm,k_norm}.weight``, ``unet_skips`` adds
 ``skip_scales`` (floor(L/2) entries), ``attn_gate`` adds ``layers.{i}.attn.gate.weight``
-(num_heads, min(12, d_model)), ``positions="learned"``
+(num_heads, min(12, d_model)), ``smear`` adds ``smear_gate`` and ``smear_lambda``,
+``bigram_buckets`` adds ``bigram_embeddings.weight``, ``positions="learned"``
 adds ``position_embeddings.weight`` and ``norm="layer"`` a ``.bias`` beside each norm's
 ``.weight``; no other switch adds a key; with ``tie_embeddings=True`` both
 ``token_embeddings.weight`` and ``lm_head.weight`` are saved and hold the same tensor.
@@ -136,6 +149,7 @@ __all__ = [
     "KVCache",
     "causal_mask",
     "rotate_pairs_real",
+    "bigram_hash",
     "count_parameters",
     "flops_per_token",
     # Hugging Face interop lives in ferrolm.lm.hf; these names stay importable from here
@@ -731,6 +745,23 @@ def _make_norm(norm: str, d_model: int, eps: float, device, dtype) -> nn.Module:
     raise ValueError(f"norm must be one of {_CHOICES['norm']}, got {norm!r}")
 
 
+SMEAR_WIDTH = 12  # smear's gate reads this many leading features of a position's embedding
+BIGRAM_HASH_MULTIPLIERS = (1_000_003, 69_069)  # two fixed odd constants (bigram_hash)
+
+
+def bigram_hash(prev: Tensor, ids: Tensor, buckets: int) -> Tensor:
+    """The bigram embedding's bucket of each (previous, current) id pair:
+
+        h(p, c) = (1000003 p XOR 69069 c) mod (buckets - 1)    for p >= 0
+        h(-1, c) = buckets - 1                                  (no previous token)
+
+    in int64 (no overflow for ids below 2^31), so always in [0, buckets)."""
+    a, b = BIGRAM_HASH_MULTIPLIERS
+    prev, ids = prev.long(), ids.long()
+    h = torch.bitwise_xor(prev * a, ids * b) % (buckets - 1)
+    return torch.where(prev >= 0, h, buckets - 1)
+
+
 class TransformerLM(nn.Module):
     """ids (batch, seq) -> logits (batch, seq, vocab):
     embedding -> num_layers blocks -> final norm -> LM head (-> soft-cap, when on).
@@ -817,6 +848,22 @@ class TransformerLM(nn.Module):
             # norms in front of every branch and the head undo the larger residual's scale.
             self.skip_scales = nn.Parameter(torch.ones(num_layers // 2, device=device, dtype=dtype))
         self._short_layers = frozenset(cfg.short_window_layers)
+        self._make_previous_token_weights(device, dtype)
+
+    def _make_previous_token_weights(self, device, dtype) -> None:
+        """The weights of ``smear`` and ``bigram_buckets``, made after every other weight (the
+        random streams of the rest unchanged) and all zero: the model starts as without them."""
+        cfg = self.config
+        self.reads_previous_token = cfg.smear or cfg.bigram_buckets > 0
+        if cfg.smear:
+            # lambda starts at 0, not at the gate's 1/2: smearing then starts as a no-op whose
+            # gradient <g_t, sigmoid(0) x_{t-1}> is not zero, so training turns it on as it helps.
+            self.smear_gate = nn.Parameter(torch.zeros(min(SMEAR_WIDTH, cfg.d_model), device=device, dtype=dtype))
+            self.smear_lambda = nn.Parameter(torch.zeros(1, device=device, dtype=dtype))
+        if cfg.bigram_buckets:
+            self.bigram_embeddings = Embedding(cfg.bigram_buckets, cfg.d_model, device=device, dtype=dtype)
+            with torch.no_grad():
+                self.bigram_embeddings.weight.zero_()
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> TransformerLM:
@@ -896,7 +943,7 @@ class TransformerLM(nn.Module):
         short = None
         if self._short_layers and end > cfg.short_window:
             short = self._short_mask(torch.arange(start, end, device=ids.device), end, mask)
-        x = self._blocks(ids, token_positions, mask, kv_cache, start, short)
+        x = self._blocks(ids, token_positions, mask, kv_cache, start, short, document_ids)
         if kv_cache is not None:
             kv_cache.length = end
         return self._head(x, targets) if head else x
@@ -917,12 +964,13 @@ class TransformerLM(nn.Module):
         kv_cache: Optional[KVCache],
         start_pos,
         short_mask: Optional[Tensor] = None,
+        document_ids: Optional[Tensor] = None,
     ) -> Tensor:
         """Embedding and blocks: the final hidden states of ``ids``; the layers of
         ``short_window`` attend under ``short_mask`` where it is given, the others under ``mask``."""
-        x = self.token_embeddings(ids)
-        if self.config.embed_norm:
-            x = rms_normalize(x, None, self.config.norm_eps)
+        x = self._embed(ids)
+        if self.reads_previous_token:
+            x = self._add_previous_token_terms(x, ids, kv_cache, start_pos, document_ids)
         if self.config.positions in ("sinusoidal", "learned"):
             x = x + self._absolute_positions(ids, positions, start_pos)
         if self.config.dropout and self.training:
@@ -950,6 +998,53 @@ class TransformerLM(nn.Module):
             if i < num_skips:
                 skips.append(x)
         return x
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        """The token embeddings E[ids], divided by their RMS with ``embed_norm``."""
+        x = self.token_embeddings(ids)
+        return rms_normalize(x, None, self.config.norm_eps) if self.config.embed_norm else x
+
+    def _add_previous_token_terms(
+        self, x: Tensor, ids: Tensor, kv_cache: Optional[KVCache], start_pos, document_ids: Optional[Tensor]
+    ) -> Tensor:
+        """x plus token smearing's and the bigram embedding's terms (module docstring), each
+        reading the token before each position: in ``ids``, else in the cache's token slots."""
+        prev = self._previous_ids(ids, kv_cache, start_pos, document_ids)
+        out = x
+        if self.config.smear:
+            # x_{t-1}: x shifted by one; before the first new position, the embedding of the
+            # cached token (zeros stand for "none" and are multiplied away below)
+            before = self._embed(prev[:, :1].clamp(min=0))
+            x_prev = torch.cat((before, x[:, :-1]), dim=1) * (prev >= 0).unsqueeze(-1).to(x.dtype)
+            gate = torch.sigmoid((x[..., : self.smear_gate.shape[0]] * self.smear_gate).sum(-1, keepdim=True))
+            out = out + self.smear_lambda * gate * x_prev
+        if self.config.bigram_buckets:
+            out = out + self.bigram_embeddings(bigram_hash(prev, ids, self.config.bigram_buckets))
+        return out
+
+    def _previous_ids(
+        self, ids: Tensor, kv_cache: Optional[KVCache], start_pos, document_ids: Optional[Tensor]
+    ) -> Tensor:
+        """The id before each position of ``ids`` (batch, seq), -1 where there is none (a
+        sequence's first position; a document's first token with ``document_ids``). With a
+        cache, the first new position's comes from the cache's token slots, and ``ids`` are
+        recorded there (at start_pos, or at start_pos[b] in row b) for the positions after."""
+        batch, seq = ids.shape
+        first = ids.new_full((batch, 1), -1)
+        if kv_cache is not None:
+            tokens = kv_cache.tokens
+            if isinstance(start_pos, Tensor):  # one new token per row, each at its own position
+                rows = torch.arange(batch, device=ids.device)
+                first = torch.where(start_pos > 0, tokens[rows, (start_pos - 1).clamp(min=0)], -1)[:, None]
+                tokens[rows, start_pos] = ids[:, 0]
+            else:
+                if start_pos > 0:
+                    first = tokens[:, start_pos - 1 : start_pos]
+                tokens[:, start_pos : start_pos + seq] = ids
+        prev = torch.cat((first, ids[:, :-1]), dim=1)
+        if document_ids is not None:  # a document's first token has no previous token of its own
+            prev[:, 1:].masked_fill_(document_ids[:, 1:] != document_ids[:, :-1], -1)
+        return prev
 
     def _absolute_positions(self, ids: Tensor, positions: Optional[Tensor], start_pos) -> Tensor:
         """The position vectors added to the token embeddings: rows of the sinusoidal or
@@ -1016,15 +1111,22 @@ class TransformerLM(nn.Module):
 
 
 class KVCache:
-    """Preallocated per-layer keys and values, (batch, kv_heads, max_seq_len, d_head) each.
+    """Preallocated per-layer keys and values, (batch, kv_heads, max_seq_len, d_head) each,
+    and the token id of each slot, ``tokens`` (batch, max_seq_len) int64.
 
     Keys are stored after RoPE. ``length`` is how many positions are filled; the model
-    advances it. ``reset()`` reuses the buffers for a new batch of prompts.
+    advances it. ``reset()`` reuses the buffers for a new batch of prompts. ``tokens`` is
+    written by a model that reads the previous token (``smear``, ``bigram_buckets``): the
+    first new position of a forward finds its previous token there.
     """
 
-    def __init__(self, keys: list[Tensor], values: list[Tensor]):
+    def __init__(self, keys: list[Tensor], values: list[Tensor], tokens: Optional[Tensor] = None):
         self.keys = keys
         self.values = values
+        if tokens is None:
+            batch, _, max_seq_len, _ = keys[0].shape
+            tokens = torch.zeros(batch, max_seq_len, dtype=torch.long, device=keys[0].device)
+        self.tokens = tokens
         self.length = 0
 
     @classmethod
@@ -1049,9 +1151,18 @@ class KVCache:
 
     def rows(self, start: int, stop: int) -> KVCache:
         """A cache over rows [start, stop) of this one: views, so writes land here."""
-        view = KVCache([k[start:stop] for k in self.keys], [v[start:stop] for v in self.values])
+        view = KVCache(
+            [k[start:stop] for k in self.keys], [v[start:stop] for v in self.values], self.tokens[start:stop]
+        )
         view.length = self.length
         return view
+
+    def copy_prefix(self, src: int, dst: Union[int, slice], length: int) -> None:
+        """Copy the first ``length`` positions of row ``src`` into row(s) ``dst``, in every
+        buffer (keys, values and token ids): a row copied for another holds what it holds."""
+        for buf in (*self.keys, *self.values):
+            buf[dst, :, :length] = buf[src, :, :length]
+        self.tokens[dst, :length] = self.tokens[src, :length]
 
 
 # --------------------------------------------------------------------------------------
@@ -1070,6 +1181,7 @@ def count_parameters(cfg: ModelConfig) -> int:
     + V d                          LM head               (0 when tied)
     + V d_kv per value-embedding layer, 2 L with x0_mix, 2 L d_head with qk_norm_gain,
       floor(L / 2) with unet_skips, L num_heads min(12, d) with attn_gate
+    + min(12, d) + 1 with smear, B d with bigram_buckets = B
     """
     d, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
     norms = d if cfg.norm == "rms" else 0
@@ -1077,6 +1189,7 @@ def count_parameters(cfg: ModelConfig) -> int:
     extras = cfg.num_value_embeds * V * cfg.kv_heads * cfg.d_head + (2 * L if cfg.x0_mix else 0)
     extras += 2 * L * cfg.d_head if cfg.qk_norm_gain else 0
     extras += (L // 2 if cfg.unet_skips else 0) + (L * cfg.num_heads * cfg.attn_gate_width if cfg.attn_gate else 0)
+    extras += (min(SMEAR_WIDTH, d) + 1 if cfg.smear else 0) + cfg.bigram_buckets * d
     return V * d + L * per_layer + norms + (0 if cfg.tie_embeddings else V * d) + extras
 
 

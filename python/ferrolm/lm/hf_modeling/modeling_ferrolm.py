@@ -10,7 +10,9 @@ config.json holds ferrolm's model config under its own field names, and the para
 carry ferrolm's checkpoint names, so model.safetensors is ferrolm's state dict as saved
 (a tied model stores the embedding once). The equations, in the order they run:
 
-    x0 = E[ids] (/ rms: embed_norm) (+ PE[pos] or P[pos]: sinusoidal or learned positions);  x = x0
+    e = E[ids] (/ rms: embed_norm)
+    x0 = e (+ lambda sigmoid(e_t[:k] . w) e_{t-1}: smear) (+ T[h(id_{t-1}, id_t)]: bigram_buckets)
+         (+ PE[pos] or P[pos]: sinusoidal or learned positions);  x = x0
     per block i:  x = x + s_j skip_j, j = L-1-i, when j < floor(L/2)    (unet_skips; skip_j: block j's output)
                   x = a_i x + b_i x0                                   (x0_mix)
                   pre-norm:  h = x + Attn(N(x));  x = h + FFN(N(h))
@@ -27,9 +29,14 @@ carry ferrolm's checkpoint names, so model.safetensors is ferrolm's state dict a
     logits:       N(x) W_head^T (W_head = E when tied), then c tanh(z / c) (logit_softcap)
 
 N is RMSNorm or LayerNorm (computed in float32) or nothing; PE[p, 2i] = sin(p / 10000^(2i/d)),
-PE[p, 2i+1] = cos(same). Dropout and label smoothing act only in ferrolm's training and
-change nothing here. Keys are cached after RoPE and QK-norm,
-values with their value embedding, in transformers' own cache.
+PE[p, 2i+1] = cos(same). smear's gate reads k = min(12, d_model) features; at a sequence's
+first token (and a left-padded row's first real one) neither smear nor the bigram term has a
+previous token: no smear, and the reserved bucket B - 1 of the bigram table T (B buckets), whose
+hash is h(p, c) = (1000003 p XOR 69069 c) mod (B - 1). In cached generation the token before
+the first new position comes from the full ids (``prepare_inputs_for_generation``), or, for a
+forward given only a cache, from the ids this model recorded on it. Dropout and label
+smoothing act only in ferrolm's training and change nothing here. Keys are cached after RoPE
+and QK-norm, values with their value embedding, in transformers' own cache.
 """
 
 from __future__ import annotations
@@ -77,7 +84,13 @@ FERROLM_FIELDS = {
     "attn_gate": False,
     "short_window": 0,
     "window_pattern": "SSSL",
+    "smear": False,
+    "bigram_buckets": 0,
 }
+
+
+SMEAR_WIDTH = 12  # smear's gate reads this many leading features of a position's embedding
+BIGRAM_HASH_MULTIPLIERS = (1_000_003, 69_069)  # the bigram hash's two fixed odd constants
 
 
 class FerroLMConfig(PretrainedConfig):
@@ -312,17 +325,25 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
             self.position_embeddings = nn.Embedding(config.context_length, config.d_model)
         if config.unet_skips:
             self.skip_scales = nn.Parameter(torch.ones(config.num_layers // 2))
+        if config.smear:
+            self.smear_gate = nn.Parameter(torch.zeros(min(SMEAR_WIDTH, config.d_model)))
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        if config.bigram_buckets:
+            self.bigram_embeddings = nn.Embedding(config.bigram_buckets, config.d_model)
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
         """ferrolm's initialization: truncated normal, std sqrt(2 / (in + out)) for a matrix and
         1 for an embedding, cut at 3 std; norm gains 1; the x0 mix starts as the plain residual;
-        U-net skips at 1, attention gates at 0."""
+        U-net skips at 1, attention gates, smearing and the bigram table at 0."""
         if isinstance(module, nn.Linear):
             std = math.sqrt(2.0 / sum(module.weight.shape))
             nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
         elif isinstance(module, nn.Embedding):
-            nn.init.trunc_normal_(module.weight, std=1.0, a=-3.0, b=3.0)
+            if module is getattr(self, "bigram_embeddings", None):
+                nn.init.zeros_(module.weight)
+            else:
+                nn.init.trunc_normal_(module.weight, std=1.0, a=-3.0, b=3.0)
         elif isinstance(module, (RMSNorm, LayerNorm)):
             nn.init.ones_(module.weight)
             if isinstance(module, LayerNorm):
@@ -335,6 +356,9 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
                 nn.init.zeros_(self.x0_scales)
             if self.config.unet_skips:
                 nn.init.ones_(self.skip_scales)
+            if self.config.smear:
+                nn.init.zeros_(self.smear_gate)
+                nn.init.zeros_(self.smear_lambda)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.token_embeddings
@@ -353,10 +377,13 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
         labels=None,
         use_cache=None,
         logits_to_keep=0,
+        previous_ids=None,
         **kwargs,
     ):
         """Logits (batch, seq, vocab) of ``input_ids``; with ``labels``, the next-token loss
-        (-100 ignored). The cache is ``cache`` (transformers 5) or ``past_key_values`` (4)."""
+        (-100 ignored). The cache is ``cache`` (transformers 5) or ``past_key_values`` (4).
+        ``previous_ids`` (batch, 1): the token before ``input_ids`` when a cache holds the
+        positions before them (smear, bigram_buckets); by default the one recorded on the cache."""
         if input_ids is None:
             raise ValueError("ferrolm's model needs input_ids (value embeddings read the token ids)")
         cache = cache if cache is not None else past_key_values
@@ -367,7 +394,10 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
         if position_ids is None:
             position_ids = torch.arange(past, past + seq, device=input_ids.device)[None].expand(batch, seq)
         mask = attention_mask_4d(attention_mask, batch, seq, past, input_ids.device)
-        x = self.hidden_states(input_ids, position_ids, (mask, self.short_mask(mask, seq, past)), cache)
+        prev = None
+        if self.config.smear or self.config.bigram_buckets:
+            prev = self.previous_token_ids(input_ids, past, mask, cache, previous_ids)
+        x = self.hidden_states(input_ids, position_ids, (mask, self.short_mask(mask, seq, past)), cache, prev)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         head = self.token_embeddings.weight if self.config.tie_embeddings else self.lm_head.weight
@@ -388,11 +418,65 @@ class FerroLMForCausalLM(PreTrainedModel, GenerationMixin):
         own = past + torch.arange(seq, device=mask.device)
         return mask & (slots[None, :] > own[:, None] - self.config.short_window)
 
-    def hidden_states(self, ids, positions, masks, cache) -> torch.Tensor:
-        """Embedding and blocks: the last block's output; ``masks`` is (long layers', short layers')."""
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        """transformers' inputs for the next step, plus the token before the first new one
+        (taken from the full ids, so beam search's reordering carries it)."""
+        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
+        new = inputs.get("input_ids")
+        if (self.config.smear or self.config.bigram_buckets) and new is not None:
+            start = input_ids.shape[1] - new.shape[1]
+            if start > 0:
+                inputs["previous_ids"] = input_ids[:, start - 1 : start]
+        return inputs
+
+    def previous_token_ids(self, ids, past: int, mask, cache, previous) -> torch.Tensor:
+        """The id before each of ``ids``' positions, -1 where there is none: position 0, and
+        after a padded slot (the mask hides the previous slot from the query). Records the ids
+        on the cache for a later forward given no ``previous``."""
+        batch, seq = ids.shape
+        seen = getattr(cache, "ferrolm_ids", None) if cache is not None else None
+        if past > 0 and previous is None:
+            if seen is None or seen.shape[1] < past:
+                raise ValueError(
+                    "smear and bigram_buckets read the token before the first new one: pass previous_ids "
+                    "(batch, 1) with a cache this model did not fill"
+                )
+            previous = seen[:, past - 1 : past]
+        first = previous.to(ids) if past > 0 else ids.new_full((batch, 1), -1)
+        prev = torch.cat((first, ids[:, :-1]), dim=1)
+        slots = past - 1 + torch.arange(seq, device=ids.device)
+        visible = mask[:, 0, torch.arange(seq, device=ids.device), slots.clamp(min=0)].expand(batch, seq)
+        prev = torch.where(visible & (slots >= 0), prev, -1)
+        if cache is not None:
+            kept = seen[:, :past] if seen is not None and seen.shape[1] >= past else ids.new_zeros((batch, past))
+            cache.ferrolm_ids = torch.cat((kept.to(ids), ids), dim=1)
+        return prev
+
+    def embed(self, ids) -> torch.Tensor:
         x = self.token_embeddings(ids)
-        if self.config.embed_norm:
-            x = rms_normalize(x, None, self.config.norm_eps)
+        return rms_normalize(x, None, self.config.norm_eps) if self.config.embed_norm else x
+
+    def previous_token_terms(self, x, ids, prev) -> torch.Tensor:
+        """x plus smear's term and the bigram table's row (see the module docstring)."""
+        out = x
+        if self.config.smear:
+            before = self.embed(prev[:, :1].clamp(min=0))
+            x_prev = torch.cat((before, x[:, :-1]), dim=1) * (prev >= 0).unsqueeze(-1).to(x.dtype)
+            gate = torch.sigmoid((x[..., : self.smear_gate.shape[0]] * self.smear_gate).sum(-1, keepdim=True))
+            out = out + self.smear_lambda * gate * x_prev
+        if self.config.bigram_buckets:
+            buckets = self.config.bigram_buckets
+            a, b = BIGRAM_HASH_MULTIPLIERS
+            h = torch.bitwise_xor(prev.long() * a, ids.long() * b) % (buckets - 1)
+            out = out + self.bigram_embeddings(torch.where(prev >= 0, h, buckets - 1))
+        return out
+
+    def hidden_states(self, ids, positions, masks, cache, prev=None) -> torch.Tensor:
+        """Embedding and blocks: the last block's output; ``masks`` is (long layers', short
+        layers'); ``prev`` the id before each position (smear, bigram_buckets)."""
+        x = self.embed(ids)
+        if prev is not None:
+            x = self.previous_token_terms(x, ids, prev)
         if self.config.positions == "learned":
             x = x + self.position_embeddings(positions.clamp(min=0))
         elif self.config.positions == "sinusoidal":
