@@ -140,11 +140,21 @@ def timed_spec(spec: str, steps: int) -> str:
 
 
 def train_ferrolm(
-    spec: str, data: dict, out: Path, race: dict, threads: int, eval_every: int, seed: int, heldout_windows: int
+    spec: str,
+    data: dict,
+    out: Path,
+    race: dict,
+    threads: int,
+    eval_every: int,
+    shape: dict = SHAPE,
+    *,
+    seed: int | None = None,
+    heldout_windows: int = 0,
 ) -> None:
+    """One ferrolm contender's run in OUT; with ``heldout_windows``, its held-out score too."""
     _, preset, overrides = parse_contender(spec)
     sets = {
-        **SHAPE,
+        **shape,
         **race,
         "data.train": data["train"],
         "data.val": data["val"],
@@ -152,7 +162,7 @@ def train_ferrolm(
         "run.out_dir": out,
         "run.num_threads": threads,
         "run.eval_every": eval_every,
-        "run.seed": seed,
+        **({"run.seed": seed} if seed is not None else {}),
         **overrides,
     }
     args = ["train", "--config", preset]
@@ -160,7 +170,8 @@ def train_ferrolm(
         args += ["--set", f"{k}={v}"]
     out.parent.mkdir(parents=True, exist_ok=True)
     run(ferrolm(*args), out.parent / f"{out.name}.log")
-    score_heldout(out, data, heldout_windows, threads)
+    if heldout_windows:
+        score_heldout(out, data, heldout_windows, threads)
 
 
 def heldout_tokens(windows: int, context: int = SHAPE["model.context_length"]) -> int:
@@ -201,18 +212,24 @@ def train_nanochat(
     out: Path,
     race: dict,
     threads: int,
-    data: dict,
-    heldout_windows: int,
+    compile: bool = False,
+    env=None,
     lr_scale: str = "auto",
+    *,
+    data: dict | None = None,
+    heldout_windows: int = 0,
 ) -> None:
+    """nanochat's run in OUT (benches/nanochat_peer.py); with ``heldout_windows``, scored on
+    ``data``'s held-out shards too."""
     cmd = [sys.executable, HERE / "nanochat_peer.py", "--nanochat", nanochat, "--config", config, "--out", out]
-    cmd += ["--threads", threads, "--lr-scale", lr_scale]
-    cmd += ["--heldout", data["heldout"], "--heldout-tokens", heldout_tokens(heldout_windows)]
+    cmd += ["--threads", threads, "--lr-scale", lr_scale] + (["--compile"] if compile else [])
+    if heldout_windows:
+        cmd += ["--heldout", data["heldout"], "--heldout-tokens", heldout_tokens(heldout_windows)]
     if race["schedule.schedule_by"] == "steps":
         cmd += ["--max-steps", race["schedule.max_steps"]]
     else:
         cmd += ["--max-time", race["schedule.max_time_s"]]
-    run(cmd, out.parent / f"{out.name}.log")
+    run(cmd, out.parent / f"{out.name}.log", env)
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -283,6 +300,17 @@ def against(summaries: dict, ref: str, key: str = "heldout") -> list[str]:
         if name != ref:
             words = relative_loss(sm[key], base)
             lines.append(f"- {name}: {text} loss {words} {'with' if words == 'level' else 'than'} {ref}'s")
+    return lines
+
+
+def lower_than(finals: dict, ref: str) -> list[str]:
+    """One line per contender: its final validation loss (a metrics record) against `ref`'s."""
+    base = finals[ref]["val_loss"]
+    lines = []
+    for name, last in finals.items():
+        if name != ref:
+            words = relative_loss(last["val_loss"], base)
+            lines.append(f"- {name}: validation loss {words} {'with' if words == 'level' else 'than'} {ref}'s")
     return lines
 
 
@@ -528,14 +556,30 @@ def race_all() -> None:
                 print(f"[{race}] {out.name} ...", file=sys.stderr, flush=True)
                 if race == "time":
                     spec = timed_spec(spec, settings["schedule.max_steps"])
-                train_ferrolm(spec, data, out, settings, args.threads, args.eval_every, seed, args.heldout_windows)
+                train_ferrolm(
+                    spec,
+                    data,
+                    out,
+                    settings,
+                    args.threads,
+                    args.eval_every,
+                    seed=seed,
+                    heldout_windows=args.heldout_windows,
+                )
             out = args.work / race / run_name("nanochat", seed, seeds)
             if args.nanochat and not finished(out):
                 # The peer reads data, shape, seed and validation windows from a ferrolm run's config.
                 base = args.work / race / run_name(parse_contender(presets[0])[0], seed, seeds) / "config.toml"
                 print(f"[{race}] {out.name} ...", file=sys.stderr, flush=True)
                 train_nanochat(
-                    args.nanochat, base, out, settings, args.threads, data, args.heldout_windows, args.nanochat_lr_scale
+                    args.nanochat,
+                    base,
+                    out,
+                    settings,
+                    args.threads,
+                    lr_scale=args.nanochat_lr_scale,
+                    data=data,
+                    heldout_windows=args.heldout_windows,
                 )
     if args.nanochat:
         presets = [*presets, "nanochat"]

@@ -522,7 +522,7 @@ def learning_race(device: torch.device, shards: dict, work: Path, args, report_d
     lines += notes
     if finals:
         try:  # matplotlib is optional on a bare GPU machine: the table holds the result
-            bench_learning.plot({"time": {n: runs[n] for n in finals}}, report_dir / "gpu_race.png")
+            bench_learning.plot({"time": {n: [runs[n]] for n in finals}}, report_dir / "gpu_race.png")
             lines += ["", "![validation loss against training seconds](gpu_race.png)"]
         except ImportError as e:
             lines += ["", f"(no plot: {e})"]

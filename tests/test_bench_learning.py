@@ -116,3 +116,11 @@ def test_the_report_lists_every_contender_with_its_settings_and_both_losses(benc
     text = bench_learning.report({"steps": runs}, args, ["python benches/bench_learning.py"])
     assert "| smear | cpu-small smear=true | 1 | 250 | 1,024,000 | 60 | 4.900 | 5.050 | 1.870 |" in text
     assert "- smear: held-out loss 1.0 % lower than cpu-small's" in text
+
+
+def test_the_gpu_checks_race_lines_word_each_final_loss_against_the_reference(bench_learning):
+    finals = {"cs336": {"val_loss": 5.965}, "cpu-small": {"val_loss": 5.333}, "nanochat": {"val_loss": 5.444}}
+    assert bench_learning.lower_than(finals, "nanochat") == [
+        "- cs336: validation loss 9.6 % higher than nanochat's",
+        "- cpu-small: validation loss 2.0 % lower than nanochat's",
+    ]
