@@ -108,6 +108,11 @@ class ModelConfig:
       b_i two learned scalars per layer that start at 1 and 0 (the plain residual).
     - ``embed_norm``: the token embeddings are divided by their RMS, with no weight, before
       the first block (and x0 is the normalized embedding), as transformers' nanochat does.
+    - ``mtp_weight``, ``mtp_depth``: multi-token prediction as an auxiliary training loss;
+      w > 0 adds, for j = 1..mtp_depth, w^j times the mean cross-entropy of the same logits
+      against the token j positions further on (x_{t+1+j}); a target that falls off the row,
+      is ignored (-100) or lies in a later document (with ``doc_mask``) does not count. No
+      weights; in training only, so evaluation and validation losses stay next-token; 0 is off.
     """
 
     vocab_size: int = 0
@@ -136,6 +141,8 @@ class ModelConfig:
     label_smoothing: float = 0.0
     embed_norm: bool = False
     qk_norm_gain: bool = False
+    mtp_weight: float = 0.0
+    mtp_depth: int = 1
 
     def __post_init__(self) -> None:
         self.check()
@@ -164,6 +171,13 @@ class ModelConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
                 raise ValueError(f"model.{name} must be in [0, 1) (0: off), got {value!r}")
+        if not (isinstance(self.mtp_weight, (int, float)) and not isinstance(self.mtp_weight, bool)) or not (
+            0 <= self.mtp_weight <= 1
+        ):
+            raise ValueError(f"model.mtp_weight must be in [0, 1] (0: off), got {self.mtp_weight!r}")
+        depth = self.mtp_depth
+        if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth < self.context_length:
+            raise ValueError(f"model.mtp_depth must be an int in [1, context_length - 1], got {depth!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
         if self.positions == "rope" and self.d_head % 2:

@@ -411,3 +411,20 @@ def document_mask(doc_ids: Tensor) -> Tensor:
     pos = torch.arange(seq, device=doc_ids.device)
     causal = pos[None, :] <= pos[:, None]
     return causal & (doc_ids.unsqueeze(-1) == doc_ids.unsqueeze(-2))
+
+
+def future_targets(targets: Tensor, shift: int, doc_ids: Tensor | None = None) -> Tensor:
+    """Multi-token prediction's targets: for ``targets`` (..., seq), position i's target
+    x_{i+1}, the token ``shift`` positions further on, x_{i+1+shift} = targets[i + shift];
+    ``IGNORE_INDEX`` where that falls off the row or, with ``doc_ids`` (the inputs'
+    ``document_ids``), lies in a later document than position i (an end-of-text token among
+    x_{i+1} .. x_{i+shift}: doc_ids[i + shift] != doc_ids[i]). An ignored target stays ignored."""
+    seq = targets.shape[-1]
+    out = torch.full_like(targets, IGNORE_INDEX)
+    if shift >= seq:
+        return out
+    ahead = targets[..., shift:]
+    if doc_ids is not None:
+        ahead = ahead.masked_fill(doc_ids[..., shift:] != doc_ids[..., : seq - shift], IGNORE_INDEX)
+    out[..., : seq - shift] = ahead
+    return out

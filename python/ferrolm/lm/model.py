@@ -53,6 +53,14 @@ The original Transformer's parts, as switches:
     label_smoothing  e > 0, in training only: the loss's target is (1 - e) onehot + e / V
                    (functional.linear_cross_entropy, equal to torch's label_smoothing)
 
+A training loss, as a switch (no weights; inference, evaluation and validation unchanged):
+
+    mtp_weight     w > 0, in training only, multi-token prediction with the same final norm
+                   and LM head: loss = CE(o_t, x_{t+1}) + sum_{j=1..mtp_depth} w^j CE(o_t, x_{t+1+j}),
+                   o_t the logits at position t, each CE the mean over its own counted
+                   positions; a target past the row's end, ignored (-100), or, with doc_mask,
+                   in a later document than t does not count (functional.future_targets)
+
 Two recipes are built from these: the default model (every switch off) is the CS336
 assignment's, trained with AdamW and a cosine schedule (the ``cs336`` preset); the
 ``cpu-small``, ``tinystories`` and ``owt`` presets turn on qk_norm, ffn="relu2",
@@ -846,7 +854,7 @@ class TransformerLM(nn.Module):
         x = self._blocks(ids, token_positions, mask, kv_cache, start)
         if kv_cache is not None:
             kv_cache.length = end
-        return self._head(x, targets) if head else x
+        return self._head(x, targets, document_ids) if head else x
 
     def _blocks(
         self, ids: Tensor, positions: Optional[Tensor], mask: Optional[Tensor], kv_cache: Optional[KVCache], start_pos
@@ -885,16 +893,33 @@ class TransformerLM(nn.Module):
         table = self.position_embeddings.weight if self.config.positions == "learned" else self.position_table
         return F.embedding(positions, table).to(self.token_embeddings.weight.dtype)
 
-    def _head(self, x: Tensor, targets: Optional[Tensor]) -> Tensor:
-        """Final norm and LM head (soft-capped when on): logits, or the loss with ``targets``."""
+    def _head(self, x: Tensor, targets: Optional[Tensor], document_ids: Optional[Tensor] = None) -> Tensor:
+        """Final norm and LM head (soft-capped when on): logits, or the loss with ``targets``
+        (in training, plus multi-token prediction's terms when ``mtp_weight`` is on)."""
         cap = self.config.logit_softcap
         if targets is not None:
             smoothing = self.config.label_smoothing if self.training else 0.0
-            return functional.linear_cross_entropy(
-                self.ln_final(x), self.lm_head.weight, targets, softcap_at=cap, label_smoothing=smoothing
+            h = self.ln_final(x)
+            loss = functional.linear_cross_entropy(
+                h, self.lm_head.weight, targets, softcap_at=cap, label_smoothing=smoothing
             )
+            if self.training and self.config.mtp_weight:
+                loss = loss + self._mtp_loss(h, targets, document_ids, smoothing)
+            return loss
         logits = self.lm_head(self.ln_final(x))
         return functional.softcap(logits, cap) if cap else logits
+
+    def _mtp_loss(self, h: Tensor, targets: Tensor, document_ids: Optional[Tensor], smoothing: float) -> Tensor:
+        """sum over j = 1..mtp_depth of w^j CE(head(h_t), x_{t+1+j}), each term the mean over
+        its own counted positions (``functional.future_targets``); the same head and logits."""
+        cfg, loss = self.config, h.new_zeros((), dtype=torch.float32)
+        for j in range(1, cfg.mtp_depth + 1):
+            ahead = functional.future_targets(targets, j, document_ids)
+            term = functional.linear_cross_entropy(
+                h, self.lm_head.weight, ahead, softcap_at=cfg.logit_softcap, label_smoothing=smoothing
+            )
+            loss = loss + cfg.mtp_weight**j * term
+        return loss
 
     def _forward_rows(self, ids: Tensor, kv_cache: KVCache, start_pos: Tensor, targets: Optional[Tensor]) -> Tensor:
         """One token per row, row b at position start_pos[b] (see ``forward``)."""

@@ -69,6 +69,9 @@ FERROLM_FIELDS = {
     "label_smoothing": 0.0,
     "embed_norm": False,
     "qk_norm_gain": False,
+    # multi-token prediction: a training loss only, nothing to compute here
+    "mtp_weight": 0.0,
+    "mtp_depth": 1,
 }
 
 
