@@ -173,3 +173,14 @@ def test_exports_accept_it():
     assert gguf_architecture(cfg) == "llama" and hf_architecture(cfg) == "llama"
     cfg = ModelConfig(vocab_size=V, qk_norm=True, mtp_weight=0.5)
     assert gguf_architecture(cfg) == "qwen3" and hf_architecture(cfg) == "qwen3"
+
+
+def test_a_run_from_weights_keeps_the_configs_mtp():
+    from ferrolm.lm.config import TrainConfig, adopt_model
+
+    cfg = TrainConfig()
+    cfg.set("model.mtp_weight", 0.5)
+    cfg.set("model.mtp_depth", 2)
+    adopt_model(cfg, ModelConfig(vocab_size=V, d_model=64, num_heads=4), "source")
+    # a training loss, not a weight: the config's value stays, the source's shape is taken
+    assert (cfg.model.mtp_weight, cfg.model.mtp_depth, cfg.model.d_model) == (0.5, 2, 64)

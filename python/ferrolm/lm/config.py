@@ -295,6 +295,11 @@ class ScheduleSection:
     schedule_by: str = "steps"  # "steps", or "time": the lr follows the fraction of max_time_s
     lr_schedule: str = "cosine"  # "cosine", or "wsd": warmup, stable at the peak, linear warm-down
     decay_frac: float = 0.2  # wsd: the warm-down's share of the schedule (it ends at cosine_steps or max_steps)
+    # batch-size ramp: each micro-batch holds round(batch_ramp_start x batch_size) rows at step 0,
+    # growing linearly to batch_size at step batch_ramp_steps (optimizer steps, also under
+    # schedule_by = "time"); 0: off, every step the full batch
+    batch_ramp_steps: int = 0
+    batch_ramp_start: float = 0.25
 
 
 @dataclass
@@ -517,6 +522,12 @@ def _check_schedule(s: ScheduleSection, m: ModelConfig) -> None:
             f"schedule.tokens_per_step ({s.tokens_per_step}) is not a multiple of schedule.batch_size x "
             f"model.context_length = {micro}: use {lo} or {lo + micro} (or 0: one micro-batch per step)"
         )
+    if s.batch_ramp_steps < 0:
+        raise ConfigError(f"schedule.batch_ramp_steps must be >= 0 (0: off), got {s.batch_ramp_steps}")
+    if not 0 < s.batch_ramp_start <= 1:
+        raise ConfigError(
+            f"schedule.batch_ramp_start must be in (0, 1] (a share of batch_size), got {s.batch_ramp_start}"
+        )
     if s.warmup_steps > s.max_steps:
         raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
     if s.cosine_steps and s.cosine_steps < s.warmup_steps:
@@ -524,8 +535,8 @@ def _check_schedule(s: ScheduleSection, m: ModelConfig) -> None:
 
 
 # [model] fields a run started from weights may set: they change no weight and only how it
-# trains (attention kernel, document masking, an initialization the weights replace)
-INIT_FREE_FIELDS = ("attention", "doc_mask", "zero_init_output")
+# trains (attention kernel, document masking, an initialization the weights replace, a training loss)
+INIT_FREE_FIELDS = ("attention", "doc_mask", "zero_init_output", "mtp_weight", "mtp_depth")
 
 
 def adopt_model(cfg: TrainConfig, source: ModelConfig, name: str) -> None:
