@@ -43,10 +43,11 @@ def reference_loss(model, ids, targets, doc_mask: bool) -> torch.Tensor:
     cfg = model.config
     docs = functional.document_ids(ids, EOS) if doc_mask else None
     logits = model(ids, document_ids=docs).flatten(0, 1)
-    loss = F.cross_entropy(logits, targets.flatten(), ignore_index=-100)
+    e = cfg.label_smoothing
+    loss = F.cross_entropy(logits, targets.flatten(), ignore_index=-100, label_smoothing=e)
     for j in range(1, cfg.mtp_depth + 1):
         ahead = reference_targets(ids, targets, j, doc_mask).flatten()
-        term = F.cross_entropy(logits, ahead, ignore_index=-100) if (ahead != -100).any() else logits.sum() * 0
+        term = F.cross_entropy(logits, ahead, ignore_index=-100, label_smoothing=e)
         loss = loss + cfg.mtp_weight**j * term
     return loss
 
@@ -65,7 +66,7 @@ def batch(seed: int = 1):
     [
         {"mtp_weight": 0.5},
         {"mtp_weight": 0.3, "mtp_depth": 3, "logit_softcap": 15.0},
-        {"mtp_weight": 1.0, "mtp_depth": 2, "doc_mask": True, "label_smoothing": 0.0},
+        {"mtp_weight": 1.0, "mtp_depth": 2, "doc_mask": True, "label_smoothing": 0.1},
     ],
 )
 def test_loss_and_gradients_equal_the_literal_reference(switches):
@@ -86,6 +87,45 @@ def test_loss_and_gradients_equal_the_literal_reference(switches):
     with torch.no_grad():
         plain = F.cross_entropy(model(ids, document_ids=docs).flatten(0, 1), targets.flatten(), ignore_index=-100)
     assert float(got.detach()) > float(plain) + 0.1
+
+
+@pytest.mark.parametrize("cap, smoothing", [(0.0, 0.0), (15.0, 0.0), (0.0, 0.2), (30.0, 0.1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_head_pass_for_several_targets_equals_the_sum_of_their_losses(cap, smoothing, dtype):
+    torch.manual_seed(5)
+    h = torch.randn(2, 19, 16, dtype=dtype, requires_grad=True)
+    w = (torch.randn(40, 16, dtype=dtype) * 0.5).requires_grad_()
+    t = torch.randint(0, 40, (3, 2, 19))
+    t[1, :, -1] = t[2, :, -2:] = t[0, 1, 3] = -100
+    t[2, 0] = -100  # a term with few counted positions, averaged over its own
+    coefs = [1.0, 0.5, 0.25]
+    got = functional.multi_target_cross_entropy(h, w, t, coefs, softcap_at=cap, label_smoothing=smoothing, chunk_rows=8)
+    got.backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    logits = (h @ w.T).flatten(0, 1)
+    if cap:
+        logits = cap * torch.tanh(logits / cap)
+    want = sum(
+        c * F.cross_entropy(logits, tj.flatten(), ignore_index=-100, label_smoothing=smoothing)
+        for c, tj in zip(coefs, t)
+    )
+    want.backward()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got.double(), want.double(), **tol)
+    torch.testing.assert_close(gh, h.grad, **tol)
+    torch.testing.assert_close(gw, w.grad, **tol)
+    with torch.no_grad():  # the path without a gradient computes the same loss
+        again = functional.multi_target_cross_entropy(h, w, t, coefs, softcap_at=cap, label_smoothing=smoothing)
+    torch.testing.assert_close(again.double(), want.double(), **tol)
+    # a term with no counted position adds nothing (not NaN)
+    t[2] = -100
+    loss = functional.multi_target_cross_entropy(h.detach(), w.detach(), t, coefs, softcap_at=cap)
+    with torch.no_grad():
+        base = functional.multi_target_cross_entropy(h, w, t[:2], coefs[:2], softcap_at=cap)
+    torch.testing.assert_close(loss, base)
+    with pytest.raises(ValueError, match="multi_target_cross_entropy: targets"):
+        functional.multi_target_cross_entropy(h, w, t, coefs[:2])
 
 
 def test_future_targets_literal():

@@ -899,27 +899,25 @@ class TransformerLM(nn.Module):
         cap = self.config.logit_softcap
         if targets is not None:
             smoothing = self.config.label_smoothing if self.training else 0.0
-            h = self.ln_final(x)
-            loss = functional.linear_cross_entropy(
-                h, self.lm_head.weight, targets, softcap_at=cap, label_smoothing=smoothing
-            )
             if self.training and self.config.mtp_weight:
-                loss = loss + self._mtp_loss(h, targets, document_ids, smoothing)
-            return loss
+                return self._mtp_loss(self.ln_final(x), targets, document_ids, smoothing)
+            return functional.linear_cross_entropy(
+                self.ln_final(x), self.lm_head.weight, targets, softcap_at=cap, label_smoothing=smoothing
+            )
         logits = self.lm_head(self.ln_final(x))
         return functional.softcap(logits, cap) if cap else logits
 
     def _mtp_loss(self, h: Tensor, targets: Tensor, document_ids: Optional[Tensor], smoothing: float) -> Tensor:
-        """sum over j = 1..mtp_depth of w^j CE(head(h_t), x_{t+1+j}), each term the mean over
-        its own counted positions (``functional.future_targets``); the same head and logits."""
-        cfg, loss = self.config, h.new_zeros((), dtype=torch.float32)
-        for j in range(1, cfg.mtp_depth + 1):
-            ahead = functional.future_targets(targets, j, document_ids)
-            term = functional.linear_cross_entropy(
-                h, self.lm_head.weight, ahead, softcap_at=cfg.logit_softcap, label_smoothing=smoothing
-            )
-            loss = loss + cfg.mtp_weight**j * term
-        return loss
+        """CE(head(h_t), x_{t+1}) + sum over j = 1..mtp_depth of w^j CE(head(h_t), x_{t+1+j}),
+        each term the mean over its own counted positions (``functional.future_targets``),
+        all from one pass of the LM head (``functional.multi_target_cross_entropy``)."""
+        cfg = self.config
+        steps = range(1, cfg.mtp_depth + 1)
+        every = torch.stack([targets] + [functional.future_targets(targets, j, document_ids) for j in steps])
+        coefs = [1.0] + [cfg.mtp_weight**j for j in steps]
+        return functional.multi_target_cross_entropy(
+            h, self.lm_head.weight, every, coefs, softcap_at=cfg.logit_softcap, label_smoothing=smoothing
+        )
 
     def _forward_rows(self, ids: Tensor, kv_cache: KVCache, start_pos: Tensor, targets: Optional[Tensor]) -> Tensor:
         """One token per row, row b at position start_pos[b] (see ``forward``)."""
