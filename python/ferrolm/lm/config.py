@@ -171,11 +171,9 @@ class ModelConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
                 raise ValueError(f"model.{name} must be in [0, 1) (0: off), got {value!r}")
-        if not (isinstance(self.mtp_weight, (int, float)) and not isinstance(self.mtp_weight, bool)) or not (
-            0 <= self.mtp_weight <= 1
-        ):
-            raise ValueError(f"model.mtp_weight must be in [0, 1] (0: off), got {self.mtp_weight!r}")
-        depth = self.mtp_depth
+        weight, depth = self.mtp_weight, self.mtp_depth
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
+            raise ValueError(f"model.mtp_weight must be in [0, 1] (0: off), got {weight!r}")
         if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth < self.context_length:
             raise ValueError(f"model.mtp_depth must be an int in [1, context_length - 1], got {depth!r}")
         if self.d_model % self.num_heads:
@@ -295,7 +293,7 @@ class ScheduleSection:
     schedule_by: str = "steps"  # "steps", or "time": the lr follows the fraction of max_time_s
     lr_schedule: str = "cosine"  # "cosine", or "wsd": warmup, stable at the peak, linear warm-down
     decay_frac: float = 0.2  # wsd: the warm-down's share of the schedule (it ends at cosine_steps or max_steps)
-    # batch-size ramp: each micro-batch holds round(batch_ramp_start x batch_size) rows at step 0,
+    # batch-size ramp: each micro-batch holds batch_ramp_start x batch_size rows (rounded) at step 0,
     # growing linearly to batch_size at step batch_ramp_steps (optimizer steps, also under
     # schedule_by = "time"); 0: off, every step the full batch
     batch_ramp_steps: int = 0

@@ -52,6 +52,8 @@ __all__ = [
     "x0_mix",
     "document_ids",
     "document_mask",
+    "future_targets",
+    "multi_target_cross_entropy",
 ]
 
 
