@@ -31,7 +31,13 @@ COMBOS = {
     "presets-gqa-tied": {**PRESET, "num_kv_heads": 2, "tie_embeddings": True},
     "post-norm-silu-value-embeds": {"norm_position": "post", "ffn": "silu", "d_ff_ungated": 48, "value_embeds": True},
     "no-norm-no-positions": {"norm": "none", "positions": "none", "x0_mix": True, "logit_softcap": 30.0},
-    "swiglu-softcap-mqa": {"logit_softcap": 15.0, "num_kv_heads": 1, "qk_norm": True},
+    "swiglu-softcap-mqa-mtp": {
+        "logit_softcap": 15.0,
+        "num_kv_heads": 1,
+        "qk_norm": True,
+        "mtp_weight": 0.5,
+        "mtp_depth": 2,
+    },
     # the transformer preset's parts (its width aside)
     "original-transformer": {
         **{k: v for k, v in vars(load_config("transformer").model).items() if k not in _SHAPE},

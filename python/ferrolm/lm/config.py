@@ -127,6 +127,11 @@ class ModelConfig:
       x_t + T[h(id_{t-1}, id_t)], T a zero-initialised (B, d_model) table and h a fixed hash
       into [0, B - 1); the first token (of the sequence, or of a document with ``doc_mask``)
       takes the reserved bucket B - 1. 0 is off; 1 is refused (no bucket left for pairs).
+    - ``mtp_weight``, ``mtp_depth``: multi-token prediction as an auxiliary training loss;
+      w > 0 adds, for j = 1..mtp_depth, w^j times the mean cross-entropy of the same logits
+      against the token j positions further on (x_{t+1+j}); a target that falls off the row,
+      is ignored (-100) or lies in a later document (with ``doc_mask``) does not count. No
+      weights; in training only, so evaluation and validation losses stay next-token; 0 is off.
     """
 
     vocab_size: int = 0
@@ -162,6 +167,8 @@ class ModelConfig:
     # the switches that read the previous token
     smear: bool = False
     bigram_buckets: int = 0
+    mtp_weight: float = 0.0
+    mtp_depth: int = 1
 
     def __post_init__(self) -> None:
         self.check()
@@ -190,6 +197,11 @@ class ModelConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
                 raise ValueError(f"model.{name} must be in [0, 1) (0: off), got {value!r}")
+        weight, depth = self.mtp_weight, self.mtp_depth
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
+            raise ValueError(f"model.mtp_weight must be in [0, 1] (0: off), got {weight!r}")
+        if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth < self.context_length:
+            raise ValueError(f"model.mtp_depth must be an int in [1, context_length - 1], got {depth!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
         if self.positions == "rope" and self.d_head % 2:
@@ -331,6 +343,11 @@ class ScheduleSection:
     schedule_by: str = "steps"  # "steps", or "time": the lr follows the fraction of max_time_s
     lr_schedule: str = "cosine"  # "cosine", or "wsd": warmup, stable at the peak, linear warm-down
     decay_frac: float = 0.2  # wsd: the warm-down's share of the schedule (it ends at cosine_steps or max_steps)
+    # batch-size ramp: each micro-batch holds batch_ramp_start x batch_size rows (rounded) at step 0,
+    # growing linearly to batch_size at step batch_ramp_steps (optimizer steps, also under
+    # schedule_by = "time"); 0: off, every step the full batch
+    batch_ramp_steps: int = 0
+    batch_ramp_start: float = 0.25
 
 
 @dataclass
@@ -553,6 +570,12 @@ def _check_schedule(s: ScheduleSection, m: ModelConfig) -> None:
             f"schedule.tokens_per_step ({s.tokens_per_step}) is not a multiple of schedule.batch_size x "
             f"model.context_length = {micro}: use {lo} or {lo + micro} (or 0: one micro-batch per step)"
         )
+    if s.batch_ramp_steps < 0:
+        raise ConfigError(f"schedule.batch_ramp_steps must be >= 0 (0: off), got {s.batch_ramp_steps}")
+    if not 0 < s.batch_ramp_start <= 1:
+        raise ConfigError(
+            f"schedule.batch_ramp_start must be in (0, 1] (a share of batch_size), got {s.batch_ramp_start}"
+        )
     if s.warmup_steps > s.max_steps:
         raise ConfigError(f"schedule.warmup_steps ({s.warmup_steps}) exceeds schedule.max_steps ({s.max_steps})")
     if s.cosine_steps and s.cosine_steps < s.warmup_steps:
@@ -560,8 +583,8 @@ def _check_schedule(s: ScheduleSection, m: ModelConfig) -> None:
 
 
 # [model] fields a run started from weights may set: they change no weight and only how it
-# trains (attention kernel, document masking, an initialization the weights replace)
-INIT_FREE_FIELDS = ("attention", "doc_mask", "zero_init_output")
+# trains (attention kernel, document masking, an initialization the weights replace, a training loss)
+INIT_FREE_FIELDS = ("attention", "doc_mask", "zero_init_output", "mtp_weight", "mtp_depth")
 
 
 def adopt_model(cfg: TrainConfig, source: ModelConfig, name: str) -> None:

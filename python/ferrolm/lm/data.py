@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional, Union
@@ -452,8 +452,9 @@ class RandomWindows:
         self.tokens, self.batch_size, self.context_length = tokens, batch_size, context_length
         self.generator = generator
 
-    def next_rows(self) -> np.ndarray:
-        starts = sample_starts(len(self.tokens), self.batch_size, self.context_length, self.generator)
+    def next_rows(self, n: int | None = None) -> np.ndarray:
+        """The next ``n`` rows (default ``batch_size``)."""
+        starts = sample_starts(len(self.tokens), n or self.batch_size, self.context_length, self.generator)
         return _gather_windows(self.tokens, starts, self.context_length + 1)
 
     def state(self) -> torch.Tensor:
@@ -553,9 +554,10 @@ class DocumentRows:
         length, _, start = self.buffer.pop(i)
         return start, length
 
-    def next_rows(self) -> np.ndarray:
-        rows = np.empty((self.batch_size, self.row_len), dtype=np.int64)
-        for r in range(self.batch_size):
+    def next_rows(self, n: int | None = None) -> np.ndarray:
+        """The next ``n`` rows (default ``batch_size``)."""
+        rows = np.empty((n or self.batch_size, self.row_len), dtype=np.int64)
+        for r in range(rows.shape[0]):
             filled = 0
             while filled < self.row_len:
                 start, take = self._take(self.row_len - filled)
@@ -655,11 +657,12 @@ class ConversationRows:
         length, _, index = self.buffer.pop(i)
         return index, length
 
-    def next_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.full((self.batch_size, self.row_len), self.data.eos_id, dtype=np.int64)
-        mask = np.zeros((self.batch_size, self.row_len), dtype=np.uint8)
+    def next_rows(self, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``n`` rows (default ``batch_size``) and their loss masks."""
+        ids = np.full((n or self.batch_size, self.row_len), self.data.eos_id, dtype=np.int64)
+        mask = np.zeros(ids.shape, dtype=np.uint8)
         start = self.data.offsets
-        for r in range(self.batch_size):
+        for r in range(ids.shape[0]):
             filled = 0
             while filled < self.row_len and (took := self._take(self.row_len - filled)) is not None:
                 index, length = took
@@ -727,6 +730,10 @@ class BatchPrefetcher:
     only queues a non-blocking copy. One batch is drawn ahead, so ``loader_state()`` is
     the source's state *before* the next batch not yet handed out: what a checkpoint
     saves for a resume that replays exactly the batches this run would have seen.
+
+    ``plan``, when given, maps a batch's index (counted from ``first``, the index of the
+    first batch this prefetcher hands out) to its number of rows: a batch-size schedule,
+    known before the batch is drawn.
     """
 
     def __init__(
@@ -738,6 +745,8 @@ class BatchPrefetcher:
         generator: torch.Generator | None = None,
         *,
         rows: RandomWindows | DocumentRows | ConversationRows | None = None,
+        plan: Callable[[int], int] | None = None,
+        first: int = 0,
     ):
         if rows is None:
             if generator is None:
@@ -745,12 +754,13 @@ class BatchPrefetcher:
             rows = RandomWindows(tokens, batch_size, context_length, generator)
         self.rows = rows
         self.device = _check_device(device)
+        self.plan, self.index = plan, first
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferrolm-batches")
-        self._next = self._pool.submit(self._load)
+        self._next = self._pool.submit(self._load, self.index)
 
-    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         state = self.rows.state()
-        rows = self.rows.next_rows()
+        rows = self.rows.next_rows() if self.plan is None else self.rows.next_rows(self.plan(index))
         if isinstance(rows, tuple):  # conversations: (ids, loss mask)
             x, y = masked_targets(torch.from_numpy(rows[0]), torch.from_numpy(rows[1]))
             count = int(rows[1][:, 1:].sum())
@@ -770,7 +780,8 @@ class BatchPrefetcher:
         """The next (inputs, targets, number of targets the loss counts) (``next``'s batch,
         and its count taken on the host: no device sync)."""
         _, x, y, count = self._next.result()
-        self._next = self._pool.submit(self._load)
+        self.index += 1
+        self._next = self._pool.submit(self._load, self.index)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), count
 
     def loader_state(self) -> torch.Tensor:

@@ -54,6 +54,8 @@ __all__ = [
     "document_ids",
     "document_mask",
     "sliding_window_mask",
+    "future_targets",
+    "multi_target_cross_entropy",
 ]
 
 
@@ -421,3 +423,121 @@ def sliding_window_mask(query_positions: Tensor, num_keys: int, window: int) -> 
     keys = torch.arange(num_keys, device=query_positions.device)
     p = query_positions.unsqueeze(-1)
     return (keys <= p) & (keys > p - window)
+
+
+def future_targets(targets: Tensor, shift: int, doc_ids: Tensor | None = None) -> Tensor:
+    """Multi-token prediction's targets: for ``targets`` (..., seq), position i's target
+    x_{i+1}, the token ``shift`` positions further on, x_{i+1+shift} = targets[i + shift];
+    ``IGNORE_INDEX`` where that falls off the row or, with ``doc_ids`` (the inputs'
+    ``document_ids``), lies in a later document than position i (an end-of-text token among
+    x_{i+1} .. x_{i+shift}: doc_ids[i + shift] != doc_ids[i]). An ignored target stays ignored."""
+    seq = targets.shape[-1]
+    out = torch.full_like(targets, IGNORE_INDEX)
+    if shift >= seq:
+        return out
+    ahead = targets[..., shift:]
+    if doc_ids is not None:
+        ahead = ahead.masked_fill(doc_ids[..., shift:] != doc_ids[..., : seq - shift], IGNORE_INDEX)
+    out[..., : seq - shift] = ahead
+    return out
+
+
+def multi_target_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    coefs: list[float],
+    *,
+    softcap_at: float = 0.0,
+    chunk_rows: int | None = None,
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """sum_j coefs[j] linear_cross_entropy(hidden, weight, targets[j]) with one pass of the
+    LM head: each chunk's logits are computed once and serve every target (multi-token
+    prediction). ``targets`` (k, ...) with ``hidden`` (..., d); each term is the mean over
+    its own kept positions (0 when there are none).
+
+    The gradient of a chunk's logits is softmax(o) sum_j a_j - sum_j a_j onehot(t_j), with
+    a_j = coefs[j] keep_j / N_j (label smoothing: onehot(t_j) becomes (1 - e) onehot + e / V),
+    one buffer for every target."""
+    if targets.shape[1:] != hidden.shape[:-1] or len(coefs) != targets.shape[0]:
+        raise ValueError(
+            f"multi_target_cross_entropy: targets {tuple(targets.shape)} must be (len(coefs) = {len(coefs)},) "
+            f"plus hidden {tuple(hidden.shape)} less its model dim"
+        )
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = targets.reshape(targets.shape[0], -1).long()
+    exact = torch.float64 if h.dtype == torch.float64 else torch.float32  # the loss's own precision
+    keep = (t != IGNORE_INDEX).to(exact)
+    # a_j per row before the keep mask: coefs[j] / N_j, tensors (no host sync)
+    scale = torch.tensor(coefs, dtype=exact, device=h.device) / keep.sum(dim=1).clamp(min=1)
+    t = t.masked_fill(t == IGNORE_INDEX, 0)
+    if chunk_rows is None:
+        chunk_rows = _chunk_rows(weight.shape[0], h.device)
+    wants_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    args = (h, weight, t, keep * scale[:, None], chunk_rows, float(softcap_at), float(label_smoothing))
+    return _MultiTargetCrossEntropy.apply(*args) if wants_grad else _multi_target_loss(*args)[0]
+
+
+def _multi_chunk(head_in: Tensor, weight: Tensor, t: Tensor, a: Tensor, cap: float, smoothing: float):
+    """A chunk's (sum_j sum_i a_j,i (logsumexp(o_i) - smoothed o_i[t_j,i]), exp(o - shift), its row
+    sums, s or None) for targets t (k, rows) weighed by a (k, rows)."""
+    gate = None
+    if cap:  # o - c = -2 c s, s = sigmoid(-2 z / c): see _chunk_loss_capped
+        gate = _head_logits(head_in, weight).sigmoid_()
+        shifted = gate * (-2.0 * cap)
+    else:
+        shifted = _head_logits(head_in, weight)
+        shifted.sub_(shifted.amax(dim=-1, keepdim=True))
+    target_logits = torch.cat([_smoothed_target(shifted, tj, smoothing) for tj in t], dim=-1)  # (rows, k)
+    exps = shifted.exp_()
+    sums = exps.sum(dim=-1, keepdim=True)
+    return ((sums.log() - target_logits) * a.t()).sum(), exps, sums, gate
+
+
+def _multi_target_loss(h, weight, t, a, chunk_rows, cap, smoothing, grads: bool = False):
+    """The loss and, with ``grads``, (d h, d W^T) of ``multi_target_cross_entropy``."""
+    head_in, h_mm, w_mm = _head_operands(h, weight, cap)
+    total = h.new_zeros((), dtype=torch.float32)
+    grad_h, grad_w_t = [], None
+    if grads:
+        exact = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        grad_w_t = torch.zeros(weight.shape[::-1], dtype=exact, device=weight.device)
+    for start in range(0, h.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        loss, exps, sums, gate = _multi_chunk(head_in[rows], w_mm, t[:, rows], a[:, rows], cap, smoothing)
+        total = total + loss
+        if not grads:
+            continue
+        cap_scale = 0.25 if cap else 1.0  # the cap's 4 s (1 - s), as in _LinearCrossEntropy
+        weights = a[:, rows].t().to(exps.dtype)  # (rows, k)
+        grad = exps.mul_(weights.sum(dim=-1, keepdim=True) / (sums * cap_scale))
+        grad.scatter_add_(-1, t[:, rows].t().contiguous(), weights * (-(1.0 - smoothing) / cap_scale))
+        if smoothing:
+            grad.sub_(weights.sum(dim=-1, keepdim=True) * (smoothing / (grad.shape[-1] * cap_scale)))
+        if gate is not None:
+            torch.ops.aten.sigmoid_backward.grad_input(grad, gate, grad_input=grad)
+        grad = grad.to(w_mm.dtype)
+        grad_h.append(gemm.matmul(grad, w_mm))
+        gemm.add_matmul_(grad_w_t, h_mm[rows].t().contiguous(), grad)
+    if not grads:
+        return total, None, None
+    return total, torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w_t
+
+
+class _MultiTargetCrossEntropy(torch.autograd.Function):
+    """``multi_target_cross_entropy`` with its gradients formed in the forward pass, chunk by
+    chunk (the loss is the end of the graph: the backward only scales them)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, t, a, chunk_rows, cap, smoothing):
+        total, grad_h, grad_w_t = _multi_target_loss(h, weight, t, a, chunk_rows, cap, smoothing, grads=True)
+        ctx.save_for_backward(grad_h, grad_w_t.t())
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        grad_w = (grad_w * grad_loss).to(ctx.weight_dtype).contiguous()
+        return grad_h * grad_loss.to(grad_h.dtype), grad_w, None, None, None, None, None

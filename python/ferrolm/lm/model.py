@@ -78,6 +78,14 @@ The original Transformer's parts, as switches:
     label_smoothing  e > 0, in training only: the loss's target is (1 - e) onehot + e / V
                    (functional.linear_cross_entropy, equal to torch's label_smoothing)
 
+A training loss, as a switch (no weights; inference, evaluation and validation unchanged):
+
+    mtp_weight     w > 0, in training only, multi-token prediction with the same final norm
+                   and LM head: loss = CE(o_t, x_{t+1}) + sum_{j=1..mtp_depth} w^j CE(o_t, x_{t+1+j}),
+                   o_t the logits at position t, each CE the mean over its own counted
+                   positions; a target past the row's end, ignored (-100), or, with doc_mask,
+                   in a later document than t does not count (functional.future_targets)
+
 Two recipes are built from these: the default model (every switch off) is the CS336
 assignment's, trained with AdamW and a cosine schedule (the ``cs336`` preset); the
 ``cpu-small``, ``tinystories`` and ``owt`` presets turn on qk_norm, ffn="relu2",
@@ -946,7 +954,7 @@ class TransformerLM(nn.Module):
         x = self._blocks(ids, token_positions, mask, kv_cache, start, short, document_ids)
         if kv_cache is not None:
             kv_cache.length = end
-        return self._head(x, targets) if head else x
+        return self._head(x, targets, document_ids) if head else x
 
     def _short_mask(self, query_positions: Tensor, num_keys: int, mask: Optional[Tensor]) -> Tensor:
         """The short-window layers' mask (``short_window``): ``mask`` (None: causal) AND the
@@ -1056,16 +1064,31 @@ class TransformerLM(nn.Module):
         table = self.position_embeddings.weight if self.config.positions == "learned" else self.position_table
         return F.embedding(positions, table).to(self.token_embeddings.weight.dtype)
 
-    def _head(self, x: Tensor, targets: Optional[Tensor]) -> Tensor:
-        """Final norm and LM head (soft-capped when on): logits, or the loss with ``targets``."""
+    def _head(self, x: Tensor, targets: Optional[Tensor], document_ids: Optional[Tensor] = None) -> Tensor:
+        """Final norm and LM head (soft-capped when on): logits, or the loss with ``targets``
+        (in training, plus multi-token prediction's terms when ``mtp_weight`` is on)."""
         cap = self.config.logit_softcap
         if targets is not None:
             smoothing = self.config.label_smoothing if self.training else 0.0
+            if self.training and self.config.mtp_weight:
+                return self._mtp_loss(self.ln_final(x), targets, document_ids, smoothing)
             return functional.linear_cross_entropy(
                 self.ln_final(x), self.lm_head.weight, targets, softcap_at=cap, label_smoothing=smoothing
             )
         logits = self.lm_head(self.ln_final(x))
         return functional.softcap(logits, cap) if cap else logits
+
+    def _mtp_loss(self, h: Tensor, targets: Tensor, document_ids: Optional[Tensor], smoothing: float) -> Tensor:
+        """CE(head(h_t), x_{t+1}) + sum over j = 1..mtp_depth of w^j CE(head(h_t), x_{t+1+j}),
+        each term the mean over its own counted positions (``functional.future_targets``),
+        all from one pass of the LM head (``functional.multi_target_cross_entropy``)."""
+        cfg = self.config
+        steps = range(1, cfg.mtp_depth + 1)
+        every = torch.stack([targets] + [functional.future_targets(targets, j, document_ids) for j in steps])
+        coefs = [1.0] + [cfg.mtp_weight**j for j in steps]
+        return functional.multi_target_cross_entropy(
+            h, self.lm_head.weight, every, coefs, softcap_at=cfg.logit_softcap, label_smoothing=smoothing
+        )
 
     def _forward_rows(self, ids: Tensor, kv_cache: KVCache, start_pos: Tensor, targets: Optional[Tensor]) -> Tensor:
         """One token per row, row b at position start_pos[b] (see ``forward``)."""

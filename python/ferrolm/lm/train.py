@@ -12,7 +12,8 @@ One optimizer step:
                                            conversations packed best-fit, the targets
                                            outside the assistant's replies ignored),
                                            seeded per process, one batch ahead on a
-                                           background thread
+                                           background thread; fewer rows in the first
+                                           steps with schedule.batch_ramp_steps
         loss = model_loss(model, x, y)     model(x, targets=y): the LM head fused with the
                                            cross-entropy (compiled as one graph with
                                            run.compile), bf16 autocast when enabled
@@ -387,7 +388,16 @@ def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
     flops_per_tok = training_flops_per_token(model)
     peak = peak_flops(device, bf16)
     step_model, eval_model, loss = wrap_model(model, cfg, dist_, device)
-    batches = BatchPrefetcher(train_data, cfg.schedule.batch_size, cfg.model.context_length, device, rows=rows)
+    plan = (lambda index: batch_rows(cfg.schedule, index // accum)) if cfg.schedule.batch_ramp_steps else None
+    batches = BatchPrefetcher(
+        train_data,
+        cfg.schedule.batch_size,
+        cfg.model.context_length,
+        device,
+        rows=rows,
+        plan=plan,
+        first=state.step * accum,
+    )
     val_starts = None if chat_tok else validation_starts(cfg, val_data, dist_)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -908,6 +918,25 @@ def lr_at(cfg: TrainConfig, step: int, elapsed_s: float) -> float:
     return cosine_lr(it, o.lr, o.min_lr, s.warmup_steps, s.cosine_steps or s.max_steps)
 
 
+def batch_rows(s: ScheduleSection, step: int) -> int:
+    """Rows per micro-batch at optimizer step ``step`` (0-based): batch_size, or during the
+    batch ramp batch_size (start + (1 - start) step / batch_ramp_steps) to the nearest row
+    (halves up), at least 1."""
+    if step >= s.batch_ramp_steps:
+        return s.batch_size
+    share = s.batch_ramp_start + (1.0 - s.batch_ramp_start) * step / s.batch_ramp_steps
+    return max(1, math.floor(s.batch_size * share + 0.5))
+
+
+def tokens_trained(run: Run, steps: int) -> int:
+    """Tokens of the first ``steps`` optimizer steps over all processes, the batch ramp's
+    smaller steps counted at their size."""
+    s = run.cfg.schedule
+    ramp = min(steps, s.batch_ramp_steps)
+    per_row = run.tokens_per_step // s.batch_size  # micro-batches x context x processes
+    return per_row * sum(batch_rows(s, i) for i in range(ramp)) + (steps - ramp) * run.tokens_per_step
+
+
 def _autocast(device: torch.device, enabled: bool):
     if enabled and device.type in ("cuda", "cpu"):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -1181,11 +1210,12 @@ def make_record(run: Run, state: RunState, lr: float, grad_norm: Optional[float]
         train_loss = float(t)
     steps_done = state.step - state.last_log_step
     dt = state.time_s - state.last_log_time
-    tps = steps_done * run.tokens_per_step / dt if dt > 0 and steps_done else None
+    tokens = tokens_trained(run, state.step)
+    tps = (tokens - tokens_trained(run, state.last_log_step)) / dt if dt > 0 and steps_done else None
     mfu = run.flops_per_tok * tps / (run.peak * run.dist.world) if (run.peak and run.flops_per_tok and tps) else None
     rec = {
         "step": state.step,
-        "tokens": state.step * run.tokens_per_step,
+        "tokens": tokens,
         "time_s": round(state.time_s, 3),
         "wall_s": round(state.wall_s, 3),
         "lr": lr,
@@ -1279,7 +1309,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         **tokenizer_location(run.cfg, run.run_dir),
         time_s=state.time_s,
         wall_s=state.wall_s,
-        tokens=state.step * run.tokens_per_step,
+        tokens=tokens_trained(run, state.step),
         best_val_loss=state.best_val,
         log_state=log_state,
         ferrolm_version=__version__,

@@ -86,6 +86,9 @@ FERROLM_FIELDS = {
     "window_pattern": "SSSL",
     "smear": False,
     "bigram_buckets": 0,
+    # multi-token prediction: a training loss only, nothing to compute here
+    "mtp_weight": 0.0,
+    "mtp_depth": 1,
 }
 
 
