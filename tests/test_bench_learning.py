@@ -3,6 +3,7 @@ the development and held-out figures kept apart."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -124,3 +125,15 @@ def test_the_gpu_checks_race_lines_word_each_final_loss_against_the_reference(be
         "- cs336: validation loss 9.6 % higher than nanochat's",
         "- cpu-small: validation loss 2.0 % lower than nanochat's",
     ]
+
+
+def test_the_step_cost_report_sets_each_contender_against_the_first(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_step_cost", SCRIPT.with_name("bench_step_cost.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(threads=2, steps=40, rounds=3, skip=10, results=tmp_path)
+    speeds = {"fp32": {"cpu-small": [1000.0, 900.0, 1100.0], "gate": [800.0, 950.0, 900.0]}}
+    module.write_report(speeds, ["cpu-small", "gate=cpu-small+model.attn_gate=true"], ["cpu-small", "gate"], args)
+    text = (tmp_path / "step_cost.md").read_text()
+    assert "| gate: training step per token (fp32) | cpu-small | **1.11x** the time (900 vs 1,000 tokens/s) |" in text
+    assert "| fp32 | gate | cpu-small attn_gate=true | 900 | 1.11x |" in text
