@@ -744,6 +744,31 @@ def test_run_switches_resolve_per_device(monkeypatch):
     assert D.use_compile("auto", torch.device("cuda")) and not D.use_compile("false", torch.device("cuda"))
 
 
+@pytest.mark.parametrize(
+    "flags, capability, width",
+    [
+        ("fpu sse2 avx avx2 fma", "AVX2", "AVX2"),
+        ("avx2 avx512f avx512bw", "AVX512", "AVX-512"),
+        ("avx2 avx512f avx512_bf16", "AVX512", "AVX512-BF16"),
+        ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "AVX512", "AMX"),
+        ("", "AVX2", "AVX2"),  # no /proc/cpuinfo: torch's capability
+        ("", "SVE256", "SVE256"),
+        ("", "", "unknown"),
+    ],
+)
+def test_cpu_vector_width_reads_the_widest_vectors(monkeypatch, flags, capability, width):
+    import ferrolm.lm.device as D
+
+    monkeypatch.setattr(D, "_cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setattr(D, "_torch_cpu_capability", lambda: capability)
+    D.cpu_vector_width.cache_clear()
+    try:
+        assert D.cpu_vector_width() == width
+        assert D.cpu_has_native_bf16() == (width in ("AMX", "AVX512-BF16"))
+    finally:
+        D.cpu_vector_width.cache_clear()
+
+
 def test_run_switch_config_values():
     cfg = apply_overrides(TrainConfig(), ["run.compile=true", "run.autocast_bf16=AUTO"])
     assert cfg.run.compile == "true" and cfg.run.autocast_bf16 == "auto"
