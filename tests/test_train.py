@@ -756,17 +756,12 @@ def test_run_switches_resolve_per_device(monkeypatch):
         ("", "", "unknown"),
     ],
 )
-def test_cpu_vector_width_reads_the_widest_vectors(monkeypatch, flags, capability, width):
+def test_cpu_vector_width_reads_the_widest_vectors(flags, capability, width):
     import ferrolm.lm.device as D
 
-    monkeypatch.setattr(D, "_cpu_flags", lambda: frozenset(flags.split()))
-    monkeypatch.setattr(D, "_torch_cpu_capability", lambda: capability)
-    D.cpu_vector_width.cache_clear()
-    try:
-        assert D.cpu_vector_width() == width
-        assert D.cpu_has_native_bf16() == (width in ("AMX", "AVX512-BF16"))
-    finally:
-        D.cpu_vector_width.cache_clear()
+    assert D._vector_width(frozenset(flags.split()), capability) == width
+    assert D.cpu_vector_width() == D._vector_width(D._cpu_flags(), D._torch_cpu_capability())
+    assert D.cpu_has_native_bf16() == (D.cpu_vector_width() in ("AMX", "AVX512-BF16"))
 
 
 def test_run_switch_config_values():

@@ -23,7 +23,6 @@ the TinyStories shape, all of it kernel time). Keeping freed blocks for reuse re
 from __future__ import annotations
 
 import ctypes
-import functools
 import sys
 
 import torch
@@ -79,9 +78,8 @@ def unavailable(dev: torch.device) -> str | None:
     return None
 
 
-@functools.cache
 def _cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none). Read once."""
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             return frozenset(next((line for line in f if line.startswith("flags")), "").split())
@@ -95,18 +93,8 @@ def _torch_cpu_capability() -> str:
     return get().upper() if get is not None else ""
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16)."""
-    return cpu_vector_width() in ("AMX", "AVX512-BF16")
-
-
-@functools.cache
-def cpu_vector_width() -> str:
-    """The widest vector instructions this CPU runs, as its matrix kernels see them: "AMX",
-    "AVX512-BF16", "AVX-512", "AVX2", else torch's own name for its CPU code path (e.g.
-    "DEFAULT", "SVE256"; "unknown" where torch has none). From the /proc/cpuinfo flags, with
-    torch's capability where there are none. Read once."""
-    flags, capability = _cpu_flags(), _torch_cpu_capability()
+def _vector_width(flags: frozenset[str], capability: str) -> str:
+    """``cpu_vector_width``'s answer for these cpuinfo flags and torch capability."""
     if "AMX" in capability or "amx_bf16" in flags:
         return "AMX"
     if "avx512_bf16" in flags:
@@ -116,6 +104,23 @@ def cpu_vector_width() -> str:
     if "avx2" in flags or capability == "AVX2":
         return "AVX2"
     return capability or "unknown"
+
+
+# Read once, at import: kernel choices ask for it inside code torch.compile traces.
+_CPU_VECTOR_WIDTH = _vector_width(_cpu_flags(), _torch_cpu_capability())
+
+
+def cpu_vector_width() -> str:
+    """The widest vector instructions this CPU runs, as its matrix kernels see them: "AMX",
+    "AVX512-BF16", "AVX-512", "AVX2", else torch's own name for its CPU code path (e.g.
+    "DEFAULT", "SVE256"; "unknown" where torch has none). From the /proc/cpuinfo flags, with
+    torch's capability where there are none."""
+    return _CPU_VECTOR_WIDTH
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16)."""
+    return cpu_vector_width() in ("AMX", "AVX512-BF16")
 
 
 def _switch(setting: str | bool) -> str:
