@@ -82,7 +82,9 @@ RoPE's cos/sin tables are non-persistent buffers and never saved.
 
 Speed: attention uses torch's ``scaled_dot_product_attention`` (flash kernels on CUDA
 and CPU) unless ``attention="reference"``, which runs the literal equation from
-``ferrolm.lm.functional``; both are tested equal. For generation, ``make_kv_cache`` gives a
+``ferrolm.lm.functional``; both are tested equal. Training in float32 on a CPU whose widest
+vectors are AVX2, it runs a block of queries at a time by batched GEMMs instead
+(``_BlockCausalAttention``, tested equal too), where torch's flash kernel was slower. For generation, ``make_kv_cache`` gives a
 preallocated key/value cache and ``forward(ids, kv_cache=...)`` computes only the new
 positions (one start position for the batch, or one per row: continuous batching).
 
