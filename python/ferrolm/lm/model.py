@@ -84,9 +84,10 @@ Speed: attention uses torch's ``scaled_dot_product_attention`` (flash kernels on
 and CPU) unless ``attention="reference"``, which runs the literal equation from
 ``ferrolm.lm.functional``; both are tested equal. Training in float32 on a CPU whose widest
 vectors are AVX2, it runs a block of queries at a time by batched GEMMs instead
-(``_BlockCausalAttention``, tested equal too), where torch's flash kernel was slower. For generation, ``make_kv_cache`` gives a
-preallocated key/value cache and ``forward(ids, kv_cache=...)`` computes only the new
-positions (one start position for the batch, or one per row: continuous batching).
+(``_BlockCausalAttention``, tested equal too), where torch's flash kernel was slower. For
+generation, ``make_kv_cache`` gives a preallocated key/value cache and ``forward(ids,
+kv_cache=...)`` computes only the new positions (one start position for the batch, or one
+per row: continuous batching).
 
 Accounting for a ``ModelConfig``: ``count_parameters(cfg)`` and ``flops_per_token(cfg)``
 (forward; training is 3x), for MFU.
@@ -469,11 +470,11 @@ def causal_mask(num_queries: int, num_keys: int, device=None) -> Tensor:
 def _block_causal_applies(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, dropout_p: float) -> bool:
     """Whether ``_BlockCausalAttention`` runs this attention: training (a gradient wanted) in
     float32 on a CPU whose widest vectors are AVX2, plain causal, one key/value head per
-    query head, no dropout, and a sequence of at most 8 d_head, so that the probabilities it
-    keeps (heads T^2 / 2 floats a row) stay within 4 times the queries' size. There torch's
-    flash kernel, built for wider vectors and longer heads, ran forward and back 1.3x
-    (heads of 32, 256 positions) to 1.8x (heads of 32, 512 positions) slower (Zen 3, one
-    thread)."""
+    query head, no dropout, and a sequence T of at most 8 d_head, so that the probabilities
+    it keeps (about T^2 / 2 floats a head) stay within 4 times the queries' size (T d_head
+    floats a head). There torch's flash kernel, built for wider vectors, ran forward and
+    back 1.2-1.3x (heads of 32, 256 positions) to 1.6x (heads of 64, 512 positions) slower
+    (Zen 3, one thread)."""
     return (
         is_causal
         and not dropout_p
@@ -490,9 +491,9 @@ def _block_causal_applies(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, drop
 
 class _BlockCausalAttention(torch.autograd.Function):
     """softmax(Q K^T / sqrt(d) + causal mask) V for q, k, v (batch, heads, T, d), a block
-    of queries at a time against only the keys it may see (3/4 of the score matrix skipped
-    at 4 blocks, more at more), by batched GEMMs over the heads; the probabilities P are
-    kept for the backward:  d V = P^T g,  d S = P (g V^T - rowsum(P (g V^T))),
+    of queries at a time against only the keys it may see (of n blocks, (n + 1) / 2n of the
+    score matrix: 9/16 at 8), by batched GEMMs over the heads; the probabilities P are kept
+    for the backward:  d V = P^T g,  d S = P * (g V^T - rowsum(P * g V^T)) (elementwise *),
     d Q = d S K / sqrt(d),  d K = d S^T Q / sqrt(d)  (S the scaled scores)."""
 
     BLOCK = 32  # queries per block: 32 and 64 ran level; fewer keys wasted on the diagonal
