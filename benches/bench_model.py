@@ -31,7 +31,9 @@ Each (library, shape, dtype) runs in its own subprocess: its own thread pool and
 memory (VmHWM from /proc/self/status on CPU; torch.cuda.max_memory_allocated on CUDA).
 Warm-up steps (compilation happens there), then --runs timed runs of --steps steps; the
 median is reported. "tokens per CPU-second" divides by the process's CPU time instead of
-wall time: with --threads 1 it is a fair measure of work even on a busy machine.
+wall time: with --threads 1 it is a fair measure of work even on a busy machine. Every
+row and ratio names the CPU's widest vector instructions (AVX2, AVX-512, AVX512-BF16, AMX:
+ferrolm.lm.device.cpu_vector_width): float32 ratios on a CPU differ between them.
 
     python benches/bench_model.py --shapes tinystories --dtypes fp32 --threads 1     # the CPU comparison
     python benches/bench_model.py --shapes small --dtypes fp32 --runs 1 --steps 1 --impls ferrolm,hf
@@ -177,6 +179,7 @@ def child(name: str, shape_name: str, dtype: str, args) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     import ferrolm
+    from ferrolm.lm.device import cpu_vector_width
 
     impl, compiled = name.removesuffix("-compiled"), name.endswith("-compiled")
     if impl == "hf":
@@ -246,6 +249,7 @@ def child(name: str, shape_name: str, dtype: str, args) -> dict:
         shape=shape_name,
         dtype=dtype,
         device=device,
+        cpu_vector=cpu_vector_width(),
         version=version,
         params=n_params,
         first_loss=first_loss,
@@ -310,12 +314,12 @@ def memory_mib(r: dict) -> float:
 
 def row_line(r: dict, peak_tflops: float | None) -> str:
     if "failed" in r:
-        return f"| {r['shape']} | {r['dtype']} | {r['impl']} | FAILED: {r['failed']} |"
+        return f"| {r['shape']} | {r['dtype']} | {vector_width()} | {r['impl']} | FAILED: {r['failed']} |"
     mfu = ""
     if peak_tflops:
         mfu = f"{100 * r['train_flops_per_token'] * r['median_tokens_per_s'] / (peak_tflops * 1e12):.1f} %"
     return (
-        f"| {r['shape']} | {r['dtype']} | {r['impl']} | {r['version']} | {r['params'] / 1e6:.2f} M | "
+        f"| {r['shape']} | {r['dtype']} | {r['cpu_vector']} | {r['impl']} | {r['version']} | {r['params'] / 1e6:.2f} M | "
         f"{r['median_tokens_per_s']:,.0f} | {', '.join(f'{t:,.0f}' for t in r['tokens_per_s'])} | "
         f"{r['median_tokens_per_cpu_s']:,.0f} | {mfu} | {memory_mib(r):,.0f} | {r['warmup_s']:.1f} | "
         f"{r['first_loss']:.5f} |"
@@ -323,9 +327,23 @@ def row_line(r: dict, peak_tflops: float | None) -> str:
 
 
 ROW_HEADER = (
-    "| shape | dtype | implementation | version | params | tokens/s (median) | runs | tokens per CPU-second | "
-    "MFU | training memory MiB | warm-up s | first-step loss |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| shape | dtype | CPU vectors | implementation | version | params | tokens/s (median) | runs | "
+    "tokens per CPU-second | MFU | training memory MiB | warm-up s | first-step loss |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
+RATIO_HEADER = (
+    "| shape | dtype | CPU vectors | ratio | tokens/s ratio | tokens per CPU-second ratio | "
+    "training memory ratio (eager ferrolm) |\n|---|---|---|---|---|---|---|"
+)
+
+
+def vector_width() -> str:
+    """The CPU's widest vector instructions (AVX2, AVX-512, AVX512-BF16, AMX), printed beside
+    every figure: a float32 CPU step's ratios differ between them (torch's BLAS and oneDNN
+    each choose their kernels by them)."""
+    from ferrolm.lm.device import cpu_vector_width
+
+    return cpu_vector_width()
 
 
 def ratio_lines(rows: dict, shape: str, dtype: str, device: str) -> list[str]:
@@ -344,7 +362,8 @@ def ratio_lines(rows: dict, shape: str, dtype: str, device: str) -> list[str]:
         cpu_ratio = ours["median_tokens_per_cpu_s"] / theirs["median_tokens_per_cpu_s"]
         mem = memory_mib(rows.get("ferrolm") or ours) / max(1e-9, memory_mib(theirs))
         lines.append(
-            f"| {shape} | {dtype} | {ours['impl']} / {peer} | **{ratio:.2f}x** | {cpu_ratio:.2f}x | {mem:.2f}x |"
+            f"| {shape} | {dtype} | {ours['cpu_vector']} | {ours['impl']} / {peer} | **{ratio:.2f}x** | "
+            f"{cpu_ratio:.2f}x | {mem:.2f}x |"
         )
     return lines
 
@@ -358,7 +377,8 @@ def pair_lines(got: list[dict], shape: str, dtype: str) -> list[str]:
     cpu_ratio = ours["median_tokens_per_cpu_s"] / theirs["median_tokens_per_cpu_s"]
     mem = memory_mib(ours) / max(1e-9, memory_mib(theirs))
     return [
-        f"| {shape} | {dtype} | {ours['impl']} / {theirs['impl']} (side by side) | **{ratio:.2f}x** | {cpu_ratio:.2f}x | {mem:.2f}x |"
+        f"| {shape} | {dtype} | {ours['cpu_vector']} | {ours['impl']} / {theirs['impl']} (side by side) | "
+        f"**{ratio:.2f}x** | {cpu_ratio:.2f}x | {mem:.2f}x |"
     ]
 
 
@@ -400,15 +420,12 @@ def compare(args) -> tuple[list[dict], list[str]]:
             rows = {k: rows.get(k) for k in IMPLS}
             if not losses_agree(rows, dtype):
                 print(f"WARNING: ferrolm's and HF's first-step losses differ ({shape}, {dtype})", file=sys.stderr)
-                ratio_rows.append(f"| {shape} | {dtype} | ferrolm and HF first-step losses DIFFER | | | |")
+                ratio_rows.append(
+                    f"| {shape} | {dtype} | {vector_width()} | ferrolm and HF first-step losses DIFFER | | | |"
+                )
             if not args.side_by_side:  # (side by side, each pair has its own line above)
                 ratio_rows += ratio_lines(rows, shape, dtype, args.device)
-    lines += [
-        "",
-        "| shape | dtype | ratio | tokens/s ratio | tokens per CPU-second ratio | training memory ratio (eager ferrolm) |",
-        "|---|---|---|---|---|---|",
-        *ratio_rows,
-    ]
+    lines += ["", RATIO_HEADER, *ratio_rows]
     return results, lines
 
 
@@ -454,7 +471,8 @@ def main() -> None:
 
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.processor() or platform.machine()}  "
-        f"cpus={os.cpu_count()}  torch {torch.__version__}  threads={args.threads}  device={args.device}"
+        f"cpus={os.cpu_count()}  CPU vectors={vector_width()}  torch {torch.__version__}  threads={args.threads}  "
+        f"device={args.device}"
     )
     print(f"# python {' '.join(sys.argv)}")
     results, lines = compare(args)

@@ -161,6 +161,15 @@ def test_linear_cross_entropy_equals_cross_entropy_of_the_logits(chunk_rows):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("width, vocab, rows", [("AVX2", 10_000, 512), ("AVX-512", 10_000, 128), ("AVX2", 512, 4096)])
+def test_linear_cross_entropy_chunks_are_larger_on_avx2_cpus(monkeypatch, width, vocab, rows):
+    # where the widest vectors are AVX2 the chunk's GEMMs dominate: at least 512 rows;
+    # elsewhere the 8 MiB of logits (at least 128 rows) stays as it was
+    monkeypatch.setattr(functional, "cpu_vector_width", lambda: width)
+    assert functional._chunk_rows(vocab, torch.device("cpu")) == rows
+    assert functional._chunk_rows(10_000, torch.device("meta")) == 4096  # not a CPU: 256 MiB, as before
+
+
 @pytest.mark.parametrize("chunk_rows", [1, 10, None])
 def test_soft_capped_linear_cross_entropy_equals_cross_entropy_of_the_capped_logits(chunk_rows):
     h, w, t = _head_problem()

@@ -353,6 +353,52 @@ def test_fast_and_reference_attention_give_the_same_model():
         torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
+@pytest.mark.parametrize("seq", [2, 31, 32, 33, 70])
+def test_block_causal_attention_equals_the_equation_and_its_gradients(seq):
+    from ferrolm.lm.model import _BlockCausalAttention
+
+    gen = torch.Generator().manual_seed(seq)
+    q, k, v, grad = (torch.randn(2, 3, seq, 16, generator=gen) for _ in range(4))
+    mask = torch.ones(seq, seq, dtype=torch.bool).tril()
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves)
+        out.backward(grad)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    got = run(_BlockCausalAttention.apply)
+    want = run(lambda *t: functional.scaled_dot_product_attention(*(x.double() for x in t), mask).float())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("width", ["AVX2", "AVX-512"])
+def test_block_causal_attention_trains_on_avx2_cpus_only(monkeypatch, width):
+    # AVX2 only: there it beat torch's flash kernel; other CPUs keep torch's
+    import ferrolm.lm.model as model_module
+
+    monkeypatch.setattr(model_module, "cpu_vector_width", lambda: width)
+    calls = []
+    real = model_module._BlockCausalAttention.apply
+    monkeypatch.setattr(model_module._BlockCausalAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(32, 4, RotaryEmbedding(10000.0, 8, 40))
+    x = torch.randn(2, 40, 32, requires_grad=True)
+    out = attn(x)
+    assert len(calls) == (1 if width == "AVX2" else 0)
+    out.backward(torch.ones_like(out))
+    exact = attn.double()
+    xd = x.detach().double().requires_grad_()
+    want = _attention_by_hand(exact, xd)
+    want.backward(torch.ones_like(want))
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad.double(), xd.grad, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # generation keeps torch's kernel (no probabilities kept)
+        attn.float()(x)
+    assert len(calls) == (1 if width == "AVX2" else 0)
+
+
 def test_pre_norm_block_equation():
     torch.manual_seed(0)
     block = TransformerBlock(16, 2, 24)

@@ -744,6 +744,26 @@ def test_run_switches_resolve_per_device(monkeypatch):
     assert D.use_compile("auto", torch.device("cuda")) and not D.use_compile("false", torch.device("cuda"))
 
 
+@pytest.mark.parametrize(
+    "flags, capability, width",
+    [
+        ("fpu sse2 avx avx2 fma", "AVX2", "AVX2"),
+        ("avx2 avx512f avx512bw", "AVX512", "AVX-512"),
+        ("avx2 avx512f avx512_bf16", "AVX512", "AVX512-BF16"),
+        ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "AVX512", "AMX"),
+        ("", "AVX2", "AVX2"),  # no /proc/cpuinfo: torch's capability
+        ("", "SVE256", "SVE256"),
+        ("", "", "unknown"),
+    ],
+)
+def test_cpu_vector_width_reads_the_widest_vectors(flags, capability, width):
+    import ferrolm.lm.device as D
+
+    assert D._vector_width(frozenset(flags.split()), capability) == width
+    assert D.cpu_vector_width() == D._vector_width(D._cpu_flags(), D._torch_cpu_capability())
+    assert D.cpu_has_native_bf16() == (D.cpu_vector_width() in ("AMX", "AVX512-BF16"))
+
+
 def test_run_switch_config_values():
     cfg = apply_overrides(TrainConfig(), ["run.compile=true", "run.autocast_bf16=AUTO"])
     assert cfg.run.compile == "true" and cfg.run.autocast_bf16 == "auto"

@@ -23,7 +23,6 @@ the TinyStories shape, all of it kernel time). Keeping freed blocks for reuse re
 from __future__ import annotations
 
 import ctypes
-import functools
 import sys
 
 import torch
@@ -34,6 +33,7 @@ __all__ = [
     "use_compile",
     "use_bf16",
     "cpu_has_native_bf16",
+    "cpu_vector_width",
     "reuse_freed_memory",
     "is_compiling",
 ]
@@ -78,21 +78,49 @@ def unavailable(dev: torch.device) -> str | None:
     return None
 
 
-@functools.cache
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16). Read once."""
-    capability = ""
-    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
-    if get is not None:
-        capability = get().upper()
-    if "AMX" in capability:
-        return True
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return False
-    return any(flag in flags for flag in ("amx_bf16", "avx512_bf16"))
+        return frozenset()
+
+
+def _torch_cpu_capability() -> str:
+    """torch's name for the vector code it dispatches to here ("AVX2", "AVX512", ...), or ""."""
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return get().upper() if get is not None else ""
+
+
+def _vector_width(flags: frozenset[str], capability: str) -> str:
+    """``cpu_vector_width``'s answer for these cpuinfo flags and torch capability."""
+    if "AMX" in capability or "amx_bf16" in flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16"
+    if "avx512f" in flags or capability.startswith("AVX512"):
+        return "AVX-512"
+    if "avx2" in flags or capability == "AVX2":
+        return "AVX2"
+    return capability or "unknown"
+
+
+# Read once, at import: kernel choices ask for it inside code torch.compile traces.
+_CPU_VECTOR_WIDTH = _vector_width(_cpu_flags(), _torch_cpu_capability())
+
+
+def cpu_vector_width() -> str:
+    """The widest vector instructions this CPU runs, as its matrix kernels see them: "AMX",
+    "AVX512-BF16", "AVX-512", "AVX2", else torch's own name for its CPU code path (e.g.
+    "DEFAULT", "SVE256"; "unknown" where torch has none). From the /proc/cpuinfo flags, with
+    torch's capability where there are none."""
+    return _CPU_VECTOR_WIDTH
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16)."""
+    return cpu_vector_width() in ("AMX", "AVX512-BF16")
 
 
 def _switch(setting: str | bool) -> str:
