@@ -137,3 +137,15 @@ def test_the_step_cost_report_sets_each_contender_against_the_first(tmp_path):
     text = (tmp_path / "step_cost.md").read_text()
     assert "| gate: training step per token (fp32) | cpu-small | **1.11x** the time (900 vs 1,000 tokens/s) |" in text
     assert "| fp32 | gate | cpu-small attn_gate=true | 900 | 1.11x |" in text
+
+
+def test_a_report_counts_the_seeds_each_contender_finished(bench_learning, tmp_path):
+    make_run(tmp_path / "cpu-small", 5.0, 5.1)
+    make_run(tmp_path / "cpu-small.seed7", 5.2, 5.3)
+    make_run(tmp_path / "smear", 4.9, 5.0)
+    runs = bench_learning.finished_runs(tmp_path, ["cpu-small", "smear=cpu-small+model.smear=true"], [1337, 7])
+    assert [d.name for d in runs["cpu-small"]] == ["cpu-small", "cpu-small.seed7"]
+    assert [d.name for d in runs["smear"]] == ["smear"]
+    assert "nanochat" not in runs
+    with pytest.raises(bench_learning.ContenderFailed, match="no finished run of gate"):
+        bench_learning.finished_runs(tmp_path, ["gate=cpu-small+model.attn_gate=true"], [1337])
