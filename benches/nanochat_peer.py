@@ -241,6 +241,7 @@ def main() -> None:
     batches.close()
     log.close()
     if args.heldout:
+        torch.save(model.state_dict(), args.out / "model.pt")  # a failed scoring keeps the training
         result = score_heldout(model, args.heldout, args.heldout_tokens, T, B, device, cfg.data.tokenizer)
         (args.out / "heldout.json").write_text(json.dumps({**result, "text": args.heldout}, indent=1))
 
@@ -249,7 +250,7 @@ def main() -> None:
 def score_heldout(model, prefix: str, max_tokens: int, T: int, B: int, device, tokenizer) -> dict:
     """Mean loss and bits per byte over consecutive windows of the first ``max_tokens`` tokens
     of ``prefix``: the windows ``ferrolm eval --max-tokens`` scores, so both sides compare."""
-    from ferrolm.bpe import Tokenizer
+    from ferrolm import Tokenizer
     from ferrolm.lm.data import TokenShards
     from ferrolm.lm.evaluate import token_byte_lengths
 

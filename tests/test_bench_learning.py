@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,44 @@ def test_the_step_cost_report_sets_each_contender_against_the_first(tmp_path):
     text = (tmp_path / "step_cost.md").read_text()
     assert "| gate: training step per token (fp32) | cpu-small | **1.11x** the time (900 vs 1,000 tokens/s) |" in text
     assert "| fp32 | gate | cpu-small attn_gate=true | 900 | 1.11x |" in text
+
+
+def test_a_report_counts_the_seeds_each_contender_finished(bench_learning, tmp_path):
+    make_run(tmp_path / "cpu-small", 5.0, 5.1)
+    make_run(tmp_path / "cpu-small.seed7", 5.2, 5.3)
+    make_run(tmp_path / "smear", 4.9, 5.0)
+    runs = bench_learning.finished_runs(tmp_path, ["cpu-small", "smear=cpu-small+model.smear=true"], [1337, 7])
+    assert [d.name for d in runs["cpu-small"]] == ["cpu-small", "cpu-small.seed7"]
+    assert [d.name for d in runs["smear"]] == ["smear"]
+    assert "nanochat" not in runs
+    with pytest.raises(bench_learning.ContenderFailed, match="no finished run of gate"):
+        bench_learning.finished_runs(tmp_path, ["gate=cpu-small+model.attn_gate=true"], [1337])
+
+
+def test_nanochats_held_out_score_covers_the_windows_ferrolm_eval_scores(tmp_path):
+    """nanochat_peer.score_heldout on a stand-in model: every token of the first N scored once,
+    in consecutive windows, a shorter last window alone; bits per byte from the tokenizer."""
+    torch = pytest.importorskip("torch")
+
+    from ferrolm import Tokenizer
+    from ferrolm.bpe import shards
+
+    spec = importlib.util.spec_from_file_location("nanochat_peer", SCRIPT.with_name("nanochat_peer.py"))
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    tok = Tokenizer({i: bytes([i]) for i in range(256)} | {256: b"<|endoftext|>"}, [], ["<|endoftext|>"])
+    tok.save(tmp_path / "tok")
+    shards.encode_texts(tok, ["abcdefghijklmnopqrstuv"], tmp_path / "held", progress=False)  # 22 ids + eos
+    seen = []
+
+    class Uniform(torch.nn.Module):
+        config = type("C", (), {"vocab_size": 258})
+
+        def forward(self, x, y, loss_reduction="mean"):
+            seen.append(tuple(y.shape))
+            return torch.tensor(float(y.numel()) * 2.0)  # 2 nats a token
+
+    result = peer.score_heldout(Uniform(), str(tmp_path / "held"), 21, 8, 2, "cpu", str(tmp_path / "tok"))
+    assert seen == [(2, 8), (1, 4)]  # windows 0-8, 8-16 together, then 16-20 alone
+    assert result["tokens"] == 20 and result["loss"] == pytest.approx(2.0)
+    assert result["bits_per_byte"] == pytest.approx(2.0 / math.log(2))  # one byte a token
