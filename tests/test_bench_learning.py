@@ -148,6 +148,10 @@ def test_a_report_counts_the_seeds_each_contender_finished(bench_learning, tmp_p
     assert [d.name for d in runs["cpu-small"]] == ["cpu-small", "cpu-small.seed7"]
     assert [d.name for d in runs["smear"]] == ["smear"]
     assert "nanochat" not in runs
+    # a contender this race lacks is left out; a race with none of them is an error
+    assert list(bench_learning.finished_runs(tmp_path, ["smear", "gate=cpu-small+model.attn_gate=true"], [1337])) == [
+        "smear"
+    ]
     with pytest.raises(bench_learning.ContenderFailed, match="no finished run of gate"):
         bench_learning.finished_runs(tmp_path, ["gate=cpu-small+model.attn_gate=true"], [1337])
 
