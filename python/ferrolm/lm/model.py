@@ -200,12 +200,17 @@ class Linear(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Row lookup e = E[ids] in a (num_embeddings, embedding_dim) matrix."""
+    """Row lookup e = E[ids] in a (num_embeddings, embedding_dim) matrix.
+
+    ``sparse_grad`` (set by the optimizer that wants it) makes the weight's gradient a sparse
+    tensor of the rows read, so a large table's step costs what the batch reads, not its size.
+    """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
+        self.sparse_grad = False
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -213,7 +218,7 @@ class Embedding(nn.Module):
         _trunc_normal_(self.weight, std=1.0)
 
     def forward(self, ids: Tensor) -> Tensor:
-        return F.embedding(ids, self.weight)  # weight[ids]
+        return F.embedding(ids, self.weight, sparse=self.sparse_grad)  # weight[ids]
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"

@@ -55,6 +55,7 @@ __all__ = [
     "cosine_lr",
     "wsd_lr",
     "clip_grad_norm",
+    "dense_grads",
 ]
 
 
@@ -122,14 +123,16 @@ class AdamW(torch.optim.Optimizer):
     def _step_group(self, group: dict) -> None:
         params = [p for p in group["params"] if p.grad is not None]
         for p in params:
-            if p.grad.is_sparse:
-                raise RuntimeError("AdamW does not support sparse gradients")
             state = self.state[p]
             if not state:
                 state["step"] = 0
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] += 1
+        for p in params:
+            if p.grad.is_sparse:
+                self._update_rows(group, p)
+        params = [p for p in params if not p.grad.is_sparse]
         if not params:
             return
         if not group.get("foreach", True):
@@ -153,6 +156,27 @@ class AdamW(torch.optim.Optimizer):
             # θ ← θ − lr · (m / bias1) / (sqrt(v / bias2) + ε)
             denom = (v.sqrt() / math.sqrt(bias2)).add_(eps)
             p.addcdiv_(m, denom, value=-lr / bias1)
+
+    def _update_rows(self, group: dict, p: Tensor) -> None:
+        """Lazy AdamW for a sparse gradient (an embedding read by rows): the lines of
+        ``_update_loop`` on the rows the gradient holds; every other row keeps its weight and
+        its moments, so the update costs the rows read, not the table. The bias corrections
+        count the parameter's steps, as for a dense one."""
+        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        grad, state = p.grad.coalesce(), self.state[p]  # coalesce: a row read twice sums its gradients
+        rows, g, t = grad.indices()[0], grad.values(), state["step"]
+        w, m, v = (
+            p.index_select(0, rows),
+            state["exp_avg"].index_select(0, rows),
+            state["exp_avg_sq"].index_select(0, rows),
+        )
+        w.mul_(1.0 - lr * wd)
+        m.lerp_(g, 1.0 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        denom = (v.sqrt() / math.sqrt(1.0 - beta2**t)).add_(eps)
+        w.addcdiv_(m, denom, value=-lr / (1.0 - beta1**t))
+        for full, part in ((p, w), (state["exp_avg"], m), (state["exp_avg_sq"], v)):
+            full.index_copy_(0, rows, part)
 
     def _update_foreach(self, group: dict, params: list[Tensor]) -> None:
         """The same lines as ``_update_loop``, each applied to every parameter at once.
@@ -709,9 +733,7 @@ def clip_grad_norm(params: Iterable[Tensor] | Tensor, max_norm: float, eps: floa
     and the scaling are multi-tensor ops, so there is no host sync (``float()`` the
     norm only when logging it). Parameters without a gradient are skipped.
     """
-    if isinstance(params, Tensor):
-        params = [params]
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = dense_grads(params)
     if not grads:
         return torch.tensor(0.0)
     device = grads[0].device
@@ -726,3 +748,22 @@ def clip_grad_norm(params: Iterable[Tensor] | Tensor, max_norm: float, eps: floa
     for (dev, dtype), group in by_kind.items():
         torch._foreach_mul_(group, scale.to(device=dev, dtype=dtype))
     return total
+
+
+def dense_grads(params: Iterable[Tensor] | Tensor) -> list[Tensor]:
+    """The gradients of ``params`` as dense tensors to measure or scale in place: a sparse
+    gradient (``Embedding.sparse_grad``) is coalesced first (a row read twice holds one summed
+    gradient, so its norm is the dense gradient's) and stands for its values. Parameters
+    without a gradient are skipped."""
+    if isinstance(params, Tensor):
+        params = [params]
+    grads = []
+    for p in params:
+        if p.grad is None:
+            continue
+        if p.grad.is_sparse:
+            p.grad = p.grad.coalesce()
+            grads.append(p.grad._values())
+        else:
+            grads.append(p.grad)
+    return grads

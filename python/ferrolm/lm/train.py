@@ -124,6 +124,7 @@ from ferrolm.lm.optim import (
     Muon,
     clip_grad_norm,
     cosine_lr,
+    dense_grads,
     muon_momentum_at,
     muon_param_groups,
     param_groups_for_decay,
@@ -367,6 +368,11 @@ def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
         apply_checkpoint({"model": init.state_dict, "iteration": 0}, model, name=cfg.run.init_from)
         del init
     model = model.to(device)
+    if dist_.enabled and cfg.optimizer.sparse_bigram and cfg.model.bigram_buckets:
+        raise ValueError(
+            "optimizer.sparse_bigram runs in one process (DDP and FSDP reduce dense gradients); "
+            "under torchrun set optimizer.sparse_bigram=false"
+        )
     if _sharded(cfg, dist_):
         shard_model(model, device)  # in place, before the optimizer sees the parameters
     optimizer = build_optimizer(model, cfg.optimizer)
@@ -721,7 +727,10 @@ def build_model(cfg: ModelConfig) -> torch.nn.Module:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
-    """AdamW with decay groups, or (optimizer.name = "muon") Muon with its AdamW groups."""
+    """AdamW with decay groups, or (optimizer.name = "muon") Muon with its AdamW groups;
+    optimizer.sparse_bigram makes the bigram table's gradient sparse (both update it lazily)."""
+    if cfg.sparse_bigram and getattr(model, "bigram_embeddings", None) is not None:
+        model.bigram_embeddings.sparse_grad = True
     if cfg.name != "muon":
         groups = param_groups_for_decay(model, cfg.weight_decay)
         return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
@@ -1009,7 +1018,7 @@ def _global_count(run: Run, count: int) -> int:
 def _clip(params, max_norm: float) -> torch.Tensor:
     if max_norm > 0:
         return clip_grad_norm(params, max_norm)
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = dense_grads(params)
     if not grads:
         return torch.tensor(0.0)
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
