@@ -956,19 +956,19 @@ class TransformerLM(nn.Module):
                 raise ValueError(f"document_ids must be (batch, seq) = {(batch, seq)}, got {tuple(document_ids.shape)}")
             mask = functional.document_mask(document_ids)[:, None]  # (batch, 1, seq, seq): over heads
 
-        short = None
-        if self._short_layers and end > cfg.short_window:
-            short = self._short_mask(torch.arange(start, end, device=ids.device), end, mask)
+        short = self._short_mask(torch.arange(start, end, device=ids.device), end, mask)
         x = self._blocks(ids, token_positions, mask, kv_cache, start, short, document_ids)
         if kv_cache is not None:
             kv_cache.length = end
         return self._head(x, targets, document_ids) if head else x
 
-    def _short_mask(self, query_positions: Tensor, num_keys: int, mask: Optional[Tensor]) -> Tensor:
+    def _short_mask(self, query_positions: Tensor, num_keys: int, mask: Optional[Tensor]) -> Optional[Tensor]:
         """The short-window layers' mask (``short_window``): ``mask`` (None: causal) AND the
-        window, for queries at ``query_positions`` over keys 0 .. num_keys - 1. The callers skip
-        it where the window hides nothing (every key within it): the short layers then take
-        ``mask`` as the long ones do, and plain causal stays on SDPA's fast path."""
+        window, for queries at ``query_positions`` over keys 0 .. num_keys - 1. None where no
+        layer is short or the window hides nothing (every key within it): the short layers then
+        take ``mask`` as the long ones do, and plain causal stays on SDPA's fast path."""
+        if not self._short_layers or num_keys <= self.config.short_window:
+            return None
         short = functional.sliding_window_mask(query_positions, num_keys, self.config.short_window)
         return short if mask is None else mask & short
 
@@ -1109,9 +1109,7 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence reaches position {end}, beyond context_length {self.config.context_length}")
         # (batch, 1, 1, keys): row b sees its own slots 0..start_pos[b], none of another row's longer past
         mask = (torch.arange(end, device=ids.device) <= start_pos[:, None])[:, None, None, :]
-        short = None
-        if self._short_layers and end > self.config.short_window:
-            short = self._short_mask(start_pos[:, None, None], end, mask)  # (batch, 1, 1, keys)
+        short = self._short_mask(start_pos[:, None, None], end, mask)  # (batch, 1, 1, keys)
         x = self._blocks(ids, start_pos[:, None], mask, kv_cache, start_pos, short)
         kv_cache.length = end
         return self._head(x, targets)
