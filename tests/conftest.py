@@ -52,3 +52,16 @@ def tiktoken_gpt2(gpt2_vocab_merges):
     return tiktoken.Encoding(
         "gpt2-offline", pat_str=patterns.GPT2, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
     )
+
+
+@pytest.fixture(scope="module")
+def _single_thread():
+    """One intra-op torch thread for a module's tests, restored after: tiny tensors run faster on one
+    thread, and spin-waiting threads crawl on a busy machine. A module opts in with
+    ``pytestmark = pytest.mark.usefixtures("_single_thread")``."""
+    import torch  # here, not at the top: the tests that never touch torch do not pay for loading it
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -14,14 +14,7 @@ import torch.nn.functional as F
 
 from ferrolm.lm import functional
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 
 # ------------------------------------------------------------------- softmax ----------

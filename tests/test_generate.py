@@ -15,13 +15,7 @@ from ferrolm.lm.model import TransformerLM
 VOCAB, CTX = 64, 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matmuls: one thread is fastest, and spin-waiting threads crawl on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 
 @pytest.fixture(scope="module", params=["mha", "gqa-qk-norm"])

@@ -32,14 +32,7 @@ from ferrolm.lm.model import (
     flops_per_token,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 
 SMALL = dict(vocab_size=97, context_length=24, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0)
@@ -355,7 +348,7 @@ def test_fast_and_reference_attention_give_the_same_model():
 
 @pytest.mark.parametrize("seq", [2, 31, 32, 33, 70])
 def test_block_causal_attention_equals_the_equation_and_its_gradients(seq):
-    from ferrolm.lm.model import _BlockCausalAttention
+    from ferrolm.lm.block_attention import BlockCausalAttention
 
     gen = torch.Generator().manual_seed(seq)
     q, k, v, grad = (torch.randn(2, 3, seq, 16, generator=gen) for _ in range(4))
@@ -367,7 +360,7 @@ def test_block_causal_attention_equals_the_equation_and_its_gradients(seq):
         out.backward(grad)
         return [out.detach()] + [t.grad for t in leaves]
 
-    got = run(_BlockCausalAttention.apply)
+    got = run(BlockCausalAttention.apply)
     want = run(lambda *t: functional.scaled_dot_product_attention(*(x.double() for x in t), mask).float())
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
@@ -376,12 +369,12 @@ def test_block_causal_attention_equals_the_equation_and_its_gradients(seq):
 @pytest.mark.parametrize("width", ["AVX2", "AVX-512"])
 def test_block_causal_attention_trains_on_avx2_cpus_only(monkeypatch, width):
     # AVX2 only: there it beat torch's flash kernel; other CPUs keep torch's
-    import ferrolm.lm.model as model_module
+    from ferrolm.lm import block_attention
 
-    monkeypatch.setattr(model_module, "cpu_vector_width", lambda: width)
+    monkeypatch.setattr(block_attention, "cpu_vector_width", lambda: width)
     calls = []
-    real = model_module._BlockCausalAttention.apply
-    monkeypatch.setattr(model_module._BlockCausalAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    real = block_attention.BlockCausalAttention.apply
+    monkeypatch.setattr(block_attention.BlockCausalAttention, "apply", lambda *a: calls.append(1) or real(*a))
     torch.manual_seed(0)
     attn = CausalSelfAttention(32, 4, RotaryEmbedding(10000.0, 8, 40))
     x = torch.randn(2, 40, 32, requires_grad=True)

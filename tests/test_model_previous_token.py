@@ -17,13 +17,7 @@ from ferrolm.lm.model import ModelConfig, TransformerLM, bigram_hash, count_para
 from ferrolm.lm.optim import muon_param_groups, param_groups_for_decay, parameter_roles
 from ferrolm.lm.train import train
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 
 SMALL = dict(vocab_size=97, context_length=24, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0)

@@ -26,14 +26,7 @@ from ferrolm.lm.optim import (
     wsd_lr,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 
 def _problem(seed: int = 0):

@@ -32,12 +32,7 @@ TEXT = (
 ) * 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the server runs (--threads 1): tiny matmuls, a busy machine
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("_single_thread")  # as the server runs (--threads 1)
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,7 @@ from ferrolm.lm.hf import hf_architecture
 from ferrolm.lm.model import TransformerLM, count_parameters
 from ferrolm.lm.optim import muon_param_groups, parameter_roles
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 
 SMALL = dict(vocab_size=61, context_length=24, d_model=32, num_layers=5, num_heads=4, d_ff=40)

@@ -181,14 +181,12 @@ def linear_cross_entropy(
         raise ValueError(f"linear_cross_entropy: softcap_at must be >= 0 (0: off), got {softcap_at}")
     if not 0 <= label_smoothing < 1:
         raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1), got {label_smoothing}")
+    # one target a row: the k = 1 case of the weighted loss that multi-token prediction sums
+    args = (h, weight, t.unsqueeze(-1), keep.unsqueeze(-1), chunk_rows, float(softcap_at), float(label_smoothing))
+    n = keep.sum().clamp(min=1)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, t, keep, chunk_rows, float(softcap_at), float(label_smoothing))
-    head_in, _, weight = _head_operands(h, weight, softcap_at)
-    total = h.new_zeros((), dtype=torch.float32)
-    for start in range(0, h.shape[0], chunk_rows):
-        rows = slice(start, start + chunk_rows)
-        total = total + _chunk_forward(head_in[rows], weight, t[rows], keep[rows], softcap_at, label_smoothing)[0]
-    return total / keep.sum().clamp(min=1)
+        return _LinearCrossEntropy.apply(*args) / n
+    return _head_loss(*args)[0] / n
 
 
 def _chunk_rows(vocab: int, device: torch.device) -> int:
@@ -227,26 +225,27 @@ def _head_logits(h: Tensor, weight: Tensor) -> Tensor:
 
 
 def _smoothed_target(logits: Tensor, targets: Tensor, smoothing: float) -> Tensor:
-    """(1 - e) o[t] + e mean(o) per row: what the loss subtracts from logsumexp(o)."""
-    target_logit = logits.gather(-1, targets.unsqueeze(-1))
+    """(1 - e) o[t] + e mean(o) for each of a row's targets (rows, k): what the loss subtracts
+    from logsumexp(o)."""
+    target_logit = logits.gather(-1, targets)
     if not smoothing:
         return target_logit
     return target_logit * (1.0 - smoothing) + logits.mean(dim=-1, keepdim=True) * smoothing
 
 
-def _chunk_loss(logits: Tensor, targets: Tensor, keep: Tensor, smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
-    """(Sum over the chunk's kept rows of logsumexp(o) - o[t] (smoothed: see
-    ``linear_cross_entropy``), the row sums of exp(o - max o)); leaves ``logits`` holding
-    exp(o - max o)."""
+def _chunk_loss(logits: Tensor, targets: Tensor, weights: Tensor, smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(Sum over the chunk's rows and targets (rows, k) of weights * (logsumexp(o) - o[t])
+    (smoothed: see ``linear_cross_entropy``), the row sums of exp(o - max o)); leaves
+    ``logits`` holding exp(o - max o)."""
     top = logits.amax(dim=-1, keepdim=True)
     target_logit = _smoothed_target(logits, targets, smoothing)
     exps = logits.sub_(top).exp_()
     sums = exps.sum(dim=-1, keepdim=True)
-    return ((sums.log() + top - target_logit) * keep.unsqueeze(-1)).sum(), sums
+    return ((sums.log() + top - target_logit) * weights).sum(), sums
 
 
 def _chunk_loss_capped(
-    scaled_h: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, cap: float, smoothing: float = 0.0
+    scaled_h: Tensor, weight: Tensor, targets: Tensor, weights: Tensor, cap: float, smoothing: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The chunk's summed loss with capped logits o = c tanh(z / c), z = h W^T, by way of
     s = sigmoid(-2 z / c): c tanh(z / c) - c = -2 c s exactly, and 1 - tanh^2 = 4 s (1 - s).
@@ -255,79 +254,104 @@ def _chunk_loss_capped(
     keeps exp in range (no max pass; exp(o - c) >= exp(-2c) stays a normal float for any
     cap up to 40).
 
-    Returns (sum over the kept rows of logsumexp(o) - o[t], exp(o - c), its row sums, s).
+    Returns (sum over the rows and targets of weights * (logsumexp(o) - o[t]), exp(o - c), its
+    row sums, s).
     """
     gate = _head_logits(scaled_h, weight).sigmoid_()  # s
     shifted = gate * (-2.0 * cap)  # o - c
     target_logit = _smoothed_target(shifted, targets, smoothing)  # the shift c cancels
     exps = shifted.exp_()
     sums = exps.sum(dim=-1, keepdim=True)
-    return ((sums.log() - target_logit) * keep.unsqueeze(-1)).sum(), exps, sums, gate
+    return ((sums.log() - target_logit) * weights).sum(), exps, sums, gate
 
 
 def _chunk_forward(
-    head_in: Tensor, weight: Tensor, targets: Tensor, keep: Tensor, cap: float, smoothing: float = 0.0
+    head_in: Tensor, weight: Tensor, targets: Tensor, weights: Tensor, cap: float, smoothing: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """A chunk's (summed loss of the kept rows, exp(o - shift), its row sums, s) from its
-    rows of ``_head_operands``' first tensor: ``_chunk_loss_capped`` with a cap, else the
-    plain logits' loss (s None)."""
+    """A chunk's (weighted summed loss, exp(o - shift), its row sums, s) from its rows of
+    ``_head_operands``' first tensor, for targets and weights (rows, k): ``_chunk_loss_capped``
+    with a cap, else the plain logits' loss (s None)."""
     if cap:
-        return _chunk_loss_capped(head_in, weight, targets, keep, cap, smoothing)
+        return _chunk_loss_capped(head_in, weight, targets, weights, cap, smoothing)
     exps = _head_logits(head_in, weight)
-    loss, sums = _chunk_loss(exps, targets, keep, smoothing)
+    loss, sums = _chunk_loss(exps, targets, weights, smoothing)
     return loss, exps, sums, None
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """loss = mean_i CE(h_i W^T, t_i) over the kept rows;  d loss/d logits_i =
-    keep_i (softmax - onehot(t_i)) / N, folded into d h = G W and d W = G^T h chunk by chunk."""
+def _chunk_logits_grad(
+    exps: Tensor, sums: Tensor, gate: Tensor | None, targets: Tensor, weights: Tensor, cap: float, smoothing: float
+) -> Tensor:
+    """The gradient of a chunk's weighted loss with respect to its logits, written over ``exps``:
+    softmax(o) sum_j a_j - sum_j a_j onehot(t_j) for weights a (rows, k) (smoothed: onehot(t)
+    becomes (1 - e) onehot(t) + e / V), through the cap when there is one."""
+    w = weights.to(exps.dtype)
+    w_sum = w.sum(dim=-1, keepdim=True)
+    # exp(o - m) / sum = softmax; with the cap, 4 times the gradient: the 4 of the cap's
+    # derivative below, folded in here. A row weighing 0 divides by sum / 0 = inf and adds 0:
+    # a zero row, with no extra pass.
+    scale = 0.25 if cap else 1.0
+    grad = exps.div_(sums.mul_(scale).div_(w_sum))
+    grad.scatter_add_(-1, targets, w * (-(1.0 - smoothing) / scale))
+    if smoothing:  # and e / V off every token, in proportion to the row's weight
+        grad.sub_(w_sum * (smoothing / (grad.shape[-1] * scale)))
+    if gate is not None:  # through the cap: d o / d z = 1 - tanh(z / c)^2 = 4 s (1 - s)
+        torch.ops.aten.sigmoid_backward.grad_input(grad, gate, grad_input=grad)
+    return grad
 
-    @staticmethod
-    def forward(
-        ctx,
-        h: Tensor,
-        weight: Tensor,
-        targets: Tensor,
-        keep: Tensor,
-        chunk_rows: int,
-        cap: float,
-        smoothing: float = 0.0,
-    ) -> Tensor:
-        n = keep.sum().clamp(min=1)
-        total = h.new_zeros((), dtype=torch.float32)
-        grad_h = []
+
+def _head_loss(
+    h: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    weights: Tensor,
+    chunk_rows: int,
+    cap: float,
+    smoothing: float,
+    grads: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(sum_i sum_j weights[i, j] CE(h_i W^T, targets[i, j]), and with ``grads`` its d h and
+    d W^T), for targets and weights (N, k), chunk by chunk: each chunk's logits serve its every
+    target, and its gradient is folded into d h = G W and d W = G^T h before it is dropped."""
+    head_in, h_mm, w_mm = _head_operands(h, weight, cap)
+    total = h.new_zeros((), dtype=torch.float32)
+    grad_h, grad_w_t = [], None
+    if grads:
         # d W accumulated transposed, (d, vocab) += h_cᵀ G_c: the chunk's d x d side as the
         # product's rows ran 1.8x faster in oneDNN float32 than (vocab, d) += G_cᵀ h_c (Zen 5)
-        grad_w_t = torch.zeros(weight.shape[::-1], dtype=torch.float32, device=weight.device)
-        head_in, h_mm, w_mm = _head_operands(h, weight, cap)
-        for start in range(0, h.shape[0], chunk_rows):
-            rows, tc = slice(start, start + chunk_rows), targets[start : start + chunk_rows]
-            loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, tc, keep[rows], cap, smoothing)
-            kc = keep[rows].unsqueeze(-1).to(exps.dtype)
-            total = total + loss
-            # exp(o - m) / sum = softmax; minus onehot(t): the gradient of the summed loss
-            # (with the cap, 4 times it: the 4 of the cap's derivative below, folded in here).
-            # An ignored row divides by sum / 0 = inf and adds 0: a zero row, with no extra pass.
-            scale = 0.25 if cap else 1.0
-            grad = exps.div_(sums.mul_(scale).div_(kc))
-            grad.scatter_add_(-1, tc.unsqueeze(-1), kc * (-(1.0 - smoothing) / scale))
-            if smoothing:  # and e / V off every token of a kept row
-                grad.sub_(kc * (smoothing / (grad.shape[-1] * scale)))
-            if gate is not None:  # through the cap: d o / d z = 1 - tanh(z / c)^2 = 4 s (1 - s)
-                torch.ops.aten.sigmoid_backward.grad_input(grad, gate, grad_input=grad)
-            grad = grad.to(w_mm.dtype)  # a no-op in float32; under autocast the GEMMs' dtype
-            grad_h.append(gemm.matmul(grad, w_mm))
-            gemm.add_matmul_(grad_w_t, h_mm[rows].t().contiguous(), grad)
-        ctx.save_for_backward(torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w_t.t(), n)
+        exact = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        grad_w_t = torch.zeros(weight.shape[::-1], dtype=exact, device=weight.device)
+    for start in range(0, h.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, targets[rows], weights[rows], cap, smoothing)
+        total = total + loss
+        if not grads:
+            continue
+        grad = _chunk_logits_grad(exps, sums, gate, targets[rows], weights[rows], cap, smoothing)
+        grad = grad.to(w_mm.dtype)  # a no-op in float32; under autocast the GEMMs' dtype
+        grad_h.append(gemm.matmul(grad, w_mm))
+        gemm.add_matmul_(grad_w_t, h_mm[rows].t().contiguous(), grad)
+    if not grads:
+        return total, None, None
+    return total, torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w_t
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """``_head_loss`` with its gradients formed in the forward pass, chunk by chunk: d loss /
+    d logits_i = softmax(o_i) sum_j a_ij - sum_j a_ij onehot(t_ij), folded into d h = G W and
+    d W = G^T h. The loss is the end of the graph, so the backward only scales them."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, weights, chunk_rows, cap, smoothing):
+        total, grad_h, grad_w_t = _head_loss(h, weight, targets, weights, chunk_rows, cap, smoothing, grads=True)
+        ctx.save_for_backward(grad_h, grad_w_t.t())
         ctx.weight_dtype = weight.dtype
-        return total / n
+        return total
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        grad_h, grad_w, n = ctx.saved_tensors
-        scale = grad_loss / n
-        grad_w = (grad_w * scale).to(ctx.weight_dtype).contiguous()
-        return grad_h * scale.to(grad_h.dtype), grad_w, None, None, None, None, None
+        grad_h, grad_w = ctx.saved_tensors
+        grad_w = (grad_w * grad_loss).to(ctx.weight_dtype).contiguous()
+        return grad_h * grad_loss.to(grad_h.dtype), grad_w, None, None, None, None, None
 
 
 def scaled_dot_product_attention(
@@ -486,69 +510,6 @@ def multi_target_cross_entropy(
     if chunk_rows is None:
         chunk_rows = _chunk_rows(weight.shape[0], h.device)
     wants_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    args = (h, weight, t, keep * scale[:, None], chunk_rows, float(softcap_at), float(label_smoothing))
-    return _MultiTargetCrossEntropy.apply(*args) if wants_grad else _multi_target_loss(*args)[0]
-
-
-def _multi_chunk(head_in: Tensor, weight: Tensor, t: Tensor, a: Tensor, cap: float, smoothing: float):
-    """A chunk's (sum_j sum_i a_j,i (logsumexp(o_i) - smoothed o_i[t_j,i]), exp(o - shift), its row
-    sums, s or None) for targets t (k, rows) weighed by a (k, rows)."""
-    gate = None
-    if cap:  # o - c = -2 c s, s = sigmoid(-2 z / c): see _chunk_loss_capped
-        gate = _head_logits(head_in, weight).sigmoid_()
-        shifted = gate * (-2.0 * cap)
-    else:
-        shifted = _head_logits(head_in, weight)
-        shifted.sub_(shifted.amax(dim=-1, keepdim=True))
-    target_logits = torch.cat([_smoothed_target(shifted, tj, smoothing) for tj in t], dim=-1)  # (rows, k)
-    exps = shifted.exp_()
-    sums = exps.sum(dim=-1, keepdim=True)
-    return ((sums.log() - target_logits) * a.t()).sum(), exps, sums, gate
-
-
-def _multi_target_loss(h, weight, t, a, chunk_rows, cap, smoothing, grads: bool = False):
-    """The loss and, with ``grads``, (d h, d W^T) of ``multi_target_cross_entropy``."""
-    head_in, h_mm, w_mm = _head_operands(h, weight, cap)
-    total = h.new_zeros((), dtype=torch.float32)
-    grad_h, grad_w_t = [], None
-    if grads:
-        exact = torch.float64 if weight.dtype == torch.float64 else torch.float32
-        grad_w_t = torch.zeros(weight.shape[::-1], dtype=exact, device=weight.device)
-    for start in range(0, h.shape[0], chunk_rows):
-        rows = slice(start, start + chunk_rows)
-        loss, exps, sums, gate = _multi_chunk(head_in[rows], w_mm, t[:, rows], a[:, rows], cap, smoothing)
-        total = total + loss
-        if not grads:
-            continue
-        cap_scale = 0.25 if cap else 1.0  # the cap's 4 s (1 - s), as in _LinearCrossEntropy
-        weights = a[:, rows].t().to(exps.dtype)  # (rows, k)
-        grad = exps.mul_(weights.sum(dim=-1, keepdim=True) / (sums * cap_scale))
-        grad.scatter_add_(-1, t[:, rows].t().contiguous(), weights * (-(1.0 - smoothing) / cap_scale))
-        if smoothing:
-            grad.sub_(weights.sum(dim=-1, keepdim=True) * (smoothing / (grad.shape[-1] * cap_scale)))
-        if gate is not None:
-            torch.ops.aten.sigmoid_backward.grad_input(grad, gate, grad_input=grad)
-        grad = grad.to(w_mm.dtype)
-        grad_h.append(gemm.matmul(grad, w_mm))
-        gemm.add_matmul_(grad_w_t, h_mm[rows].t().contiguous(), grad)
-    if not grads:
-        return total, None, None
-    return total, torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w_t
-
-
-class _MultiTargetCrossEntropy(torch.autograd.Function):
-    """``multi_target_cross_entropy`` with its gradients formed in the forward pass, chunk by
-    chunk (the loss is the end of the graph: the backward only scales them)."""
-
-    @staticmethod
-    def forward(ctx, h, weight, t, a, chunk_rows, cap, smoothing):
-        total, grad_h, grad_w_t = _multi_target_loss(h, weight, t, a, chunk_rows, cap, smoothing, grads=True)
-        ctx.save_for_backward(grad_h, grad_w_t.t())
-        ctx.weight_dtype = weight.dtype
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor):
-        grad_h, grad_w = ctx.saved_tensors
-        grad_w = (grad_w * grad_loss).to(ctx.weight_dtype).contiguous()
-        return grad_h * grad_loss.to(grad_h.dtype), grad_w, None, None, None, None, None
+    weights = (keep * scale[:, None]).t().contiguous()  # (N, k): a chunk's rows are a slice
+    args = (h, weight, t.t().contiguous(), weights, chunk_rows, float(softcap_at), float(label_smoothing))
+    return _LinearCrossEntropy.apply(*args) if wants_grad else _head_loss(*args)[0]

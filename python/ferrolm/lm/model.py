@@ -121,7 +121,7 @@ Speed: attention uses torch's ``scaled_dot_product_attention`` (flash kernels on
 and CPU) unless ``attention="reference"``, which runs the literal equation from
 ``ferrolm.lm.functional``; both are tested equal. Training in float32 on a CPU whose widest
 vectors are AVX2, it runs a block of queries at a time by batched GEMMs instead
-(``_BlockCausalAttention``, tested equal too), where torch's flash kernel was slower. For
+(``ferrolm.lm.block_attention``, tested equal too), where torch's flash kernel was slower. For
 generation, ``make_kv_cache`` gives a preallocated key/value cache and ``forward(ids,
 kv_cache=...)`` computes only the new positions (one start position for the batch, or one
 per row: continuous batching).
@@ -140,9 +140,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ferrolm.lm import functional, gemm
+from ferrolm.lm.block_attention import BlockCausalAttention, block_causal_applies
 from ferrolm.lm.config import _MODEL_CHOICES as _CHOICES
 from ferrolm.lm.config import ModelConfig
-from ferrolm.lm.device import cpu_vector_width, is_compiling
+from ferrolm.lm.device import is_compiling
 from ferrolm.lm.hf import hf_architecture, to_hf_llama_state_dict, to_hf_state_dict
 
 __all__ = [
@@ -531,74 +532,6 @@ class AttentionGate(nn.Module):
         return f"num_heads={self.weight.shape[0]}, width={self.width}"
 
 
-def _block_causal_applies(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, dropout_p: float) -> bool:
-    """Whether ``_BlockCausalAttention`` runs this attention: training (a gradient wanted) in
-    float32 on a CPU whose widest vectors are AVX2, plain causal, one key/value head per
-    query head, no dropout, and a sequence T of at most 8 d_head, so that the probabilities
-    it keeps (about T^2 / 2 floats a head) stay within 4 times the queries' size (T d_head
-    floats a head). There torch's flash kernel, built for wider vectors, ran forward and
-    back 1.2-1.3x (heads of 32, 256 positions) to 1.6x (heads of 64, 512 positions) slower
-    (Zen 3, one thread)."""
-    return (
-        is_causal
-        and not dropout_p
-        and torch.is_grad_enabled()
-        and any(t.requires_grad for t in (q, k, v))
-        and q.device.type == "cpu"
-        and q.dtype == k.dtype == v.dtype == torch.float32
-        and q.shape == k.shape == v.shape
-        and 1 < q.shape[-2] <= 8 * q.shape[-1]
-        and not is_compiling()
-        and cpu_vector_width() == "AVX2"
-    )
-
-
-class _BlockCausalAttention(torch.autograd.Function):
-    """softmax(Q K^T / sqrt(d) + causal mask) V for q, k, v (batch, heads, T, d), a block
-    of queries at a time against only the keys it may see (of n blocks, (n + 1) / 2n of the
-    score matrix: 9/16 at 8), by batched GEMMs over the heads; the probabilities P are kept
-    for the backward:  d V = P^T g,  d S = P * (g V^T - rowsum(P * g V^T)) (elementwise *),
-    d Q = d S K / sqrt(d),  d K = d S^T Q / sqrt(d)  (S the scaled scores)."""
-
-    BLOCK = 32  # queries per block: 32 and 64 ran level; fewer keys wasted on the diagonal
-
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        batch, heads, seq, d = q.shape
-        scale = 1.0 / math.sqrt(d)
-        qs = torch.empty(q.shape, dtype=q.dtype)
-        torch.mul(q, scale, out=qs)  # the scale on q: d values a query, not T scores
-        qs, k, v = qs.view(-1, seq, d), k.reshape(-1, seq, d), v.reshape(-1, seq, d)
-        out = torch.empty_like(qs)
-        above = torch.ones(_BlockCausalAttention.BLOCK, _BlockCausalAttention.BLOCK, dtype=torch.bool).triu_(1)
-        probs = []
-        for start in range(0, seq, _BlockCausalAttention.BLOCK):
-            end = min(start + _BlockCausalAttention.BLOCK, seq)
-            scores = torch.bmm(qs[:, start:end], k[:, :end].transpose(1, 2))  # keys 0 .. end - 1
-            scores[:, :, start:end].masked_fill_(above[: end - start, : end - start], float("-inf"))
-            p = torch.softmax(scores, dim=-1)
-            torch.bmm(p, v[:, :end], out=out[:, start:end])
-            probs.append(p)
-        ctx.save_for_backward(qs, k, v, *probs)
-        ctx.scale = scale
-        return out.view(batch, heads, seq, d)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        qs, k, v, *probs = ctx.saved_tensors
-        shape, seq = grad.shape, qs.shape[1]
-        g = grad.reshape(qs.shape)
-        grad_q, grad_k, grad_v = torch.empty_like(qs), torch.zeros_like(k), torch.zeros_like(v)
-        for p, start in zip(probs, range(0, seq, _BlockCausalAttention.BLOCK)):
-            end = start + p.shape[1]
-            g_block = g[:, start:end]
-            grad_v[:, :end].baddbmm_(p.transpose(1, 2), g_block)
-            grad_s = torch._softmax_backward_data(torch.bmm(g_block, v[:, :end].transpose(1, 2)), p, -1, p.dtype)
-            torch.bmm(grad_s, k[:, :end], out=grad_q[:, start:end])
-            grad_k[:, :end].baddbmm_(grad_s.transpose(1, 2), qs[:, start:end])
-        return grad_q.mul_(ctx.scale).view(shape), grad_k.view(shape), grad_v.view(shape)
-
-
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with separate Q, K, V and output projections.
 
@@ -736,8 +669,8 @@ class CausalSelfAttention(nn.Module):
                 else:
                     group = self.num_heads // self.num_kv_heads
                     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            if _block_causal_applies(q, k, v, is_causal, drop):
-                out = _BlockCausalAttention.apply(q, k, v)
+            if block_causal_applies(q, k, v, is_causal, drop):
+                out = BlockCausalAttention.apply(q, k, v)
             else:
                 out = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=drop, **grouped
@@ -1028,19 +961,19 @@ class TransformerLM(nn.Module):
                 raise ValueError(f"document_ids must be (batch, seq) = {(batch, seq)}, got {tuple(document_ids.shape)}")
             mask = functional.document_mask(document_ids)[:, None]  # (batch, 1, seq, seq): over heads
 
-        short = None
-        if self._short_layers and end > cfg.short_window:
-            short = self._short_mask(torch.arange(start, end, device=ids.device), end, mask)
+        short = self._short_mask(torch.arange(start, end, device=ids.device), end, mask)
         x = self._blocks(ids, token_positions, mask, kv_cache, start, short, document_ids)
         if kv_cache is not None:
             kv_cache.length = end
         return self._head(x, targets, document_ids) if head else x
 
-    def _short_mask(self, query_positions: Tensor, num_keys: int, mask: Optional[Tensor]) -> Tensor:
+    def _short_mask(self, query_positions: Tensor, num_keys: int, mask: Optional[Tensor]) -> Optional[Tensor]:
         """The short-window layers' mask (``short_window``): ``mask`` (None: causal) AND the
-        window, for queries at ``query_positions`` over keys 0 .. num_keys - 1. The callers skip
-        it where the window hides nothing (every key within it): the short layers then take
-        ``mask`` as the long ones do, and plain causal stays on SDPA's fast path."""
+        window, for queries at ``query_positions`` over keys 0 .. num_keys - 1. None where no
+        layer is short or the window hides nothing (every key within it): the short layers then
+        take ``mask`` as the long ones do, and plain causal stays on SDPA's fast path."""
+        if not self._short_layers or num_keys <= self.config.short_window:
+            return None
         short = functional.sliding_window_mask(query_positions, num_keys, self.config.short_window)
         return short if mask is None else mask & short
 
@@ -1181,9 +1114,7 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence reaches position {end}, beyond context_length {self.config.context_length}")
         # (batch, 1, 1, keys): row b sees its own slots 0..start_pos[b], none of another row's longer past
         mask = (torch.arange(end, device=ids.device) <= start_pos[:, None])[:, None, None, :]
-        short = None
-        if self._short_layers and end > self.config.short_window:
-            short = self._short_mask(start_pos[:, None, None], end, mask)  # (batch, 1, 1, keys)
+        short = self._short_mask(start_pos[:, None, None], end, mask)  # (batch, 1, 1, keys)
         x = self._blocks(ids, start_pos[:, None], mask, kv_cache, start_pos, short)
         kv_cache.length = end
         return self._head(x, targets)
