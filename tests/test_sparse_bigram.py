@@ -1,6 +1,6 @@
 """optimizer.sparse_bigram: the bigram table's gradient as the rows read (a sparse tensor) and
-AdamW's lazy update of those rows, against the update written out row by row; gradient
-clipping over a sparse gradient; and a run that trains with it and leaves unread rows alone."""
+AdamW's deferred update of the rows, against dense AdamW written out row by row; gradient
+clipping over a sparse gradient; resuming; and runs with it that learn as dense AdamW does."""
 
 from __future__ import annotations
 
@@ -16,56 +16,104 @@ from ferrolm.lm.optim import AdamW, Muon, clip_grad_norm, muon_param_groups
 from ferrolm.lm.train import build_optimizer, train
 
 torch.set_num_threads(1)
-LR, BETAS, EPS, WD = 0.1, (0.8, 0.95), 1e-8, 0.05
+LR, BETAS = 0.1, (0.8, 0.95)
 
 
-def lazy_adamw_reference(w, m, v, reads, step, wd=WD):
-    """One step of lazy AdamW, literally: each row read gets the sum of its reads' gradients
-    and AdamW's lines on that row alone; an unread row keeps its weight and moments."""
-    summed: dict[int, torch.Tensor] = {}
-    for row, g in reads:
-        summed[row] = summed.get(row, 0) + g
-    for row, g in summed.items():
-        w[row] *= 1 - LR * wd
+def dense_adamw_reference(w, m, v, grad, step, lr, eps=0.0):
+    """One step of AdamW on every row, literally (no decay): an unread row's gradient is 0."""
+    for row in range(w.shape[0]):
+        g = grad[row]
         m[row] = BETAS[0] * m[row] + (1 - BETAS[0]) * g
         v[row] = BETAS[1] * v[row] + (1 - BETAS[1]) * g * g
         m_hat = m[row] / (1 - BETAS[0] ** step)
         v_hat = v[row] / (1 - BETAS[1] ** step)
-        w[row] -= LR * m_hat / (v_hat.sqrt() + EPS)
+        w[row] -= lr * m_hat / (v_hat.sqrt() + eps)
 
 
-def reads_of(ids: torch.Tensor, upstream: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-    return [(int(i), upstream[k]) for k, i in enumerate(ids.tolist())]
+# every row is read at step 1 (an unread row's 0/0 is dense AdamW's NaN at eps 0); then row 3 is
+# not read for 40 steps, past a settle (DEFERRED_SPAN), and rows repeat within a step
+READS = [list(range(12)), [1, 4, 4, 7], [4, 9, 1, 1, 2], [11, 0]] + [[5, 6, 5]] * 38 + [[3, 8]]
 
 
 @pytest.mark.parametrize("how", [{"foreach": False}, {"foreach": True, "fused": False}, {"fused": None}])
-def test_lazy_update_is_adamw_on_the_rows_read(how):
+def test_deferred_rows_are_dense_adamw(how):
     torch.manual_seed(0)
     table = Embedding(12, 5, dtype=torch.float64)
     table.sparse_grad = True
     dense = torch.nn.Parameter(torch.randn(3, 5, dtype=torch.float64))  # a dense parameter beside it
-    opt = AdamW([table.weight, dense], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, **how)
+    opt = AdamW([table.weight, dense], lr=LR, betas=BETAS, eps=0.0, weight_decay=0.0, **how)
     w, m, v = (
         table.weight.detach().clone(),
         torch.zeros(12, 5, dtype=torch.float64),
         torch.zeros(12, 5, dtype=torch.float64),
     )
-    for step, ids in enumerate([[1, 4, 4, 7], [4, 9, 1, 1, 2], [11, 0]], start=1):
+    for step, ids in enumerate(READS, start=1):
+        lr = LR * (1 - step / 60)  # a schedule: the missed steps each have their own rate
+        for group in opt.param_groups:
+            group["lr"] = lr
         ids = torch.tensor(ids)
         upstream = torch.randn(len(ids), 5, dtype=torch.float64)
-        out = table(ids)
-        (out * upstream).sum().backward()
+        (table(ids) * upstream).sum().backward()
         dense.grad = torch.randn_like(dense)
         assert table.weight.grad.is_sparse
         opt.step()
         opt.zero_grad(set_to_none=True)
-        lazy_adamw_reference(w, m, v, reads_of(ids, upstream), step)
-        state = opt.state[table.weight]
-        torch.testing.assert_close(table.weight.detach(), w, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(state["exp_avg"], m, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(state["exp_avg_sq"], v, rtol=1e-12, atol=1e-12)
-    unread = [3, 5, 6, 8, 10]
-    assert torch.equal(state["exp_avg"][unread], torch.zeros(5, 5, dtype=torch.float64))
+        grad = torch.zeros(12, 5, dtype=torch.float64).index_add_(0, ids, upstream)
+        dense_adamw_reference(w, m, v, grad, step, lr)
+        if step in (2, 3, 30, len(READS)):
+            state = opt.state_dict()["state"][0]  # state_dict settles the deferred rows
+            torch.testing.assert_close(table.weight.detach(), w, rtol=1e-11, atol=1e-12)
+            torch.testing.assert_close(state["exp_avg"], m, rtol=1e-11, atol=1e-12)
+            torch.testing.assert_close(state["exp_avg_sq"], v, rtol=1e-11, atol=1e-12)
+
+
+def test_an_unread_row_waits_until_it_is_read_or_settled():
+    table = Embedding(4, 2, dtype=torch.float64)
+    table.sparse_grad = True
+    opt = AdamW(table.parameters(), lr=LR, betas=BETAS, eps=0.0, weight_decay=0.0)
+    for ids in ([0, 1], [1], [1]):
+        table(torch.tensor(ids)).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    before = table.weight.detach().clone()
+    opt.settle()
+    assert not torch.equal(table.weight[0], before[0])  # row 0 missed two steps: they land now
+    assert torch.equal(table.weight[1:], before[1:])  # row 1 was current; rows 2, 3 never moved
+
+
+def test_a_decaying_sparse_parameter_is_refused():
+    table = Embedding(4, 2)
+    table.sparse_grad = True
+    opt = AdamW(table.parameters(), weight_decay=0.1)
+    table(torch.tensor([1])).sum().backward()
+    with pytest.raises(ValueError, match="weight decay"):
+        opt.step()
+
+
+def test_a_checkpoint_resumes_the_deferred_update():
+    """A state saved mid-span (settled) and loaded into a fresh optimizer goes on as the first."""
+    torch.manual_seed(3)
+    tables = [Embedding(6, 3), Embedding(6, 3)]
+    tables[1].load_state_dict(tables[0].state_dict())
+    opts = []
+    for t in tables:
+        t.sparse_grad = True
+        opts.append(AdamW(t.parameters(), lr=LR, betas=BETAS, weight_decay=0.0))
+    steps = [torch.tensor(ids) for ids in ([0, 1, 2], [2, 3], [3], [0, 5], [5], [1, 4])]
+    for k, ids in enumerate(steps):
+        if k == 3:  # the second optimizer is rebuilt from a checkpoint
+            saved = opts[1].state_dict()
+            opts[1] = AdamW(tables[1].parameters(), lr=LR, betas=BETAS, weight_decay=0.0)
+            opts[1].load_state_dict(saved)
+            opts[0].settle()  # the straight run settles where the checkpoint was taken, as training does
+        for t, opt in zip(tables, opts):
+            (t(ids) * torch.arange(1.0, 4.0)).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for opt in opts:
+        opt.settle()
+    assert torch.equal(tables[0].weight, tables[1].weight)
+    assert opts[1].state[tables[1].weight]["row_step"].dtype == torch.long
 
 
 def test_first_step_equals_dense_adamw():
@@ -77,7 +125,7 @@ def test_first_step_equals_dense_adamw():
     tables[1].sparse_grad = True
     ids, upstream = torch.tensor([2, 5, 5, 8]), torch.randn(4, 4)
     for t in tables:
-        opt = AdamW(t.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+        opt = AdamW(t.parameters(), lr=LR, betas=BETAS, weight_decay=0.0)
         (t(ids) * upstream).sum().backward()
         opt.step()
     torch.testing.assert_close(tables[0].weight, tables[1].weight, rtol=0, atol=1e-7)
@@ -116,18 +164,25 @@ def test_muon_updates_the_sparse_table_in_its_embedding_group():
     assert moved and moved <= read
 
 
-def test_a_run_trains_with_it(shards, tmp_path):  # noqa: F811
-    sections = {"model": {"bigram_buckets": 4096}, "schedule": {"max_steps": 6}, "run": {"checkpoint_every": 6}}
-    tables = {}
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_run_learns_as_with_dense_adamw(shards, tmp_path, optimizer):  # noqa: F811
+    """The same run with and without the switch. Under AdamW (lr 3e-3) the tables stay within
+    float32 rounding grown over 40 steps (leaving unread rows still, or losing the deferred
+    steps, is off by more); Muon's embedding lr at this width (about 1) makes a tiny model
+    chaotic, so there the losses are compared."""
+    sections = {"model": {"bigram_buckets": 4096}, "schedule": {"max_steps": 40}, "run": {"checkpoint_every": 40}}
+    tables, losses = {}, {}
     for sparse in (False, True):
-        cfg = tiny_config(shards, tmp_path / str(sparse), optimizer={"sparse_bigram": sparse}, **sections)
+        settings = {"sparse_bigram": sparse, "name": optimizer}
+        cfg = tiny_config(shards, tmp_path / str(sparse), optimizer=settings, **sections)
         summary = train(cfg)
-        assert summary.status == "done" and math.isfinite(summary.final_val_loss)
-        tables[sparse] = final_weights(tmp_path / str(sparse), 6)["bigram_embeddings.weight"]
-    moved = [int((w != 0).any(dim=1).sum()) for w in (tables[False], tables[True])]  # the table starts at 0
-    assert 0 < moved[1] == moved[0] < 4096  # the rows read (the same batches) and no others
-    # dense AdamW kept moving rows read earlier (more than the summation order's rounding)
-    assert float((tables[False] - tables[True]).abs().max()) > 1e-4
+        assert summary.status == "done"
+        tables[sparse] = final_weights(tmp_path / str(sparse), 40)["bigram_embeddings.weight"]
+        losses[sparse] = summary.final_val_loss
+    assert float(tables[False].abs().max()) > 1e-2  # it learned
+    if optimizer == "adamw":
+        torch.testing.assert_close(tables[True], tables[False], rtol=0, atol=2e-3)
+    assert losses[True] == pytest.approx(losses[False], rel=0.05)
 
 
 def test_build_optimizer_marks_only_the_bigram_table(shards, tmp_path):  # noqa: F811

@@ -59,6 +59,10 @@ __all__ = [
 ]
 
 
+# A sparse gradient's deferred rows are all brought up to date at least this often (AdamW._update_rows)
+DEFERRED_SPAN = 32
+
+
 class AdamW(torch.optim.Optimizer):
     """AdamW with decoupled weight decay and bias correction.
 
@@ -109,6 +113,9 @@ class AdamW(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         for group, (foreach, fused) in zip(self.param_groups, how):
             group["foreach"], group["fused"] = foreach, fused
+        for state in self.state.values():  # torch casts a state tensor to its parameter's dtype
+            if "row_step" in state:
+                state["row_step"] = state["row_step"].long()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -158,25 +165,82 @@ class AdamW(torch.optim.Optimizer):
             p.addcdiv_(m, denom, value=-lr / bias1)
 
     def _update_rows(self, group: dict, p: Tensor) -> None:
-        """Lazy AdamW for a sparse gradient (an embedding read by rows): the lines of
-        ``_update_loop`` on the rows the gradient holds; every other row keeps its weight and
-        its moments, so the update costs the rows read, not the table. The bias corrections
-        count the parameter's steps, as for a dense one."""
+        """AdamW for a sparse gradient (an embedding read by rows) at the cost of the rows read.
+
+        Dense AdamW moves a row on every step, read or not: an unread row's gradient is 0, so
+        its moments decay (m ← β1 m, v ← β2 v) and it keeps moving by lr m̂ / sqrt(v̂), and
+        that tail is most of what a read moves a row. Here the unread rows' steps are
+        deferred: each row remembers the step it is current to, and when it is read again (or
+        every row is, by ``settle``) the steps it missed are applied at once in closed form.
+        Over k missed steps after step s its moments become β1^k m and β2^k v, and it moves
+        by −Σ_q lr_q sqrt(1−β2^q)/(1−β1^q) r^(q−s) · m/sqrt(v), r = β1/sqrt(β2): the dense
+        updates with ε left out of the missed steps (ε only matters where sqrt(v) is near it).
+        The coefficient sums are kept per step since the last settle, which comes at least
+        every ``DEFERRED_SPAN`` steps, so they stay exact in float64. Weight decay would act
+        on every row every step, so it is refused here (no embedding decays).
+        """
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        grad, state = p.grad.coalesce(), self.state[p]  # coalesce: a row read twice sums its gradients
-        rows, g, t = grad.indices()[0], grad.values(), state["step"]
-        w, m, v = (
-            p.index_select(0, rows),
-            state["exp_avg"].index_select(0, rows),
-            state["exp_avg_sq"].index_select(0, rows),
-        )
-        w.mul_(1.0 - lr * wd)
+        if wd:
+            raise ValueError("a sparse gradient's parameter cannot take weight decay: put it in a group with 0")
+        state = self.state[p]
+        t = state["step"]
+        if "row_step" not in state:  # every row is current before this step
+            state["row_step"] = torch.full((p.shape[0],), t - 1, dtype=torch.long, device=p.device)
+            state["drift_base"], state["drift_sums"] = t - 1, [0.0]
+        base, sums = state["drift_base"], state["drift_sums"]
+        r = beta1 / math.sqrt(beta2)
+        sums.append(sums[-1] + lr * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t) * r ** (t - base))
+        grad = p.grad.coalesce()  # a row read twice sums its gradients
+        rows, g = grad.indices()[0], grad.values()
+        w, m, v = self._caught_up(p, state, rows, t - 1, beta1, beta2)
         m.lerp_(g, 1.0 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         denom = (v.sqrt() / math.sqrt(1.0 - beta2**t)).add_(eps)
         w.addcdiv_(m, denom, value=-lr / (1.0 - beta1**t))
-        for full, part in ((p, w), (state["exp_avg"], m), (state["exp_avg_sq"], v)):
+        self._store_rows(p, state, rows, (w, m, v), t)
+        if t - base >= DEFERRED_SPAN:
+            self._settle_param(p, state, beta1, beta2)
+
+    def _caught_up(self, p: Tensor, state: dict, rows: Tensor, upto: int, beta1: float, beta2: float):
+        """(weight, m, v) of ``rows`` with their missed steps up to step ``upto`` applied."""
+        base, r = state["drift_base"], beta1 / math.sqrt(beta2)
+        w, m, v = (x.index_select(0, rows) for x in (p, state["exp_avg"], state["exp_avg_sq"]))
+        since = state["row_step"].index_select(0, rows)  # each row is current to this step
+        sums = torch.tensor(state["drift_sums"], dtype=torch.float64, device=p.device)
+        coef = (sums[upto - base] - sums[since - base]) * torch.pow(r, -(since - base).double())
+        slope = torch.where(v > 0, m / v.sqrt(), torch.zeros_like(m))  # m is 0 wherever v is
+        w.sub_(coef.to(w.dtype).unsqueeze(1) * slope)
+        missed = (upto - since).double().unsqueeze(1)
+        m.mul_(torch.pow(beta1, missed).to(m.dtype))
+        v.mul_(torch.pow(beta2, missed).to(v.dtype))
+        return w, m, v
+
+    @staticmethod
+    def _store_rows(p: Tensor, state: dict, rows: Tensor, values, step: int) -> None:
+        for full, part in zip((p, state["exp_avg"], state["exp_avg_sq"]), values):
             full.index_copy_(0, rows, part)
+        state["row_step"].index_fill_(0, rows, step)
+
+    def _settle_param(self, p: Tensor, state: dict, beta1: float, beta2: float) -> None:
+        t = state["step"]
+        rows = torch.arange(p.shape[0], device=p.device)
+        self._store_rows(p, state, rows, self._caught_up(p, state, rows, t, beta1, beta2), t)
+        state["drift_base"], state["drift_sums"] = t, [0.0]
+
+    @torch.no_grad()
+    def settle(self) -> None:
+        """Apply every deferred row update (see ``_update_rows``): the weights and moments
+        then equal dense AdamW's. Training settles before evaluating and saving, and
+        ``state_dict`` settles, so a checkpoint holds whole weights and moments."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state.get(p, {})
+                if "row_step" in state:
+                    self._settle_param(p, state, *group["betas"])
+
+    def state_dict(self) -> dict:
+        self.settle()
+        return super().state_dict()
 
     def _update_foreach(self, group: dict, params: list[Tensor]) -> None:
         """The same lines as ``_update_loop``, each applied to every parameter at once.

@@ -1151,6 +1151,7 @@ def evaluate(run: Run) -> float:
     """Mean loss over the fixed validation windows (all processes together); over the
     assistant tokens of the validation rows for conversations."""
     B, T = run.cfg.schedule.batch_size, run.cfg.model.context_length
+    run.optimizer.settle()  # rows whose AdamW steps a sparse gradient deferred
     run.model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=run.device)
     with torch.no_grad():
@@ -1367,6 +1368,7 @@ def _gather_states(state: torch.Tensor, dist_: Dist, device: torch.device) -> li
 
 def save(run: Run, state: RunState, *, final: bool) -> None:
     """A step checkpoint (rank 0 writes, older ones past keep_last go); a failed final save raises."""
+    run.optimizer.settle()  # deferred row updates: the weights saved are whole
     payload = checkpoint_payload(run, state)
     model, optimizer = saved_state(run)
     if run.dist.is_main:
