@@ -191,3 +191,31 @@ def test_build_optimizer_marks_only_the_bigram_table(shards, tmp_path):  # noqa:
     build_optimizer(model, cfg.optimizer)
     sparse = [name for name, m in model.named_modules() if isinstance(m, Embedding) and m.sparse_grad]
     assert sparse == ["bigram_embeddings"]
+
+
+def test_bigram_lr_gives_the_table_its_own_group():
+    model = TransformerLM(
+        vocab_size=32, context_length=8, d_model=32, num_layers=1, num_heads=2, d_ff=64, bigram_buckets=64
+    )
+    table = model.bigram_embeddings.weight
+    kwargs = dict(lr=0.02, embedding_lr=0.1, head_lr=0.01, scalar_lr=0.01)
+    shared = {g["role"]: g for g in muon_param_groups(model, **kwargs)}
+    assert "bigram" not in shared and any(p is table for p in shared["embedding"]["params"])
+    own = {g["role"]: g for g in muon_param_groups(model, **kwargs, bigram_lr=0.5)}
+    assert own["bigram"]["params"] == [table] and own["bigram"]["lr_scale"] == pytest.approx(25.0)
+    assert not any(p is table for p in own["embedding"]["params"]) and own["embedding"]["params"]
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_bad_bigram_lr_is_named(shards, tmp_path, value):  # noqa: F811
+    from ferrolm.lm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="optimizer.bigram_lr"):
+        tiny_config(shards, tmp_path, optimizer={"bigram_lr": float(value)})
+
+
+def test_build_optimizer_scales_bigram_lr_by_width(shards, tmp_path):  # noqa: F811
+    settings = {"name": "muon", "lr": 0.02, "min_lr": 0.002, "bigram_lr": 0.4}
+    cfg = tiny_config(shards, tmp_path, model={"bigram_buckets": 64}, optimizer=settings)
+    groups = {g["role"]: g for g in build_optimizer(TransformerLM.from_config(cfg.model), cfg.optimizer).param_groups}
+    assert groups["bigram"]["lr"] == pytest.approx(0.4 * (768 / cfg.model.d_model) ** 0.5)

@@ -332,6 +332,7 @@ class OptimizerSection:
     embedding_lr: float = 0.2  # muon: the AdamW groups' peak lrs, set for d_model 768 ...
     head_lr: float = 0.004
     scalar_lr: float = 0.02  # norm gains and other small parameters
+    bigram_lr: float = 0.0  # the bigram table's own peak (0: embedding_lr's group)
     width_lr_scale: bool = True  # ... and multiplied by (768 / d_model)^0.5
 
 
@@ -544,6 +545,8 @@ def _check_optimizer(o: OptimizerSection) -> None:
     for k in ("embedding_lr", "head_lr", "scalar_lr"):
         if not (getattr(o, k) > 0 and math.isfinite(getattr(o, k))):
             raise ConfigError(f"optimizer.{k} must be a positive number, got {getattr(o, k)}")
+    if not (o.bigram_lr >= 0 and math.isfinite(o.bigram_lr)):
+        raise ConfigError(f"optimizer.bigram_lr must be 0 (embedding_lr) or a positive number, got {o.bigram_lr}")
     if o.muon_ns_steps < 1:
         raise ConfigError(f"optimizer.muon_ns_steps must be at least 1, got {o.muon_ns_steps}")
     if o.muon_orthogonalizer not in ("newton-schulz", "polar-express"):

@@ -506,9 +506,12 @@ def muon_param_groups(
     scalar_lr: float,
     weight_decay: float = 0.0,
     head_weight_decay: float = 0.0,
+    bigram_lr: float | None = None,
 ) -> list[dict]:
     """Parameter groups for ``Muon``: the hidden matrices (Muon, ``lr``, ``weight_decay``)
     and three AdamW groups, embeddings, LM head and scalars, each at its own learning rate.
+    With ``bigram_lr`` the bigram table (``model.bigram_embeddings``) leaves the embedding
+    group for a fourth, "bigram", at that rate.
 
     The head decays with ``head_weight_decay`` unless it is tied to the embedding; the
     embeddings and scalars never decay (as in ``param_groups_for_decay``). Each group
@@ -519,9 +522,13 @@ def muon_param_groups(
         raise ValueError(f"lr must be positive (the other groups' lrs are kept as multiples of it), got {lr}")
     roles = parameter_roles(model)
     tied = bool(roles["head"]) and any(roles["head"][0] is getattr(m, "weight", None) for m in _embeddings(model))
+    table = getattr(getattr(model, "bigram_embeddings", None), "weight", None)
+    roles["bigram"] = [table] if bigram_lr is not None and table is not None else []
+    roles["embedding"] = [p for p in roles["embedding"] if not any(p is q for q in roles["bigram"])]
     spec = [
         ("matrix", "muon", lr, weight_decay),
         ("embedding", "adamw", embedding_lr, 0.0),
+        ("bigram", "adamw", bigram_lr, 0.0),
         ("head", "adamw", head_lr, 0.0 if tied else head_weight_decay),
         ("scalar", "adamw", scalar_lr, 0.0),
     ]

@@ -745,6 +745,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.opti
         scalar_lr=cfg.scalar_lr * width,
         weight_decay=cfg.muon_weight_decay,
         head_weight_decay=cfg.weight_decay,
+        bigram_lr=cfg.bigram_lr * width if cfg.bigram_lr else None,
     )
     return Muon(
         groups,
