@@ -173,8 +173,9 @@ class AdamW(torch.optim.Optimizer):
         deferred: each row remembers the step it is current to, and when it is read again (or
         every row is, by ``settle``) the steps it missed are applied at once in closed form.
         Over k missed steps after step s its moments become β1^k m and β2^k v, and it moves
-        by −Σ_q lr_q sqrt(1−β2^q)/(1−β1^q) r^(q−s) · m/sqrt(v), r = β1/sqrt(β2): the dense
-        updates with ε left out of the missed steps (ε only matters where sqrt(v) is near it).
+        by −Σ_q lr_q sqrt(1−β2^q)/(1−β1^q) r^(q−s) · m/(sqrt(v) + ε'), r = β1/sqrt(β2): the
+        dense updates exactly, but for ε' (ε as it weighs in the first missed step, where
+        each later step weighs it more; it matters only where sqrt(v) is as small as ε).
         The coefficient sums are kept per step since the last settle, which comes at least
         every ``DEFERRED_SPAN`` steps, so they stay exact in float64. Weight decay would act
         on every row every step, so it is refused here (no embedding decays).
@@ -192,23 +193,26 @@ class AdamW(torch.optim.Optimizer):
         sums.append(sums[-1] + lr * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t) * r ** (t - base))
         grad = p.grad.coalesce()  # a row read twice sums its gradients
         rows, g = grad.indices()[0], grad.values()
-        w, m, v = self._caught_up(p, state, rows, t - 1, beta1, beta2)
+        w, m, v = self._caught_up(p, state, rows, t - 1, group["betas"], eps)
         m.lerp_(g, 1.0 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         denom = (v.sqrt() / math.sqrt(1.0 - beta2**t)).add_(eps)
         w.addcdiv_(m, denom, value=-lr / (1.0 - beta1**t))
         self._store_rows(p, state, rows, (w, m, v), t)
         if t - base >= DEFERRED_SPAN:
-            self._settle_param(p, state, beta1, beta2)
+            self._settle_param(p, state, group)
 
-    def _caught_up(self, p: Tensor, state: dict, rows: Tensor, upto: int, beta1: float, beta2: float):
+    def _caught_up(self, p: Tensor, state: dict, rows: Tensor, upto: int, betas, eps: float):
         """(weight, m, v) of ``rows`` with their missed steps up to step ``upto`` applied."""
-        base, r = state["drift_base"], beta1 / math.sqrt(beta2)
+        (beta1, beta2), base = betas, state["drift_base"]
+        r = beta1 / math.sqrt(beta2)
         w, m, v = (x.index_select(0, rows) for x in (p, state["exp_avg"], state["exp_avg_sq"]))
         since = state["row_step"].index_select(0, rows)  # each row is current to this step
         sums = torch.tensor(state["drift_sums"], dtype=torch.float64, device=p.device)
         coef = (sums[upto - base] - sums[since - base]) * torch.pow(r, -(since - base).double())
-        slope = torch.where(v > 0, m / v.sqrt(), torch.zeros_like(m))  # m is 0 wherever v is
+        # ε as it weighs in the first missed step (ε sqrt(1 − β2^(s+1)) / sqrt(β2) beside sqrt(v))
+        eps_first = eps * torch.sqrt(1.0 - torch.pow(beta2, since + 1.0)) / math.sqrt(beta2)
+        slope = torch.where(v > 0, m / (v.sqrt() + eps_first.to(v.dtype).unsqueeze(1)), torch.zeros_like(m))
         w.sub_(coef.to(w.dtype).unsqueeze(1) * slope)
         missed = (upto - since).double().unsqueeze(1)
         m.mul_(torch.pow(beta1, missed).to(m.dtype))
@@ -221,10 +225,10 @@ class AdamW(torch.optim.Optimizer):
             full.index_copy_(0, rows, part)
         state["row_step"].index_fill_(0, rows, step)
 
-    def _settle_param(self, p: Tensor, state: dict, beta1: float, beta2: float) -> None:
+    def _settle_param(self, p: Tensor, state: dict, group: dict) -> None:
         t = state["step"]
         rows = torch.arange(p.shape[0], device=p.device)
-        self._store_rows(p, state, rows, self._caught_up(p, state, rows, t, beta1, beta2), t)
+        self._store_rows(p, state, rows, self._caught_up(p, state, rows, t, group["betas"], group["eps"]), t)
         state["drift_base"], state["drift_sums"] = t, [0.0]
 
     @torch.no_grad()
@@ -236,7 +240,7 @@ class AdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 state = self.state.get(p, {})
                 if "row_step" in state:
-                    self._settle_param(p, state, *group["betas"])
+                    self._settle_param(p, state, group)
 
     def state_dict(self) -> dict:
         self.settle()
