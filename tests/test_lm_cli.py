@@ -29,7 +29,7 @@ def shards(tmp_path_factory):
 
 
 def _train_args(shards: Path, out_dir: Path, *extra: str) -> list[str]:
-    model = [f"model.{k}={v}" for k, v in TINY_MODEL.items()]
+    model = [f"model.{k}={v}" for k, v in TINY_MODEL.items()] + ["model.bigram_buckets=1024"]  # a tiny table too
     sets = model + [
         f"data.train={shards / 'train'}",
         f"data.val={shards / 'val'}",

@@ -234,3 +234,11 @@ def test_build_optimizer_scales_bigram_lr_by_width(shards, tmp_path):  # noqa: F
     cfg = tiny_config(shards, tmp_path, model={"bigram_buckets": 64}, optimizer=settings)
     groups = {g["role"]: g for g in build_optimizer(TransformerLM.from_config(cfg.model), cfg.optimizer).param_groups}
     assert groups["bigram"]["lr"] == pytest.approx(0.4 * (768 / cfg.model.d_model) ** 0.5)
+
+
+def test_torchrun_refuses_it(shards, tmp_path):  # noqa: F811
+    from ferrolm.lm.train import Dist, setup_run
+
+    cfg = tiny_config(shards, tmp_path, model={"bigram_buckets": 64}, optimizer={"sparse_bigram": True})
+    with pytest.raises(ValueError, match="optimizer.sparse_bigram runs in one process"):
+        setup_run(cfg, Dist(rank=0, world=2), None)

@@ -498,6 +498,7 @@ def cpu_small_tiny(shards) -> list:
             "model.num_layers=1",
             "model.num_heads=2",
             "model.d_ff=64",
+            "model.bigram_buckets=1024",
             f"data.train={shards / 'train'}",
             f"data.val={shards / 'val'}",
             "schedule.max_steps=6",
