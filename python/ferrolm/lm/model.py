@@ -91,8 +91,8 @@ assignment's, trained with AdamW and a cosine schedule (the ``cs336`` preset); t
 ``cpu-small``, ``tinystories`` and ``owt`` presets turn on qk_norm, ffn="relu2",
 zero_init_output, value_embeds, x0_mix and logit_softcap=15, and train with Muon and a
 warmup-stable-decay schedule, which learned the most per token and per second at the
-cpu-small size (benches/results/learning.md); ``cpu-small`` adds bigram_buckets=131072, the
-one speedrun switch that paid at its size.
+cpu-small size (benches/results/learning.md); ``cpu-small`` adds bigram_buckets=524288, the
+one speedrun switch that paid at its size (trained with optimizer.sparse_bigram).
 
 The checkpoint format is ``TransformerLM.state_dict()``; its keys are
 
