@@ -10,13 +10,14 @@ import sys
 
 import pytest
 import torch
-from test_serve import Server, files, one_thread  # noqa: F401 -- the fixtures, shared
+from test_serve import Server, files  # noqa: F401 -- the fixtures, shared
 
 from ferrolm.app.openai_api import token_string
 
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.usefixtures("_single_thread")  # as the server runs (--threads 1)
 
 KEY = "s3cret-key"
 
