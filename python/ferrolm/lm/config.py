@@ -326,8 +326,8 @@ class OptimizerSection:
     normuon: bool = False  # NorMuon: each neuron's update by its running RMS, Muon's norm kept
     normuon_beta2: float = 0.95
     cautious_weight_decay: bool = False  # Muon's decay only where update and weight agree in sign
-    # the bigram table's gradient as its read rows only, and AdamW's update of those rows alone
-    # (lazy Adam: an unread row keeps its weight and moments); one process only
+    # the bigram table's gradient as its read rows only; AdamW updates those rows and applies
+    # an unread row's missed steps when it is next read or settled (AdamW._update_rows); one process only
     sparse_bigram: bool = False
     embedding_lr: float = 0.2  # muon: the AdamW groups' peak lrs, set for d_model 768 ...
     head_lr: float = 0.004

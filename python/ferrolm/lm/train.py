@@ -728,7 +728,7 @@ def build_model(cfg: ModelConfig) -> torch.nn.Module:
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerSection) -> torch.optim.Optimizer:
     """AdamW with decay groups, or (optimizer.name = "muon") Muon with its AdamW groups;
-    optimizer.sparse_bigram makes the bigram table's gradient sparse (both update it lazily)."""
+    optimizer.sparse_bigram makes the bigram table's gradient sparse (both defer its unread rows' steps)."""
     if cfg.sparse_bigram and getattr(model, "bigram_embeddings", None) is not None:
         model.bigram_embeddings.sparse_grad = True
     if cfg.name != "muon":
