@@ -96,13 +96,35 @@ def test_an_unread_row_waits_until_it_is_read_or_settled():
     assert torch.equal(table.weight[1:], before[1:])  # row 1 was current; rows 2, 3 never moved
 
 
-def test_a_decaying_sparse_parameter_is_refused():
+def test_a_decaying_sparse_parameter_is_refused_before_anything_moves():
+    dense = torch.nn.Parameter(torch.ones(3))
     table = Embedding(4, 2)
     table.sparse_grad = True
-    opt = AdamW(table.parameters(), weight_decay=0.1)
-    table(torch.tensor([1])).sum().backward()
+    opt = AdamW([{"params": [dense], "weight_decay": 0.0}, {"params": table.parameters()}], weight_decay=0.1)
+    (table(torch.tensor([1])).sum() + dense.sum()).backward()
+    before = table.weight.detach().clone()
     with pytest.raises(ValueError, match="weight decay"):
         opt.step()
+    assert torch.equal(dense.detach(), torch.ones(3))  # the group before it was not stepped
+    assert torch.equal(table.weight.detach(), before) and not opt.state
+
+
+def test_settle_skips_a_table_with_no_row_behind(monkeypatch):
+    """Evaluation and saving settle; right after a settle (or before any step since) no row is
+    behind, and the pass over the whole table is skipped."""
+    table = Embedding(5, 3)
+    table.sparse_grad = True
+    opt = AdamW(table.parameters(), lr=0.1, weight_decay=0.0)
+    passes = []
+    settle_param = opt._settle_param
+    monkeypatch.setattr(opt, "_settle_param", lambda *a: passes.append(1) or settle_param(*a))
+    table(torch.tensor([0, 1])).sum().backward()
+    opt.step()
+    opt.settle()  # row 2 onwards missed step 1
+    assert len(passes) == 1 and opt.state[table.weight]["drift_base"] == opt.state[table.weight]["step"]
+    opt.settle()
+    opt.state_dict()
+    assert len(passes) == 1
 
 
 def test_a_checkpoint_resumes_the_deferred_update():

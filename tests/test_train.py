@@ -18,6 +18,7 @@ import torch
 from shard_util import synthetic_corpus, write_shard
 
 from ferrolm.app.plot import plot_run
+from ferrolm.lm import gemm
 from ferrolm.lm.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
 from ferrolm.lm.config import preset_names, to_toml
 from ferrolm.lm.data import ShardError
@@ -285,6 +286,31 @@ def test_document_batches_resume_bit_exact(shards, tmp_path):
     random_run = train(tiny_config(shards, tmp_path / "random", **{**doc, "data": {}}))
     assert read_metrics(tmp_path / "random")[1]["train_loss"] != losses(tmp_path / "straight")[1][1]
     assert random_run.status == "done"
+
+
+@pytest.mark.skipif(not gemm.onednn_available(), reason="this torch build has no oneDNN")
+def test_a_resumed_run_keeps_the_cpu_kernel_its_checkpoint_records(shards, tmp_path, monkeypatch):
+    """cpu_matmul = "auto" times BLAS against oneDNN at the start; a resumed run must not time
+    again (a busy machine could choose the other kernel, whose sums differ in the last bits)."""
+    cfg = tiny_config(shards, tmp_path / "run", run={"cpu_matmul": "auto"})
+    kernels = []
+
+    def stop_at_4(step, record):
+        kernels.append(gemm.using_onednn())
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        monkeypatch.setattr(gemm, "_probe_speedup", lambda: 10.0)  # oneDNN wins the first timing
+        first = train(cfg, on_step=stop_at_4)
+        assert first.status == "interrupted" and read_checkpoint(first.last_checkpoint)["cpu_matmul"] == "onednn"
+        monkeypatch.setattr(gemm, "_probe_speedup", lambda: 0.5)  # and would lose a second one
+        second = train(cfg, resume=tmp_path / "run", on_step=lambda step, record: kernels.append(gemm.using_onednn()))
+        assert second.status == "done" and kernels and all(kernels)
+        fresh = train(tiny_config(shards, tmp_path / "fresh", run={"cpu_matmul": "auto"}))
+        assert not gemm.using_onednn() and read_checkpoint(fresh.last_checkpoint)["cpu_matmul"] == "blas"
+    finally:
+        gemm.choose("blas")  # the choice is process-wide
 
 
 def test_existing_run_dir_needs_resume(shards, tmp_path):

@@ -55,7 +55,7 @@ __all__ = [
     "cosine_lr",
     "wsd_lr",
     "clip_grad_norm",
-    "dense_grads",
+    "coalesce_grads",
 ]
 
 
@@ -123,6 +123,9 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for group in self.param_groups:  # refused before any parameter moves
+            if group["weight_decay"] and any(p.grad is not None and p.grad.is_sparse for p in group["params"]):
+                raise ValueError("a sparse gradient's parameter cannot take weight decay: put it in a group with 0")
         for group in self.param_groups:
             self._step_group(group)
         return loss
@@ -180,9 +183,7 @@ class AdamW(torch.optim.Optimizer):
         every ``DEFERRED_SPAN`` steps, so they stay exact in float64. Weight decay would act
         on every row every step, so it is refused here (no embedding decays).
         """
-        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        if wd:
-            raise ValueError("a sparse gradient's parameter cannot take weight decay: put it in a group with 0")
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]  # no decay: refused in step
         state = self.state[p]
         t = state["step"]
         if "row_step" not in state:  # every row is current before this step
@@ -239,7 +240,7 @@ class AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state.get(p, {})
-                if "row_step" in state:
+                if "row_step" in state and state["drift_base"] < state["step"]:  # else none is behind
                     self._settle_param(p, state, group)
 
     def state_dict(self) -> dict:
@@ -808,7 +809,7 @@ def clip_grad_norm(params: Iterable[Tensor] | Tensor, max_norm: float, eps: floa
     and the scaling are multi-tensor ops, so there is no host sync (``float()`` the
     norm only when logging it). Parameters without a gradient are skipped.
     """
-    grads = dense_grads(params)
+    grads = coalesce_grads(params)
     if not grads:
         return torch.tensor(0.0)
     device = grads[0].device
@@ -825,11 +826,11 @@ def clip_grad_norm(params: Iterable[Tensor] | Tensor, max_norm: float, eps: floa
     return total
 
 
-def dense_grads(params: Iterable[Tensor] | Tensor) -> list[Tensor]:
-    """The gradients of ``params`` as dense tensors to measure or scale in place: a sparse
-    gradient (``Embedding.sparse_grad``) is coalesced first (a row read twice holds one summed
-    gradient, so its norm is the dense gradient's) and stands for its values. Parameters
-    without a gradient are skipped."""
+def coalesce_grads(params: Iterable[Tensor] | Tensor) -> list[Tensor]:
+    """Coalesce each sparse gradient of ``params`` in place (``p.grad`` becomes its coalesced
+    form: a row read twice holds one summed gradient, so its norm is the dense gradient's) and
+    return the tensors to measure or scale in place: the dense gradients, and a sparse
+    gradient's values. Parameters without a gradient are skipped."""
     if isinstance(params, Tensor):
         params = [params]
     grads = []

@@ -123,8 +123,8 @@ from ferrolm.lm.optim import (
     AdamW,
     Muon,
     clip_grad_norm,
+    coalesce_grads,
     cosine_lr,
-    dense_grads,
     muon_momentum_at,
     muon_param_groups,
     param_groups_for_decay,
@@ -350,8 +350,8 @@ def _train(cfg: TrainConfig, dist_: Dist, resume, on_step) -> TrainSummary:
 def setup_run(cfg: TrainConfig, dist_: Dist, resume) -> tuple[Run, RunState]:
     """Everything before the first step, in an order that keeps resumed runs bit-exact."""
     main = dist_.is_main
-    device, bf16 = setup_device(cfg, dist_.local_rank)
     ckpt, ckpt_path = find_checkpoint(resume, cfg, main)
+    device, bf16 = setup_device(cfg, dist_.local_rank, resumed_matmul=ckpt.get("cpu_matmul") if ckpt else None)
     run_dir = choose_run_dir(cfg, resume, have_checkpoint=ckpt is not None, main=main)
 
     check_init(cfg)
@@ -480,8 +480,11 @@ def setup_distributed(device_name: str) -> Dist:
     )
 
 
-def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]:
-    """This process's device, with threads and TF32 set; and whether bf16 autocast is on."""
+def setup_device(cfg: TrainConfig, local_rank: int, resumed_matmul: Optional[str] = None) -> tuple[torch.device, bool]:
+    """This process's device, with threads and TF32 set; and whether bf16 autocast is on.
+    A resumed run keeps the float32 CPU kernel its checkpoint records when run.cpu_matmul is
+    "auto": a fresh measurement on a busy machine could pick the other one, whose sums differ
+    in the last bits, and the resumed run would no longer continue the straight one exactly."""
     if cfg.run.num_threads > 0:
         torch.set_num_threads(cfg.run.num_threads)
     try:
@@ -491,7 +494,10 @@ def setup_device(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, bool]
     if device.type == "cpu":
         reuse_freed_memory()  # no page faults in the step (see ferrolm.lm.device)
         try:
-            gemm.choose(cfg.run.cpu_matmul)  # torch's BLAS or oneDNN, by a measurement (ferrolm.lm.gemm)
+            setting = cfg.run.cpu_matmul
+            if setting == "auto" and resumed_matmul in ("blas", "onednn"):
+                setting = resumed_matmul if resumed_matmul == "blas" or gemm.onednn_available() else "auto"
+            gemm.choose(setting)  # torch's BLAS or oneDNN, by a measurement (ferrolm.lm.gemm)
         except ValueError as e:
             raise ConfigError(f"run.cpu_matmul: {e}") from None
     if device.type == "cuda":
@@ -1019,7 +1025,7 @@ def _global_count(run: Run, count: int) -> int:
 def _clip(params, max_norm: float) -> torch.Tensor:
     if max_norm > 0:
         return clip_grad_norm(params, max_norm)
-    grads = dense_grads(params)
+    grads = coalesce_grads(params)
     if not grads:
         return torch.tensor(0.0)
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
@@ -1324,6 +1330,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         best_val_loss=state.best_val,
         log_state=log_state,
         ferrolm_version=__version__,
+        cpu_matmul="onednn" if gemm.using_onednn() else "blas",
     )
 
 
