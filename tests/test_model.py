@@ -661,6 +661,11 @@ def test_tinystories_shape_accounting_by_hand():
     #                    = 2 * 17,571,840 + 2,097,152 = 37,240,832
     assert flops_per_token(cfg) == 37_240_832
     assert flops_per_token(cfg, seq_len=128) == 2 * 17_571_840 + 4 * 4 * 128 * 512
+    # short_window 64 in layers 0-2 (pattern "SSSL"): their attention counts 64 positions each
+    short = ModelConfig(10_000, 256, 512, 4, 16, 1344, short_window=64)
+    assert short.short_window_layers == [0, 1, 2]
+    assert flops_per_token(short) == 2 * 17_571_840 + 2 * 2 * (3 * 64 + 256) * 512
+    assert flops_per_token(short, seq_len=32) == flops_per_token(cfg, seq_len=32)  # shorter than the window
 
 
 # ------------------------------------------------------------- HF parity --------------

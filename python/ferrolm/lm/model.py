@@ -1236,13 +1236,17 @@ def flops_per_token(cfg: ModelConfig, seq_len: Optional[int] = None) -> int:
     (attention projections) plus the FFN's, plus V d for the LM head (the embedding is a lookup,
     norms are elementwise). A multiply-add is 2 FLOPs. The second term is attention:
     per layer, Q K^T and (softmax) V each cost 2 T d per token, counted over the whole
-    window T, not halved for causality (the convention of Kaplan et al. and PaLM's MFU).
-    Training (forward + backward) is 3x this; MFU = 3 * flops_per_token * tokens/s / peak.
+    window T, not halved for causality (the convention of Kaplan et al. and PaLM's MFU); a
+    ``short_window`` layer's window is min(T, short_window), so L T becomes the sum of the
+    layers' windows. Training (forward + backward) is 3x this; MFU = 3 * flops_per_token *
+    tokens/s / peak.
     """
     T = cfg.context_length if seq_len is None else seq_len
     d, L = cfg.d_model, cfg.num_layers
     n_matmul = L * _matmul_weights_per_layer(cfg) + cfg.vocab_size * d
-    return 2 * n_matmul + 2 * 2 * L * T * d
+    short = set(cfg.short_window_layers)
+    windows = sum(min(T, cfg.short_window) if i in short else T for i in range(L))
+    return 2 * n_matmul + 2 * 2 * windows * d
 
 
 def _matmul_weights_per_layer(cfg: ModelConfig) -> int:
