@@ -20,7 +20,7 @@ What it does, in order (each stage's result goes into the report even when a lat
 4. Training: 2 minutes of the `tinystories` preset on text found on the machine (the Python
    standard library's source, as `ferrolm demo` uses), with its loss curve.
 5. Learning race: the presets of --race-contenders (default cs336, tinystories and tinystories
-   with cpu-small's hashed bigram embedding and its sparse update, each
+   with cpu-small's hashed bigram embedding, its sparse update and its AdamW betas, each
    forced to the `tinystories` shape and batch) for --race-seconds of training clock each
    (default 60), on the same shards and validation windows, as benches/bench_learning.py
    races on a CPU; nanochat's own model and optimizer too with --nanochat CHECKOUT. On
@@ -564,6 +564,7 @@ def main() -> int:
         "--race-contenders",
         default=(
             "cs336,tinystories,tinystories-bigram=tinystories+model.bigram_buckets=524288+optimizer.sparse_bigram=true"
+            "+optimizer.beta1=0.4+optimizer.beta2=0.99"
         ),
         help="ferrolm presets of the learning race, comma-separated; LABEL=PRESET+KEY=VALUE+... adds settings",
     )
