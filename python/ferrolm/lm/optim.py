@@ -181,7 +181,7 @@ class AdamW(torch.optim.Optimizer):
         each later step weighs it more; it matters only where sqrt(v) is as small as ε).
         The coefficient sums are kept per step since the last settle, which comes at least
         every ``DEFERRED_SPAN`` steps, so they stay exact in float64. Weight decay would act
-        on every row every step, so it is refused here (no embedding decays).
+        on every row every step, so ``step`` refuses it before anything moves (no embedding decays).
         """
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]  # no decay: refused in step
         state = self.state[p]

@@ -1330,7 +1330,8 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         best_val_loss=state.best_val,
         log_state=log_state,
         ferrolm_version=__version__,
-        cpu_matmul="onednn" if gemm.using_onednn() else "blas",
+        # the float32 kernel a CPU run chose, which a resumed run keeps (setup_device)
+        **({"cpu_matmul": "onednn" if gemm.using_onednn() else "blas"} if run.device.type == "cpu" else {}),
     )
 
 
