@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -150,8 +151,11 @@ def train_ferrolm(
     *,
     seed: int | None = None,
     heldout_windows: int = 0,
+    keep_checkpoints: bool = True,
 ) -> None:
-    """One ferrolm contender's run in OUT; with ``heldout_windows``, its held-out score too."""
+    """One ferrolm contender's run in OUT; with ``heldout_windows``, its held-out score too,
+    and then, unless ``keep_checkpoints``, its checkpoints deleted (the report reads the run's
+    metrics and score only, and a cpu-small checkpoint is 1.6 GB)."""
     _, preset, overrides = parse_contender(spec)
     sets = {
         **shape,
@@ -172,6 +176,8 @@ def train_ferrolm(
     run(ferrolm(*args), out.parent / f"{out.name}.log")
     if heldout_windows:
         score_heldout(out, data, heldout_windows, threads)
+        if not keep_checkpoints:
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
 
 def heldout_tokens(windows: int, context: int = SHAPE["model.context_length"]) -> int:
@@ -511,6 +517,11 @@ def arg_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--heldout", type=Path, default=HELDOUT_TEXT, help="the held-out text (never used for a choice)")
     ap.add_argument("--heldout-windows", type=int, default=256, help="consecutive windows of it to score")
+    ap.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep each ferrolm run's checkpoints (by default deleted once its held-out score is written)",
+    )
     ap.add_argument("--main", default="cpu-small", help="the contender the summary sets against nanochat")
     ap.add_argument("--baseline", default="cpu-small", help="the contender every variant is worded against")
     ap.add_argument("--steps", type=int, default=250, help="steps of the equal-steps race")
@@ -565,6 +576,7 @@ def race_all() -> None:
                     args.eval_every,
                     seed=seed,
                     heldout_windows=args.heldout_windows,
+                    keep_checkpoints=args.keep_checkpoints,
                 )
             out = args.work / race / run_name("nanochat", seed, seeds)
             if args.nanochat and not finished(out):

@@ -183,6 +183,20 @@ def test_choose_onednn_without_onednn_says_so(kernel, monkeypatch):
     assert kernel("auto") == "blas"
 
 
+def test_choose_keeps_a_recorded_kernel_without_measuring(kernel, monkeypatch):
+    """ "auto" with the kernel a checkpoint records keeps it and times nothing; an explicit
+    setting wins over the record; a recorded oneDNN this torch lacks falls back to a measurement."""
+    probes = []
+    monkeypatch.setattr(gemm, "_probe_speedup", lambda: probes.append(1) or 2.0)  # oneDNN "2x faster"
+    monkeypatch.setattr(gemm, "onednn_available", lambda: True)
+    assert kernel("auto", recorded="blas") == "blas" and not probes
+    assert kernel("auto", recorded="onednn") == "onednn" and not probes
+    assert kernel("blas", recorded="onednn") == "blas" and not probes
+    assert kernel("auto", recorded=None) == "onednn" and len(probes) == 1
+    monkeypatch.setattr(gemm, "onednn_available", lambda: False)
+    assert kernel("auto", recorded="onednn") == "blas" and len(probes) == 1  # no oneDNN here: BLAS, untimed
+
+
 def test_config_key_is_checked():
     cfg = apply_overrides(TrainConfig(), ["run.cpu_matmul=oneDNN"])
     assert cfg.run.cpu_matmul.lower() == "onednn"

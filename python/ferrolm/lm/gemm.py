@@ -48,15 +48,19 @@ def using_onednn() -> bool:
     return _use_onednn
 
 
-def choose(setting: str = "auto") -> str:
+def choose(setting: str = "auto", recorded: str | None = None) -> str:
     """Set the kernel ``linear`` uses for float32 CPU matrices and return it ("blas" or
     "onednn"). "auto" measures both on one GEMM of 512 x 1024 x 1024 (about 0.1 s) and
     picks oneDNN when it ran at least 1.15x as fast; "onednn" where this torch has no oneDNN
-    is a ValueError."""
+    is a ValueError. ``recorded``: the kernel an earlier run chose (a resumed checkpoint's),
+    which "auto" keeps without measuring where this torch has it (a measurement on a busy
+    machine could pick the other kernel, whose sums differ in the last bits)."""
     global _use_onednn
     setting = setting.lower()
     if setting not in CHOICES:
         raise ValueError(f"cpu_matmul must be one of {CHOICES}, got {setting!r}")
+    if setting == "auto" and (recorded == "blas" or (recorded == "onednn" and onednn_available())):
+        setting = recorded
     if setting == "onednn" and not onednn_available():
         raise ValueError("cpu_matmul = 'onednn', but this torch build has no oneDNN (torch.backends.mkldnn)")
     if setting == "auto":

@@ -483,8 +483,7 @@ def setup_distributed(device_name: str) -> Dist:
 def setup_device(cfg: TrainConfig, local_rank: int, resumed_matmul: Optional[str] = None) -> tuple[torch.device, bool]:
     """This process's device, with threads and TF32 set; and whether bf16 autocast is on.
     A resumed run keeps the float32 CPU kernel its checkpoint records when run.cpu_matmul is
-    "auto": a fresh measurement on a busy machine could pick the other one, whose sums differ
-    in the last bits, and the resumed run would no longer continue the straight one exactly."""
+    "auto" (``gemm.choose``), so that it continues the straight run exactly."""
     if cfg.run.num_threads > 0:
         torch.set_num_threads(cfg.run.num_threads)
     try:
@@ -494,10 +493,8 @@ def setup_device(cfg: TrainConfig, local_rank: int, resumed_matmul: Optional[str
     if device.type == "cpu":
         reuse_freed_memory()  # no page faults in the step (see ferrolm.lm.device)
         try:
-            setting = cfg.run.cpu_matmul
-            if setting == "auto" and resumed_matmul in ("blas", "onednn"):
-                setting = resumed_matmul if resumed_matmul == "blas" or gemm.onednn_available() else "auto"
-            gemm.choose(setting)  # torch's BLAS or oneDNN, by a measurement (ferrolm.lm.gemm)
+            # torch's BLAS or oneDNN, by a measurement or the checkpoint's record (ferrolm.lm.gemm)
+            gemm.choose(cfg.run.cpu_matmul, recorded=resumed_matmul)
         except ValueError as e:
             raise ConfigError(f"run.cpu_matmul: {e}") from None
     if device.type == "cuda":
