@@ -181,7 +181,14 @@ def test_a_model_value_that_contradicts_the_source_is_refused_by_name(base, tmp_
 
 def test_training_only_model_settings_and_a_shorter_context_are_allowed(base, tmp_path):
     root, tok = base
-    free = {"attention": "reference", "doc_mask": True, "zero_init_output": True, "context_length": 8}
+    free = {
+        "attention": "reference",
+        "doc_mask": True,
+        "zero_init_output": True,
+        "dropout": 0.1,
+        "label_smoothing": 0.1,
+        "context_length": 8,
+    }
     cfg = init_config(base, tmp_path / "run", root / "src", model={**free, "vocab_size": 0})
     weights, _, _ = started(cfg)
     assert_same_weights(weights, weights_of(root / "src"))  # zero_init_output: the weights win

@@ -589,8 +589,17 @@ def _check_schedule(s: ScheduleSection, m: ModelConfig) -> None:
 
 
 # [model] fields a run started from weights may set: they change no weight and only how it
-# trains (attention kernel, document masking, an initialization the weights replace, a training loss)
-INIT_FREE_FIELDS = ("attention", "doc_mask", "zero_init_output", "mtp_weight", "mtp_depth")
+# trains (attention kernel, document masking, an initialization the weights replace, a training
+# loss, dropout: fine-tuning often regularizes what pretraining did not)
+INIT_FREE_FIELDS = (
+    "attention",
+    "doc_mask",
+    "zero_init_output",
+    "mtp_weight",
+    "mtp_depth",
+    "dropout",
+    "label_smoothing",
+)
 
 
 def adopt_model(cfg: TrainConfig, source: ModelConfig, name: str) -> None:
