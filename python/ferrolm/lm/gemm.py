@@ -26,7 +26,7 @@ from torch import Tensor
 from ferrolm.lm.config import CPU_MATMUL_CHOICES as CHOICES
 from ferrolm.lm.device import is_compiling
 
-__all__ = ["linear", "matmul", "add_matmul_", "choose", "onednn_available", "using_onednn", "CHOICES"]
+__all__ = ["linear", "matmul", "add_matmul_", "choose", "chosen", "onednn_available", "using_onednn", "CHOICES"]
 
 _use_onednn = False  # process-wide, as torch's own backend switches are
 
@@ -46,6 +46,11 @@ def onednn_available() -> bool:
 def using_onednn() -> bool:
     """Whether ``linear`` sends float32 CPU matrices to oneDNN in this process."""
     return _use_onednn
+
+
+def chosen() -> str:
+    """The kernel ``linear`` uses for float32 CPU matrices in this process: "blas" or "onednn"."""
+    return "onednn" if _use_onednn else "blas"
 
 
 def choose(setting: str = "auto", recorded: str | None = None) -> str:
@@ -68,7 +73,7 @@ def choose(setting: str = "auto", recorded: str | None = None) -> str:
         _use_onednn = onednn_available() and _probe_speedup() >= _MARGIN
     else:
         _use_onednn = setting == "onednn"
-    return "onednn" if _use_onednn else "blas"
+    return chosen()
 
 
 def _probe_speedup(rounds: int = 3) -> float:

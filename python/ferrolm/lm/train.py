@@ -1328,7 +1328,7 @@ def checkpoint_payload(run: Run, state: RunState) -> dict:
         log_state=log_state,
         ferrolm_version=__version__,
         # the float32 kernel a CPU run chose, which a resumed run keeps (setup_device)
-        **({"cpu_matmul": "onednn" if gemm.using_onednn() else "blas"} if run.device.type == "cpu" else {}),
+        **({"cpu_matmul": gemm.chosen()} if run.device.type == "cpu" else {}),
     )
 
 
