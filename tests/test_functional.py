@@ -154,6 +154,22 @@ def test_linear_cross_entropy_equals_cross_entropy_of_the_logits(chunk_rows):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_linear_cross_entropy_plain_backward_and_a_retained_graph_backward_twice():
+    # an incoming gradient of exactly 1 hands the formed gradients over as they are: a second
+    # backward through the kept graph must add the same again, not a changed copy
+    h, w, t = _head_problem()
+    hr, wr = h.clone().requires_grad_(), w.clone().requires_grad_()
+    F.cross_entropy(hr @ wr.T, t).backward()
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = functional.linear_cross_entropy(hh, ww, t, chunk_rows=10)
+    loss.backward(retain_graph=True)
+    torch.testing.assert_close(hh.grad, hr.grad, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ww.grad, wr.grad, atol=1e-6, rtol=1e-5)
+    loss.backward()
+    torch.testing.assert_close(hh.grad, 2 * hr.grad, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ww.grad, 2 * wr.grad, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("width, vocab, rows", [("AVX2", 10_000, 512), ("AVX-512", 10_000, 128), ("AVX2", 512, 4096)])
 def test_linear_cross_entropy_chunks_are_larger_on_avx2_cpus(monkeypatch, width, vocab, rows):
     # where the widest vectors are AVX2 the chunk's GEMMs dominate: at least 512 rows;

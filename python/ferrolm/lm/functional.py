@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ferrolm.lm import gemm
-from ferrolm.lm.device import cpu_vector_width
+from ferrolm.lm.device import cpu_vector_width, is_compiling
 
 #: A target that ``linear_cross_entropy`` leaves out (torch's and Hugging Face's value): the
 #: positions a loss mask turns off, such as every token of a conversation but the assistant's.
@@ -185,7 +185,7 @@ def linear_cross_entropy(
     args = (h, weight, t.unsqueeze(-1), keep.unsqueeze(-1), chunk_rows, float(softcap_at), float(label_smoothing))
     n = keep.sum().clamp(min=1)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(*args) / n
+        return _LinearCrossEntropy.apply(*args, n)
     return _head_loss(*args)[0] / n
 
 
@@ -308,50 +308,65 @@ def _head_loss(
     cap: float,
     smoothing: float,
     grads: bool = False,
+    divisor: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(sum_i sum_j weights[i, j] CE(h_i W^T, targets[i, j]), and with ``grads`` its d h and
-    d W^T), for targets and weights (N, k), chunk by chunk: each chunk's logits serve its every
-    target, and its gradient is folded into d h = G W and d W = G^T h before it is dropped."""
+    d W, which may be a transposed view), for targets and weights (N, k), chunk by chunk: each chunk's logits serve its every
+    target, and its gradient is folded into d h = G W and d W = G^T h before it is dropped.
+    With ``divisor`` the gradients are those of the sum / divisor (the loss's sum stays whole)."""
     head_in, h_mm, w_mm = _head_operands(h, weight, cap)
     total = h.new_zeros((), dtype=torch.float32)
-    grad_h, grad_w_t = [], None
+    grad_h, grad_w = [], None
+    # Under oneDNN d W is accumulated transposed, (d, vocab) += h_cᵀ G_c: the chunk's d x d side
+    # as the product's rows ran 1.8x faster there than (vocab, d) += G_cᵀ h_c (Zen 5). torch's
+    # BLAS runs the two level (Zen 3, 60 ms each at the TinyStories head), and (vocab, d) needs
+    # no transposing copy of the vocab-sized gradient at the end (7-30 ms there).
+    transposed = grads and weight.device.type == "cpu" and gemm.using_onednn()
+    grad_weights = weights if divisor is None else weights / divisor
     if grads:
-        # d W accumulated transposed, (d, vocab) += h_cᵀ G_c: the chunk's d x d side as the
-        # product's rows ran 1.8x faster in oneDNN float32 than (vocab, d) += G_cᵀ h_c (Zen 5)
         exact = torch.float64 if weight.dtype == torch.float64 else torch.float32
-        grad_w_t = torch.zeros(weight.shape[::-1], dtype=exact, device=weight.device)
+        grad_w = torch.zeros(weight.shape[::-1] if transposed else weight.shape, dtype=exact, device=weight.device)
     for start in range(0, h.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
         loss, exps, sums, gate = _chunk_forward(head_in[rows], w_mm, targets[rows], weights[rows], cap, smoothing)
         total = total + loss
         if not grads:
             continue
-        grad = _chunk_logits_grad(exps, sums, gate, targets[rows], weights[rows], cap, smoothing)
+        grad = _chunk_logits_grad(exps, sums, gate, targets[rows], grad_weights[rows], cap, smoothing)
         grad = grad.to(w_mm.dtype)  # a no-op in float32; under autocast the GEMMs' dtype
         grad_h.append(gemm.matmul(grad, w_mm))
-        gemm.add_matmul_(grad_w_t, h_mm[rows].t().contiguous(), grad)
+        if transposed:
+            gemm.add_matmul_(grad_w, h_mm[rows].t().contiguous(), grad)
+        else:
+            gemm.add_matmul_(grad_w, grad.t(), h_mm[rows])
     if not grads:
         return total, None, None
-    return total, torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w_t
+    grad_w = grad_w.t() if transposed else grad_w
+    return total, torch.cat(grad_h).to(h.dtype) if grad_h else torch.zeros_like(h), grad_w
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """``_head_loss`` with its gradients formed in the forward pass, chunk by chunk: d loss /
     d logits_i = softmax(o_i) sum_j a_ij - sum_j a_ij onehot(t_ij), folded into d h = G W and
-    d W = G^T h. The loss is the end of the graph, so the backward only scales them."""
+    d W = G^T h. The loss is the end of the graph, so the backward only scales them. With a
+    ``divisor`` the loss is the sum / divisor, and the gradients are formed of that (so a mean
+    loss's backward() multiplies nothing)."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, weights, chunk_rows, cap, smoothing):
-        total, grad_h, grad_w_t = _head_loss(h, weight, targets, weights, chunk_rows, cap, smoothing, grads=True)
-        ctx.save_for_backward(grad_h, grad_w_t.t())
+    def forward(ctx, h, weight, targets, weights, chunk_rows, cap, smoothing, divisor=None):
+        total, grad_h, grad_w = _head_loss(h, weight, targets, weights, chunk_rows, cap, smoothing, True, divisor)
+        ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
-        return total
+        return total if divisor is None else total / divisor
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
         grad_h, grad_w = ctx.saved_tensors
-        grad_w = (grad_w * grad_loss).to(ctx.weight_dtype).contiguous()
-        return grad_h * grad_loss.to(grad_h.dtype), grad_w, None, None, None, None, None
+        # A CPU loss's backward() starts from exactly 1: then the gradients are the ones formed,
+        # with no pass over the vocab-sized d W (autograd copies a kept tensor before adding to it)
+        if is_compiling() or grad_loss.device.type != "cpu" or bool(grad_loss != 1):
+            grad_h, grad_w = grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss
+        return grad_h, grad_w.to(ctx.weight_dtype).contiguous(), None, None, None, None, None, None
 
 
 def scaled_dot_product_attention(
