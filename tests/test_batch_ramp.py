@@ -58,6 +58,27 @@ def test_each_step_trains_its_rows_and_the_log_counts_them(shards, tmp_path, mon
     assert [b - a for a, b in zip(tokens, tokens[1:])] == [r * T * accum for r in per_step]
 
 
+def test_under_compile_only_the_full_batch_runs_compiled(shards, tmp_path, monkeypatch):  # noqa: F811
+    # each ramp size would compile anew, and past torch.compile's limit of graphs the function
+    # (the full batch after the ramp included) would stay eager: the ramp's steps run eager
+    seen = rows_seen(monkeypatch)
+    compiled_rows: list[int] = []
+
+    def recording_compile(fn, *args, **kwargs):
+        def run(model, x, *rest):
+            compiled_rows.append(x.shape[0])
+            return fn(model, x, *rest)
+
+        return run
+
+    monkeypatch.setattr(train_module.torch, "compile", recording_compile)
+    sched = {"max_steps": 6, "batch_size": 8, "batch_ramp_steps": 4, "tokens_per_step": 8 * T}
+    cfg = tiny_config(shards, tmp_path / "run", schedule=sched, run={"eval_every": 0, "compile": "true"})
+    assert train(cfg).status == "done"
+    assert seen == [2, 4, 5, 7, 8, 8]
+    assert compiled_rows == [8, 8]
+
+
 def test_a_step_of_two_micro_batches_is_one_batch_of_their_rows(shards, tmp_path):  # noqa: F811
     """The loss and gradient of a step are the mean over its rows however they are split: 2 x 2
     then 2 x 3 rows (accumulated) learn what 4 then 6 rows in one micro-batch do (random

@@ -869,11 +869,28 @@ def wrap_model(model, cfg: TrainConfig, dist_: Dist, device: torch.device):
     """(the model the step runs: DDP-wrapped under torchrun unless already sharded, the model
     evaluation runs, the step's loss function: model forward and cross-entropy, compiled as
     one graph per run.compile)."""
-    loss = torch.compile(model_loss) if use_compile(cfg.run.compile, device) else model_loss
+    loss = model_loss
+    if use_compile(cfg.run.compile, device):
+        loss = torch.compile(model_loss)
+        if cfg.schedule.batch_ramp_steps:
+            loss = _compiled_at_full_batch(loss, cfg.schedule.batch_size)
     if not dist_.enabled or _sharded(cfg, dist_):
         return model, model, loss
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return ddp, ddp.module, loss  # evaluation needs no DDP hooks
+
+
+def _compiled_at_full_batch(compiled: Callable, rows: int) -> Callable:
+    """The step's loss with a batch ramp under run.compile: the compiled graph for micro-batches
+    of the full ``rows``, eager ``model_loss`` for the ramp's smaller ones. Each ramp size would
+    be a new shape to compile (the fused head's chunk loop keeps shapes static), and past
+    torch.compile's limit of graphs per function (8) the function stays eager, the full batch
+    after the ramp included. The ramp is the run's first steps; the rest compiles once."""
+
+    def loss(model, x, y, bf16, document_ids=None):
+        return (compiled if x.shape[0] == rows else model_loss)(model, x, y, bf16, document_ids)
+
+    return loss
 
 
 def _sharded(cfg: TrainConfig, dist_: Dist) -> bool:
