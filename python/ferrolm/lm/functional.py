@@ -311,9 +311,10 @@ def _head_loss(
     divisor: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(sum_i sum_j weights[i, j] CE(h_i W^T, targets[i, j]), and with ``grads`` its d h and
-    d W, which may be a transposed view), for targets and weights (N, k), chunk by chunk: each chunk's logits serve its every
-    target, and its gradient is folded into d h = G W and d W = G^T h before it is dropped.
-    With ``divisor`` the gradients are those of the sum / divisor (the loss's sum stays whole)."""
+    d W, the latter possibly a transposed view), for targets and weights (N, k), chunk by
+    chunk: each chunk's logits serve its every target, and its gradient is folded into
+    d h = G W and d W = G^T h before it is dropped. With ``divisor`` the gradients are those
+    of the sum / divisor (the returned sum stays whole)."""
     head_in, h_mm, w_mm = _head_operands(h, weight, cap)
     total = h.new_zeros((), dtype=torch.float32)
     grad_h, grad_w = [], None
