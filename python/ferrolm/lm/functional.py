@@ -318,11 +318,11 @@ def _head_loss(
     head_in, h_mm, w_mm = _head_operands(h, weight, cap)
     total = h.new_zeros((), dtype=torch.float32)
     grad_h, grad_w = [], None
-    # Under oneDNN d W is accumulated transposed, (d, vocab) += h_cᵀ G_c: the chunk's d x d side
-    # as the product's rows ran 1.8x faster there than (vocab, d) += G_cᵀ h_c (Zen 5). torch's
-    # BLAS runs the two level (Zen 3, 60 ms each at the TinyStories head), and (vocab, d) needs
-    # no transposing copy of the vocab-sized gradient at the end (7-30 ms there).
-    transposed = grads and weight.device.type == "cpu" and gemm.using_onednn()
+    # Where oneDNN runs the GEMMs, d W is accumulated transposed, (d, vocab) += h_cᵀ G_c: the
+    # chunk's d x d side as the product's rows ran 1.8x faster there than (vocab, d) += G_cᵀ h_c
+    # (Zen 5). torch's BLAS runs the two level (Zen 3, 60 ms each at the TinyStories head), and
+    # (vocab, d) needs no transposing copy of the vocab-sized gradient at the end (7-30 ms there).
+    transposed = grads and gemm.runs_on_onednn(h_mm, w_mm)
     grad_weights = weights if divisor is None else weights / divisor
     if grads:
         exact = torch.float64 if weight.dtype == torch.float64 else torch.float32

@@ -26,7 +26,17 @@ from torch import Tensor
 from ferrolm.lm.config import CPU_MATMUL_CHOICES as CHOICES
 from ferrolm.lm.device import is_compiling
 
-__all__ = ["linear", "matmul", "add_matmul_", "choose", "chosen", "onednn_available", "using_onednn", "CHOICES"]
+__all__ = [
+    "linear",
+    "matmul",
+    "add_matmul_",
+    "choose",
+    "chosen",
+    "onednn_available",
+    "using_onednn",
+    "runs_on_onednn",
+    "CHOICES",
+]
 
 _use_onednn = False  # process-wide, as torch's own backend switches are
 
@@ -120,7 +130,8 @@ if _compilable:
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _applies(x: Tensor, weight: Tensor) -> bool:
+def runs_on_onednn(x: Tensor, weight: Tensor) -> bool:
+    """Whether ``linear``, ``matmul`` and ``add_matmul_`` send these operands to oneDNN."""
     return (
         _use_onednn
         and x.device.type == "cpu"
@@ -133,7 +144,7 @@ def _applies(x: Tensor, weight: Tensor) -> bool:
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """y = x @ weight.T for x (..., in) and weight (out, in), by the chosen kernel."""
-    if not _applies(x, weight):
+    if not runs_on_onednn(x, weight):
         return F.linear(x, weight)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return _OneDNNLinear.apply(x, weight)
@@ -142,7 +153,7 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """a @ b for 2-D a and b, by the chosen kernel (no autograd: for code computing gradients itself)."""
-    if not _applies(a, b):
+    if not runs_on_onednn(a, b):
         return a @ b
     return _onednn_linear(a, b.t())
 
@@ -150,7 +161,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 def add_matmul_(out: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """out += a @ b for 2-D tensors (float32 ``out``); in place, with no temporary where
     torch's ``addmm_`` can take the operands as they are."""
-    if _applies(a, b):
+    if runs_on_onednn(a, b):
         return out.add_(_onednn_linear(a, b.t()))
     if a.dtype == b.dtype == out.dtype and not torch.is_autocast_enabled(a.device.type):
         return out.addmm_(a, b)
